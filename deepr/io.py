@@ -1,0 +1,311 @@
+"""The one reader/writer pair for JSONL artefacts, plus resume, shards, rejects and sidecars.
+
+- ``read_jsonl(path, Model)`` yields validated records; a bad line raises
+  :class:`RecordError` naming the file, line and field.
+- ``write_jsonl(path, records)`` replaces a file atomically (temp file + fsync + rename).
+- ``JsonlAppender(path)`` appends one record per line with flush + fsync, so an
+  interrupted stage keeps every finished record; on open it cuts a torn last line left
+  by a killed process.
+- ``done_ids(path)`` is what a resumable stage skips; ``in_shard(id, "K/N")`` splits work
+  deterministically across machines.
+- ``write_meta(out, ...)`` writes the ``<out>.meta.json`` provenance sidecar.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from importlib import metadata
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
+
+_SECRET_MARKERS = ("api_key", "apikey", "token", "secret", "password", "authorization")
+
+
+class RecordError(ValueError):
+    """A JSONL line that is not valid JSON or does not fit its record type."""
+
+    def __init__(self, path: str | Path, line: int, message: str, field: str | None = None):
+        self.path, self.line, self.field = str(path), line, field
+        where = f"{path}:{line}" + (f" field '{field}'" if field else "")
+        super().__init__(f"{where}: {message}")
+
+
+def _field_of(err: ValidationError) -> tuple[str | None, str]:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first.get("loc", ()))
+    return (loc or None), first.get("msg", str(err))
+
+
+def parse_line(text: str, model: type[M] | None, path: str | Path, lineno: int) -> M | dict:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RecordError(path, lineno, f"not valid JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(obj, dict):
+        raise RecordError(path, lineno, f"expected a JSON object, got {type(obj).__name__}")
+    if model is None:
+        return obj
+    try:
+        return model.model_validate(obj)
+    except ValidationError as e:
+        field, msg = _field_of(e)
+        raise RecordError(path, lineno, msg, field) from None
+
+
+def read_jsonl(
+    path: str | Path, model: type[M] | None = None, *, tolerate_torn_tail: bool = False
+) -> Iterator[M | dict]:
+    """Yield records of ``path``; blank lines are skipped.
+
+    ``tolerate_torn_tail`` ignores an unterminated, unparseable last line: the mark of a
+    writer killed mid-line, which :class:`JsonlAppender` cuts off on its next open.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file (check the path, or run the stage that writes it)")
+    with path.open("r", encoding="utf-8") as f:
+        lines = f.readlines()
+    for lineno, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        torn = lineno == len(lines) and not raw.endswith("\n")
+        try:
+            yield parse_line(raw, model, path, lineno)
+        except RecordError:
+            if torn and tolerate_torn_tail:
+                return
+            raise
+
+
+def read_records(path: str | Path, model: type[M]) -> list[M]:
+    return list(read_jsonl(path, model))
+
+
+def _dump(record: BaseModel | dict) -> str:
+    if isinstance(record, BaseModel):
+        return record.model_dump_json(exclude_none=False)
+    return json.dumps(record, ensure_ascii=False)
+
+
+@contextmanager
+def atomic_open(path: str | Path, mode: str = "w") -> Iterator[Any]:
+    """Write to a temp file beside ``path`` and rename it over ``path`` only on success."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_jsonl(path: str | Path, records: Iterable[BaseModel | dict]) -> int:
+    n = 0
+    with atomic_open(path) as f:
+        for r in records:
+            f.write(_dump(r) + "\n")
+            n += 1
+    return n
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    with atomic_open(path) as f:
+        json.dump(obj, f, ensure_ascii=False, indent=2, default=str)
+        f.write("\n")
+
+
+def write_text(path: str | Path, text: str) -> None:
+    with atomic_open(path) as f:
+        f.write(text)
+
+
+def _cut_torn_tail(path: Path) -> None:
+    """Drop bytes after the last newline (a line half-written by a killed process)."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with path.open("rb+") as f:
+        data = f.read()
+        if data.endswith(b"\n"):
+            return
+        keep = data.rfind(b"\n") + 1
+        f.seek(keep)
+        f.truncate()
+
+
+class JsonlAppender:
+    """Append records one line at a time, flushed and fsynced, so Ctrl-C loses nothing."""
+
+    def __init__(self, path: str | Path, fsync: bool = True):
+        self.path = Path(path)
+        self.fsync = fsync
+        self.count = 0
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _cut_torn_tail(self.path)
+        self._f = self.path.open("a", encoding="utf-8")
+
+    def write(self, record: BaseModel | dict) -> None:
+        self._f.write(_dump(record) + "\n")
+        self._f.flush()
+        if self.fsync:
+            os.fsync(self._f.fileno())
+        self.count += 1
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> JsonlAppender:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def done_ids(path: str | Path) -> set[str]:
+    """Ids already written to an output file (the torn last line, if any, is not done)."""
+    path = Path(path)
+    if not path.exists():
+        return set()
+    return {r["id"] for r in read_jsonl(path, tolerate_torn_tail=True) if "id" in r}
+
+
+# --- shards -------------------------------------------------------------------------
+
+
+def parse_shard(spec: str | None) -> tuple[int, int] | None:
+    """``"K/N"`` (1-based K) → (K, N); None means the whole input."""
+    if not spec:
+        return None
+    try:
+        k, n = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard {spec!r}: expected K/N with integers, e.g. 2/8") from None
+    if not (n >= 1 and 1 <= k <= n):
+        raise ValueError(f"--shard {spec!r}: need 1 <= K <= N")
+    return k, n
+
+
+def in_shard(record_id: str, shard: tuple[int, int] | None) -> bool:
+    """Deterministic split by a hash of the id, stable across machines and Python runs."""
+    if shard is None:
+        return True
+    k, n = shard
+    h = int.from_bytes(hashlib.sha1(record_id.encode("utf-8")).digest()[:8], "big")
+    return h % n == k - 1
+
+
+# --- rejects and provenance -----------------------------------------------------------
+
+
+def rejects_path(out: str | Path) -> Path:
+    out = Path(out)
+    stem = out.name[: -len(".jsonl")] if out.name.endswith(".jsonl") else out.name
+    return out.with_name(f"{stem}.rejects.jsonl")
+
+
+def meta_path(out: str | Path) -> Path:
+    out = Path(out)
+    return out.with_name(out.name + ".meta.json")
+
+
+def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def redact(obj: Any) -> Any:
+    """Replace values of secret-looking keys (api keys, tokens, passwords) by '***'."""
+    if isinstance(obj, BaseModel):
+        obj = obj.model_dump(mode="json")
+    if isinstance(obj, dict):
+        return {
+            k: ("***" if any(m in str(k).lower() for m in _SECRET_MARKERS) and v else redact(v))
+            for k, v in obj.items()
+        }
+    if isinstance(obj, (list, tuple)):
+        return [redact(v) for v in obj]
+    return obj
+
+
+_VERSIONED = ("deepr", "torch", "transformers", "trl", "peft", "sentence-transformers",
+              "faiss-cpu", "bm25s", "datasets", "openai", "pydantic")
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in _VERSIONED:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def write_meta(
+    out: str | Path,
+    *,
+    stage: str,
+    config: Any = None,
+    inputs: Iterable[str | Path] = (),
+    counts: dict[str, Any] | None = None,
+    timings: dict[str, float] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``<out>.meta.json``: resolved config (secrets redacted), input hashes, versions."""
+    ins = []
+    for p in inputs:
+        p = Path(p)
+        ins.append({"path": str(p), "sha256": file_sha256(p) if p.is_file() else None})
+    meta = {
+        "stage": stage,
+        "output": str(out),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": redact_argv(sys.argv),
+        "config": redact(config) if config is not None else None,
+        "inputs": ins,
+        "versions": versions(),
+        "counts": counts or {},
+        "timings": timings or {},
+        **(redact(extra) if extra else {}),
+    }
+    path = meta_path(out)
+    write_json(path, meta)
+    return path
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    out, hide_next = [], False
+    for a in argv:
+        if hide_next:
+            out.append("***")
+            hide_next = False
+            continue
+        low = a.lower()
+        if low.startswith("--") and any(m.replace("_", "-") in low for m in _SECRET_MARKERS):
+            if "=" in a:
+                out.append(a.split("=", 1)[0] + "=***")
+            else:
+                out.append(a)
+                hide_next = True
+            continue
+        out.append(a)
+    return out
