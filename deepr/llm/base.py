@@ -1,0 +1,119 @@
+"""The one LLM interface every role talks to: chat messages in, text out.
+
+Roles never import an SDK. They receive an :class:`LLM` and call ``await llm.achat(...)``
+(or ``abatch`` for many independent prompts); backends bound concurrency themselves, so
+gathering hundreds of calls is safe. ``llm.is_extractive`` tells a role to use its
+deterministic no-LLM algorithm (SPEC §9) instead of prompting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Coroutine, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, TypeVar
+
+Message = dict[str, str]  # {"role": "system"|"user"|"assistant", "content": str}
+T = TypeVar("T")
+
+
+class LLMError(RuntimeError):
+    """A call that failed for good (after the bounded retries), with the reason."""
+
+
+@dataclass
+class Usage:
+    """Token and call accounting for one run; ``by_role`` splits calls per role."""
+
+    calls: int = 0
+    cache_hits: int = 0
+    failures: int = 0
+    retries: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    by_role: dict[str, int] = field(default_factory=dict)
+
+    def add(self, *, role: str | None, prompt_tokens: int = 0, completion_tokens: int = 0,
+            seconds: float = 0.0, cached: bool = False) -> None:
+        self.calls += 1
+        self.cache_hits += int(cached)
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+        self.seconds += seconds
+        key = role or "default"
+        self.by_role[key] = self.by_role.get(key, 0) + 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class LLM(ABC):
+    """Base class of every backend. Subclasses implement :meth:`_achat`."""
+
+    name: str = "llm"
+    is_extractive: bool = False
+
+    def __init__(self, max_concurrency: int = 8):
+        self.max_concurrency = max_concurrency
+        self.usage = Usage()
+        self._sems: dict[int, asyncio.Semaphore] = {}
+
+    def _sem(self) -> asyncio.Semaphore:
+        # One semaphore per event loop: asyncio primitives are bound to the loop they first ran on.
+        loop = asyncio.get_running_loop()
+        key = id(loop)
+        if key not in self._sems:
+            self._sems[key] = asyncio.Semaphore(self.max_concurrency)
+        return self._sems[key]
+
+    async def achat(self, messages: Sequence[Message], *, role: str | None = None,
+                    temperature: float | None = None, max_tokens: int | None = None,
+                    stop: Sequence[str] | None = None) -> str:
+        async with self._sem():
+            return await self._achat(list(messages), role=role, temperature=temperature,
+                                     max_tokens=max_tokens, stop=stop)
+
+    @abstractmethod
+    async def _achat(self, messages: list[Message], *, role: str | None, temperature: float | None,
+                     max_tokens: int | None, stop: Sequence[str] | None) -> str:
+        """Send one chat request; raise :class:`LLMError` with the reason on final failure."""
+
+    async def abatch(self, batch: Sequence[Sequence[Message]], *, role: str | None = None,
+                     **kw: Any) -> list[str]:
+        """Run independent prompts concurrently (bounded by ``max_concurrency``), in order."""
+        return list(await asyncio.gather(*(self.achat(m, role=role, **kw) for m in batch)))
+
+    def chat(self, messages: Sequence[Message], **kw: Any) -> str:
+        return run_sync(self.achat(messages, **kw))
+
+    def describe(self) -> dict[str, Any]:
+        """What goes into sidecars: backend and model, never credentials."""
+        return {"backend": self.name}
+
+    def close(self) -> None:
+        """Release resources (HTTP clients, model weights). Safe to call twice."""
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine from sync code, also when an event loop already runs (Jupyter)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["v"] = asyncio.run(coro)
+        except BaseException as e:  # re-raised in the caller's thread
+            box["e"] = e
+
+    t = threading.Thread(target=target)
+    t.start()
+    t.join()
+    if "e" in box:
+        raise box["e"]
+    return box["v"]
