@@ -30,7 +30,14 @@ from pydantic import BaseModel, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
 
-_SECRET_MARKERS = ("api_key", "apikey", "token", "secret", "password", "authorization")
+_SECRET_NAMES = {"token", "api_key", "apikey", "secret", "password", "passwd", "authorization"}
+_SECRET_SUFFIXES = ("_token", "_api_key", "_apikey", "_secret", "_password")
+
+
+def is_secret_name(name: str) -> bool:
+    """Credential-looking names (api_key, hf_token, client_secret); not max_tokens or tokenizer."""
+    k = str(name).lower().lstrip("-").replace("-", "_")
+    return k in _SECRET_NAMES or k.endswith(_SECRET_SUFFIXES)
 
 
 class RecordError(ValueError):
@@ -238,7 +245,7 @@ def redact(obj: Any) -> Any:
         obj = obj.model_dump(mode="json")
     if isinstance(obj, dict):
         return {
-            k: ("***" if any(m in str(k).lower() for m in _SECRET_MARKERS) and v else redact(v))
+            k: ("***" if is_secret_name(k) and v else redact(v))
             for k, v in obj.items()
         }
     if isinstance(obj, (list, tuple)):
@@ -299,8 +306,7 @@ def redact_argv(argv: list[str]) -> list[str]:
             out.append("***")
             hide_next = False
             continue
-        low = a.lower()
-        if low.startswith("--") and any(m.replace("_", "-") in low for m in _SECRET_MARKERS):
+        if a.startswith("--") and is_secret_name(a.split("=", 1)[0]):
             if "=" in a:
                 out.append(a.split("=", 1)[0] + "=***")
             else:

@@ -19,6 +19,7 @@ from deepr.io import (
     parse_shard,
     read_jsonl,
     redact,
+    redact_argv,
     rejects_path,
     write_jsonl,
     write_meta,
@@ -127,8 +128,12 @@ def test_meta_sidecar_records_inputs_and_redacts_secrets(tmp_path):
 
 
 def test_redact_nested_and_rejects_path(tmp_path):
-    assert redact({"a": [{"Authorization": "Bearer x"}], "token_count": 0}) == {
-        "a": [{"Authorization": "***"}], "token_count": 0}
+    assert redact({"a": [{"Authorization": "Bearer x"}], "hf_token": "hf_abc", "max_tokens": 512,
+                   "prompt_tokens": 9, "tokenizer": "path"}) == {
+        "a": [{"Authorization": "***"}], "hf_token": "***", "max_tokens": 512, "prompt_tokens": 9,
+        "tokenizer": "path"}
+    assert redact_argv(["deepr", "--api-key", "sk-1", "--max-tokens", "5", "--hf-token=x"]) == [
+        "deepr", "--api-key", "***", "--max-tokens", "5", "--hf-token=***"]
     assert rejects_path(tmp_path / "trees.jsonl").name == "trees.rejects.jsonl"
     r = Reject(id="t1", stage="build-trees", reason="no supporting document")
     assert json.loads(r.model_dump_json())["reason"] == "no supporting document"
