@@ -1,0 +1,114 @@
+"""LLM access: pick a backend by a spec string, the same one ``--llm`` takes.
+
+    extractive                              no language model (SPEC §9), the offline default
+    openai:<model>                          any OpenAI-compatible endpoint (vLLM, Ollama, OpenAI...)
+    hf:<path>[,adapter=<role>:<path>...]    a local transformers model, one LoRA adapter per role
+    replay:<file.jsonl>                     recorded replies, for tests and demos
+
+    llm = get_llm("openai:Qwen/Qwen3-8B", base_url="http://localhost:8000/v1")
+    text = llm.chat([{"role": "user", "content": "Hello"}], role="planner")
+
+Backends are imported on first use, so importing this package pulls in neither
+``openai`` nor ``torch``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from deepr.llm.base import LLM, LLMError, Message, Usage, run_sync
+
+__all__ = ["LLM", "LLMError", "LLMStatusError", "Message", "Usage", "run_sync", "get_llm",
+           "llm_from_flags", "parse_hf_spec", "ExtractiveLLM", "ReplayLLM", "OpenAIBackend",
+           "HFLLM", "LLMCache", "StubServer", "SPEC_FORMS"]
+
+SPEC_FORMS = ("extractive", "openai:<model>", "hf:<path>[,adapter=<role>:<path>...]", "replay:<file.jsonl>")
+
+_LAZY = {
+    "ExtractiveLLM": "deepr.llm.extractive",
+    "ReplayLLM": "deepr.llm.replay",
+    "OpenAIBackend": "deepr.llm.openai_backend",
+    "LLMStatusError": "deepr.llm.openai_backend",
+    "HFLLM": "deepr.llm.hf_backend",
+    "LLMCache": "deepr.llm.cache",
+    "StubServer": "deepr.llm.stub_server",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'deepr.llm' has no attribute {name!r}")
+
+
+def _bad_spec(spec: str, why: str) -> ValueError:
+    return ValueError(f"--llm {spec!r}: {why}; accepted forms: " + ", ".join(SPEC_FORMS))
+
+
+def parse_hf_spec(rest: str) -> tuple[str, dict[str, str]]:
+    """``<path>[,adapter=<role>:<path>...]`` -> (model path, {role: adapter path})."""
+    path, *extras = rest.split(",")
+    if not path:
+        raise _bad_spec("hf:" + rest, "missing the model path")
+    adapters: dict[str, str] = {}
+    for item in extras:
+        key, _, value = item.partition("=")
+        role, _, apath = value.partition(":")
+        if key.strip() != "adapter" or not role or not apath:
+            raise _bad_spec("hf:" + rest, f"cannot read {item!r} (expected adapter=<role>:<path>)")
+        if role in adapters:
+            raise _bad_spec("hf:" + rest, f"role {role!r} has two adapters")
+        adapters[role] = apath
+    return path, adapters
+
+
+def get_llm(spec: str = "extractive", *, base_url: str | None = None, api_key: str | None = None,
+            cache: bool = True, cache_dir: str | Path | None = None, timeout: float = 60.0,
+            max_retries: int = 3, max_concurrency: int = 8, **kw: Any) -> LLM:
+    """Build the backend named by ``spec``; extra keywords go to its config.
+
+    ``cache`` applies to ``openai:`` (local and replayed backends are cheap and
+    deterministic already); ``cache_dir`` is the folder of its ``llm.sqlite`` (default
+    ``$DEEPR_CACHE`` or ``~/.cache/deepr``). Raises ValueError for an unknown or
+    malformed spec.
+    """
+    spec = (spec or "").strip()
+    kind, sep, rest = spec.partition(":")
+    if spec == "extractive":
+        from deepr.llm.extractive import ExtractiveLLM
+
+        return ExtractiveLLM(max_concurrency=max_concurrency, **kw)
+    if kind == "openai" and sep:
+        if not rest:
+            raise _bad_spec(spec, "missing the model name after 'openai:'")
+        from deepr.llm.cache import LLMCache
+        from deepr.llm.openai_backend import OpenAIBackend, OpenAIConfig
+
+        config = OpenAIConfig(model=rest, base_url=base_url, timeout=timeout, max_retries=max_retries,
+                              max_concurrency=max_concurrency, **kw)
+        backend = OpenAIBackend(config, api_key=api_key)  # checks the endpoint before opening the cache
+        if cache:
+            backend.cache = LLMCache(Path(cache_dir) / "llm.sqlite" if cache_dir else None)
+        return backend
+    if kind == "hf" and sep:
+        from deepr.llm.hf_backend import HFLLM
+
+        path, adapters = parse_hf_spec(rest)
+        return HFLLM(path, adapters=adapters, **kw)
+    if kind == "replay" and sep:
+        if not rest:
+            raise _bad_spec(spec, "missing the replay file after 'replay:'")
+        from deepr.llm.replay import ReplayLLM
+
+        return ReplayLLM.from_file(rest)
+    raise _bad_spec(spec, "unknown LLM backend")
+
+
+def llm_from_flags(llm: str, base_url: str | None, api_key: str | None, no_cache: bool,
+                   timeout: float, concurrency: int) -> LLM:
+    """What the CLI commands call with their --llm / --base-url / --api-key / --no-cache /
+    --timeout / --concurrency flags."""
+    return get_llm(llm, base_url=base_url, api_key=api_key, cache=not no_cache, timeout=timeout,
+                   max_concurrency=concurrency)

@@ -1,0 +1,297 @@
+"""``openai:<model>``: any OpenAI-compatible chat endpoint through the official client.
+
+Works with vLLM, SGLang, llama.cpp server, Ollama and OpenAI itself. The base URL and
+key come from arguments, else ``DEEPR_LLM_BASE_URL`` / ``DEEPR_LLM_API_KEY``, else
+``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``; a local endpoint needs no key.
+
+Every call has a timeout. Rate limits (429), server errors (5xx), timeouts and
+connection errors are retried a bounded number of times with exponential backoff and
+jitter; any other error fails at once with :class:`LLMStatusError`. The client's own
+retries are off so ours are the only ones, and they are counted in ``usage.retries``.
+
+The API key lives only inside the HTTP client: it is never logged, cached, described,
+put in an exception message or shown by ``repr``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from deepr.llm.base import LLM, LLMError, Message
+from deepr.llm.cache import LLMCache
+
+log = logging.getLogger("deepr.llm")
+
+# Sent when the endpoint needs no key (local servers): the client insists on one.
+_NO_KEY = "no-key-needed"
+
+
+class LLMStatusError(LLMError):
+    """The endpoint refused a request; ``status`` is the HTTP status (None: no response)."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class _Failure:
+    reason: str
+    status: int | None
+    retryable: bool
+    retry_after: float | None = None
+
+
+class _EmptyReply(Exception):
+    """A 200 reply without message text (e.g. only tool calls): not retried."""
+
+
+class _Secret:
+    """Holds the API key; its repr never shows it, so dumps of the backend stay clean."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str):
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "'***'"
+
+
+class OpenAIConfig(BaseModel):
+    """Settings of one OpenAI-compatible backend (credentials are deliberately not here)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1, description="Model name the endpoint serves, e.g. 'Qwen/Qwen3-8B'.")
+    base_url: str | None = Field(None, description="Endpoint URL ending in /v1; None means api.openai.com.")
+    timeout: float = Field(60.0, gt=0, description="Seconds one call may take before it counts as a timeout.")
+    max_retries: int = Field(3, ge=0, le=20, description="Retries after the first try; only for 429, 5xx, "
+                             "timeouts and connection errors.")
+    backoff_base: float = Field(0.5, ge=0, description="First backoff delay in seconds; doubles per retry, "
+                                "with full jitter.")
+    backoff_max: float = Field(30.0, ge=0, description="Upper bound of one backoff delay in seconds.")
+    max_concurrency: int = Field(8, ge=1, description="Most requests in flight at once from this backend.")
+    seed: int | None = Field(None, description="Sampling seed sent to the endpoint (and part of the cache key).")
+    max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = Field(
+        "max_tokens", description="Request field carrying the reply length limit (newer OpenAI models "
+        "want max_completion_tokens).")
+    extra_body: dict[str, Any] = Field(default_factory=dict, description="Extra JSON fields sent with "
+                                       "every request (e.g. vLLM's top_k).")
+
+
+def safe_url(url: str | None) -> str | None:
+    """The URL without user:password or query string, which may hold credentials."""
+    if not url:
+        return url
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def resolve_endpoint(base_url: str | None, api_key: str | None) -> tuple[str | None, str]:
+    """Base URL and key from the arguments, then the deepr, then the OpenAI variables."""
+    env = os.environ
+    base_url = base_url or env.get("DEEPR_LLM_BASE_URL") or env.get("OPENAI_BASE_URL") or None
+    api_key = api_key or env.get("DEEPR_LLM_API_KEY") or env.get("OPENAI_API_KEY") or None
+    if api_key is None:
+        if base_url is None:
+            raise ValueError("no endpoint configured for --llm openai:<model>: pass --base-url for a local "
+                             "server, or set OPENAI_API_KEY (or DEEPR_LLM_API_KEY) for api.openai.com")
+        api_key = _NO_KEY
+    return base_url, api_key
+
+
+class OpenAIBackend(LLM):
+    name = "openai"
+
+    def __init__(self, config: OpenAIConfig, *, api_key: str | None = None,
+                 cache: LLMCache | None = None):
+        super().__init__(max_concurrency=config.max_concurrency)
+        base_url, key = resolve_endpoint(config.base_url, api_key)
+        self.config = config.model_copy(update={"base_url": base_url})
+        self.cache = cache
+        self._key = _Secret(key)  # used only to build clients and to scrub messages
+        self._io: _IOLoop | None = None
+        self._io_lock = threading.Lock()
+
+    # -- plumbing ----------------------------------------------------------------------
+    def _loop(self) -> _IOLoop:
+        # One private event loop owns the HTTP client: its connection pool is bound to a loop,
+        # while callers may come from many (each run_sync starts a new one).
+        with self._io_lock:
+            if self._io is None:
+                import openai
+
+                self._io = _IOLoop(lambda: openai.AsyncOpenAI(
+                    api_key=self._key.reveal(), base_url=self.config.base_url,
+                    timeout=self.config.timeout, max_retries=0))
+            return self._io
+
+    def _scrub(self, text: str) -> str:
+        key = self._key.reveal()
+        return text.replace(key, "***") if key != _NO_KEY else text
+
+    def _request(self, messages: list[Message], temperature: float | None, max_tokens: int | None,
+                 stop: Sequence[str] | None) -> dict[str, Any]:
+        return {"backend": self.name, "model": self.config.model, "base_url": safe_url(self.config.base_url),
+                "messages": messages, "temperature": temperature, "max_tokens": max_tokens,
+                "stop": list(stop) if stop else None, "seed": self.config.seed,
+                "extra_body": self.config.extra_body}
+
+    def _delay(self, attempt: int, retry_after: float | None) -> float:
+        cap = min(self.config.backoff_max, self.config.backoff_base * (2 ** attempt))
+        delay = random.uniform(0, cap)  # full jitter spreads a burst of 429s apart
+        if retry_after is not None:
+            delay = max(delay, min(retry_after, self.config.backoff_max))
+        return delay
+
+    # -- one call ----------------------------------------------------------------------
+    async def _once(self, request: dict[str, Any]) -> tuple[str, int, int]:
+        kw: dict[str, Any] = {"model": self.config.model, "messages": request["messages"]}
+        if request["temperature"] is not None:
+            kw["temperature"] = request["temperature"]
+        if request["max_tokens"] is not None:
+            kw[self.config.max_tokens_field] = request["max_tokens"]
+        if request["stop"]:
+            kw["stop"] = request["stop"]
+        if self.config.seed is not None:
+            kw["seed"] = self.config.seed
+        if self.config.extra_body:
+            kw["extra_body"] = self.config.extra_body
+        resp = await self._loop().client.chat.completions.create(**kw)
+        if not resp.choices or resp.choices[0].message.content is None:
+            reason = resp.choices[0].finish_reason if resp.choices else "no choices"
+            raise _EmptyReply(f"the endpoint returned no message text (finish_reason={reason})")
+        usage = resp.usage
+        return (resp.choices[0].message.content, getattr(usage, "prompt_tokens", 0) or 0,
+                getattr(usage, "completion_tokens", 0) or 0)
+
+    async def _achat(self, messages: list[Message], *, role: str | None, temperature: float | None,
+                     max_tokens: int | None, stop: Sequence[str] | None) -> str:
+        request = self._request(messages, temperature, max_tokens, stop)
+        if self.cache is not None:
+            hit = self.cache.get(request)
+            if hit is not None:
+                self.usage.add(role=role, cached=True)
+                return hit["reply"]
+        t0 = time.perf_counter()
+        text, pt, ct = await self._loop().run(self._with_retries(request))
+        self.usage.add(role=role, prompt_tokens=pt, completion_tokens=ct,
+                       seconds=time.perf_counter() - t0)
+        if self.cache is not None:
+            self.cache.put(request, text, prompt_tokens=pt, completion_tokens=ct)
+        return text
+
+    async def _with_retries(self, request: dict[str, Any]) -> tuple[str, int, int]:
+        attempts = self.config.max_retries + 1
+        for attempt in range(attempts):
+            outcome = await self._attempt(request)
+            if not isinstance(outcome, _Failure):
+                return outcome
+            reason, status = outcome.reason, outcome.status
+            if not outcome.retryable:
+                self.usage.failures += 1
+                raise LLMStatusError(self._scrub(f"{self._where()} refused the request ({reason})"), status)
+            if attempt + 1 < attempts:
+                self.usage.retries += 1
+                delay = self._delay(attempt, outcome.retry_after)
+                log.warning("%s: %s; retry %d/%d in %.2fs", self.config.model, self._scrub(reason),
+                            attempt + 1, self.config.max_retries, delay)
+                await asyncio.sleep(delay)
+        self.usage.failures += 1
+        raise LLMStatusError(self._scrub(f"{self._where()} failed after {attempts} attempts: {reason}"), status)
+
+    async def _attempt(self, request: dict[str, Any]) -> tuple[str, int, int] | _Failure:
+        """One try: (reply, prompt tokens, completion tokens), or why it failed.
+
+        Errors are turned into plain values here so that no exception object holding the
+        HTTP request (and its Authorization header) outlives this frame.
+        """
+        import openai
+
+        try:
+            return await asyncio.wait_for(self._once(request), self.config.timeout)
+        except (TimeoutError, openai.APITimeoutError):
+            return _Failure(f"timed out after {self.config.timeout:g}s", None, True)
+        except openai.APIConnectionError as e:
+            return _Failure(f"connection error ({type(e).__name__}: {e})", None, True)
+        except openai.APIStatusError as e:
+            retryable = e.status_code == 429 or e.status_code >= 500
+            return _Failure(f"HTTP {e.status_code}: {e.message}", e.status_code, retryable, _retry_after(e))
+        except openai.APIError as e:  # a reply the client cannot read: retrying will not fix it
+            return _Failure(f"unreadable reply ({type(e).__name__}: {e})", None, False)
+        except _EmptyReply as e:
+            return _Failure(str(e), 200, False)
+
+    def _where(self) -> str:
+        return f"{self.config.model} at {safe_url(self.config.base_url) or 'api.openai.com'}"
+
+    # -- reporting ---------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        c = self.config
+        return {"backend": self.name, "model": c.model, "base_url": safe_url(c.base_url),
+                "timeout": c.timeout, "max_retries": c.max_retries, "max_concurrency": c.max_concurrency,
+                "seed": c.seed, "cache": str(self.cache.path) if self.cache is not None else None}
+
+    def __repr__(self) -> str:
+        return f"OpenAIBackend(model={self.config.model!r}, base_url={safe_url(self.config.base_url)!r})"
+
+    def close(self) -> None:
+        with self._io_lock:
+            io, self._io = self._io, None
+        if io is not None:
+            io.stop()
+        if self.cache is not None:
+            self.cache.close()
+
+
+class _IOLoop:
+    """An event loop in a daemon thread that owns one async HTTP client."""
+
+    def __init__(self, make_client: Any):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="deepr-llm-io")
+        self.thread.start()
+        self.client = asyncio.run_coroutine_threadsafe(self._make(make_client), self.loop).result()
+
+    @staticmethod
+    async def _make(make_client: Any) -> Any:
+        return make_client()  # created on the loop that will use it
+
+    async def run(self, coro: Any) -> Any:
+        """Await ``coro`` on this loop from any other loop; cancelling the caller cancels it."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
+    def stop(self) -> None:
+        try:
+            asyncio.run_coroutine_threadsafe(self.client.close(), self.loop).result(timeout=5)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=5)
+            if not self.thread.is_alive():
+                self.loop.close()
+
+
+def _retry_after(e: Any) -> float | None:
+    try:
+        value = e.response.headers.get("retry-after")
+        return float(value) if value is not None else None
+    except (AttributeError, TypeError, ValueError):
+        return None

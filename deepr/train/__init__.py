@@ -1,0 +1,1 @@
+"""Training: the tiny offline model builder, and (from other modules) SFT / GRPO stages."""

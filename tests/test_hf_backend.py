@@ -1,0 +1,148 @@
+"""The tiny offline model builder and the local transformers backend with per-role LoRA adapters."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from deepr.llm import LLMError, get_llm
+from deepr.llm.hf_backend import HFLLM
+from deepr.train.tiny import ADDED, build_tiny_model, build_tokenizer, default_texts
+
+PROMPT = [{"role": "system", "content": "You plan searches."},
+          {"role": "user", "content": "Which river flows through London?"}]
+SMALL_TEXT = ["The river flows east to the sea.", "A museum opened in 1901 with 3,452 paintings."] * 30
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture(scope="session")
+def adapters(tiny_dir, tmp_path_factory):
+    """Two randomly initialised LoRA adapters, so each role's outputs differ from the base."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    root = tmp_path_factory.mktemp("adapters")
+    out = {}
+    for i, role in enumerate(("planner", "answerer")):
+        torch.manual_seed(100 + i)
+        base = AutoModelForCausalLM.from_pretrained(tiny_dir, local_files_only=True)
+        lora = LoraConfig(r=4, lora_alpha=16, init_lora_weights=False,
+                          target_modules=["q_proj", "v_proj", "o_proj", "down_proj"])
+        get_peft_model(base, lora).save_pretrained(root / role)
+        out[role] = str(root / role)
+    return out
+
+
+# -- tiny model builder -----------------------------------------------------------------
+
+def test_tokenizer_reload_round_trips(tiny_dir):
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import qwen3_chat_template
+
+    built = build_tokenizer(default_texts(), 3000)
+    loaded = AutoTokenizer.from_pretrained(tiny_dir, local_files_only=True)
+    samples = ["Hello, World!  Two  spaces\tand a tab\n\nnew paragraph",
+               "naïve café — ÅÉ 東京 🙂 12345 don't",
+               "<|im_start|>user\n<think>\nhmm\n</think>\n\n<tool_call>{\"name\": \"search\"}</tool_call><|im_end|>"]
+    for s in samples:
+        assert loaded(s)["input_ids"] == built(s)["input_ids"]
+        assert loaded.decode(loaded(s)["input_ids"]) == s
+    for t in ["<|im_start|>", "<|im_end|>", *ADDED]:  # each chat token is one id
+        assert len(loaded(t, add_special_tokens=False)["input_ids"]) == 1
+    assert loaded.chat_template == qwen3_chat_template  # TRL picks its tool parser by this match
+    assert (loaded.eos_token, loaded.pad_token) == ("<|im_end|>", "<|endoftext|>")
+    # Thinking / tool tags survive decoding that drops special tokens, as with real Qwen models.
+    ids = loaded("<think>x</think><|im_end|>")["input_ids"]
+    assert loaded.decode(ids, skip_special_tokens=True) == "<think>x</think>"
+
+
+def test_tiny_model_shape_and_sidecar(tiny_dir):
+    cfg = json.loads((tiny_dir / "config.json").read_text())
+    assert cfg["model_type"] == "qwen2" and cfg["tie_word_embeddings"] is True
+    assert (cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]) == (64, 256, 2)
+    assert (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["max_position_embeddings"]) == (4, 2, 4096)
+    meta = json.loads(tiny_dir.with_name("model.meta.json").read_text())
+    assert meta["stage"] == "tiny-model" and 200_000 < meta["counts"]["parameters"] < 500_000
+
+
+def test_tiny_model_is_deterministic_per_seed(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    dirs = [build_tiny_model(tmp_path / name, corpus_texts=SMALL_TEXT, vocab_size=400, seed=s)
+            for name, s in (("a", 1), ("b", 1), ("c", 2))]
+    a, b, c = (load_file(d / "model.safetensors") for d in dirs)
+    assert (dirs[0] / "tokenizer.json").read_text() == (dirs[1] / "tokenizer.json").read_text()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+    with pytest.raises(ValueError, match="divisible by the 4 attention heads"):
+        build_tiny_model(tmp_path / "bad", corpus_texts=SMALL_TEXT, hidden=66)
+
+
+def test_module_entry_point(tmp_path, monkeypatch):
+    from deepr.train import tiny
+
+    assert tiny.main([]) == 2  # usage error, not a traceback
+    monkeypatch.setattr(tiny, "default_texts", lambda max_docs=0: SMALL_TEXT)
+    assert tiny.main([str(tmp_path / "m")]) == 0 and (tmp_path / "m" / "model.safetensors").is_file()
+
+
+# -- HF backend -------------------------------------------------------------------------
+
+def test_roles_switch_adapters(tiny_dir, adapters):
+    spec = f"hf:{tiny_dir},adapter=planner:{adapters['planner']},adapter=answerer:{adapters['answerer']}"
+    llm = get_llm(spec)
+    planner = llm.chat(PROMPT, role="planner", max_tokens=12)
+    answerer = llm.chat(PROMPT, role="answerer", max_tokens=12)
+    base = llm.chat(PROMPT, role="writer", max_tokens=12)  # no adapter: the bare base model
+    assert len({planner, answerer, base}) == 3
+    assert llm.chat(PROMPT, role="planner", max_tokens=12) == planner  # greedy, same adapter
+    plain = HFLLM(tiny_dir)
+    assert plain.chat(PROMPT, max_tokens=12) == base
+    assert llm.describe()["adapters"] == adapters and llm.usage.by_role["planner"] == 2
+
+
+def test_token_accounting(tiny_dir):
+    llm = HFLLM(tiny_dir)
+    n_prompt = len(llm.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=True,
+                                                     return_dict=True)["input_ids"])
+    llm.chat(PROMPT, max_tokens=5)
+    llm.chat(PROMPT, max_tokens=5)
+    assert llm.usage.calls == 2 and llm.usage.prompt_tokens == 2 * n_prompt
+    assert 2 <= llm.usage.completion_tokens <= 10
+
+
+def test_sampling_repeats_with_a_seed(tiny_dir):
+    runs = [[HFLLM(tiny_dir, seed=7).chat(PROMPT, temperature=1.0, max_tokens=8)] for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+def test_clear_errors_for_bad_folders(tiny_dir, tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        HFLLM(tmp_path / "nope")
+    weights_only = tmp_path / "weights"
+    weights_only.mkdir()
+    (weights_only / "config.json").write_text((tiny_dir / "config.json").read_text())
+    with pytest.raises(ValueError, match="has no tokenizer"):
+        HFLLM(weights_only)
+    no_template = tmp_path / "no_template"
+    no_template.mkdir()
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (no_template / f).write_text((tiny_dir / f).read_text())
+    with pytest.raises(ValueError, match="no chat template"):
+        HFLLM(no_template)
+    with pytest.raises(FileNotFoundError, match="adapter for role 'planner'"):
+        HFLLM(tiny_dir, adapters={"planner": tmp_path / "missing"})
+
+
+def test_generation_errors_are_llm_errors(tiny_dir):
+    llm = HFLLM(tiny_dir)
+    with pytest.raises(LLMError, match="exceeds the model's context of 4096"):
+        llm.chat([{"role": "user", "content": "word " * 5000}], max_tokens=2)
+    assert llm.usage.failures == 1

@@ -1,0 +1,338 @@
+"""LLM backends: OpenAI-compatible client against the local stub server, disk cache,
+secrets hygiene, replay and extractive backends, and the --llm spec parser."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from deepr.io import RecordError, write_meta
+from deepr.llm import LLMError, get_llm, llm_from_flags, parse_hf_spec
+from deepr.llm.cache import LLMCache, request_key
+from deepr.llm.extractive import ExtractiveLLM, select_sentences
+from deepr.llm.openai_backend import LLMStatusError
+from deepr.llm.replay import ReplayLLM
+from deepr.llm.stub_server import StubServer
+
+USER = [{"role": "user", "content": "Name the river that flows through London."}]
+FAST = {"backoff_base": 0.01, "backoff_max": 0.05}  # keep retry tests quick
+
+
+def echo(req: dict) -> str:
+    return "echo: " + req["messages"][-1]["content"]
+
+
+def openai_llm(srv: StubServer, tmp_path: Path | None = None, **kw):
+    kw.setdefault("cache", tmp_path is not None)
+    return get_llm("openai:stub-model", base_url=srv.base_url, cache_dir=tmp_path, **FAST, **kw)
+
+
+# -- OpenAI backend against the stub --------------------------------------------------
+
+def test_openai_reply_and_token_accounting():
+    with StubServer(reply=echo) as srv:
+        llm = openai_llm(srv)
+        out = llm.chat(USER, role="planner", temperature=0.0, max_tokens=32, stop=["\n\n"])
+        assert out == "echo: Name the river that flows through London."
+        body = srv.requests[0]
+        assert body["model"] == "stub-model" and body["messages"] == USER
+        assert body["temperature"] == 0.0 and body["max_tokens"] == 32 and body["stop"] == ["\n\n"]
+    u = llm.usage
+    assert (u.calls, u.prompt_tokens, u.completion_tokens) == (1, 7, 8)  # the stub counts words
+    assert u.by_role == {"planner": 1} and u.retries == 0 and u.cache_hits == 0
+
+
+def test_cache_hit_skips_the_server_and_persists(tmp_path):
+    with StubServer(reply=echo) as srv:
+        llm = openai_llm(srv, tmp_path)
+        first = llm.chat(USER, temperature=0.0)
+        assert llm.chat(USER, temperature=0.0) == first
+        assert srv.n_requests == 1 and llm.usage.cache_hits == 1 and llm.usage.calls == 2
+        llm.chat(USER, temperature=0.7)  # another request, another key
+        assert srv.n_requests == 2
+        assert (tmp_path / "llm.sqlite").is_file()
+        again = openai_llm(srv, tmp_path)  # a later run reuses the same file
+        assert again.chat(USER, temperature=0.0) == first and srv.n_requests == 2
+        assert again.usage.cache_hits == 1
+
+
+def test_default_cache_location_follows_deepr_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEEPR_CACHE", str(tmp_path / "c"))
+    llm = get_llm("openai:m", base_url="http://127.0.0.1:1/v1")
+    assert llm.describe()["cache"] == str(tmp_path / "c" / "llm.sqlite")
+    assert (tmp_path / "c" / "llm.sqlite").is_file()
+
+
+def test_cache_off_sends_every_call(tmp_path):
+    with StubServer(reply=echo) as srv:
+        llm = openai_llm(srv, tmp_path, cache=False)
+        llm.chat(USER)
+        llm.chat(USER)
+        assert srv.n_requests == 2 and llm.usage.cache_hits == 0
+    assert not (tmp_path / "llm.sqlite").exists()
+
+
+def test_failed_replies_are_not_cached(tmp_path):
+    with StubServer(reply="fine", fail_first=1, fail_status=400) as srv:
+        llm = openai_llm(srv, tmp_path)
+        with pytest.raises(LLMError):
+            llm.chat(USER)
+        assert llm.chat(USER) == "fine" and srv.n_requests == 2
+    assert len(LLMCache(tmp_path)) == 1
+
+
+def test_server_errors_are_retried_until_success():
+    with StubServer(reply="ok", fail_first=2, fail_status=500) as srv:
+        llm = openai_llm(srv)
+        assert llm.chat(USER) == "ok"
+        assert srv.statuses == [500, 500, 200]
+    assert llm.usage.retries == 2 and llm.usage.failures == 0
+
+
+def test_rate_limit_is_retried():
+    with StubServer(reply="ok", fail_first=1, fail_status=429) as srv:
+        llm = openai_llm(srv)
+        assert llm.chat(USER) == "ok" and srv.statuses == [429, 200]
+
+
+def test_retries_are_bounded():
+    with StubServer(reply="ok", fail_first=10, fail_status=500) as srv:
+        llm = openai_llm(srv, max_retries=3)
+        with pytest.raises(LLMError) as err:
+            llm.chat(USER)
+        assert srv.n_requests == 4
+    assert err.value.status == 500 and "after 4 attempts" in str(err.value)
+    assert llm.usage.retries == 3 and llm.usage.failures == 1
+
+
+def test_client_errors_fail_at_once():
+    with StubServer(reply="ok", fail_first=5, fail_status=400) as srv:
+        llm = openai_llm(srv, max_retries=3)
+        with pytest.raises(LLMStatusError) as err:
+            llm.chat(USER)
+        assert srv.n_requests == 1
+    assert err.value.status == 400 and "injected failure 400" in str(err.value)
+    assert llm.usage.retries == 0
+
+
+def test_timeout_is_retried_then_reported():
+    with StubServer(reply="late", latency=2.0) as srv:
+        llm = openai_llm(srv, timeout=0.3, max_retries=1)
+        with pytest.raises(LLMError, match="timed out after 0.3s"):
+            llm.chat(USER)
+        assert srv.n_requests == 2
+    assert llm.usage.retries == 1 and llm.usage.failures == 1
+
+
+def test_a_hanging_request_is_abandoned_and_retried():
+    with StubServer(reply="ok", fail_first=1, fail_status="hang") as srv:
+        llm = openai_llm(srv, timeout=0.3)
+        assert llm.chat(USER) == "ok" and srv.n_requests == 2
+
+
+def test_concurrency_is_bounded():
+    with StubServer(reply=echo, latency=0.2) as srv:
+        llm = openai_llm(srv, max_concurrency=3)
+        prompts = [[{"role": "user", "content": f"question {i}"}] for i in range(12)]
+        outs = asyncio.run(llm.abatch(prompts))
+        assert outs == [f"echo: question {i}" for i in range(12)]  # order kept
+        assert srv.max_in_flight == 3  # parallel, but never more than the bound
+
+
+def test_endpoint_from_environment(monkeypatch):
+    with StubServer(reply="env") as srv:
+        monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")  # nothing listens there
+        monkeypatch.setenv("DEEPR_LLM_BASE_URL", srv.base_url)  # and this one wins
+        llm = get_llm("openai:m", cache=False)
+        assert llm.chat(USER) == "env" and srv.auth_seen == [True]
+
+
+def test_no_endpoint_and_no_key_is_a_clear_error(monkeypatch):
+    for var in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "DEEPR_LLM_BASE_URL", "DEEPR_LLM_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ValueError, match="--base-url"):
+        get_llm("openai:gpt-x", cache=False)
+
+
+def test_secrets_never_leak(tmp_path, caplog, capsys):
+    key = "sk-deepr-TEST-9d41c7e2b"
+    caplog.set_level(logging.DEBUG)
+    errors = []
+    with StubServer(reply="ok", fail_first=1, fail_status=500) as srv:
+        llm = get_llm("openai:m", base_url=srv.base_url, api_key=key, cache_dir=tmp_path, **FAST)
+        llm.chat(USER)  # one retried 500 (logged), then a cached success
+        llm.chat(USER)
+    with StubServer(reply="ok", fail_first=9, fail_status=401) as srv:
+        bad = get_llm("openai:m", base_url=srv.base_url, api_key=key, cache=False, **FAST)
+        with pytest.raises(LLMError) as e401:
+            bad.chat(USER)
+        errors.append(e401.value)
+        assert srv.auth_seen == [True]  # the key was really sent
+    with StubServer(reply="ok", latency=1.0) as srv:
+        slow = get_llm("openai:m", base_url=srv.base_url, api_key=key, cache=False, timeout=0.2,
+                       max_retries=0, **FAST)
+        with pytest.raises(LLMError) as etime:
+            slow.chat(USER)
+        errors.append(etime.value)
+    meta = write_meta(tmp_path / "out.jsonl", stage="test", config={"llm": llm.describe()})
+    llm.close()
+    texts = [caplog.text, *capsys.readouterr(), json.dumps(llm.describe()), repr(llm), repr(vars(llm)),
+             meta.read_text(), *(str(e) for e in errors), *(repr(e) for e in errors),
+             *(repr(vars(e)) for e in errors)]
+    assert llm.usage.retries == 1 and llm.usage.cache_hits == 1
+    assert not [t for t in texts if key in t]
+    for f in tmp_path.iterdir():  # the sqlite file and any WAL / shm leftovers
+        assert key.encode() not in f.read_bytes(), f
+
+
+# -- cache unit behaviour ----------------------------------------------------------------
+
+def test_request_key_is_canonical_and_refuses_credentials():
+    a = {"model": "m", "messages": USER, "temperature": 0.0}
+    b = {"temperature": 0.0, "messages": USER, "model": "m"}
+    assert request_key(a) == request_key(b)
+    assert request_key(a) != request_key({**a, "temperature": 0.5})
+    with pytest.raises(ValueError, match="credentials"):
+        request_key({**a, "api_key": "x"})
+
+
+def test_cache_is_thread_safe(tmp_path):
+    cache = LLMCache(tmp_path / "c.sqlite")
+
+    def worker(t: int) -> None:
+        for i in range(25):
+            cache.put({"t": t, "i": i}, f"r{t}-{i}", prompt_tokens=i)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert len(cache) == 100
+    assert cache.get({"t": 3, "i": 7}) == {"reply": "r3-7", "prompt_tokens": 7, "completion_tokens": 0}
+    assert cache.get({"t": 9, "i": 0}) is None
+
+
+# -- replay -----------------------------------------------------------------------------
+
+def test_replay_list_in_order_then_exhausted():
+    llm = ReplayLLM(["one", "two"])
+    assert llm.chat(USER, role="planner") == "one"
+    assert llm.chat(USER, role="judge") == "two"
+    with pytest.raises(LLMError, match="replay exhausted for role judge after 2 replies"):
+        llm.chat(USER, role="judge")
+    assert [r for r, _ in llm.calls] == ["planner", "judge", "judge"] and llm.calls[0][1] == USER
+
+
+def test_replay_per_role_queues():
+    llm = ReplayLLM({"planner": ["p1", "p2"], "judge": ["j1"]})
+    assert [llm.chat(USER, role=r) for r in ("planner", "judge", "planner")] == ["p1", "j1", "p2"]
+    with pytest.raises(LLMError, match="role writer after 0 replies"):
+        llm.chat(USER, role="writer")
+    assert llm.remaining("planner") == 0 and llm.usage.by_role["planner"] == 2
+
+
+def test_replay_file_spec(tmp_path):
+    f = tmp_path / "replies.jsonl"
+    f.write_text('{"role": "planner", "reply": "{\\"nodes\\": []}"}\n\n{"role": "judge", "reply": "3"}\n')
+    llm = get_llm(f"replay:{f}")
+    assert llm.chat(USER, role="judge") == "3" and llm.chat(USER, role="planner") == '{"nodes": []}'
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"role": "planner", "reply": "a"}\n{"reply": "b"}\n')
+    with pytest.raises(RecordError, match=r"bad.jsonl:2 field 'role'"):
+        get_llm(f"replay:{bad}")
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"reply": "a"}\n{"reply": \n')
+    with pytest.raises(RecordError, match=r"broken.jsonl:2"):
+        get_llm(f"replay:{broken}")
+    with pytest.raises(FileNotFoundError):
+        get_llm(f"replay:{tmp_path / 'missing.jsonl'}")
+
+
+def test_replay_exhaustion_is_a_recorded_failure_for_ask_json():
+    from pydantic import BaseModel
+
+    from deepr.llm.parse import ask_json
+
+    class Score(BaseModel):
+        score: int
+
+    llm = ReplayLLM({"judge": ["<think>hmm</think> not json", '```json\n{"score": 3}\n```']})
+    first = asyncio.run(ask_json(llm, USER, Score, role="judge"))
+    assert first.ok and first.value.score == 3 and first.attempts == 2  # re-asked once
+    assert "could not be used" in llm.calls[1][1][-1]["content"]
+    second = asyncio.run(ask_json(llm, USER, Score, role="judge"))
+    assert not second.ok and "replay exhausted for role judge after 2 replies" in second.error
+
+
+def test_ask_json_over_http_records_a_refused_call():
+    from deepr.llm.parse import ask_json
+
+    with StubServer(reply='{"answer": 42}', fail_first=1, fail_status=422) as srv:
+        llm = openai_llm(srv)
+        refused = asyncio.run(ask_json(llm, USER))
+        assert not refused.ok and "HTTP 422" in refused.error
+        assert asyncio.run(ask_json(llm, USER)).value == {"answer": 42}
+
+
+# -- extractive -------------------------------------------------------------------------
+
+MATERIAL = ("Paris is the capital of France. The Seine flows through Paris. "
+            "Berlin is the capital of Germany. London lies on the Thames. "
+            "The Thames is the longest river entirely in England.")
+
+
+def test_extractive_picks_relevant_sentences_in_order():
+    llm = ExtractiveLLM(k=2)
+    msgs = [{"role": "system", "content": MATERIAL},
+            {"role": "user", "content": "What is the longest river in England, and which city lie on it?"}]
+    out = llm.chat(msgs)
+    assert out == "London lies on the Thames. The Thames is the longest river entirely in England."
+    assert llm.chat(msgs) == out  # deterministic
+    assert llm.is_extractive and "no language model" in llm.describe()["note"]
+
+
+def test_extractive_single_message_uses_last_sentence_as_question():
+    llm = ExtractiveLLM(k=1)
+    msg = [{"role": "user", "content": MATERIAL + "\nWhich country has Berlin as its capital?"}]
+    assert llm.chat(msg) == "Berlin is the capital of Germany."
+    assert llm.chat(msg, max_tokens=3) == "Berlin is the"
+    assert llm.chat(msg, stop=[" capital"]) == "Berlin is the"
+
+
+def test_extractive_without_overlap_falls_back_to_lead():
+    assert select_sentences(["Alpha one.", "Beta two.", "Gamma three."], "zzz", k=2) == ["Alpha one.", "Beta two."]
+
+
+# -- spec parsing -----------------------------------------------------------------------
+
+def test_spec_errors_name_the_accepted_forms():
+    for spec in ("gpt-4", "openai:", "replay:", "hf:,adapter=a:b", "hf:m,adapter=planner"):
+        with pytest.raises(ValueError, match="accepted forms: extractive, openai:<model>"):
+            get_llm(spec)
+
+
+def test_hf_spec_parsing_and_flag_helper():
+    assert parse_hf_spec("runs/base,adapter=planner:runs/p,adapter=answerer:/abs/a") == (
+        "runs/base", {"planner": "runs/p", "answerer": "/abs/a"})
+    llm = llm_from_flags("extractive", None, None, no_cache=True, timeout=5.0, concurrency=2)
+    assert llm.is_extractive and llm.max_concurrency == 2
+
+
+def test_model_names_with_colons_are_kept():
+    llm = get_llm("openai:qwen3:8b", base_url="http://127.0.0.1:1/v1", cache=False)
+    assert llm.describe()["model"] == "qwen3:8b"
+
+
+def test_importing_deepr_llm_is_light():
+    code = ("import sys, deepr.llm; print(sorted(m for m in ('openai', 'torch', 'transformers') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
