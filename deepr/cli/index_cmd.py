@@ -1,0 +1,90 @@
+"""``deepr index`` (build and cache a corpus index) and ``deepr search`` (query it).
+
+Examples::
+
+    deepr index --corpus wiki
+    deepr search "who painted the Mona Lisa" --corpus wiki -k 3 --json
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import typer
+
+from deepr.cli.app import app, console, summary_table, user_errors
+
+CORPUS_HELP = ("Corpus: 'wiki' (offline Wikipedia summaries, needs deepr\\[wiki]), a .jsonl or .parquet "
+               "file (id, title, text, url), a folder of .md/.txt files, or hf:<dataset>[:<config>].")
+RETRIEVER_HELP = "Ranking: dense (embeddings), bm25 (keywords) or hybrid (both, reciprocal-rank fused)."
+CACHE_HELP = "Where indexes are cached (default: $DEEPR_CACHE or ~/.cache/deepr)."
+LIMIT_HELP = "Use only the first N documents (wiki: spread over its topics) for a quick look."
+EMBEDDER_HELP = "Sentence-transformers model: a local folder or cached name (default all-MiniLM-L6-v2)."
+PRECISION_HELP = ("Embedding arithmetic: auto (bf16 on CPUs with native bfloat16, else fp32), fp32, bf16, "
+                  "or int8 (fastest, lower recall).")
+
+
+def _open(corpus: str, retriever: str, cache_dir: Path | None, limit: int | None, embedder: str | None,
+          precision: str, max_words: int, overlap: int):
+    from deepr.corpus import ChunkConfig, get_embedder, open_retriever
+
+    return open_retriever(corpus, retriever=retriever, cache_dir=cache_dir, limit=limit,
+                          embedder=get_embedder(embedder, precision=precision),
+                          chunking=ChunkConfig(max_words=max_words, overlap=overlap), progress=True)
+
+
+@app.command("index")
+def index_command(
+    corpus: str = typer.Option("wiki", "--corpus", "-c", help=CORPUS_HELP),
+    retriever: str = typer.Option("hybrid", "--retriever", "-r", help=RETRIEVER_HELP),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help=CACHE_HELP),
+    limit: int | None = typer.Option(None, "--limit", "-n", help=LIMIT_HELP),
+    embedder: str | None = typer.Option(None, "--embedder", help=EMBEDDER_HELP),
+    precision: str = typer.Option("auto", "--precision", help=PRECISION_HELP),
+    max_words: int = typer.Option(120, "--max-words", help="Most words per passage."),
+    overlap: int = typer.Option(20, "--overlap", help="Words shared by consecutive passages of a document."),
+) -> None:
+    """Build the dense + BM25 index of a corpus once and cache it (re-runs reuse the cache;
+    an interrupted build resumes)."""
+    t0 = time.perf_counter()
+    with user_errors():
+        r = _open(corpus, retriever, cache_dir, limit, embedder, precision, max_words, overlap)
+    info = r.describe()
+    summary_table(f"deepr index — {r.corpus_name}", [
+        ("documents", info["documents"]), ("passages", info["passages"]),
+        ("documents without text (not indexed)", info["documents_without_text"]),
+        ("embedder", info["embedder"]), ("index", "built now" if r.built else "reused from cache"),
+        ("build seconds", round(r.build_seconds, 2)), ("total seconds", round(time.perf_counter() - t0, 2)),
+        ("cache path", info["index"]),
+    ])
+
+
+@app.command("search")
+def search_command(
+    query: str = typer.Argument(..., help="What to search for."),
+    corpus: str = typer.Option("wiki", "--corpus", "-c", help=CORPUS_HELP),
+    k: int = typer.Option(5, "-k", "--top-k", help="How many ranked snippets to print."),
+    retriever: str = typer.Option("hybrid", "--retriever", "-r", help=RETRIEVER_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the hits as one JSON array on stdout."),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help=CACHE_HELP),
+    limit: int | None = typer.Option(None, "--limit", "-n", help=LIMIT_HELP),
+    embedder: str | None = typer.Option(None, "--embedder", help=EMBEDDER_HELP),
+    precision: str = typer.Option("auto", "--precision", help=PRECISION_HELP),
+    max_words: int = typer.Option(120, "--max-words", help="Most words per passage (must match the index)."),
+    overlap: int = typer.Option(20, "--overlap", help="Passage overlap in words (must match the index)."),
+) -> None:
+    """Print ranked snippets for a query, each with its stable id (builds the index if needed)."""
+    with user_errors():
+        r = _open(corpus, retriever, cache_dir, limit, embedder, precision, max_words, overlap)
+        hits = r.search(query, k=k)
+    if as_json:
+        typer.echo(json.dumps([h.model_dump() for h in hits], ensure_ascii=False, indent=2))
+        return
+    if not hits:
+        console.print("no results (is the query empty or made only of stop words?)")
+        return
+    for h in hits:
+        snippet = h.text if len(h.text) <= 300 else h.text[:297] + "..."
+        typer.echo(f"{h.rank}. [{h.id}] {h.title}  (score {h.score:.4f})\n   {snippet}")

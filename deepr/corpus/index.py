@@ -1,0 +1,383 @@
+"""Index and retrieval: dense FAISS + BM25 over passages, fused by reciprocal-rank fusion.
+
+Inputs: a corpus spec (see :mod:`deepr.corpus.sources`) or a list of Documents; output: a
+:class:`Retriever` whose ``search`` returns ranked :class:`Hit` snippets with stable ids.
+
+The index is built once and cached under ``$DEEPR_CACHE`` (default ``~/.cache/deepr``) in
+``index/<key>/``; the key hashes the passages' content, the embedder name and the chunking
+config, so any change to one of them builds a new index and nothing stale is ever served.
+Embeddings are saved in shards inside ``index/<key>.partial/`` while building, so an
+interrupted build resumes where it stopped; the finished folder appears by one rename.
+
+Example::
+
+    deepr index --corpus wiki && deepr search "who painted the Mona Lisa" -k 3
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from deepr.corpus.chunking import ChunkConfig, chunk_documents
+from deepr.corpus.embed import SMALL_BATCH, Embedder, get_embedder
+from deepr.corpus.sources import corpus_name as spec_name
+from deepr.corpus.sources import load_documents, slugify
+from deepr.records import Document, Hit, Passage
+
+Mode = Literal["dense", "bm25", "hybrid"]
+MODES = ("dense", "bm25", "hybrid")
+INDEX_FORMAT = 1  # bump when the on-disk layout changes, so old caches are rebuilt
+SHARD = 1024  # passages per saved embedding shard (resume granularity of a build)
+Progress = Callable[[int, int], None]
+_FAISS_THREADS = threading.Lock()
+
+
+class FusionConfig(BaseModel):
+    """How dense and BM25 rankings are combined in ``hybrid`` mode."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    rrf_k: float = Field(60.0, gt=0, description="RRF constant k in 1/(k + rank); larger flattens ranks.")
+    dense_weight: float = Field(1.0, ge=0, description="Weight of the dense ranking in the fused score.")
+    bm25_weight: float = Field(1.0, ge=0, description="Weight of the BM25 ranking in the fused score.")
+    depth: int = Field(50, ge=1, description="Candidates taken from each retriever before fusing.")
+
+
+class UnknownIdError(KeyError):
+    """A passage or document id that is not in this corpus."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown id"
+
+
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    return Path(os.environ.get("DEEPR_CACHE") or "~/.cache/deepr").expanduser()
+
+
+def passages_hash(passages: Sequence[Passage]) -> str:
+    h = hashlib.sha256()
+    for p in passages:
+        h.update(f"{p.id}\x00{p.title}\x00{p.text}\x1e".encode())
+    return h.hexdigest()
+
+
+def index_key(name: str, passages: Sequence[Passage], embedder_name: str, chunking: ChunkConfig) -> str:
+    ident = json.dumps({"format": INDEX_FORMAT, "passages": passages_hash(passages),
+                        "embedder": embedder_name, "chunking": chunking.model_dump()}, sort_keys=True)
+    return f"{slugify(name)[:40] or 'corpus'}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
+
+
+def rrf_fuse(rankings: Sequence[Sequence[int]], weights: Sequence[float],
+             k: float = 60.0) -> list[tuple[int, float]]:
+    """Reciprocal-rank fusion: score(d) = sum_r w_r / (k + rank_r(d)), ranks counted from 1.
+
+    Ties go to the item ranked best by any single list, then to the smaller index, so the
+    order is deterministic.
+    """
+    scores: dict[int, float] = {}
+    best: dict[int, int] = {}
+    for ranking, w in zip(rankings, weights):
+        for rank, item in enumerate(ranking, start=1):
+            scores[item] = scores.get(item, 0.0) + w / (k + rank)
+            best[item] = min(best.get(item, rank), rank)
+    return sorted(scores.items(), key=lambda kv: (-kv[1], best[kv[0]], kv[0]))
+
+
+def tokenize(texts: Sequence[str]) -> list[list[str]]:
+    """BM25 tokens: lower-cased words without English stop words (digits count: '0', '1')."""
+    import re
+
+    from bm25s.stopwords import STOPWORDS_EN
+
+    stop = set(STOPWORDS_EN)
+    return [[w for w in re.findall(r"\w+", t.lower()) if w not in stop] for t in texts]
+
+
+def _build_bm25(texts: Sequence[str], folder: Path) -> None:
+    import bm25s
+
+    bm25 = bm25s.BM25()
+    bm25.index(tokenize(texts), show_progress=False)
+    bm25.save(str(folder), show_progress=False)
+
+
+def embed_text(p: Passage) -> str:
+    """What the encoders see: the title gives a short passage its subject."""
+    return p.text if not p.title or p.text.startswith(p.title) else f"{p.title}. {p.text}"
+
+
+# --- building ---------------------------------------------------------------------------
+
+
+def embed_passages(passages: Sequence[Passage], embedder: Embedder, work: Path,
+                   progress: Progress | None = None) -> np.ndarray:
+    """Embed in shards saved to ``work``; shards already there (an interrupted build) are reused."""
+    work.mkdir(parents=True, exist_ok=True)
+    parts = []
+    n_shards = (len(passages) + SHARD - 1) // SHARD
+    for s in range(n_shards):
+        chunk = passages[s * SHARD:(s + 1) * SHARD]
+        shard = work / f"emb-{s:05d}-{len(chunk)}.npy"
+        vecs = _load_shard(shard, len(chunk))
+        if vecs is None:
+            vecs = embedder.encode([embed_text(p) for p in chunk], cache=False)
+            tmp = shard.with_suffix(".tmp.npy")
+            np.save(tmp, vecs)
+            os.replace(tmp, shard)
+        parts.append(vecs)
+        if progress:
+            progress(min(len(passages), (s + 1) * SHARD), len(passages))
+    if not parts:
+        return np.zeros((0, embedder.dim), dtype=np.float32)
+    return np.ascontiguousarray(np.concatenate(parts), dtype=np.float32)
+
+
+def _load_shard(path: Path, rows: int) -> np.ndarray | None:
+    if not path.exists():
+        return None
+    try:
+        vecs = np.load(path)
+    except (OSError, ValueError):
+        return None  # a damaged shard is simply embedded again
+    return vecs if vecs.shape[0] == rows else None
+
+
+def build_index(passages: Sequence[Passage], embedder: Embedder, target: Path,
+                progress: Progress | None = None, meta: dict[str, Any] | None = None) -> float:
+    """Build dense + BM25 indexes into ``target`` atomically; returns the seconds spent."""
+    import faiss
+
+    t0 = time.perf_counter()
+    work = target.with_name(target.name + ".partial")
+    vecs = embed_passages(passages, embedder, work, progress)
+    dense = faiss.IndexFlatIP(embedder.dim)
+    dense.add(vecs)
+    faiss.write_index(dense, str(work / "dense.faiss"))
+    _build_bm25([embed_text(p) for p in passages], work / "bm25")
+    (work / "ids.json").write_text(json.dumps([p.id for p in passages]), encoding="utf-8")
+    for shard in work.glob("emb-*.npy"):
+        shard.unlink()
+    seconds = time.perf_counter() - t0
+    _write_index_meta(work, target, passages, embedder, seconds, meta or {})
+    try:
+        os.rename(work, target)
+    except OSError:
+        # another process finished the same key first; both built the same content
+        shutil.rmtree(work, ignore_errors=True)
+    return seconds
+
+
+def _write_index_meta(work: Path, target: Path, passages: Sequence[Passage], embedder: Embedder,
+                      seconds: float, meta: dict[str, Any]) -> None:
+    from deepr.io import write_meta
+
+    write_meta(work / "index", stage="index", config={"embedder": embedder.name, **meta.pop("config", {})},
+               inputs=meta.pop("inputs", ()), counts={"passages": len(passages), **meta.pop("counts", {})},
+               timings={"build_s": round(seconds, 3)},
+               extra={"index_dir": str(target), "passages_sha256": passages_hash(passages), **meta})
+
+
+# --- opening ----------------------------------------------------------------------------
+
+
+def open_retriever(corpus: str | Sequence[Document] = "wiki", *, retriever: Mode = "hybrid",
+                   cache_dir: str | Path | None = None, embedder: Embedder | str | None = None,
+                   chunking: ChunkConfig | None = None, limit: int | None = None,
+                   progress: bool | Progress = True, fusion: FusionConfig | None = None) -> Retriever:
+    """Load a corpus, build its index if no cached one matches, and return a Retriever."""
+    if retriever not in MODES:
+        raise ValueError(f"--retriever {retriever!r}: expected one of {', '.join(MODES)}")
+    chunking = chunking or ChunkConfig()
+    emb = embedder if isinstance(embedder, Embedder) else get_embedder(embedder)
+    if isinstance(corpus, str):
+        name, docs = spec_name(corpus), load_documents(corpus, limit=limit)
+    else:
+        name, docs = "memory", list(corpus)[:limit]
+    if not docs:
+        raise ValueError(f"corpus {name!r} has no documents; check the path or spec")
+    passages = chunk_documents(docs, chunking)
+    if not passages:
+        raise ValueError(f"corpus {name!r}: every document is blank, nothing to index")
+    target = cache_root(cache_dir) / "index" / index_key(name, passages, emb.name, chunking)
+    built, seconds = False, 0.0
+    if not _usable(target, passages):
+        shutil.rmtree(target, ignore_errors=True)
+        meta = {"config": {"corpus": name, "limit": limit, "chunking": chunking.model_dump()},
+                "counts": {"documents": len(docs), "documents_without_text":
+                           len(docs) - len({p.doc_id for p in passages})}, "inputs": _input_files(corpus)}
+        bar = _progress_fn(progress, name)
+        try:
+            seconds = build_index(passages, emb, target, bar, meta)
+        finally:
+            getattr(bar, "close", lambda: None)()
+        built = True
+    r = Retriever.load(target, name=name, documents=docs, passages=passages, embedder=emb,
+                       mode=retriever, fusion=fusion or FusionConfig())
+    r.built, r.build_seconds = built, seconds
+    return r
+
+
+def _usable(target: Path, passages: Sequence[Passage]) -> bool:
+    """A cached index is used only if it is complete and lists exactly these passages."""
+    try:
+        ids = json.loads((target / "ids.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (target / "dense.faiss").is_file() and ids == [p.id for p in passages]
+
+
+def _input_files(corpus: str | Sequence[Document]) -> list[Path]:
+    if not isinstance(corpus, str) or corpus == "wiki" or corpus.startswith("hf:"):
+        return []
+    path = Path(corpus).expanduser()
+    return [path] if path.is_file() else []
+
+
+def _progress_fn(progress: bool | Progress, name: str) -> Progress | None:
+    if callable(progress):
+        return progress
+    if not progress:
+        return None
+    return RichProgress(f"embedding {name}")
+
+
+class RichProgress:
+    """A rich progress bar on stderr, started on first update and stopped when complete."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self._bar: Any = None
+        self._task: Any = None
+
+    def __call__(self, done: int, total: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+        if self._bar is None:
+            from deepr.cli.app import console
+
+            self._bar = Progress("[progress.description]{task.description}", BarColumn(),
+                                 MofNCompleteColumn(), TimeRemainingColumn(), console=console, transient=False)
+            self._bar.start()
+            self._task = self._bar.add_task(self.label, total=total)
+        self._bar.update(self._task, completed=done)
+
+    def close(self) -> None:
+        """Stop the live display, also when a build is interrupted, so the terminal is restored."""
+        if self._bar is not None:
+            self._bar.stop()
+
+
+# --- searching --------------------------------------------------------------------------
+
+
+class Retriever:
+    """Search over one indexed corpus; every Hit carries a stable passage id and its doc id."""
+
+    def __init__(self, *, name: str, documents: Sequence[Document], passages: Sequence[Passage],
+                 embedder: Embedder, dense: Any, bm25: Any, mode: Mode = "hybrid",
+                 fusion: FusionConfig | None = None, path: Path | None = None):
+        if mode not in MODES:
+            raise ValueError(f"retriever mode {mode!r}: expected one of {', '.join(MODES)}")
+        self.corpus_name, self.embedder, self.mode, self.path = name, embedder, mode, path
+        self.documents, self.passages = list(documents), list(passages)
+        self.fusion = fusion or FusionConfig()
+        self._dense, self._bm25 = dense, bm25
+        self._docs = {d.id: d for d in self.documents}
+        self._pos = {p.id: i for i, p in enumerate(self.passages)}
+        self.built, self.build_seconds = False, 0.0
+
+    @classmethod
+    def load(cls, folder: Path, **kw: Any) -> Retriever:
+        import bm25s
+        import faiss
+
+        return cls(dense=faiss.read_index(str(folder / "dense.faiss")),
+                   bm25=bm25s.BM25.load(str(folder / "bm25"), show_progress=False), path=folder, **kw)
+
+    def search(self, query: str, k: int = 5, mode: Mode | None = None) -> list[Hit]:
+        return self.search_many([query], k, mode)[0]
+
+    def search_many(self, queries: Sequence[str], k: int = 5, mode: Mode | None = None) -> list[list[Hit]]:
+        """Ranked hits per query; blank queries get an empty list. Query embeddings are batched."""
+        mode = mode or self.mode
+        if mode not in MODES:
+            raise ValueError(f"retriever mode {mode!r}: expected one of {', '.join(MODES)}")
+        if k < 1:
+            raise ValueError(f"k={k}: ask for at least one result")
+        live = [i for i, q in enumerate(queries) if isinstance(q, str) and q.strip()]
+        out: list[list[Hit]] = [[] for _ in queries]
+        if not live:
+            return out
+        texts = [queries[i].strip() for i in live]
+        depth = max(k, self.fusion.depth) if mode == "hybrid" else k
+        dense = self._dense_ranks(texts, depth) if mode != "bm25" else None
+        sparse = self._bm25_ranks(texts, depth) if mode != "dense" else None
+        for j, i in enumerate(live):
+            if mode == "dense":
+                ranked = dense[j]
+            elif mode == "bm25":
+                ranked = sparse[j]
+            else:
+                f = self.fusion
+                ranked = rrf_fuse([[p for p, _ in dense[j]], [p for p, _ in sparse[j]]],
+                                  [f.dense_weight, f.bm25_weight], f.rrf_k)
+            out[i] = [self._hit(p, s, r) for r, (p, s) in enumerate(ranked[:k], start=1)]
+        return out
+
+    def _dense_ranks(self, texts: list[str], depth: int) -> list[list[tuple[int, float]]]:
+        import faiss
+
+        vecs = self.embedder.encode(texts)
+        with _FAISS_THREADS:  # the OpenMP thread count is process-wide
+            before = faiss.omp_get_max_threads()
+            # a few queries: one thread (a busy second core made single searches ~30x slower)
+            faiss.omp_set_num_threads(1 if len(texts) < SMALL_BATCH else before)
+            try:
+                scores, idx = self._dense.search(vecs, min(depth, len(self.passages)))
+            finally:
+                faiss.omp_set_num_threads(before)
+        return [[(int(i), float(s)) for i, s in zip(row_i, row_s) if i >= 0] for row_i, row_s in zip(idx, scores)]
+
+    def _bm25_ranks(self, texts: list[str], depth: int) -> list[list[tuple[int, float]]]:
+        tokens = tokenize(texts)
+        out: list[list[tuple[int, float]]] = [[] for _ in texts]
+        asked = [j for j, t in enumerate(tokens) if t]  # a query of stop words only matches nothing
+        if asked:
+            idx, scores = self._bm25.retrieve([tokens[j] for j in asked], k=min(depth, len(self.passages)),
+                                              show_progress=False, n_threads=1)
+            for j, row_i, row_s in zip(asked, idx, scores):
+                out[j] = [(int(i), float(s)) for i, s in zip(row_i, row_s) if s > 0]
+        return out
+
+    def _hit(self, pos: int, score: float, rank: int) -> Hit:
+        p = self.passages[pos]
+        return Hit(id=p.id, doc_id=p.doc_id, title=p.title, text=p.text, url=p.url, score=score, rank=rank)
+
+    def get_passage(self, pid: str) -> Passage:
+        if pid not in self._pos:
+            raise UnknownIdError(f"no passage {pid!r} in corpus {self.corpus_name!r}")
+        return self.passages[self._pos[pid]]
+
+    def get_document(self, doc_id: str) -> Document:
+        if doc_id not in self._docs:
+            raise UnknownIdError(f"no document {doc_id!r} in corpus {self.corpus_name!r}")
+        return self._docs[doc_id]
+
+    def describe(self) -> dict[str, Any]:
+        return {"corpus": self.corpus_name, "mode": self.mode, "embedder": self.embedder.name,
+                "documents": len(self.documents), "passages": len(self.passages),
+                "documents_without_text": len(self.documents) - len({p.doc_id for p in self.passages}),
+                "index": str(self.path) if self.path else None, "built_now": self.built,
+                "build_seconds": round(self.build_seconds, 3)}

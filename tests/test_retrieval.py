@@ -1,0 +1,256 @@
+"""Embedder, index cache, search modes, fusion, agent tools and the index/search CLI.
+
+Uses the session fixtures of conftest.py (``mini_corpus``: ~180 wiki articles;
+``retriever``: a hybrid index over it) and a tiny hand-written corpus for cache tests.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from deepr.corpus import BrowseRefused, ResearchTools, UnknownIdError, open_retriever, rrf_fuse
+from deepr.corpus import index as index_mod
+from deepr.corpus.embed import get_embedder
+from deepr.records import Document
+
+TINY = [
+    ("volcano", "Volcano", "A volcano is a rupture in the crust of a planet where lava and ash escape."),
+    ("violin", "Violin", "The violin is a wooden string instrument played with a bow."),
+    ("photosynthesis", "Photosynthesis",
+     "Photosynthesis lets plants turn light, water and carbon dioxide into sugar."),
+    ("chess", "Chess", "Chess is a board game for two players on a checkered board of 64 squares."),
+    ("saturn", "Saturn", "Saturn is the sixth planet from the Sun, known for its bright rings of ice."),
+    ("bread", "Bread", "Bread is a staple food baked from a dough of flour and water."),
+]
+
+
+@pytest.fixture()
+def tiny_corpus(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "title": t, "text": x}) + "\n" for i, t, x in TINY),
+                    encoding="utf-8")
+    return path
+
+
+# --- embedder ----------------------------------------------------------------------------
+
+
+def test_embedder_vectors_are_unit_float32_and_cached(embedder) -> None:
+    before = embedder.encoded
+    vecs = embedder.encode(["a small cat", "a small cat", "tax forms for 2024"])
+    assert vecs.shape == (3, embedder.dim) and vecs.dtype.name == "float32"
+    assert abs(float((vecs * vecs).sum(1).max()) - 1.0) < 1e-4
+    assert (vecs[0] == vecs[1]).all()
+    assert embedder.encoded - before <= 2  # the repeated text went to the model at most once
+    again = embedder.encoded
+    embedder.encode(["a small cat"])
+    assert embedder.encoded == again  # second time: served from the cache
+    assert get_embedder() is get_embedder()
+    assert "MiniLM" in embedder.name
+
+
+def test_cos_ranks_related_text_higher(embedder) -> None:
+    sims = embedder.cos(["a cat sleeping"], ["a kitten napping", "quarterly tax return"])
+    assert sims.shape == (1, 2) and sims[0, 0] > sims[0, 1] + 0.2
+    assert embedder.cos([], ["x"]).shape == (0, 1)
+
+
+# --- fusion ------------------------------------------------------------------------------
+
+
+def test_rrf_fusion_order_on_a_hand_example() -> None:
+    dense, bm25 = [10, 20, 30], [30, 40, 10]
+    fused = rrf_fuse([dense, bm25], [1.0, 1.0], k=60)
+    # 10: 1/61+1/63, 30: 1/63+1/61 (tie, broken by best single rank: both 1 -> smaller id),
+    # 20: 1/62, 40: 1/62 (tie: both rank 2 -> smaller id)
+    assert [i for i, _ in fused] == [10, 30, 20, 40]
+    assert fused[0][1] == pytest.approx(1 / 61 + 1 / 63)
+    weighted = rrf_fuse([dense, bm25], [1.0, 3.0], k=60)
+    # 30: 1/63 + 3/61 > 10: 1/61 + 3/63 > 40: 3/62 > 20: 1/62
+    assert [i for i, _ in weighted] == [30, 10, 40, 20]  # a heavier BM25 vote reorders
+
+
+# --- search -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["dense", "bm25", "hybrid"])
+def test_title_query_finds_its_article(retriever, mode: str) -> None:
+    docs = [d for d in retriever.documents if d.text.strip()]
+    ranked = retriever.search_many([d.title for d in docs], k=5, mode=mode)
+    top1 = sum(bool(hits) and hits[0].doc_id == d.id for d, hits in zip(docs, ranked))
+    top5 = sum(d.id in {h.doc_id for h in hits} for d, hits in zip(docs, ranked))
+    assert top1 >= 0.9 * len(docs), f"{mode}: title found first for only {top1}/{len(docs)}"
+    assert top5 >= 0.97 * len(docs), f"{mode}: title in top 5 for only {top5}/{len(docs)}"
+
+
+def test_hits_carry_stable_ids_ranks_and_sources(retriever) -> None:
+    doc = retriever.documents[0]
+    hits = retriever.search(doc.title, k=4)
+    assert [h.rank for h in hits] == [1, 2, 3, 4]
+    assert all(h.score >= nxt.score for h, nxt in zip(hits, hits[1:]))
+    for h in hits:
+        p = retriever.get_passage(h.id)
+        assert h.id.startswith(h.doc_id + "#") and (p.text, p.doc_id) == (h.text, h.doc_id)
+        assert retriever.get_document(h.doc_id).title == h.title
+
+
+def test_blank_and_stopword_queries_return_nothing(retriever) -> None:
+    assert retriever.search("") == [] and retriever.search("   \n") == []
+    assert retriever.search("the of and", mode="bm25") == []
+    assert retriever.search_many(["", "chess"], k=2)[0] == []
+
+
+def test_search_many_matches_single_searches(retriever) -> None:
+    queries = [d.title for d in retriever.documents[:5]]
+    batched = retriever.search_many(queries, k=3)
+    single = [retriever.search(q, k=3) for q in queries]
+    assert [[h.id for h in hs] for hs in batched] == [[h.id for h in hs] for hs in single]
+    scores = [h.score for hs in single for h in hs]
+    assert [h.score for hs in batched for h in hs] == pytest.approx(scores, abs=1e-3)
+
+
+def test_bad_arguments_and_unknown_ids_are_clear(retriever) -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        retriever.search("x", k=0)
+    with pytest.raises(ValueError, match="expected one of dense, bm25, hybrid"):
+        retriever.search("x", mode="sparse")
+    with pytest.raises(UnknownIdError, match="no passage 'nope#0'"):
+        retriever.get_passage("nope#0")
+    with pytest.raises(UnknownIdError, match="no document 'nope'"):
+        retriever.get_document("nope")
+
+
+# --- cache -------------------------------------------------------------------------------
+
+
+def test_second_open_reuses_the_cached_index(tiny_corpus: Path, tmp_path: Path) -> None:
+    emb = get_embedder()
+    first = open_retriever(str(tiny_corpus), cache_dir=tmp_path / "c", progress=False)
+    assert first.built and (first.path / "index.meta.json").is_file()
+    stamp, encoded = (first.path / "dense.faiss").stat().st_mtime_ns, emb.encoded
+    second = open_retriever(str(tiny_corpus), cache_dir=tmp_path / "c", progress=False, retriever="dense")
+    assert not second.built and second.path == first.path
+    assert emb.encoded == encoded  # no passage was embedded again
+    assert (second.path / "dense.faiss").stat().st_mtime_ns == stamp
+    assert second.search("planet with rings", k=1)[0].doc_id == "saturn"
+    meta = json.loads((first.path / "index.meta.json").read_text())
+    assert meta["counts"] == {"passages": 6, "documents": 6, "documents_without_text": 0}
+    assert meta["stage"] == "index"
+    assert meta["inputs"][0]["path"] == str(tiny_corpus) and len(meta["inputs"][0]["sha256"]) == 64
+    assert meta["config"]["chunking"] == {"max_words": 120, "overlap": 20}
+
+
+def test_changed_corpus_or_chunking_gets_a_new_index(tiny_corpus: Path, tmp_path: Path) -> None:
+    from deepr.corpus import ChunkConfig
+
+    a = open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False)
+    b = open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False, chunking=ChunkConfig(max_words=60))
+    docs = [Document(id=i, title=t, text=x + " Edited.") for i, t, x in TINY] + [Document(id="blank", text=" ")]
+    c = open_retriever(docs, cache_dir=tmp_path, progress=False)
+    assert len({a.path, b.path, c.path}) == 3 and b.built and c.built
+    assert c.describe()["documents_without_text"] == 1  # counted, not silently lost
+
+
+def test_interrupted_build_leaves_no_index_and_resumes(tiny_corpus: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(index_mod, "SHARD", 2)  # 6 passages -> 3 saved shards
+
+    def stop_after_first_shard(done: int, total: int) -> None:
+        if done == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=stop_after_first_shard)
+    index_dir = tmp_path / "index"
+    assert [p.name.endswith(".partial") for p in index_dir.iterdir()] == [True]  # no half index
+    emb = get_embedder()
+    before = emb.encoded
+    r = open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False)
+    assert emb.encoded - before == 4  # only the two unfinished shards were embedded
+    assert r.built and [p.name for p in index_dir.iterdir()] == [r.path.name]
+    assert r.search("bow and strings", k=1, mode="dense")[0].doc_id == "violin"
+
+
+# --- tools -------------------------------------------------------------------------------
+
+
+def test_browse_only_opens_what_search_returned(retriever) -> None:
+    tools = ResearchTools(retriever, k=3)
+    target = retriever.documents[3]
+    with pytest.raises(BrowseRefused, match="not returned by an earlier search"):
+        tools.browse(target.id)
+    assert "browse refused" in tools.call("browse", doc_id="/etc/passwd")
+    hits = tools.search(target.title)
+    assert len(hits) == 3
+    assert tools.browse(hits[0].doc_id) == retriever.get_document(hits[0].doc_id).text
+    assert tools.browse(hits[1].id) == retriever.get_document(hits[1].doc_id).text  # passage id -> doc
+    names = [(e["name"], e["ok"]) for e in tools.log]
+    assert names == [("browse", False), ("browse", False), ("search", True), ("browse", True), ("browse", True)]
+    assert tools.log[2]["ids"] == [h.id for h in hits] and tools.log[2]["arguments"] == {"query": target.title}
+    assert all(e["seconds"] >= 0 for e in tools.log)
+
+
+def test_tool_text_interface_and_scholar(retriever) -> None:
+    tools = ResearchTools(retriever, k=2, scholar=retriever, max_chars=40)
+    assert [f.__name__ for f in tools.functions()] == ["search", "browse", "scholar"]
+    text = tools.call("scholar", query=retriever.documents[0].title)
+    first_id = text.split("]")[0].lstrip("[")
+    assert first_id in {p.id for p in retriever.passages}
+    assert tools.call("browse", doc_id=first_id).endswith("[truncated]")
+    assert "unknown tool" in tools.call("delete", path="x")
+    assert "scholar" not in ResearchTools(retriever).names
+
+
+# --- CLI ---------------------------------------------------------------------------------
+
+
+def test_cli_index_then_search(tiny_corpus: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from deepr.cli import app
+
+    runner = CliRunner()
+    cache = tmp_path / "cache"
+    res = runner.invoke(app, ["index", "--corpus", str(tiny_corpus), "--cache-dir", str(cache)])
+    assert res.exit_code == 0, res.output
+    assert "passages" in res.output and "built now" in res.output
+    assert len(list((cache / "index").glob("*/index.meta.json"))) == 1
+    res = runner.invoke(app, ["search", "game on a checkered board", "--corpus", str(tiny_corpus),
+                              "--cache-dir", str(cache), "-k", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    hits = json.loads(res.stdout)
+    assert hits[0]["id"] == "chess#0" and hits[0]["rank"] == 1 and len(hits) == 2
+    res = runner.invoke(app, ["search", "lava", "--corpus", str(tiny_corpus), "--cache-dir", str(cache),
+                              "--retriever", "bm25"])
+    assert res.exit_code == 0 and "1. [volcano#0] Volcano" in res.stdout
+
+
+def test_cli_bad_corpus_is_a_clean_error(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from deepr.cli import app
+
+    res = CliRunner().invoke(app, ["index", "--corpus", str(tmp_path / "nope.jsonl"),
+                                   "--cache-dir", str(tmp_path)])
+    assert res.exit_code == 2 and "no such file or folder" in res.output
+    assert "Traceback" not in res.output
+    res = CliRunner().invoke(app, ["search", "x", "--corpus", "wiki", "--retriever", "magic",
+                                   "--cache-dir", str(tmp_path), "--limit", "1"])
+    assert res.exit_code == 2 and "expected one of dense, bm25, hybrid" in res.output
+
+
+def test_cli_help_explains_every_flag() -> None:
+    from typer.testing import CliRunner
+
+    from deepr.cli import app
+
+    for cmd, flags in [("index", ["--corpus", "--retriever", "--cache-dir", "--limit", "--precision"]),
+                       ("search", ["--corpus", "--top-k", "--retriever", "--json", "--cache-dir"])]:
+        res = CliRunner().invoke(app, [cmd, "--help"], terminal_width=200)
+        assert res.exit_code == 0
+        for flag in flags:
+            line = next(ln for ln in res.output.splitlines() if flag in ln)
+            assert len(line.split(flag, 1)[1].strip(" │")) > 20, f"{cmd} {flag} has no help text"
