@@ -1,0 +1,254 @@
+"""`deepr eval`: files and flags around :mod:`deepr.eval` (loading, resume, summary, HTML)."""
+
+from __future__ import annotations
+
+import html
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from deepr.cli.app import app, console, user_errors
+
+
+def load_items(path: Path) -> list[Any]:
+    """Items from a JSONL file, one run sidecar (.json), or a folder of sidecars."""
+    import json
+
+    from pydantic import ValidationError
+
+    from deepr.eval import EvalRecord, item_from_record, item_from_trace
+    from deepr.io import RecordError, read_jsonl
+    from deepr.records import RunTrace
+
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such input (give a .jsonl, a report.json or a folder of them)")
+    if path.is_dir() or path.suffix == ".json":
+        files = sorted(p for p in path.rglob("*.json") if not p.name.endswith(".meta.json")) \
+            if path.is_dir() else [path]
+        if not files:
+            raise ValueError(f"{path}: the folder holds no report.json sidecars (deepr run --out X.md writes X.json)")
+        items = []
+        for p in files:
+            try:
+                trace = RunTrace.model_validate(json.loads(p.read_text(encoding="utf-8")))
+            except (json.JSONDecodeError, ValidationError) as e:
+                raise ValueError(f"{p}: not a deepr run sidecar: {str(e).splitlines()[0]}") from None
+            md = p.with_suffix(".md")
+            item_id = str(p.relative_to(path).with_suffix("")) if path.is_dir() else p.stem
+            items.append(item_from_trace(trace, item_id, md.read_text(encoding="utf-8") if md.exists() else "",
+                                         where=str(p)))
+        return items
+    items, seen = [], set()
+    for n, rec in enumerate(read_jsonl(path, EvalRecord), start=1):
+        if rec.id in seen:
+            raise RecordError(path, n, f"id {rec.id!r} appears twice; ids must be unique", field="id")
+        seen.add(rec.id)
+        items.append(item_from_record(rec.model_dump(), f"{path}:{n}"))
+    return items
+
+
+def load_references(path: Path, kind: str) -> tuple[dict, dict]:
+    """--rubrics / --gold rows by id and by normalised question; bad rows name file:line."""
+    from deepr.eval import EvalRecord
+    from deepr.io import RecordError, read_jsonl
+    from deepr.rewards.judges import RewardInputError, coerce_rubrics
+    from deepr.rewards.text import squad_normalize
+
+    by_id, by_q = {}, {}
+    for n, rec in enumerate(read_jsonl(path, EvalRecord), start=1):
+        row = rec.model_dump()
+        if kind == "rubrics":
+            try:
+                coerce_rubrics(row.get("rubrics"), where=f"rubrics of {row['id']}")
+            except RewardInputError as e:
+                raise RecordError(path, n, str(e), field="rubrics") from None
+        elif not (row.get("answers") or row.get("answer")):
+            raise RecordError(path, n, "a gold row needs 'answers' (a list) or 'answer'", field="answers")
+        by_id[row["id"]] = row
+        q = row.get("question") or row.get("query")
+        if isinstance(q, str) and q.strip():
+            by_q[squad_normalize(q)] = row
+    return by_id, by_q
+
+
+def _bar_svg(labels: list[str], values: list[float], width: int = 420) -> str:
+    rows = []
+    top = max([1.0, *values])
+    for i, (lab, v) in enumerate(zip(labels, values)):
+        w = int((width - 170) * max(v, 0.0) / top)
+        y = 6 + i * 22
+        rows.append(f'<text x="0" y="{y + 13}" font-size="12">{html.escape(lab)}</text>'
+                    f'<rect x="150" y="{y}" width="{w}" height="16" fill="#4c78a8"/>'
+                    f'<text x="{154 + w}" y="{y + 13}" font-size="11">{v:.3f}</text>')
+    return f'<svg width="{width}" height="{12 + 22 * len(labels)}">{"".join(rows)}</svg>'
+
+
+def _hist_svg(values: list[float], bins: int = 10) -> str:
+    lo, hi = min([0.0, *values]), max([1.0, *values])
+    counts = [0] * bins
+    for v in values:
+        counts[min(int((v - lo) / (hi - lo) * bins), bins - 1)] += 1
+    peak = max(counts) or 1
+    bars = "".join(f'<rect x="{10 + i * 30}" y="{110 - int(100 * c / peak)}" width="26" '
+                   f'height="{int(100 * c / peak)}" fill="#f58518"><title>{c}</title></rect>'
+                   for i, c in enumerate(counts))
+    return (f'<svg width="{20 + bins * 30}" height="130">{bars}'
+            f'<text x="10" y="125" font-size="11">{lo:.2f}</text>'
+            f'<text x="{bins * 30 - 20}" y="125" font-size="11">{hi:.2f}</text></svg>')
+
+
+def render_html(scores: list[dict], rows: list[dict], totals: dict, metrics: list[str], title: str) -> str:
+    """A self-contained page: summary table, a histogram per metric, per-component mean bars."""
+    from deepr.eval import SUMMARY_FIELDS, values_of
+
+    table = "".join(f"<tr><td>{r['metric']}</td><td>{r['field']}</td><td>{_num(r['mean'])}</td>"
+                    f"<td>{_num(r['std'])}</td><td>{r['n']}</td><td>{'' if r['failures'] is None else r['failures']}"
+                    "</td></tr>" for r in rows)
+    parts = [f"<h1>{html.escape(title)}</h1><p>{len(scores)} items</p><table border=1 cellpadding=4>"
+             "<tr><th>metric</th><th>field</th><th>mean</th><th>std</th><th>n</th><th>failures</th></tr>"
+             f"{table}</table>"]
+    if totals:
+        parts.append("<ul>" + "".join(f"<li>{html.escape(k)}: {_num(v)}</li>" for k, v in totals.items()) + "</ul>")
+    for m in metrics:
+        ok = [s for s in scores if m not in (s.get("failures") or {})]
+        head = SUMMARY_FIELDS[m][0]
+        parts.append(f"<h2>{m}</h2><h3>distribution of {head}</h3>{_hist_svg(values_of(ok, head))}")
+        comps = [(f, values_of(ok, f)) for f in SUMMARY_FIELDS[m]]
+        comps = [(f, sum(v) / len(v)) for f, v in comps if v]
+        if len(comps) > 1:
+            parts.append("<h3>mean per component</h3>" + _bar_svg([f for f, _ in comps], [v for _, v in comps]))
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>" + html.escape(title)
+            + "</title></head><body style='font-family:sans-serif'>" + "".join(parts) + "</body></html>")
+
+
+def _num(v: Any) -> str:
+    return "—" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+@app.command("eval")
+def eval_command(
+    input: Path = typer.Argument(..., help="Scores these: a JSONL of records (plans, answers, reports, "
+                                 "predictions), a deepr run sidecar report.json, or a folder of sidecars."),
+    metric: str = typer.Option(..., "--metric", "-m", help="Comma-separated metrics: rubric, citation, format, "
+                               "search, composite, plan_reward, answer_reward, em, f1, lj, team, structure, "
+                               "race, fact."),
+    out: Path = typer.Option(..., "--out", "-o", help="Per-item scores (JSONL); re-running skips ids already in it."),
+    rubrics: Path | None = typer.Option(None, "--rubrics", help="verified.jsonl with rubrics, joined by id, "
+                                        "else by question text."),
+    gold: Path | None = typer.Option(None, "--gold", help='Gold answers {"id", "answers"} for em/f1/lj/team.'),
+    judge_llm: str = typer.Option("extractive", "--judge-llm", help="Judge backend: extractive (no LLM), "
+                                  "openai:<model>, hf:<path> or replay:<file>."),
+    base_url: str | None = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint for the judge."),
+    api_key: str | None = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY",
+                                       help="API key for the judge endpoint (default: $OPENAI_API_KEY)."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Do not use the judge LLM's disk cache."),
+    judge_cache: Path | None = typer.Option(None, "--judge-cache", help="JSONL file that keeps judgements "
+                                            "across runs (e.g. when adding metrics later)."),
+    timeout: float = typer.Option(120.0, "--timeout", help="Seconds before a judge call times out."),
+    concurrency: int = typer.Option(8, "--concurrency", help="Items (and judge calls) in flight at once."),
+    race_criteria: Path | None = typer.Option(None, "--race-criteria", help="DeepResearch Bench criteria JSONL."),
+    race_reference: Path | None = typer.Option(None, "--race-reference", help="DeepResearch Bench reference "
+                                               "reports JSONL {id, prompt, article}."),
+    html_out: Path | None = typer.Option(None, "--html", help="Also write a self-contained HTML summary here."),
+    limit: int | None = typer.Option(None, "--limit", help="Score at most N items (after skipping done ones)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Load and join the inputs, print what would be "
+                                 "scored, call no judge."),
+) -> None:
+    """Score reports, plans and answers with the metrics of SPEC §5 and the rewards of §6."""
+    with user_errors():
+        _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cache, judge_cache, timeout,
+             concurrency, race_criteria, race_reference, html_out, limit, dry_run)
+
+
+def _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cache, judge_cache, timeout,
+         concurrency, race_criteria, race_reference, html_out, limit, dry_run) -> None:
+    from pydantic import ValidationError
+
+    from deepr.eval import EvalConfig, EvalContext, benchmark_totals, evaluate, summarize
+    from deepr.io import JsonlAppender, done_ids, read_jsonl, write_meta, write_text
+
+    try:
+        cfg = EvalConfig(metrics=[m.strip() for m in metric.split(",") if m.strip()], judge=judge_llm,
+                         limit=limit, concurrency=concurrency)
+    except ValidationError as e:
+        err = e.errors()[0]
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        raise ValueError(f"--{err['loc'][0] if err['loc'] else 'metric'}: {msg}") from None
+    items = load_items(input)
+    done = done_ids(out)
+    todo = [it for it in items if it.id not in done][: cfg.limit]
+    ctx = EvalContext(rubrics=load_references(rubrics, "rubrics") if rubrics else ({}, {}),
+                      gold=load_references(gold, "gold") if gold else ({}, {}))
+    if race_criteria or race_reference:
+        if not (race_criteria and race_reference):
+            raise ValueError("RACE needs both --race-criteria and --race-reference")
+        from deepr.rewards.race import load_race_tasks
+
+        ctx.race_tasks = load_race_tasks(race_criteria, race_reference)
+    console.print(f"eval: {len(items)} items, {len(done)} already scored, {len(todo)} to score; "
+                  f"metrics {', '.join(cfg.metrics)}; judge {cfg.judge}")
+    if dry_run:
+        return
+    t0 = time.perf_counter()
+    if todo:
+        _attach_models(ctx, cfg, base_url, api_key, no_cache, judge_cache, timeout)
+        from rich.progress import Progress
+
+        with JsonlAppender(out) as sink, Progress(console=console, transient=True) as bar:
+            task = bar.add_task("scoring", total=len(todo))
+            run_sync_eval(evaluate(todo, cfg.metrics, ctx, sink=sink.write, concurrency=cfg.concurrency,
+                                   progress=lambda n: bar.advance(task, n)))
+        if ctx.judge is not None:
+            ctx.judge.cache.close()
+    scores = [r for r in read_jsonl(out, tolerate_torn_tail=True)] if out.exists() else []
+    rows, totals = summarize(scores, cfg.metrics), benchmark_totals(scores, cfg.metrics)
+    _print_summary(rows, totals)
+    judge_name = ctx.judge.name if ctx.judge else None
+    write_meta(out, stage="eval", config=cfg, inputs=[p for p in (input, rubrics, gold, race_criteria,
+                                                                     race_reference) if p],
+               counts={"items": len(items), "scored_now": len(todo), "total_scored": len(scores)},
+               timings={"seconds": round(time.perf_counter() - t0, 3)},
+               extra={"judge": judge_name, "summary": rows, "totals": totals})
+    if html_out:
+        write_text(html_out, render_html(scores, rows, totals, cfg.metrics, f"deepr eval: {input.name}"))
+
+
+def run_sync_eval(coro: Any) -> Any:
+    from deepr.llm.base import run_sync
+
+    return run_sync(coro)
+
+
+def _attach_models(ctx, cfg, base_url, api_key, no_cache, judge_cache, timeout) -> None:
+    """Load the judge and the embedder only when the chosen metrics need them."""
+    from deepr.eval import JUDGED, needs
+    from deepr.rewards.judges import Judge, JudgeCache
+
+    extractive = cfg.judge == "extractive"
+    if needs(cfg.metrics, extractive):
+        from deepr.corpus.embed import get_embedder
+
+        ctx.embed = get_embedder().encode
+    if JUDGED & set(cfg.metrics):
+        llm = None
+        if not extractive:
+            from deepr.llm import llm_from_flags
+
+            llm = llm_from_flags(cfg.judge, base_url, api_key, no_cache, timeout, cfg.concurrency)
+        ctx.judge = Judge(llm, ctx.embed, cache=JudgeCache(judge_cache))
+
+
+def _print_summary(rows: list[dict], totals: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title="deepr eval", header_style="bold")
+    for col in ("metric", "field", "mean", "std", "n", "failures"):
+        table.add_column(col, justify="left" if col in ("metric", "field") else "right")
+    for r in rows:
+        table.add_row(r["metric"], r["field"], _num(r["mean"]), _num(r["std"]), str(r["n"]),
+                      "" if r["failures"] is None else str(r["failures"]))
+    console.print(table)
+    for k, v in totals.items():
+        console.print(f"{k}: {_num(v)}")

@@ -1,0 +1,398 @@
+"""`deepr eval`: metrics over reports, plans and short answers (SPEC §5, rewards of §6).
+
+Inputs (one of):
+- a JSONL of records with an ``id``: plan records ``{"plan", "rubrics"}``, answer records
+  ``{"plan", "node_outputs", "answer", "rubrics"}``, short answers ``{"prediction",
+  "answers"}``, reports ``{"report" | "article" | "completion", "query", "citations"}``;
+- a ``deepr run`` sidecar (``report.json``, records.RunTrace) or a folder of them (each
+  next to its report.md); the item id is the sidecar's path without ``.json``.
+References: ``--rubrics`` (QRPair-like rows, joined by id, else by question text),
+``--gold`` (``{"id", "answers"}``), RACE's criteria and reference files.
+Output: one records.Score per item (every component as a flat field, failures with
+reasons), a summary (mean, std, n, failures per metric) and an optional HTML page.
+
+    deepr eval reports.jsonl --metric rubric,citation --rubrics verified.jsonl --out scores.jsonl
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, Field, field_validator
+
+from deepr.records import Record, RunTrace, Score
+from deepr.rewards.answer_reward import score_answer
+from deepr.rewards.decor import exact_match, f1_score, llm_judge, r_team
+from deepr.rewards.fact import fact_check, source_text
+from deepr.rewards.judges import Judge, RewardInputError
+from deepr.rewards.plan_reward import plan_reward, plan_structure
+from deepr.rewards.race import RaceTask, drop_reference_lists, find_task, race_score
+from deepr.rewards import rubric_reward as rr
+from deepr.rewards.text import Embed, squad_normalize
+
+METRICS = ("rubric", "citation", "format", "search", "composite", "plan_reward", "answer_reward",
+           "em", "f1", "lj", "team", "structure", "race", "fact")
+# The fields the summary table and the HTML page report for each metric (first = headline).
+SUMMARY_FIELDS = {
+    "rubric": ["rubric"], "citation": ["R_cite", "F1_mean", "R_fmt", "cite_v", "cite_m", "cite_d", "cite_n"],
+    "format": ["R_format", "I_answer", "I_cite", "I_tool", "I_think"], "search": ["R_search"],
+    "composite": ["composite", "rubric", "R_format", "R_cite", "R_search"],
+    "plan_reward": ["plan_reward", "C_rub", "Q_search", "C_search", "D_search", "E_graph", "B_synth",
+                    "I_cross", "B_search"],
+    "answer_reward": ["answer_reward", "R_exec", "R_synth", "J_rub", "U_branch"],
+    "em": ["em"], "f1": ["f1"], "lj": ["lj"], "team": ["R_team"],
+    "structure": ["nodes", "edges", "waves", "sections", "citations", "unique_sources", "cited_id_validity"],
+    "race": ["race", "race_comprehensiveness", "race_insight", "race_instruction_following",
+             "race_readability"],
+    "fact": ["fact_accuracy", "fact_supported", "fact_unsupported"],
+}
+JUDGED = {"rubric", "citation", "composite", "answer_reward", "lj", "team", "race", "fact"}
+EMBEDDED = {"plan_reward", "answer_reward"}
+
+
+class EvalConfig(BaseModel):
+    """Resolved settings of one `deepr eval` run (goes into the provenance sidecar)."""
+
+    metrics: list[str] = Field(description="metrics to compute, in order; see deepr.eval.METRICS")
+    judge: str = Field("extractive", description="judge backend spec (--judge-llm)")
+    limit: int | None = Field(None, ge=1, description="score at most this many items")
+    concurrency: int = Field(8, ge=1, description="items scored concurrently")
+
+    @field_validator("metrics")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        bad = [m for m in v if m not in METRICS]
+        if bad or not v:
+            raise ValueError(f"unknown metric(s) {', '.join(bad) or '(none given)'}; choose from {', '.join(METRICS)}")
+        return list(dict.fromkeys(v))
+
+
+class EvalRecord(Record):
+    """A JSONL input row: only ``id`` is required (benchmark files use integer ids, kept as
+    text); the fields a metric needs are checked by that metric."""
+
+    @field_validator("id", mode="before")
+    @classmethod
+    def _int_ids(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+
+@dataclass
+class EvalItem:
+    id: str
+    query: str = ""
+    report: str = ""
+    completion: str | None = None
+    prediction: str | None = None
+    answers: list[str] | None = None
+    plan: Any = None
+    node_outputs: dict[str, str | None] | None = None
+    answer: str | None = None
+    rubrics: list[dict] | None = None
+    citations: dict[str, Any] = field(default_factory=dict)
+    tool_calls: int | None = None
+    where: str = ""
+
+
+class MetricFailure(Exception):
+    """A metric that cannot be computed for one item; recorded in Score.failures."""
+
+
+def _text(v: Any) -> str:
+    return v if isinstance(v, str) else ""
+
+
+_SHAPES = {"citations": (dict, "an object {id: {doc_id, title, text, url}} or {id: text}"),
+           "node_outputs": (dict, "an object {node id: text}"), "answers": ((list, str), "a list of strings"),
+           "rubrics": (list, "a list of rubric items")}
+
+
+def _check_shapes(rec: dict, where: str) -> None:
+    for name, (kind, what) in _SHAPES.items():
+        if rec.get(name) is not None and not isinstance(rec[name], kind):
+            raise ValueError(f"{where} field '{name}': expected {what}, got {type(rec[name]).__name__}")
+    if isinstance(rec.get("answers"), list) and not all(isinstance(a, str) for a in rec["answers"]):
+        raise ValueError(f"{where} field 'answers': every gold answer must be a string")
+    outs = rec.get("node_outputs") or {}
+    bad = [k for k, v in outs.items() if v is not None and not isinstance(v, str)]
+    if bad:
+        raise ValueError(f"{where} field 'node_outputs': values must be text or null (node {bad[0]})")
+
+
+def item_from_record(rec: dict, where: str) -> EvalItem:
+    """An item from one input row; a field of the wrong JSON type is a clear error here."""
+    _check_shapes(rec, where)
+
+    completion = rec.get("completion") if isinstance(rec.get("completion"), str) else None
+    report = _text(rec.get("report")) or _text(rec.get("article")) or (
+        rr.answer_text(completion) if completion else "") or _text(rec.get("answer"))
+    answers = rec.get("answers")
+    return EvalItem(
+        id=str(rec["id"]), where=where,
+        query=_text(rec.get("query")) or _text(rec.get("question")) or _text(rec.get("prompt")),
+        report=drop_reference_lists(report), completion=completion,
+        prediction=rec.get("prediction") if isinstance(rec.get("prediction"), str) else None,
+        answers=[answers] if isinstance(answers, str) else answers, plan=rec.get("plan"),
+        node_outputs=rec.get("node_outputs"), answer=rec.get("answer") if "answer" in rec else None,
+        rubrics=rec.get("rubrics"), citations=rec.get("citations") or {},
+        tool_calls=rec.get("tool_calls") if isinstance(rec.get("tool_calls"), int) else None)
+
+
+def item_from_trace(trace: RunTrace, item_id: str, md_text: str = "", where: str = "") -> EvalItem:
+    """An item from a deepr run sidecar; the report is the trace's, else the .md next to it.
+    ``plans`` entries may wrap the graph ({"turn", "plan": {...}}): the last graph is scored."""
+    graphs = [p.get("plan", p) for p in trace.plans if isinstance(p.get("plan", p), dict)]
+    extra = trace.model_extra or {}  # dag runs also record node_outputs and the final answer
+    outs = extra.get("node_outputs")
+    return EvalItem(id=item_id, query=trace.query, report=drop_reference_lists(trace.report or md_text),
+                    plan=graphs[-1] if graphs else None, answer=_text(extra.get("answer")) or None,
+                    node_outputs=outs if isinstance(outs, dict) else None,
+                    citations={k: c.model_dump() for k, c in trace.citations.items()},
+                    tool_calls=sum(1 for t in trace.tools if not t.get("error") and t.get("ok", True)), where=where)
+
+
+@dataclass
+class EvalContext:
+    judge: Judge | None = None
+    embed: Embed | None = None
+    rubrics: tuple[dict, dict] = ({}, {})
+    gold: tuple[dict, dict] = ({}, {})
+    race_tasks: dict[str, RaceTask] | None = None
+
+    def lookup(self, refs: tuple[dict, dict], item: EvalItem) -> dict | None:
+        return refs[0].get(item.id) or (refs[1].get(squad_normalize(item.query)) if item.query else None)
+
+    def need_rubrics(self, item: EvalItem) -> tuple[str, list]:
+        if item.rubrics:
+            return item.query, item.rubrics
+        row = self.lookup(self.rubrics, item)
+        if row is None:
+            raise MetricFailure(f"no rubrics for item {item.id}: none inline and none in --rubrics "
+                                "with this id or question")
+        return item.query or row.get("question") or "", row["rubrics"]
+
+    def need_gold(self, item: EvalItem) -> list[str]:
+        if item.answers:
+            return item.answers
+        row = self.lookup(self.gold, item)
+        if row is None:
+            raise MetricFailure(f"no gold answers for item {item.id}: add 'answers' or pass --gold")
+        g = row.get("answers") or row.get("answer")
+        return [g] if isinstance(g, str) else list(g)
+
+    def need_judge(self) -> Judge:
+        if self.judge is None:
+            raise MetricFailure("this metric needs a judge; none was configured")
+        return self.judge
+
+
+def store_texts(citations: Mapping[str, Any]) -> dict[str, str]:
+    """{citation id: source text} from a sidecar's or record's ``citations``."""
+    return {k: t for k in citations if (t := source_text(citations, k)) is not None}
+
+
+def _require(value: Any, what: str, item: EvalItem) -> Any:
+    if value is None or (isinstance(value, str) and not value.strip() and what != "report"):
+        raise MetricFailure(f"item {item.id} has no {what}")
+    return value
+
+
+async def _rubric(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
+    question, rubrics = ctx.need_rubrics(item)
+    r = await rr.rubric_score(question, item.report, rubrics, ctx.need_judge())
+    if r.get("failure"):
+        raise MetricFailure(r["failure"])
+    return {"rubric": r["R_rubric"], "rubric_items": r.get("items", {}),
+            **({"rubric_note": r["note"]} if r.get("note") else {})}
+
+
+async def _citation(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
+    c = await rr.citation_reward(item.query, item.report, store_texts(item.citations), ctx.need_judge())
+    if c.failure:
+        raise MetricFailure(c.failure)
+    f = c.fmt
+    return {"R_cite": c.R_cite, "F1_mean": c.F1_mean, "R_fmt": f["R_fmt"], "cite_v": f["v"], "cite_m": f["m"],
+            "cite_d": f["d"], "cite_n": f["n"], "cite_span": f["span"], "cite_uniformity": f["uniformity"],
+            "cite_center": f["center"], "cite_unknown_ids": f["unknown_ids"], "citation_claims": c.claims,
+            **({"citation_note": "; ".join(c.notes)} if c.notes else {})}
+
+
+async def _format(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
+    return rr.r_format(_require(item.completion, "raw agent completion (field 'completion')", item))
+
+
+async def _search(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
+    n = item.tool_calls if item.tool_calls is not None else rr.tool_calls(
+        _require(item.completion, "tool-call count (sidecar 'tools' or a 'completion')", item))[0]
+    return {"R_search": rr.r_search(n), "tool_calls": n}
+
+
+async def _composite(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
+    parts = {**await _format(item, ctx), **await _search(item, ctx), **await _rubric(item, ctx),
+             **await _citation(item, ctx)}
+    parts["composite"] = (rr.W_RUBRIC * parts["rubric"] + rr.W_FORMAT * parts["R_format"]
+                          + rr.W_CITE * parts["R_cite"] + rr.W_SEARCH * parts["R_search"])
+    return parts
+
+
+async def _plan_reward(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
+    _, rubrics = ctx.need_rubrics(item)
+    r = plan_reward(_require(item.plan, "'plan'", item), rubrics, ctx.embed)
+    out = r.as_dict()
+    out["plan_errors"] = out.pop("errors")
+    return out
+
+
+async def _answer_reward(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
+    question, rubrics = ctx.need_rubrics(item)
+    outputs = _require(item.node_outputs, "'node_outputs' ({node id: text})", item)
+    r = await score_answer(_require(item.plan, "'plan'", item), outputs, item.answer, rubrics, ctx.embed,
+                           ctx.need_judge(), question=question or None)
+    if r.failure:
+        raise MetricFailure(r.failure)
+    out = r.as_dict()
+    out.pop("failure")
+    for k in ("valid", "errors", "notes"):  # prefixed: plan_reward writes its own "valid"
+        out[f"answer_{k}"] = out.pop(k)
+    return out
+
+
+def _prediction(item: EvalItem) -> str:
+    return _require(item.prediction if item.prediction is not None else item.answer, "'prediction'", item)
+
+
+async def _em(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
+    return {"em": exact_match(_prediction(item), ctx.need_gold(item))}
+
+
+async def _f1(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
+    return {"f1": f1_score(_prediction(item), ctx.need_gold(item))}
+
+
+async def _lj(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
+    v = await llm_judge(item.query, _prediction(item), ctx.need_gold(item), ctx.need_judge())
+    if not v.ok:
+        raise MetricFailure(v.reason)
+    return {"lj": v.value}
+
+
+async def _team(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
+    f1, lj = (await _f1(item, ctx))["f1"], (await _lj(item, ctx))["lj"]
+    return {"f1": f1, "lj": lj, "R_team": r_team(f1, lj)}
+
+
+async def _structure(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
+    if item.plan is None and not item.report.strip():
+        raise MetricFailure(f"item {item.id} has neither a plan nor a report")
+    out = plan_structure(item.plan) if item.plan is not None else {}
+    if item.report.strip():
+        docs = {k: (v.get("doc_id", k) if isinstance(v, dict) else k) for k, v in item.citations.items()}
+        out.update(rr.report_structure(item.report, docs))
+    return out
+
+
+async def _race(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
+    if ctx.race_tasks is None:
+        raise MetricFailure("race needs the benchmark files: pass --race-criteria and --race-reference")
+    task = find_task(ctx.race_tasks, item.id, item.query)
+    if task is None:
+        raise MetricFailure(f"no RACE task with id {item.id} or this prompt in --race-criteria")
+    r = await race_score(task, item.report, ctx.need_judge())
+    if r.failure:
+        raise MetricFailure(r.failure)
+    return {"race": r.score, "race_T": r.T, "race_R": r.R, **{f"race_{d}": v for d, v in r.dims.items()},
+            "race_target_avg": r.target_avg, "race_reference_avg": r.reference_avg,
+            **({"race_notes": r.notes} if r.notes else {})}
+
+
+async def _fact(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
+    r = await fact_check(item.report, item.citations, ctx.need_judge())
+    if r.failure:
+        raise MetricFailure(r.failure)
+    return {"fact_accuracy": r.accuracy, "fact_supported": r.supported, "fact_unsupported": r.unsupported,
+            "fact_unknown": r.unknown, "fact_pairs": [vars(p) for p in r.pairs]}
+
+
+METRIC_FUNCS = {"rubric": _rubric, "citation": _citation, "format": _format, "search": _search,
+                "composite": _composite, "plan_reward": _plan_reward, "answer_reward": _answer_reward,
+                "em": _em, "f1": _f1, "lj": _lj, "team": _team, "structure": _structure, "race": _race,
+                "fact": _fact}
+
+
+async def score_item(item: EvalItem, metrics: Sequence[str], ctx: EvalContext) -> Score:
+    """Every requested metric of one item; a metric that cannot be computed is a failure."""
+    fields: dict[str, Any] = {}
+    failures: dict[str, str] = {}
+    for m in metrics:
+        try:
+            fields.update(await METRIC_FUNCS[m](item, ctx))
+        except RewardInputError as e:
+            failures[m] = str(e)
+        except MetricFailure as e:
+            failures[m] = str(e) or f"{m} could not be computed"
+    if ctx.judge is not None and JUDGED & set(metrics):
+        fields["judge"] = ctx.judge.name
+    return Score(id=item.id, failures=failures, **fields)
+
+
+async def evaluate(items: Sequence[EvalItem], metrics: Sequence[str], ctx: EvalContext, *,
+                   sink: Callable[[Score], None], concurrency: int = 8,
+                   progress: Callable[[int], None] | None = None) -> int:
+    """Score items ``concurrency`` at a time; each finished chunk goes to ``sink`` in input order."""
+    import asyncio
+
+    done = 0
+    for start in range(0, len(items), concurrency):
+        chunk = items[start:start + concurrency]
+        for score in await asyncio.gather(*(score_item(it, metrics, ctx) for it in chunk)):
+            sink(score)
+            done += 1
+        if progress:
+            progress(len(chunk))
+    return done
+
+
+def summarize(scores: Sequence[Mapping[str, Any]], metrics: Sequence[str]) -> list[dict[str, Any]]:
+    """Rows {metric, field, mean, std, n, failures} over the scored (non-failed) items."""
+    rows = []
+    for m in metrics:
+        ok = [s for s in scores if m not in (s.get("failures") or {})]
+        fails = len(scores) - len(ok)
+        for k, f in enumerate(SUMMARY_FIELDS[m]):
+            vals = values_of(ok, f)
+            if not vals and k:
+                continue
+            mean = sum(vals) / len(vals) if vals else None
+            std = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals)) if vals else None
+            rows.append({"metric": m, "field": f, "mean": mean, "std": std, "n": len(vals),
+                         "failures": fails if k == 0 else None})
+    return rows
+
+
+def values_of(scores: Sequence[Mapping[str, Any]], f: str) -> list[float]:
+    """Numeric values of field ``f`` (bools count as 0/1; None and missing are skipped)."""
+    return [float(s[f]) for s in scores if isinstance(s.get(f), (int, float)) and math.isfinite(float(s[f]))]
+
+
+def benchmark_totals(scores: Sequence[Mapping[str, Any]], metrics: Sequence[str]) -> dict[str, Any]:
+    """Corpus-level numbers that are not means of per-item values (FACT; RACE per dimension)."""
+    out: dict[str, Any] = {}
+    if "fact" in metrics:
+        ok = [s for s in scores if "fact" not in (s.get("failures") or {})]
+        sup = sum(s.get("fact_supported", 0) for s in ok)
+        judged = sup + sum(s.get("fact_unsupported", 0) for s in ok)
+        cited = sum(1 for s in ok if s.get("fact_pairs"))
+        out["fact_citation_accuracy"] = sup / judged if judged else None
+        out["fact_effective_citations"] = sup / cited if cited else None
+    if "race" in metrics:
+        vals = values_of([s for s in scores if "race" not in (s.get("failures") or {})], "race")
+        out["race_benchmark_score"] = sum(vals) / len(vals) if vals else None
+    return out
+
+
+def needs(metrics: Sequence[str], extractive_judge: bool) -> bool:
+    """Whether this run needs the sentence embedder."""
+    return bool(EMBEDDED & set(metrics)) or (extractive_judge and bool(JUDGED & set(metrics)))

@@ -1,0 +1,256 @@
+"""Judges: the LLM-scored parts of the rewards, each with a no-LLM twin (SPEC §9).
+
+A :class:`Judge` wraps one LLM. When ``llm`` is None or ``llm.is_extractive``, every
+judgement is computed instead by embedding + lexical coverage mapped onto the same scale,
+and the result says ``judge="extractive"``. Otherwise the judge sends our own prompt
+through :func:`deepr.llm.parse.ask_json` (parse failures re-asked, bounded). The rubric
+criterion judge lives here; each other judge sits with the reward that uses it and goes
+through :meth:`Judge.run`: claim support / needs-citation in rubric_reward, answer
+equivalence and role judges in decor, RACE in race, FACT in fact.
+
+A judgement is a :class:`Verdict`: ``ok`` with a value, or not ok with the reason. A
+failed judgement is never turned into a score of 0; callers exclude it from means.
+Successful judgements are cached by (kind, judge, inputs), in memory and optionally in a
+JSONL file, so re-scoring the same report costs nothing.
+
+Extractive mappings (s = ½ best sentence cos⁺ + ½ content-token coverage of the claim):
+rubric criterion round(4 s)/4; cited claim full if s ≥ 0.7, partial if s ≥ 0.45, relevant if
+s ≥ 0.3; equivalence YES if every gold token is in the prediction or s ≥ 0.9; an uncited
+sentence needs a citation if it holds a digit, a capitalised name or ≥ 8 content tokens;
+role judges check the role's tag format and then its content (fresh query, gold facts kept,
+answer equivalent); RACE 10 s per criterion; FACT supported if s ≥ 0.5.
+
+Rubric weighting (used by every rubric-based score): items are combined as
+``Σ |w| · credit / Σ |w|``. A positive item's credit is its score s ∈ [0, 1]. A negative
+item describes a misleading claim the answer should debunk: the judge rates how far the
+report asserts it, and the credit is ``1 − s`` (high when the report does NOT assert it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError
+
+from deepr.llm.base import LLM
+from deepr.llm.parse import ask_json
+from deepr.records import RubricItem
+from deepr.rewards.text import Embed, Vectors, coverage, split_sentences, strip_citations, tok
+
+
+class RewardInputError(ValueError):
+    """Input a reward cannot be defined on (no rubric, missing weight, ...); says how to fix it."""
+
+
+def coerce_rubrics(raw: Sequence[Any] | None, *, where: str = "rubrics") -> list[RubricItem]:
+    """Validate rubric items (dicts or RubricItem); every item needs a weight, Σ|w| > 0."""
+    if not raw:
+        raise RewardInputError(f"{where}: no rubric items; give at least one item with a weight "
+                               "(join rubrics with --rubrics verified.jsonl)")
+    items = []
+    for i, r in enumerate(raw, start=1):
+        if isinstance(r, RubricItem):
+            r = r.model_dump()
+        if isinstance(r, dict) and r.get("weight") is None:
+            rid = r.get("id", f"#{i}")
+            raise RewardInputError(f"{where}: rubric item {rid} has no 'weight'; every item needs a "
+                                   "weight in [-1, 1] (negative only for a claim to debunk)")
+        try:
+            items.append(RubricItem.model_validate(r))
+        except ValidationError as e:
+            err = e.errors()[0]
+            loc = ".".join(str(p) for p in err["loc"]) or "item"
+            raise RewardInputError(f"{where}: rubric item #{i} field {loc}: {err['msg']}") from None
+        if not items[-1].description.strip():
+            raise RewardInputError(f"{where}: rubric item {items[-1].id} has a blank description")
+    if sum(abs(r.weight) for r in items) <= 0:
+        raise RewardInputError(f"{where}: every rubric weight is 0, so no weighted mean exists")
+    return items
+
+
+def rubric_weighted(items: Sequence[RubricItem], scores: Sequence[float]) -> float:
+    """Σ |w| · credit / Σ |w| with credit = s for w ≥ 0 and 1 − s for w < 0."""
+    den = sum(abs(r.weight) for r in items)
+    num = sum(abs(r.weight) * (s if r.weight >= 0 else 1.0 - s) for r, s in zip(items, scores))
+    return num / den
+
+
+@dataclass
+class Verdict:
+    """One judgement: ``value`` when ok, else ``reason``; ``judge`` names who decided."""
+
+    ok: bool
+    value: Any = None
+    reason: str | None = None
+    judge: str = ""
+    cached: bool = False
+
+
+class JudgeCache:
+    """Successful judgements by key; with ``path`` they persist as JSONL across runs."""
+
+    def __init__(self, path: str | Path | None = None):
+        self.path = Path(path) if path else None
+        self.data: dict[str, Any] = {}
+        self._out = None
+        if self.path and self.path.exists():
+            from deepr.io import read_jsonl
+
+            for row in read_jsonl(self.path, tolerate_torn_tail=True):
+                self.data[row["key"]] = row["value"]
+
+    def get(self, key: str) -> Any:
+        return self.data.get(key)
+
+    def put(self, key: str, value: Any) -> None:
+        self.data[key] = value
+        if self.path is not None:
+            if self._out is None:
+                from deepr.io import JsonlAppender
+
+                self._out = JsonlAppender(self.path, fsync=False)
+            self._out.write({"id": key, "key": key, "value": value})
+
+    def close(self) -> None:
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+
+
+# --- schemas of the judge replies -------------------------------------------------------
+
+
+class _Score04(BaseModel):
+    score: int = Field(ge=0, le=4, description="integer 0..4")
+
+
+SYSTEM = "You are a careful, strict evaluator. Reply with JSON only."
+
+RUBRIC_PROMPT = """Rate how well a response meets ONE criterion, and nothing else.
+
+A factual criterion is met only when the response states the required facts correctly and
+specifically; naming the topic is not enough. A logical criterion is met only when the
+response actually carries out the reasoning asked for (a comparison, a distinction, a
+synthesis or a conclusion).
+
+Scale: 4 = fully met, every essential part present and correct; 3 = mostly met, small gaps
+or vagueness; 2 = partly met, an essential part missing; 1 = barely met, generic or loosely
+connected; 0 = not met, or the content is wrong.
+
+Question: {question}
+
+Response:
+<<<
+{response}
+>>>
+
+Criterion ({kind}): {description}{evidence}
+
+Return {{"score": <integer 0-4>}}."""
+
+
+# --- the judge ----------------------------------------------------------------------
+
+
+def _key(kind: str, judge: str, payload: Any) -> str:
+    blob = json.dumps([kind, judge, payload], sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def _criterion_text(r: RubricItem) -> str:
+    return " ".join([r.description, *r.evidence]) if r.type == "factual" else r.description
+
+
+class Judge:
+    """LLM or extractive judgements with a shared cache; see the module docstring."""
+
+    def __init__(self, llm: LLM | None = None, embed: Embed | None = None, *,
+                 cache: JudgeCache | None = None, max_reasks: int = 2, max_tokens: int = 512):
+        self.llm = llm
+        self.extractive = llm is None or llm.is_extractive
+        if self.extractive and embed is None:
+            raise ValueError("the extractive judge needs an embedder (embed=...), e.g. "
+                             "deepr.corpus.embed.get_embedder().encode")
+        self.embed = embed
+        self.cache = cache or JudgeCache()
+        self.max_reasks, self.max_tokens = max_reasks, max_tokens
+        self.name = "extractive" if self.extractive else "llm:" + _describe(llm)
+        self.failures = 0
+
+    # -- plumbing shared by every judgement --
+
+    async def run(self, kind: str, payload: Any, *, local: Callable[[], Any] | None = None,
+                  prompt: str | None = None, schema: type[BaseModel] | None = None,
+                  convert: Callable[[Any], Any] = lambda v: v,
+                  check: Callable[[Any], Sequence[str]] | None = None,
+                  max_tokens: int | None = None) -> Verdict:
+        """Cached judgement: ``local()`` when extractive, else ``prompt`` through ask_json."""
+        key = _key(kind, self.name, payload)
+        hit = self.cache.get(key)
+        if hit is not None:
+            return Verdict(True, hit, judge=self.name, cached=True)
+        if self.extractive:
+            value = local()
+        else:
+            parsed = await ask_json(self.llm, [{"role": "system", "content": SYSTEM},
+                                               {"role": "user", "content": prompt}],
+                                    schema, role="judge", check=check, max_reasks=self.max_reasks,
+                                    temperature=0.0, max_tokens=max_tokens or self.max_tokens)
+            if not parsed.ok:
+                self.failures += 1
+                return Verdict(False, reason=f"{kind} judge failed: {parsed.error}", judge=self.name)
+            value = convert(parsed.value)
+        self.cache.put(key, value)
+        return Verdict(True, value, judge=self.name)
+
+    def support(self, claim: str, evidence: str) -> float:
+        """Extractive support in [0, 1]: ½ best sentence cos⁺ + ½ content-token coverage."""
+        sents = split_sentences(strip_citations(evidence)) or [strip_citations(evidence)]
+        sents = [s for s in sents if s.strip()]
+        claim = strip_citations(claim)
+        if not claim.strip() or not sents:
+            return 0.0
+        vec = Vectors(self.embed, [claim, *sents])
+        emb = float(vec.sim([claim], sents).max())
+        lex = coverage(claim, tok(evidence))
+        return 0.5 * emb + 0.5 * (lex if lex is not None else emb)
+
+    # -- rubric criteria (002 App. A.1; also J_rub of 000 Eq. 30: 0-4 / 4 is the five levels) --
+
+    async def criterion(self, question: str, response: str, item: RubricItem) -> Verdict:
+        """One criterion scored 0–4 and normalised to {0, .25, .5, .75, 1}."""
+        evidence = ("\nSupporting evidence: " + " | ".join(item.evidence)) if item.evidence else ""
+        payload = [question, response, item.type, item.description, item.evidence]
+        return await self.run(
+            "rubric", payload,
+            local=lambda: round(4 * self.support(_criterion_text(item), response)) / 4,
+            prompt=RUBRIC_PROMPT.format(question=question, response=response, kind=item.type,
+                                        description=item.description, evidence=evidence),
+            schema=_Score04, convert=lambda v: v.score / 4)
+
+    async def rubrics(self, question: str, response: str, items: Sequence[RubricItem]) -> Verdict:
+        """Weighted rubric score; fails (with every failing item named) if any item fails."""
+        verdicts = await asyncio.gather(*(self.criterion(question, response, r) for r in items))
+        bad = [f"{r.id}: {v.reason}" for r, v in zip(items, verdicts) if not v.ok]
+        per_item = {r.id: v.value for r, v in zip(items, verdicts)}
+        if bad:
+            return Verdict(False, per_item, reason="; ".join(bad), judge=self.name)
+        return Verdict(True, {"score": rubric_weighted(items, [v.value for v in verdicts]),
+                              "items": per_item}, judge=self.name)
+
+def _describe(llm: LLM | None) -> str:
+    try:
+        info = llm.describe() if llm is not None else {}
+    except Exception:  # a backend's describe() must never break scoring
+        info = {}
+    parts = [str(info.get("backend", getattr(llm, "name", "llm")))]
+    if info.get("model"):
+        parts.append(str(info["model"]))
+    return ":".join(parts)
+

@@ -1,0 +1,165 @@
+"""R_plan (000 Eq. 17–24): every sub-term by hand on a 3-search / 2-aggregate graph."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from deepr.rewards.judges import RewardInputError
+from deepr.rewards.plan_reward import plan_reward, plan_rewards, plan_structure
+from deepr.rewards.text import diminishing
+from deepr.rewards.trl_adapters import PlanRewardFn, last_plan
+
+# Hand-picked unit vectors, so every cosine below is a number you can check on paper.
+VECS = {
+    "u1": (1, 0, 0, 0), "u2": (0, 1, 0, 0),
+    "qa": (0.6, 0.8, 0, 0), "qb": (0.8, 0, 0.6, 0), "qc": (0, 0, 0, 1),
+    "kp1": (0, 0.6, 0.8, 0), "na1": (1, 0, 0, 0), "ka1": (0, 0, 1, 0),
+    "na2": (0, 0.28, 0.96, 0), "final": (0, 1, 0, 0),
+    "qa kp1": (0, 0, 0, 1), "na1 ka1": (0.6, 0, 0.8, 0),
+}
+
+
+class FakeEmbed:
+    """Returns the fixed vector of each known string; counts calls; refuses unknown text."""
+
+    def __init__(self, table=VECS):
+        self.table, self.calls = table, []
+
+    def __call__(self, texts):
+        self.calls.append(list(texts))
+        return np.array([self.table[t] for t in texts], dtype=np.float32)
+
+
+def graph():
+    return {"nodes": [
+        {"id": "S1", "type": "search", "query": "qa", "key_points": ["kp1"]},
+        {"id": "S2", "type": "search", "query": "qb"},
+        {"id": "S3", "type": "search", "query": "qc"},
+        {"id": "A1", "type": "aggregate", "need": "na1", "key_points": ["ka1"], "inputs": ["S1", "S2"]},
+        {"id": "A2", "type": "aggregate", "need": "na2", "inputs": ["S1", "S3"]},
+        {"id": "ANS", "type": "answer", "need": "final", "inputs": ["A1", "A2"]},
+    ]}
+
+
+RUBRICS = [{"id": "R1", "type": "factual", "description": "u1", "weight": 1.0},
+           {"id": "R2", "type": "logical", "description": "u2", "weight": 0.5}]
+
+
+def test_hand_worked_three_search_two_aggregate_graph():
+    r = plan_reward(graph(), RUBRICS, FakeEmbed())
+    assert r.valid and r.errors == []
+    # C_rub: u1 best = na1 (1.0); u2 best = qa (0.8) -- the answer node "final" (1.0) is excluded.
+    assert r.C_rub == pytest.approx((1.0 * 1.0 + 0.5 * 0.8) / 1.5)
+    # C_search over queries only: u1 -> qb 0.8, u2 -> qa 0.8.
+    assert r.C_search == pytest.approx(0.8)
+    # D_search: pairs qa·qb = 0.48, qa·qc = 0, qb·qc = 0 -> 1 - 0.16.
+    assert r.D_search == pytest.approx(0.84)
+    assert r.Q_search == pytest.approx(0.5 * 0.8 + 0.5 * 0.84)
+    # B_synth: f(2) = 0.5 times d_par = 1 - cos("na1 ka1", "na2") = 1 - 0.768.
+    assert r.d_par == pytest.approx(0.232, abs=1e-6)
+    assert r.B_synth == pytest.approx(0.116, abs=1e-6)
+    # I_cross: S1 feeds A1 and A2 (r_fan 1/3); both aggregates have 2 parents (r_int 1).
+    assert (r.r_fan, r.r_int) == (pytest.approx(1 / 3), 1.0)
+    assert r.I_cross == pytest.approx(2 / 3)
+    assert r.B_search == pytest.approx(2 / 3)
+    assert r.E_graph == pytest.approx(0.4 * 0.116 + 0.4 * 2 / 3 + 0.2 * 2 / 3, abs=1e-6)
+    assert r.plan_reward == pytest.approx(0.4 * 2.8 / 3 + 0.3 * 0.82 + 0.3 * 0.4464, abs=1e-6)
+
+
+def test_diminishing_returns_function():
+    assert [diminishing(k) for k in (0, 1, 2, 4)] == [0.0, 0.0, 0.5, 0.75]
+
+
+def test_single_search_query_gives_zero_distinctness_and_breadth():
+    plan = {"nodes": [{"id": "S1", "type": "search", "query": "qa"},
+                      {"id": "A1", "type": "aggregate", "need": "na1", "inputs": ["S1"]},
+                      {"id": "ANS", "type": "answer", "need": "final", "inputs": ["A1"]}]}
+    r = plan_reward(plan, RUBRICS, FakeEmbed())
+    assert r.D_search == 0.0 and r.B_search == 0.0
+    # one answer parent: d_par = 1 but f(1) = 0, so no synthesis breadth
+    assert r.d_par == 1.0 and r.B_synth == 0.0
+    assert r.r_fan == 0.0 and r.r_int == 0.0
+
+
+def test_negative_cosines_clamp_to_zero():
+    table = {**VECS, "qa": (-1, 0, 0, 0), "qb": (1, 0, 0, 0)}
+    plan = graph()
+    plan["nodes"] = [n for n in plan["nodes"] if n["id"] != "S3"]
+    plan["nodes"][3]["inputs"] = ["S1"]  # A2 now reads S1 only
+    r = plan_reward(plan, RUBRICS, FakeEmbed(table))
+    assert r.D_search == 1.0  # cos(qa, qb) = -1 clamps to 0
+
+
+def test_invalid_graph_scores_zero_with_the_validator_errors():
+    plan = graph()
+    plan["nodes"][0]["inputs"] = ["A1"]  # a search node with inputs, and a cycle
+    r = plan_reward(plan, RUBRICS, FakeEmbed())
+    assert r.plan_reward == 0.0 and not r.valid
+    assert any("S1" in e for e in r.errors)
+    assert plan_reward("not json {", RUBRICS, FakeEmbed()).valid is False
+
+
+def test_missing_weight_and_empty_rubrics_are_clear_errors():
+    with pytest.raises(RewardInputError, match="R2 has no 'weight'"):
+        plan_reward(graph(), [RUBRICS[0], {"id": "R2", "type": "logical", "description": "u2"}], FakeEmbed())
+    with pytest.raises(RewardInputError, match="no rubric items"):
+        plan_reward(graph(), [], FakeEmbed())
+    with pytest.raises(RewardInputError, match="every rubric weight is 0"):
+        plan_reward(graph(), [{**RUBRICS[0], "weight": 0}], FakeEmbed())
+
+
+def test_negative_rubric_weight_counts_by_magnitude_in_coverage():
+    neg = [RUBRICS[0], {**RUBRICS[1], "weight": -0.5}]
+    assert plan_reward(graph(), neg, FakeEmbed()).C_rub == pytest.approx(2.8 / 3)
+
+
+def test_batch_embeds_once_and_matches_single_calls():
+    emb = FakeEmbed()
+    batch = plan_rewards([(graph(), RUBRICS), (graph(), RUBRICS[:1]), ("{}", RUBRICS)], emb)
+    assert len(emb.calls) == 1 and len(emb.calls[0]) == len(set(emb.calls[0]))
+    assert batch[0].plan_reward == pytest.approx(plan_reward(graph(), RUBRICS, FakeEmbed()).plan_reward)
+    assert batch[1].C_rub == pytest.approx(1.0) and not batch[2].valid
+
+
+def test_structure_statistics():
+    s = plan_structure(graph())
+    assert (s["nodes"], s["edges"], s["search_nodes"], s["aggregate_nodes"], s["waves"]) == (6, 6, 3, 2, 1)
+    assert plan_structure({"nodes": []})["plan_valid"] is False
+
+
+def test_real_embedder_prefers_a_plan_that_covers_the_rubric(embedder):
+    rubrics = [{"id": "R1", "type": "factual", "description": "The Eiffel Tower was completed in 1889", "weight": 1},
+               {"id": "R2", "type": "factual", "description": "Its height is about 330 metres", "weight": 1}]
+
+    def plan(q1, q2):
+        return {"nodes": [{"id": "S1", "type": "search", "query": q1},
+                          {"id": "S2", "type": "search", "query": q2},
+                          {"id": "A1", "type": "aggregate", "need": "combine facts", "inputs": ["S1", "S2"]},
+                          {"id": "ANS", "type": "answer", "need": "answer", "inputs": ["A1"]}]}
+
+    good = plan_reward(plan("Eiffel Tower construction completion year", "Eiffel Tower height in metres"),
+                       rubrics, embedder.encode)
+    bad = plan_reward(plan("banana bread recipe", "football transfer news"), rubrics, embedder.encode)
+    assert good.C_rub > bad.C_rub + 0.2 and good.plan_reward > bad.plan_reward
+    assert 0.0 <= bad.plan_reward <= good.plan_reward <= 1.0
+
+
+def test_trl_adapter_scores_the_revised_plan_and_logs_components():
+    turn1 = {"nodes": [{"id": "S1", "type": "search", "query": "qa"}]}  # invalid on its own
+    completion = f"<think>draft</think>{json.dumps(turn1)} results... revised: {json.dumps(graph())}"
+    assert last_plan(completion)["nodes"][-1]["id"] == "ANS"
+    logged = {}
+    fn = PlanRewardFn(FakeEmbed())
+    # the keyword arguments GRPOTrainer passes besides the dataset columns
+    out = fn(prompts=["p"] * 3, completions=[completion, "no plan at all", completion], completion_ids=[[1]] * 3,
+             rubrics=[RUBRICS, RUBRICS, None], trainer_state=None, log_extra=lambda c, v: None,
+             log_metric=lambda k, v: logged.__setitem__(k, v))
+    assert out[0] == pytest.approx(plan_reward(graph(), RUBRICS, FakeEmbed()).plan_reward)
+    assert out[1] == 0.0      # unparseable plan: invalid, reward 0
+    assert out[2] is None     # no rubrics: reward undefined, TRL ignores it
+    assert logged["plan/valid"] == 0.5 and "plan/C_rub" in logged
+    chat = [{"role": "assistant", "content": json.dumps(graph())}]
+    assert fn(prompts=["p"], completions=[chat], rubrics=[RUBRICS])[0] == pytest.approx(out[0])
