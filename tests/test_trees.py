@@ -1,0 +1,252 @@
+"""build-trees: topic sampling, the extractive and LLM tree roles, the builder's limits,
+grounding, redundancy, failure recording and concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from deepr.io import RecordError
+from deepr.llm.extractive import ExtractiveLLM
+from deepr.llm.replay import ReplayLLM
+from deepr.records import Document, Hit, Reject, Tree
+from deepr.rewards.text import coverage
+from deepr.topics import SeedTopic, load_topics, sample_topics, tree_id
+from deepr.tree_extractive import NodeCtx, key_phrases
+from deepr.tree_roles import Tally
+from deepr.trees import TreeConfig, build_trees, make_roles
+from tree_helpers import LexicalRetriever, ScriptedLLM, replier, volcano_docs
+
+TOPICS = [SeedTopic(id=tree_id(t), title=t) for t in ("Volcano", "Plate tectonics", "Mount Vesuvius")]
+
+
+@pytest.fixture(scope="module")
+def volc() -> LexicalRetriever:
+    return LexicalRetriever(volcano_docs())
+
+
+def _check_tree(tree: Tree, cfg: TreeConfig) -> None:
+    """The SPEC §1 shape every built tree must have."""
+    by_id = {n.id: n for n in tree.nodes}
+    assert tree.root_id == "n0" and by_id["n0"].parent is None
+    for n in tree.nodes:
+        assert n.depth <= cfg.max_depth
+        assert len(n.children) <= cfg.limit(n.depth)
+        assert n.supporting_docs, f"{n.id} has no supporting document"
+        for d in n.supporting_docs:
+            assert 1 <= len(d.statements) <= 3 and d.snippet_id.startswith(d.doc_id)
+        assert n.statements == [s for d in n.supporting_docs for s in d.statements]
+        for c in n.children:
+            assert by_id[c].parent == n.id and by_id[c].depth == n.depth + 1
+        assert (n.stop_reason is None) == bool(n.children)
+    leaves = [n for n in tree.nodes if not n.children]
+    assert tree.stats.nodes == len(tree.nodes) and tree.stats.leaves == len(leaves)
+    assert tree.stats.depth == max(n.depth for n in tree.nodes)
+
+
+# --- topics ------------------------------------------------------------------------------
+
+
+def test_sampling_is_stratified_deterministic_and_prefix_stable():
+    docs = [Document(id=f"{c}{i}", title=f"{c} topic {i}", text="word " * 40, topic=c)
+            for c in "ABC" for i in range(5)] + [Document(id="short", title="Short", text="too short", topic="A")]
+    four, nine = sample_topics(docs, 4, seed=1), sample_topics(docs, 9, seed=1)
+    assert [t.category for t in nine[:3]] == ["A", "B", "C"]
+    assert [t.id for t in nine[:4]] == [t.id for t in four]  # a bigger run extends a smaller one
+    assert [t.id for t in sample_topics(docs, 9, seed=1)] == [t.id for t in nine]
+    assert {t.id for t in sample_topics(docs, 9, seed=2)}.isdisjoint({t.id for t in nine})  # seed is in the id
+    assert "Short" not in {t.title for t in sample_topics(docs, 50)}  # under min_words
+    assert len(sample_topics(docs, 50)) == 15
+
+
+def test_topics_file_formats_and_errors(tmp_path: Path):
+    txt = tmp_path / "t.txt"
+    txt.write_text("# seeds\nVolcano\n\nPlate tectonics\n")
+    assert [t.title for t in load_topics(txt)] == ["Volcano", "Plate tectonics"]
+    good = tmp_path / "t.jsonl"
+    good.write_text('{"topic": "Volcano", "category": "Geo"}\n{"title": "Lava", "id": "my-lava"}\n')
+    assert [(t.title, t.id) for t in load_topics(good)][1] == ("Lava", "my-lava")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"topic": "Volcano"}\n{"topic": 3}\n')
+    with pytest.raises(RecordError, match=r"bad.jsonl:2 field 'topic'"):
+        load_topics(bad)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"topic": "Volcano"\n')
+    with pytest.raises(RecordError, match=r"broken.jsonl:1: not valid JSON"):
+        load_topics(broken)
+    with pytest.raises(FileNotFoundError):
+        load_topics(tmp_path / "missing.txt")
+
+
+def test_config_rejects_bad_branching():
+    with pytest.raises(ValueError, match="branching"):
+        TreeConfig(branching=[6, 0, 3])
+    assert TreeConfig(branching=[6, 4, 3]).limit(5) == 3
+
+
+# --- extractive path ----------------------------------------------------------------------
+
+
+def test_key_phrases_drop_openers_dates_and_demonyms():
+    assert key_phrases("Kind of Blue is an album by American musician Miles Davis, released in August "
+                       "1959 by Columbia.") == ["Kind of Blue", "Miles Davis", "Columbia"]
+
+
+def test_extractive_trees_respect_limits_and_are_reproducible(volc, embedder):
+    cfg = TreeConfig(max_depth=2, branching=[3, 2])
+    results = build_trees(TOPICS[:2], volc, ExtractiveLLM(), cfg, embed=embedder.encode)
+    trees = [r for r in results if isinstance(r, Tree)]
+    assert len(trees) == 2, [getattr(r, "reason", None) for r in results]
+    for t in trees:
+        _check_tree(t, cfg)
+        assert t.backend == "extractive" and t.stats.llm_calls == 0 and t.stats.retrieval_calls >= t.stats.nodes
+        for n in t.nodes:  # statements are sentences of the passage they came from
+            for d in n.supporting_docs:
+                text = volc.documents[[x.id for x in volc.documents].index(d.doc_id)].text
+                assert all(coverage(s, text) >= 0.8 for s in d.statements)
+    again = build_trees(TOPICS[:2], volc, ExtractiveLLM(), cfg, embed=embedder.encode)
+    strip = lambda r: r.model_dump(exclude={"stats"}) if isinstance(r, Tree) else r.model_dump()  # noqa: E731
+    assert sorted(map(json.dumps, map(strip, again))) == sorted(map(json.dumps, map(strip, results)))
+
+
+def test_tree_without_grounded_root_is_rejected_with_reason(volc, embedder):
+    res = build_trees([SeedTopic(id="t-x", title="Quantum chromodynamics lattice")], volc, ExtractiveLLM(),
+                      TreeConfig(), embed=embedder.encode)
+    assert isinstance(res[0], Reject) and "supports the root query" in res[0].reason
+
+
+# --- LLM path -----------------------------------------------------------------------------
+
+
+def _roles(llm, embedder, **kw):
+    return make_roles(llm, embedder.encode, TreeConfig(**kw))
+
+
+def _ctx() -> NodeCtx:
+    hits = [Hit(id="Lava#0", doc_id="Lava", title="Lava", text="Lava is molten rock expelled by a volcano.")]
+    return NodeCtx(query="Volcano hazards", depth=0, phrase="Volcano", root_topic="Volcano", hits=hits, support=[0])
+
+
+def test_decompose_parses_fenced_think_reply(embedder):
+    reply = ('<think>facets...</think>Here:\n```json\n{"queries": [{"query": "Lava flow speed", '
+             '"facet": "quantitative"}, {"query": "Eruption deaths", "facet": "risks"}]}\n```')
+    llm = ReplayLLM({"decompose": [reply]})
+    out = asyncio.run(_roles(llm, embedder).decompose(_ctx(), 4, tally := Tally()))
+    assert [p.query for p in out.value] == ["Lava flow speed", "Eruption deaths"] and out.error is None
+    assert tally.llm_calls == 1
+
+
+def test_decompose_reasks_on_bad_json_and_violations_then_succeeds(embedder):
+    ok = '{"queries": [{"query": "Lava vs basalt", "facet": "comparison"}, {"query": "Eruption deaths", ' \
+         '"facet": "risks"}, {"query": "Eruptions per year", "facet": "quantitative"}]}'
+    too_many = json.dumps({"queries": [{"query": f"q{i}", "facet": "risks"} for i in range(5)]})
+    llm = ReplayLLM({"decompose": ['{"queries": [', too_many, ok]})
+    out = asyncio.run(_roles(llm, embedder).decompose(_ctx(), 3, tally := Tally()))
+    assert out.error is None and len(out.value) == 3 and tally.llm_calls == 3
+    reasks = [m[-1]["content"] for _, m in llm.calls[1:]]
+    assert "do not parse as JSON" in reasks[0] or "no valid JSON" in reasks[0]
+    assert "at most 3 are allowed" in reasks[1] and "comparison, quantitative" in reasks[1]
+
+
+def test_decompose_gives_up_with_reason(embedder):
+    llm = ReplayLLM({"decompose": ["no idea"] * 3})
+    out = asyncio.run(_roles(llm, embedder, max_reasks=2).decompose(_ctx(), 3, Tally()))
+    assert out.value == [] and "gave up after 3 attempts" in out.error
+
+
+def test_extract_rejects_statements_not_in_document(embedder):
+    invented = '{"statements": ["Unicorns guard every crater on Mars."]}'
+    good = '{"statements": ["Lava is molten rock expelled by a volcano."]}'
+    llm = ReplayLLM({"extract": [invented, good]})
+    out = asyncio.run(_roles(llm, embedder).extract("lava", "Volcano", _ctx().hits[0], Tally()))
+    assert out.value == ["Lava is molten rock expelled by a volcano."]
+    assert "not supported by the document" in llm.calls[1][1][-1]["content"]
+
+
+def test_ground_rejects_unknown_document_numbers(embedder):
+    llm = ReplayLLM({"ground": ['{"supporting": [7]}', '{"supporting": [1, 1]}']})
+    out = asyncio.run(_roles(llm, embedder).ground(_ctx(), Tally()))
+    assert out.value == [0] and "do not exist" in llm.calls[1][1][-1]["content"]
+
+
+def test_llm_tree_is_built_concurrently_and_counted(volc, embedder):
+    llm = ScriptedLLM(replier(volc.documents), latency=0.02)
+    cfg = TreeConfig(max_depth=2, branching=[3, 2])
+    [tree] = build_trees(TOPICS[:1], volc, llm, cfg, embed=embedder.encode)
+    assert isinstance(tree, Tree), tree
+    _check_tree(tree, cfg)
+    assert tree.stats.llm_calls == llm.usage.calls and tree.stats.calls_by_role["decompose"] >= 1
+    assert llm.max_in_flight >= 3  # siblings and documents were asked at the same time
+    assert tree.backend == "scripted" and tree.nodes[0].query == "Volcano formation and effects"
+
+
+def test_redundant_and_ungrounded_children_are_dropped(volc, embedder):
+    base = replier(volc.documents)
+
+    def reply(messages):
+        if "You expand" in messages[0]["content"] and "depth 0" in messages[-1]["content"]:
+            return json.dumps({"queries": [{"query": "Mount Vesuvius eruption", "facet": "risks"},
+                                           {"query": "Mount Vesuvius eruptions", "facet": "comparison"},
+                                           {"query": "zzzz qqqq", "facet": "quantitative"}]})
+        return base(messages)
+
+    [tree] = build_trees(TOPICS[:1], volc, ScriptedLLM(reply), TreeConfig(max_depth=1, min_leaves=1),
+                         embed=embedder.encode)
+    assert [n.query for n in tree.nodes[1:]] == ["Mount Vesuvius eruption"]
+    assert tree.stats.dropped["redundant"] == 1 and tree.stats.dropped["ungrounded"] == 1
+
+
+def test_failed_roles_are_recorded_not_raised(volc, embedder):
+    base = replier(volc.documents)
+
+    def reply(messages):
+        if "You decide whether" in messages[0]["content"]:
+            return "I think it is not atomic"  # never JSON: recorded, node expanded anyway
+        return base(messages)
+
+    [tree] = build_trees(TOPICS[:1], volc, ScriptedLLM(reply), TreeConfig(max_depth=1), embed=embedder.encode)
+    assert tree.stats.failures >= 1 and tree.failures[0]["role"] == "gate"
+    assert "gave up" in tree.failures[0]["reason"] and len(tree.nodes) > 1
+    bad_root = ScriptedLLM(lambda m: "nothing useful")
+    [rej] = build_trees(TOPICS[:1], volc, bad_root, TreeConfig(), embed=embedder.encode)
+    assert isinstance(rej, Reject) and rej.reason.startswith("root query failed")
+
+
+# --- CLI ------------------------------------------------------------------------------------
+
+
+def test_cli_shards_partition_the_topics(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from deepr.cli import app
+
+    topics = tmp_path / "topics.txt"
+    topics.write_text("\n".join(f"Topic {i}" for i in range(30)) + "\n")
+    counts = []
+    for k in (1, 2, 3):
+        r = CliRunner().invoke(app, ["build-trees", "--topics", str(topics), "--out", str(tmp_path / "t.jsonl"),
+                                     "--dry-run", "--shard", f"{k}/3"])
+        assert r.exit_code == 0, r.output
+        counts.append(int(next(line for line in r.output.splitlines() if "to do now" in line).split("│")[2]))
+    assert sum(counts) == 30 and all(c > 0 for c in counts)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--branching", "6,x"], "expected comma-separated integers"),
+    (["--branching", "6,0"], "give 1 to 12 children per level"),
+    (["--topics", "missing.txt"], "no such topics file"),
+    (["--shard", "4/3"], "need 1 <= K <= N"),
+])
+def test_cli_bad_flags_fail_cleanly(tmp_path: Path, args, message):
+    from typer.testing import CliRunner
+
+    from deepr.cli import app
+
+    topics = tmp_path / "topics.txt"
+    topics.write_text("Volcano\n")
+    base = ["build-trees", "--out", str(tmp_path / "t.jsonl"), "--dry-run", "--topics", str(topics)]
+    r = CliRunner().invoke(app, base + args)
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
