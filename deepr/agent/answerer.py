@@ -1,0 +1,176 @@
+"""dag answerer (DecomposeR §3.3): aggregate nodes in topological waves, then the answer node.
+
+All aggregates of one wave are written in ONE model turn, a JSON object mapping node id to
+text; then the answer node is written from its parent branches and the cumulative cited
+evidence. Every text must cite only ids of the evidence it was shown (checked in code; an
+unknown id is re-asked with the list of bad ids). A turn that never passes its checks is
+recorded as a failure and its nodes are written by the extractive writer instead, which
+the report then says. Extractive path: :mod:`deepr.agent.writer` (MMR over cited evidence).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from deepr.plan import answer_node
+from deepr.records import Plan, PlanNode
+
+from deepr.agent.ask import ask_structured, ask_text, record_extractive
+from deepr.agent.citations import cited_ids, normalize
+from deepr.agent.env import Ctx
+from deepr.agent.extract import sub_questions
+from deepr.agent import writer
+
+ANSWER_SYSTEM = """You write parts of a research report strictly from the evidence you are given.
+Every evidence item starts with an id in square brackets. After each claim, cite the ids that support \
+it, like [N1-R2] or [N1-R2, N3-F1]. Cite only ids that appear in the evidence you were given: never \
+invent ids, never cite URLs or numbers such as [1], and do not add a reference list (the system adds \
+it). Be analytical: compare sources, point out agreement and conflict, and say where the evidence is thin."""
+
+WAVE_USER = """Research question:
+{query}
+{rubric}
+Write the plan nodes below. Each lists what it must conclude, the points to cover, and its evidence.
+
+{nodes}
+
+Reply with one JSON object mapping each node id to its text (one or two paragraphs of markdown with \
+citations), for example {{{example}}}."""
+
+FINAL_USER = """Research question:
+{query}
+{rubric}
+You are writing the answer node {nid}. Need: {need}
+{points}
+Findings of the branches it reads:
+{branches}
+
+Cited evidence collected so far:
+{evidence}
+
+Write the final report: an integrated, well-organised markdown answer to the question that builds on \
+the branch findings, cites evidence ids after each claim and states what remains uncertain. No \
+reference list. Put the report inside <answer>...</answer>."""
+
+
+def rubric_block(rubric: Sequence[dict[str, Any]]) -> str:
+    if not rubric:
+        return ""
+    lines = [f"- {r.get('name', '')}: {r.get('guidance') or r.get('description', '')}" for r in rubric]
+    return "\nQuality criteria the text must satisfy:\n" + "\n".join(lines) + "\n"
+
+
+def node_evidence(ctx: Ctx, plan: Plan, node: PlanNode, results: dict[str, list[str]],
+                  outputs: dict[str, str]) -> tuple[list[str], list[str]]:
+    """(evidence ids shown to the writer of ``node``, ids it may cite).
+
+    Evidence: results and fetched pages of its search inputs; it may also cite whatever its
+    aggregate inputs cited.
+    """
+    by_id = {n.id: n for n in plan.nodes}
+    ids: list[str] = []
+    for src in node.inputs:
+        if by_id[src].type == "search":
+            ids += results.get(src, [])
+            ids += [e.id for e in ctx.catalog.entries.values() if e.kind == "fetch" and e.node == src]
+    inherited = [c for src in node.inputs if by_id[src].type != "search" for c in cited_ids(outputs.get(src, ""))]
+    return list(dict.fromkeys(ids)), list(dict.fromkeys(ids + inherited))
+
+
+def _node_block(ctx: Ctx, plan: Plan, node: PlanNode, ids: list[str], outputs: dict[str, str]) -> str:
+    by_id = {n.id: n for n in plan.nodes}
+    points = "\n".join(f"- {p}" for p in node.key_points) or "- (none given)"
+    parts = [f"## Node {node.id}\nNeed: {node.need}\nKey points:\n{points}",
+             "Evidence:\n" + (ctx.catalog.evidence(ids) if ids else "(none)")]
+    earlier = [f"From {s} ({by_id[s].need}):\n{outputs.get(s, '')}" for s in node.inputs if by_id[s].type != "search"]
+    if earlier:
+        parts.append("Findings of earlier steps:\n" + "\n\n".join(earlier))
+    return "\n".join(parts)
+
+
+def _extractive_node(ctx: Ctx, node: PlanNode, ids: list[str], inherited: list[str], outputs: dict[str, str],
+                     rubric: Sequence[dict[str, Any]]) -> str:
+    targets = [node.need or "", *node.key_points,
+               *(r.get("description", "") for r in rubric if r.get("node") == node.id)]
+    parents = [outputs[s] for s in node.inputs if s in outputs]
+    return writer.write(ctx, targets, ids, ctx.config.section_sentences, cited_texts=parents)
+
+
+def _wave_check(ctx: Ctx, wave: list[str], allowed: dict[str, list[str]], value: Any) -> list[str]:
+    if not isinstance(value, dict):
+        return ["reply must be a JSON object mapping node ids to text"]
+    errors = [f"missing node {nid}: write it under the key \"{nid}\"" for nid in wave if nid not in value]
+    errors += [f"{nid} is not a node of this wave; write only {', '.join(wave)}" for nid in value if nid not in wave]
+    for nid in wave:
+        text = value.get(nid)
+        if nid not in value:
+            continue
+        if not isinstance(text, str) or not text.strip():
+            errors.append(f"node {nid}: text must be a non-empty string")
+            continue
+        errors += [f"node {nid}: {e}" for e in ctx.catalog.check(normalize(text), allowed[nid], require=True)]
+    return errors
+
+
+async def write_wave(ctx: Ctx, query: str, plan: Plan, wave: list[str], results: dict[str, list[str]],
+                     outputs: dict[str, str], rubric: Sequence[dict[str, Any]] = (),
+                     wave_no: int = 1) -> dict[str, str]:
+    """Write every aggregate of one wave in one turn; returns {node id: cited text}."""
+    by_id = {n.id: n for n in plan.nodes}
+    shown, allowed = {}, {}
+    for nid in wave:
+        shown[nid], allowed[nid] = node_evidence(ctx, plan, by_id[nid], results, outputs)
+    example = ", ".join(f'"{nid}": "..."' for nid in wave)
+    blocks = "\n\n".join(_node_block(ctx, plan, by_id[nid], shown[nid], outputs) for nid in wave)
+    messages = [{"role": "system", "content": ANSWER_SYSTEM},
+                {"role": "user", "content": WAVE_USER.format(query=query, rubric=rubric_block(rubric),
+                                                             nodes=blocks, example=example)}]
+    if not ctx.extractive:
+        parsed = await ask_structured(ctx.tracer, ctx.llm, messages, role="answerer", action="wave",
+                                      check=lambda v: _wave_check(ctx, wave, allowed, v),
+                                      max_reasks=ctx.config.max_reasks, turn_extra={"wave": wave_no},
+                                      **ctx.config.chat_kw())
+        if parsed.ok:
+            return {nid: normalize(parsed.value[nid]).strip() for nid in wave}
+        ctx.tracer.decide(f"wave {wave_no} ({', '.join(wave)}) written by the extractive writer after the "
+                          "model's replies failed", reason=parsed.error, fallback=wave)
+    out = {nid: _extractive_node(ctx, by_id[nid], shown[nid], allowed[nid], outputs, rubric) for nid in wave}
+    if ctx.extractive:
+        record_extractive(ctx.tracer, "answerer", "wave", messages, out, wave=wave_no)
+    return out
+
+
+def final_inputs(ctx: Ctx, plan: Plan, outputs: dict[str, str]) -> tuple[PlanNode, list[str]]:
+    """The answer node and the cumulative cited evidence (ids cited by any aggregate)."""
+    ans = answer_node(plan)
+    ids = [c for n in plan.nodes if n.type == "aggregate" for c in cited_ids(outputs.get(n.id, ""))]
+    return ans, [c for c in dict.fromkeys(ids) if c in ctx.catalog]
+
+
+async def write_final(ctx: Ctx, query: str, plan: Plan, outputs: dict[str, str],
+                      rubric: Sequence[dict[str, Any]] = ()) -> str:
+    """The answer node: integrated report text from the branches and cumulative evidence."""
+    ans, ids = final_inputs(ctx, plan, outputs)
+    by_id = {n.id: n for n in plan.nodes}
+    branches = "\n\n".join(f"### {s}: {by_id[s].need}\n{outputs.get(s, '')}" for s in ans.inputs)
+    points = ("Key points:\n" + "\n".join(f"- {p}" for p in ans.key_points)) if ans.key_points else ""
+    messages = [{"role": "system", "content": ANSWER_SYSTEM},
+                {"role": "user", "content": FINAL_USER.format(
+                    query=query, rubric=rubric_block(rubric), nid=ans.id, need=ans.need, points=points,
+                    branches=branches, evidence=ctx.catalog.evidence(ids) or "(none)")}]
+    if not ctx.extractive:
+        parsed = await ask_text(ctx.tracer, ctx.llm, messages, role="answerer", action="final", tag="answer",
+                                check=lambda t: ctx.catalog.check(normalize(t), ids, require=True),
+                                max_reasks=ctx.config.max_reasks, **ctx.config.chat_kw())
+        if parsed.ok:
+            return normalize(parsed.value).strip()
+        ctx.tracer.decide("final answer written by the extractive writer after the model's replies failed",
+                          reason=parsed.error, fallback=[ans.id])
+    parts = sub_questions(query)
+    text = writer.write_by_parts(ctx, query, parts, ids, ctx.config.answer_sentences,
+                                 cited_texts=[outputs.get(s, "") for s in ans.inputs])
+    if ctx.extractive:
+        record_extractive(ctx.tracer, "answerer", "final", messages, f"<answer>\n{text}\n</answer>")
+    return text
+

@@ -1,0 +1,203 @@
+"""Citations owned by code: the catalog of every snippet and page a run has seen.
+
+The catalog gives each retrieved snippet an id ``<node>-R<k>`` (search result k of plan
+node ``<node>``) and each fetched page ``<node>-F<n>`` (n counts fetches over the run),
+as in DecomposeR's citation catalog. Models only ever see evidence labelled with these
+ids and cite them in square brackets, ``[N1-R3]`` or ``[N1-R3, N2-F1]``. The code checks
+every cited id (:meth:`Catalog.check` lists unknown ones so the writer can be re-asked),
+and renders the reference list from the ids actually cited: nothing uncited is listed
+and nothing cited is missing.
+
+An id, once issued, always means the same snippet: a re-run search node continues its
+numbering instead of reusing numbers, and a snippet seen twice by one node keeps its id.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from deepr.records import Citation, Document, Hit
+
+ID_PATTERN = r"[A-Za-z][A-Za-z0-9_.\-]*?-[RF][0-9]+"
+_ID = re.compile(rf"^{ID_PATTERN}$")
+_BRACKET = re.compile(r"\[([^\[\]\n]{1,400})\](?!\()")
+_LINK = re.compile(r"\[[^\[\]\n]*\]\((?:https?:|www\.)[^)]*\)")
+_LATEX_CITE = re.compile(r"\\cite[pt]?\{([^{}]*)\}")
+_CITE_TAG = re.compile(r"<cite\s+id=[\"']([^\"']+)[\"']\s*/?>(.*?)(?:</cite>|(?=<cite)|$)", re.S | re.I)
+_WIDE = str.maketrans({"【": "[", "】": "]", "［": "[", "］": "]", "，": ","})
+_NUMERIC = re.compile(r"^\s*\^?\d+(?:\s*[,;\-–]\s*\^?\d+)*\s*$")
+
+
+@dataclass
+class Entry:
+    """One citable source: a search snippet or a fetched page."""
+
+    id: str
+    kind: str  # "search" | "fetch"
+    node: str
+    doc_id: str
+    passage_id: str
+    title: str
+    text: str
+    url: str | None = None
+    query: str = ""
+    score: float = 0.0
+
+    def citation(self) -> Citation:
+        return Citation(doc_id=self.doc_id, title=self.title, text=self.text, url=self.url,
+                        kind=self.kind, node=self.node, passage_id=self.passage_id)
+
+
+def normalize(text: str) -> str:
+    """Rewrite common foreign citation styles into ``[id, id]`` markers.
+
+    Open models often write ``\\cite{N1-R3}``, ``<cite id="N1-R3">claim</cite>`` or
+    full-width brackets; these carry the same ids and are accepted.
+    """
+    text = text.translate(_WIDE)
+    text = _LATEX_CITE.sub(lambda m: "[" + ", ".join(p.strip() for p in m.group(1).split(",")) + "]", text)
+    return _CITE_TAG.sub(lambda m: f"{m.group(2).strip()} [{m.group(1).strip()}]", text)
+
+
+def _tokens(inner: str) -> list[str]:
+    return [t for t in re.split(r"[\s,;]+", inner.strip()) if t]
+
+
+def cited_ids(text: str) -> list[str]:
+    """Ids cited in ``text`` in order of first appearance (only well-formed ids)."""
+    out: dict[str, None] = {}
+    for m in _BRACKET.finditer(text):
+        toks = _tokens(m.group(1))
+        if toks and all(_ID.match(t) for t in toks):
+            for t in toks:
+                out.setdefault(t, None)
+    return list(out)
+
+
+def style_errors(text: str) -> list[str]:
+    """Citation attempts in a form the code cannot resolve: numbers and links."""
+    errors = []
+    for m in _BRACKET.finditer(text):
+        if _NUMERIC.match(m.group(1)):
+            errors.append(f"'[{m.group(1)}]' is a numbered citation; cite evidence ids such as [N1-R2] instead")
+    if _LINK.search(text):
+        errors.append("the text contains markdown links to URLs; cite evidence ids in brackets instead, "
+                      "the reference list is added by the system")
+    return errors
+
+
+def strip_ids(text: str, drop: Iterable[str]) -> str:
+    """Remove the given ids from citation markers (a marker left empty disappears)."""
+    bad = set(drop)
+
+    def fix(m: re.Match) -> str:
+        toks = _tokens(m.group(1))
+        if not toks or not all(_ID.match(t) for t in toks):
+            return m.group(0)
+        keep = [t for t in toks if t not in bad]
+        return f"[{', '.join(keep)}]" if keep else "\0"
+
+    return re.sub(r"[ \t]*\0", "", _BRACKET.sub(fix, text))
+
+
+class Catalog:
+    """Every citable source of one run, by id."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, Entry] = {}
+        self._next_r: dict[str, int] = defaultdict(int)
+        self._next_f = 0
+        self._by_key: dict[tuple[str, str, str], str] = {}
+
+    def __contains__(self, cid: str) -> bool:
+        return cid in self.entries
+
+    def __getitem__(self, cid: str) -> Entry:
+        return self.entries[cid]
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def add_hits(self, node: str, hits: Sequence[Hit], query: str = "") -> list[str]:
+        """Register search results of ``node`` (in rank order); returns their ids."""
+        ids = []
+        for h in hits:
+            key = ("search", node, h.id)
+            if key not in self._by_key:
+                self._next_r[node] += 1
+                cid = f"{node}-R{self._next_r[node]}"
+                self._by_key[key] = cid
+                self.entries[cid] = Entry(cid, "search", node, h.doc_id, h.id, h.title, h.text, h.url,
+                                          query, float(h.score))
+            ids.append(self._by_key[key])
+        return ids
+
+    def add_page(self, node: str, doc: Document) -> str:
+        """Register a fetched page under the node whose result led to it; returns its id."""
+        key = ("fetch", node, doc.id)
+        if key not in self._by_key:
+            self._next_f += 1
+            cid = f"{node}-F{self._next_f}"
+            self._by_key[key] = cid
+            self.entries[cid] = Entry(cid, "fetch", node, doc.id, doc.id, doc.title, doc.text, doc.url)
+        return self._by_key[key]
+
+    def resolve(self, ref: str) -> Entry | None:
+        """A catalog id, passage id, doc id or URL that some search returned, else None.
+
+        This is how a model's fetch request is mapped to a page: only what a search
+        showed can be opened, never an arbitrary URL or path.
+        """
+        ref = ref.strip().strip("[]")
+        if ref in self.entries:
+            return self.entries[ref]
+        for e in self.entries.values():
+            if e.kind == "search" and ref in (e.passage_id, e.doc_id, e.url or "\0"):
+                return e
+        return None
+
+    def check(self, text: str, allowed: Iterable[str] | None = None, *, require: bool = False) -> list[str]:
+        """Problems with the citations of ``text``; empty when every cited id is usable.
+
+        ``allowed`` limits ids to the evidence shown to the writer (an id it was not shown
+        is treated as invented); ``require`` demands at least one citation.
+        """
+        ids = cited_ids(text)
+        ok = set(self.entries) if allowed is None else set(allowed) & set(self.entries)
+        unknown = [i for i in ids if i not in ok]
+        errors = style_errors(text)
+        if unknown:
+            shown = sorted(ok)[:6]
+            errors.append(f"unknown citation ids {', '.join(unknown)}: cite only ids from the evidence "
+                          f"list you were given (e.g. {', '.join(shown) or 'none available'})")
+        if require and not ids and ok:
+            errors.append("no citation: support the claims with evidence ids in brackets, e.g. "
+                          f"[{sorted(ok)[0]}]")
+        return errors
+
+    def evidence(self, ids: Sequence[str], max_chars: int = 700) -> str:
+        """Evidence block shown to a model: one ``[id] title: text`` entry per id."""
+        lines = []
+        for cid in ids:
+            e = self.entries[cid]
+            text = " ".join(e.text.split())
+            if len(text) > max_chars:
+                text = text[:max_chars].rsplit(" ", 1)[0] + " …"
+            lines.append(f"[{cid}] {e.title}: {text}")
+        return "\n".join(lines)
+
+    def citations(self, ids: Iterable[str]) -> dict[str, Citation]:
+        return {cid: self.entries[cid].citation() for cid in ids}
+
+    def references(self, ids: Sequence[str]) -> str:
+        """Markdown reference list for ``ids`` (callers pass exactly the cited ids)."""
+        lines = []
+        for cid in ids:
+            e = self.entries[cid]
+            where = f" <{e.url}>" if e.url else ""
+            kind = "full page" if e.kind == "fetch" else "snippet"
+            lines.append(f"- [{cid}] {e.title or e.doc_id} ({kind} of `{e.doc_id}`){where}")
+        return "\n".join(lines)

@@ -1,0 +1,128 @@
+"""dag mode: DecomposeR two-turn planning and wave answering, with DuMate scheduling options.
+
+Flow (DecomposeR §3.2; DuMate §2.2): planner turn 1 emits G0 → every search node runs
+(top-k, or an inner search agent with ``--search-rounds``) → planner turn 2 sees the results
+and emits G1 plus a fetch list → only new or modified search nodes re-run (unchanged ones
+reuse their results) and the listed pages are fetched → with ``--rubric-scaffold`` a
+persistent rubric conditions the writer and ephemeral gap rubrics trigger further planning
+cycles up to ``--max-cycles`` → the answerer writes aggregate nodes by ready frontier (one
+model turn per wave) and finally the answer node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from deepr.records import Plan
+
+from deepr.agent.answerer import write_final, write_wave
+from deepr.agent.env import Ctx
+from deepr.agent.planner import initial_plan, revise_plan
+from deepr.agent.rubric import ephemeral_rubric, persistent_rubric
+from deepr.agent.search_agent import run_search_node
+
+
+@dataclass
+class DagOutcome:
+    plan: Plan
+    outputs: dict[str, str]
+    answer: str
+    waves: list[list[str]]
+    rubric: list[dict[str, Any]] = field(default_factory=list)
+
+
+def ready_frontier(plan: Plan, done: set[str], kinds: tuple[str, ...] = ("search", "aggregate")) -> list[str]:
+    """Unexecuted nodes of the given kinds whose inputs are all done (DuMate Eq. 3)."""
+    return [n.id for n in plan.nodes if n.type in kinds and n.id not in done and all(p in done for p in n.inputs)]
+
+
+def changed_search_nodes(old: Plan, new: Plan, *, key_points_matter: bool = False) -> tuple[list[str], list[str]]:
+    """(search nodes of ``new`` to run, search nodes whose results are reused).
+
+    A node is reused when ``old`` has a search node with the same id and the same query
+    (and, when an inner search agent uses them, the same key points).
+    """
+    before = {n.id: n for n in old.nodes if n.type == "search"}
+    run, reuse = [], []
+    for n in new.nodes:
+        if n.type != "search":
+            continue
+        prev = before.get(n.id)
+        same = prev is not None and " ".join((prev.query or "").split()) == " ".join((n.query or "").split())
+        if same and key_points_matter:
+            same = prev.key_points == n.key_points
+        (reuse if same else run).append(n.id)
+    return run, reuse
+
+
+async def execute_searches(ctx: Ctx, plan: Plan, results: dict[str, list[str]], only: list[str] | None) -> None:
+    """Run the ready search nodes (all of them, or ``only`` these) concurrently."""
+    frontier = [nid for nid in ready_frontier(plan, set(), ("search",)) if only is None or nid in only]
+    nodes = {n.id: n for n in plan.nodes}
+    found = await asyncio.gather(*(run_search_node(ctx, nodes[nid]) for nid in frontier))
+    results.update(zip(frontier, found))
+
+
+async def apply_revision(ctx: Ctx, old: Plan, new: Plan, fetch: list[str], results: dict[str, list[str]],
+                         cycle: int) -> None:
+    run, reuse = changed_search_nodes(old, new, key_points_matter=ctx.config.search_rounds > 1)
+    dropped = [nid for nid in results if nid not in run + reuse]
+    for nid in dropped + run:
+        results.pop(nid, None)
+    ctx.tracer.decide(f"cycle {cycle}: re-run {len(run)} new or modified search nodes, reuse {len(reuse)}",
+                      rerun=run, reused=reuse, dropped=dropped)
+    await execute_searches(ctx, new, results, only=run)
+    for ref in fetch[: ctx.config.fetch_limit]:
+        ctx.fetch(ref)
+
+
+async def answer_plan(ctx: Ctx, query: str, plan: Plan, results: dict[str, list[str]],
+                      rubric: list[dict[str, Any]]) -> tuple[dict[str, str], list[list[str]], str]:
+    """Write aggregates wave by wave (ready frontier), then the answer node."""
+    done = {n.id for n in plan.nodes if n.type == "search"}
+    outputs: dict[str, str] = {}
+    executed: list[list[str]] = []
+    while frontier := ready_frontier(plan, done, ("aggregate",)):
+        executed.append(frontier)
+        outputs.update(await write_wave(ctx, query, plan, frontier, results, outputs, rubric,
+                                        wave_no=len(executed)))
+        done.update(frontier)
+    answer = await write_final(ctx, query, plan, outputs, rubric)
+    return outputs, executed, answer
+
+
+async def run_dag(ctx: Ctx, query: str) -> DagOutcome:
+    cfg, tr = ctx.config, ctx.tracer
+    results: dict[str, list[str]] = {}
+    with tr.phase("plan"):
+        plan = await initial_plan(ctx, query)
+    with tr.phase("search"):
+        await execute_searches(ctx, plan, results, only=None)
+    with tr.phase("revise"):
+        revised, fetch = await revise_plan(ctx, query, plan, results, cycle=1)
+        await apply_revision(ctx, plan, revised, fetch, results, cycle=1)
+    plan, rubric, cycle = revised, [], 1
+    if cfg.rubric_scaffold:
+        with tr.phase("rubric"):
+            rubric = await persistent_rubric(ctx, query, plan)
+        while True:
+            with tr.phase("rubric"):
+                gaps = await ephemeral_rubric(ctx, query, plan, results, rubric, cycle)
+            if not gaps:
+                tr.decide(f"cycle {cycle}: no evidence gaps left, planning stops")
+                break
+            if cycle >= cfg.max_cycles:
+                tr.decide(f"cycle {cycle}: {len(gaps)} gaps remain but --max-cycles {cfg.max_cycles} is reached",
+                          gaps=[g["name"] for g in gaps])
+                break
+            cycle += 1
+            with tr.phase("revise"):
+                revised, fetch = await revise_plan(ctx, query, plan, results, gaps=gaps, cycle=cycle)
+                await apply_revision(ctx, plan, revised, fetch, results, cycle=cycle)
+            plan = revised
+    with tr.phase("answer"):
+        outputs, executed, answer = await answer_plan(ctx, query, plan, results, rubric)
+    tr.extra.update(waves=executed, cycles=cycle, results=results, node_outputs=outputs)
+    return DagOutcome(plan, outputs, answer, executed, rubric)

@@ -1,0 +1,149 @@
+"""dag planner (DecomposeR §3.2–3.3): initial plan G0 from the query, revised plan G1 after search.
+
+LLM path: our prompt, :func:`~deepr.agent.ask.ask_structured` with the plan validator as the
+check, so an invalid plan is re-asked with the validator's exact messages (bounded); a plan
+that never validates is recorded as a failure and the run falls back (extractive G0, or the
+previous plan for a revision). Extractive path (SPEC §9): search nodes from clusters of the
+query's retrieval results, aggregates over related clusters (see :mod:`deepr.agent.plan_extractive`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from deepr.plan import validate_plan
+from deepr.records import Plan
+
+from deepr.agent.ask import ask_structured, record_extractive
+from deepr.agent.env import Ctx
+from deepr.agent.plan_extractive import extractive_plan, extractive_revision
+
+PLANNER_SYSTEM = """You are the planner of a research agent. You break a research question into a typed \
+graph of small steps (a directed acyclic graph) that other components execute.
+
+Node types:
+- search: {"id": "N1", "type": "search", "query": "<a focused search query>", "key_points": ["<what its \
+results should establish>", ...]}
+- aggregate: {"id": "N5", "type": "aggregate", "need": "<the conclusion this synthesis step must reach>", \
+"key_points": ["<point its write-up must cover>", ...], "inputs": ["N1", "N2"]}
+- answer: exactly one, {"id": "N8", "type": "answer", "need": "<the final deliverable>", "inputs": ["N5", "N6"]}
+
+An edge is an entry of "inputs": the node reads the output of the listed node.
+Rules:
+1. Ids are short and unique (N1, N2, ...). Search nodes have no inputs.
+2. The answer node reads aggregate nodes and nothing reads the answer node.
+3. No cycles; every aggregate node must lead to the answer node.
+4. Write 3 to 6 search nodes on distinct facets (background, mechanisms, comparisons and alternatives, \
+quantitative evidence, risks and failures, open questions). One search node may feed several aggregates, \
+and an aggregate may read other aggregates.
+5. Reply with the JSON object only, no prose."""
+
+INITIAL_USER = "Research question:\n{query}\n\nWrite the initial plan as {{\"nodes\": [...]}}."
+
+REVISION_USER = """Research question:
+{query}
+
+Current plan:
+{plan}
+
+Search results of each search node (cite or fetch them by the id in brackets):
+{results}
+{gaps}
+Revise the plan in the light of these results:
+- keep a search node unchanged (same id and query) when its results are useful: they are reused;
+- rewrite or drop search nodes whose results are off-topic or empty; add search nodes for what is missing;
+- adjust the aggregate nodes so each one can be written from its inputs.
+Also choose at most {fetch_limit} results whose full page would help most, by id.
+Reply with the JSON object only: {{"nodes": [...], "fetch": ["N1-R2", ...]}}."""
+
+
+def plan_json(plan: Plan) -> str:
+    return json.dumps({"nodes": [n.model_dump(exclude_none=True) for n in plan.nodes]}, ensure_ascii=False)
+
+
+def initial_messages(query: str) -> list[dict[str, str]]:
+    return [{"role": "system", "content": PLANNER_SYSTEM},
+            {"role": "user", "content": INITIAL_USER.format(query=query)}]
+
+
+def revision_messages(ctx: Ctx, query: str, plan: Plan, results: dict[str, list[str]],
+                      gaps: Sequence[dict[str, Any]] = ()) -> list[dict[str, str]]:
+    blocks = []
+    for n in plan.nodes:
+        if n.type == "search":
+            ids = results.get(n.id, [])
+            body = ctx.catalog.evidence(ids, max_chars=300) if ids else "(no results)"
+            blocks.append(f"### {n.id}: {n.query}\n{body}")
+    gap_text = ""
+    if gaps:
+        gap_text = ("\nEvidence gaps found after the last cycle; close them with new or rewritten search "
+                    "nodes:\n" + "\n".join(f"- {g.get('name', '')}: {g.get('guidance') or g.get('description', '')}"
+                                           for g in gaps) + "\n")
+    user = REVISION_USER.format(query=query, plan=plan_json(plan), results="\n\n".join(blocks), gaps=gap_text,
+                                fetch_limit=ctx.config.fetch_limit)
+    return [{"role": "system", "content": PLANNER_SYSTEM}, {"role": "user", "content": user}]
+
+
+def _plan_check(value: Any) -> list[str]:
+    return validate_plan(value)[1]
+
+
+def _fetch_check(ctx: Ctx, value: Any) -> list[str]:
+    fetch = value.get("fetch", []) if isinstance(value, dict) else []
+    if not isinstance(fetch, list) or not all(isinstance(f, str) for f in fetch):
+        return ["'fetch' must be a list of result ids (strings), e.g. [\"N1-R2\"]"]
+    errors = []
+    if len(fetch) > ctx.config.fetch_limit:
+        errors.append(f"'fetch' lists {len(fetch)} items; choose at most {ctx.config.fetch_limit}")
+    unknown = [f for f in fetch if ctx.catalog.resolve(f) is None]
+    if unknown:
+        errors.append(f"'fetch' names {', '.join(unknown)}, which no search returned; use result ids shown "
+                      "in brackets")
+    return errors
+
+
+async def initial_plan(ctx: Ctx, query: str, *, cycle: int = 1) -> Plan:
+    """Planner turn 1: G0 from the query alone."""
+    messages = initial_messages(query)
+    if ctx.extractive:
+        plan = extractive_plan(ctx, query)
+        record_extractive(ctx.tracer, "planner", "plan", messages, {"nodes": json.loads(plan_json(plan))["nodes"]})
+        ctx.tracer.plan(plan, cycle=cycle, turn="initial", by="extractive")
+        return plan
+    parsed = await ask_structured(ctx.tracer, ctx.llm, messages, role="planner", action="plan", want="object",
+                                  check=_plan_check, max_reasks=ctx.config.max_reasks, **ctx.config.chat_kw())
+    if parsed.ok:
+        plan = validate_plan(parsed.value)[0]
+        ctx.tracer.plan(plan, cycle=cycle, turn="initial", by="llm", attempts=parsed.attempts)
+        return plan
+    plan = extractive_plan(ctx, query)
+    ctx.tracer.decide("initial plan written by the extractive planner because the model's plan never "
+                      "validated", reason=parsed.error)
+    ctx.tracer.plan(plan, cycle=cycle, turn="initial", by="extractive-fallback")
+    return plan
+
+
+async def revise_plan(ctx: Ctx, query: str, plan: Plan, results: dict[str, list[str]], *,
+                      gaps: Sequence[dict[str, Any]] = (), cycle: int = 1) -> tuple[Plan, list[str]]:
+    """Planner turn 2 (and gap-driven re-planning): revised plan plus the fetch list."""
+    messages = revision_messages(ctx, query, plan, results, gaps)
+    if ctx.extractive:
+        revised, fetch = extractive_revision(ctx, query, plan, results, gaps)
+        value = {"nodes": json.loads(plan_json(revised))["nodes"], "fetch": fetch}
+        record_extractive(ctx.tracer, "planner", "revise", messages, value)
+        ctx.tracer.plan(revised, cycle=cycle, turn="revised", fetch=fetch, by="extractive")
+        return revised, fetch
+    parsed = await ask_structured(
+        ctx.tracer, ctx.llm, messages, role="planner", action="revise", want="object",
+        check=lambda v: _plan_check(v) or _fetch_check(ctx, v), max_reasks=ctx.config.max_reasks,
+        **ctx.config.chat_kw())
+    if not parsed.ok:
+        ctx.tracer.decide("kept the previous plan because the revision never validated", reason=parsed.error)
+        ctx.tracer.plan(plan, cycle=cycle, turn="revised", fetch=[], by="previous-plan")
+        return plan, []
+    revised = validate_plan(parsed.value)[0]
+    fetch = list(parsed.value.get("fetch", []))
+    ctx.tracer.plan(revised, cycle=cycle, turn="revised", fetch=fetch, by="llm", attempts=parsed.attempts)
+    return revised, fetch

@@ -1,0 +1,148 @@
+"""``deepr run`` as a plain function: query in, cited report + audit trace + trajectory out.
+
+    from deepr.agent import RunConfig, run_agent
+    result = run_agent("How do vaccines work?", tools=ResearchTools(retriever), llm=get_llm("extractive"),
+                       config=RunConfig(mode="dag"))
+    result.markdown, result.trace (report.json), result.trajectory (for --record)
+
+:func:`write_report` writes ``report.md``, the ``report.json`` sidecar, ``report.html`` with
+``html=True`` and the ``report.md.meta.json`` provenance file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deepr.io import write_json, write_meta, write_text
+from deepr.llm.base import LLM, run_sync
+from deepr.records import RubricItem, RunTrace, Trajectory
+
+from deepr.agent.citations import cited_ids
+from deepr.agent.decor import DecorOutcome, run_decor
+from deepr.agent.dag import DagOutcome, run_dag
+from deepr.agent.env import Ctx, RunConfig
+from deepr.agent.extract import shorten
+from deepr.agent.render import (EXTRACTIVE_NOTE, GNode, Graph, ReportDoc, Section, plan_graph, render_html,
+                                render_markdown)
+from deepr.agent.trace import Tracer
+from deepr.agent.warp import WarpOutcome, run_warp
+
+
+@dataclass
+class RunResult:
+    query: str
+    mode: str
+    markdown: str
+    html: str | None
+    answer: str
+    trace: RunTrace
+    trajectory: Trajectory
+    seconds: float
+
+
+def trajectory_id(query: str, mode: str, query_id: str | None = None) -> str:
+    if query_id:
+        return f"{query_id}:{mode}"
+    return f"run-{mode}-" + hashlib.sha1(" ".join(query.split()).encode("utf-8")).hexdigest()[:12]
+
+
+def _question(query: str) -> str:
+    text = query.strip()
+    if cited_ids(text):  # keep the report's citation invariant: the question cites nothing
+        text = text.replace("[", "(").replace("]", ")")
+    return "\n".join(f"> {ln}" if ln.strip() else ">" for ln in text.splitlines())
+
+
+def _fallback_note(tracer: Tracer) -> list[str]:
+    parts = [p for d in tracer.decisions for p in d.get("fallback", [])]
+    if not parts:
+        return []
+    return [f"Written by the extractive writer because the model's replies failed their checks: "
+            f"{', '.join(parts)} (reasons in the sidecar's failures)."]
+
+
+def _dag_doc(out: DagOutcome) -> tuple[str, list[Section], Graph]:
+    by_id = {n.id: n for n in out.plan.nodes}
+    sections = [Section("Answer", out.answer), Section("Findings by research step", "")]
+    sections += [Section(f"{nid}: {by_id[nid].need}", out.outputs.get(nid, ""), 3) for w in out.waves for nid in w]
+    rows = ["| node | type | query / need | inputs |", "|---|---|---|---|"]
+    rows += [f"| {n.id} | {n.type} | {(n.query or n.need or '').replace('|', '/')} | {', '.join(n.inputs)} |"
+             for n in out.plan.nodes]
+    sections.append(Section("Research plan", "\n".join(rows) + "\n\nWaves: " +
+                            " → ".join("{" + ", ".join(w) + "}" for w in out.waves)))
+    return out.answer, sections, plan_graph(out.plan)
+
+
+def _warp_doc(out: WarpOutcome) -> tuple[str, list[Section], Graph]:
+    body = out.outline.markdown().split("\n", 1)[1]
+    g = Graph([GNode("report", out.outline.title, "report")])
+    for s in out.outline.walk():
+        g.nodes.append(GNode(f"section-{s.pos}", s.title, "section"))
+        parent = s.pos.rsplit(".", 1)[0] if "." in s.pos else None
+        g.edges.append((f"section-{parent}" if parent else "report", f"section-{s.pos}"))
+    return body, [Section(None, body)], g
+
+
+def _decor_doc(out: DecorOutcome) -> tuple[str, list[Section], Graph]:
+    mem = "\n".join(f"- **{m.query}**: {m.evidence}" for m in out.memory) or "(no evidence was kept)"
+    g = Graph([GNode(f"S{i}", q, "step") for i, q in enumerate(out.queries, 1)] + [GNode("answer", "answer", "answer")])
+    chain = [n.id for n in g.nodes]
+    g.edges = list(zip(chain, chain[1:]))
+    return out.answer, [Section("Answer", out.answer), Section("Evidence gathered", mem)], g
+
+
+async def arun_agent(query: str, *, tools: Any, llm: LLM, config: RunConfig, query_id: str | None = None,
+                     rubrics: Sequence[RubricItem] = (), on_phase: Callable[[str], None] | None = None,
+                     html: bool = False) -> RunResult:
+    """Run one query in ``config.mode``; see the module docstring."""
+    if not query or not query.strip():
+        raise ValueError("the query is empty: pass the research question as text")
+    tracer = Tracer(query, config.mode, on_phase=on_phase)
+    ctx = Ctx(llm=llm, tools=tools, config=config, tracer=tracer)
+    if config.mode == "dag":
+        answer, sections, graph = _dag_doc(await run_dag(ctx, query))
+    elif config.mode == "warp":
+        answer, sections, graph = _warp_doc(await run_warp(ctx, query))
+    else:
+        answer, sections, graph = _decor_doc(await run_decor(ctx, query))
+    notes = ([EXTRACTIVE_NOTE] if llm.is_extractive else []) + _fallback_note(tracer)
+    title = shorten(next(ln for ln in query.splitlines() if ln.strip()).strip(), 16)
+    doc = ReportDoc(title, [Section("Question", _question(query))] + sections, notes, graph)
+    with tracer.phase("render"):
+        md, citations, dropped = render_markdown(doc, ctx.catalog)
+        if dropped:
+            tracer.fail("render", f"removed citations of unknown ids {dropped}")
+        page = render_html(md, doc, citations) if html else None
+    trace = tracer.run_trace(md, citations, query_id=query_id, answer=answer, backend=llm.describe(),
+                             config=config.model_dump(), catalog_size=len(ctx.catalog))
+    traj = tracer.trajectory(trajectory_id(query, config.mode, query_id), md, rubrics, query_id=query_id,
+                             backend=llm.describe().get("backend"))
+    return RunResult(query, config.mode, md, page, answer, trace, traj, tracer.seconds())
+
+
+def run_agent(query: str, **kw: Any) -> RunResult:
+    """Synchronous :func:`arun_agent`."""
+    return run_sync(arun_agent(query, **kw))
+
+
+def sidecar_path(report: Path) -> Path:
+    return report.with_suffix(".json")
+
+
+def write_report(result: RunResult, out: Path, *, inputs: Sequence[Path] = ()) -> dict[str, Path]:
+    """Write report.md (atomically), its report.json trace, report.html and the meta sidecar."""
+    paths = {"report": out, "trace": sidecar_path(out)}
+    write_json(paths["trace"], result.trace.model_dump(mode="json"))
+    if result.html is not None:
+        paths["html"] = out.with_suffix(".html")
+        write_text(paths["html"], result.html)
+    write_text(out, result.markdown)
+    counts = {"citations": len(result.trace.citations), "model_calls": len(result.trace.calls),
+              "tool_calls": len(result.trace.tools), "failures": len(result.trace.model_extra.get("failures", []))}
+    paths["meta"] = write_meta(out, stage="run", config=result.trace.model_extra.get("config"), inputs=inputs,
+                               counts=counts, timings=result.trace.model_extra.get("timings"))
+    return paths

@@ -1,0 +1,119 @@
+"""The inner search agent of ``--search-rounds R`` (DuMate §2.2.2, two-level execution).
+
+A search node runs its query, then for up to R−1 more rounds reformulates (up to three
+new queries per round, never repeating one) until its key points are covered, and returns
+ONE consolidated evidence list: every distinct snippet found, ranked by similarity to the
+node's query and key points, the best ``2k`` kept and catalogued under the node's id.
+With R = 1 the node is a single top-k search.
+
+Extractive reformulation: the key points whose best snippet sentence stays below
+``gap_threshold`` become the next queries; all covered means done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from deepr.records import Hit, PlanNode
+
+from deepr.agent.ask import ask_structured, record_extractive
+from deepr.agent.env import Ctx
+from deepr.agent.extract import focus_query, shorten, split_sentences
+
+SEARCHER_SYSTEM = """You run the searches for one step of a research plan. Given the step's query, the \
+points it must establish and what the searches found so far, decide whether the points are covered. If \
+not, write up to 3 new search queries that target what is missing (never repeat an earlier query). \
+Reply with the JSON object only: {"done": false, "queries": ["..."]} or {"done": true, "queries": []}."""
+
+SEARCHER_USER = """Step {nid}: {query}
+Points to establish:
+{points}
+Queries run so far: {queries}
+Found so far:
+{found}"""
+
+
+class Reformulation(BaseModel):
+    done: bool = False
+    queries: list[str] = Field(default_factory=list, max_length=3)
+
+
+def _norm(q: str) -> str:
+    return " ".join(q.lower().split())
+
+
+def _check(value: Reformulation, asked: Sequence[str]) -> list[str]:
+    if not value.done and not value.queries:
+        return ["give at least one new query, or set done to true"]
+    seen = {_norm(q) for q in asked}
+    repeats = [q for q in value.queries if _norm(q) in seen]
+    return [f"query {q!r} was already run; write a different one" for q in repeats]
+
+
+def _uncovered(ctx: Ctx, node: PlanNode, hits: Sequence[Hit]) -> list[str]:
+    if not node.key_points or not hits:
+        return []
+    sents = [s for h in hits for s in (split_sentences(h.text) or [h.text])]
+    best = (ctx.encode(list(node.key_points)) @ ctx.encode(sents).T).max(axis=1)
+    return [p for p, b in zip(node.key_points, best) if b < ctx.config.gap_threshold]
+
+
+async def _reformulate(ctx: Ctx, node: PlanNode, hits: Sequence[Hit], asked: list[str],
+                       round_no: int) -> list[str]:
+    found = "\n".join(f"- {h.title}: {shorten(h.text, 40)}" for h in hits) or "(nothing)"
+    messages = [{"role": "system", "content": SEARCHER_SYSTEM},
+                {"role": "user", "content": SEARCHER_USER.format(
+                    nid=node.id, query=node.query, points="\n".join(f"- {p}" for p in node.key_points) or "- (none)",
+                    queries="; ".join(asked), found=found)}]
+    if ctx.extractive:
+        seen = {_norm(q) for q in asked}
+        queries = [q for q in (focus_query(p, 16) for p in _uncovered(ctx, node, hits)) if _norm(q) not in seen][:3]
+        record_extractive(ctx.tracer, "searcher", "search", messages, {"done": not queries, "queries": queries},
+                          node=node.id, round=round_no)
+        return queries
+    parsed = await ask_structured(ctx.tracer, ctx.llm, messages, role="searcher", action="search",
+                                  schema=Reformulation, check=lambda v: _check(v, asked),
+                                  max_reasks=ctx.config.max_reasks, turn_extra={"node": node.id, "round": round_no},
+                                  **ctx.config.chat_kw())
+    if not parsed.ok:
+        ctx.tracer.decide(f"search agent of {node.id} stopped: its reformulation failed", reason=parsed.error)
+        return []
+    return [] if parsed.value.done else list(parsed.value.queries)
+
+
+def _consolidate(ctx: Ctx, node: PlanNode, pool: list[Hit], keep: int) -> list[Hit]:
+    targets = [node.query or "", *node.key_points]
+    sim = ctx.encode([h.text for h in pool]) @ ctx.encode(targets).T
+    score = 0.5 * sim[:, 0] + 0.5 * sim.max(axis=1)
+    return [pool[i] for i in np.argsort(-score, kind="stable")[:keep]]
+
+
+async def run_search_node(ctx: Ctx, node: PlanNode) -> list[str]:
+    """Evidence ids of one search node after up to ``search_rounds`` rounds."""
+    rounds, k = ctx.config.search_rounds, ctx.config.k
+    if rounds == 1:
+        return ctx.search(node.id, node.query or "", round=1)
+    asked = [node.query or ""]
+    pool: dict[str, Hit] = {}
+    hits, _ = ctx.raw_search(asked[0], k, node=node.id, round=1)
+    pool.update((h.id, h) for h in hits)
+    used = 1
+    for r in range(2, rounds + 1):
+        queries = await _reformulate(ctx, node, list(pool.values()), asked, r)
+        if not queries:
+            break
+        used = r
+        for q in queries:
+            asked.append(q)
+            hits, _ = ctx.raw_search(q, k, node=node.id, round=r)
+            for h in hits:
+                pool.setdefault(h.id, h)
+    best = _consolidate(ctx, node, list(pool.values()), 2 * k) if pool else []
+    ids = ctx.catalog.add_hits(node.id, best, node.query or "")
+    ctx.tracer.tool("consolidate", node=node.id, rounds=used, queries=asked, ids=ids,
+                    passages=[h.id for h in best])
+    return ids
+

@@ -1,0 +1,119 @@
+"""The extractive writer (SPEC §9): an MMR summary of cited evidence covering key points.
+
+Used by every mode when no language model is configured, and as the recorded fallback
+when a model's section never passes its checks. Each selected sentence keeps the id of
+the snippet it came from, so the text is cited by construction.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from deepr.rewards.text import strip_citations
+
+from deepr.agent.citations import cited_ids
+from deepr.agent.env import Ctx
+from deepr.agent.extract import mmr, split_sentences
+
+NO_EVIDENCE = "No evidence was retrieved for this part."
+MIN_RELEVANCE = 0.25  # below this a sentence is off-topic filler, better left out
+RELATIVE_FLOOR = 0.6  # ... and so is one far below the best match
+_END = re.compile(r"([.!?。！？][\"'”’)]*)\s*$")
+
+
+def cite(sentence: str, cid: str) -> str:
+    """Attach ``[cid]`` before the sentence's final punctuation."""
+    sentence = sentence.strip()
+    m = _END.search(sentence)
+    if m:
+        return f"{sentence[:m.start()].rstrip()} [{cid}]{m.group(1)}"
+    return f"{sentence} [{cid}]"
+
+
+_LEADING_CITE = re.compile(r"^((?:\s*\[[^\[\]]+\])+)\s*")
+
+
+def cited_sentences(text: str) -> list[str]:
+    """Sentences of an already-cited text; a marker written after the full stop ("claim. [N1-R2]")
+    is moved back onto the sentence it closes instead of opening the next one."""
+    out: list[str] = []
+    for s in split_sentences(text):
+        m = _LEADING_CITE.match(s)
+        if m and cited_ids(m.group(1)) and out:
+            out[-1] = f"{out[-1]} {m.group(1).strip()}"
+            s = s[m.end():]
+        if s.strip():
+            out.append(s.strip())
+    return out
+
+
+def candidates(ctx: Ctx, ids: Sequence[str], cited_texts: Iterable[str] = (),
+               avoid: Iterable[str] = ()) -> list[tuple[str, str]]:
+    """(plain sentence, cited sentence) pairs from sources ``ids`` and already-cited texts.
+
+    Sentences of ``cited_texts`` (earlier sections) are kept only where they carry a
+    citation; sentences in ``avoid`` (used elsewhere in the report) are left out.
+    """
+    skip = {" ".join(strip_citations(a).split()) for a in avoid}
+    out: dict[str, str] = {}
+    for text in cited_texts:
+        for s in cited_sentences(text):
+            plain = " ".join(strip_citations(s).split())
+            if cited_ids(s) and len(plain) > 20 and plain not in skip:
+                out.setdefault(plain, s.strip())
+    for cid in ids:
+        for s in ctx.sentences(cid):
+            plain = " ".join(s.split())
+            if len(plain) > 20 and plain not in skip:
+                out.setdefault(plain, cite(plain, cid))
+    return list(out.items())
+
+
+def select(ctx: Ctx, cands: Sequence[tuple[str, str]], targets: Sequence[str], k: int,
+           chosen: Sequence[int] = (), floor: float = MIN_RELEVANCE) -> list[int]:
+    """Indices of ``k`` candidates: the best sentence for each target first, then MMR."""
+    targets = [t for t in targets if t and t.strip()]
+    if not cands or not targets or k <= 0:
+        return []
+    svec = ctx.encode([c[0] for c in cands])
+    sim = np.clip(svec @ ctx.encode(list(targets)).T, 0.0, 1.0)
+    relevance = 0.5 * sim[:, 0] + 0.5 * sim.max(axis=1)
+    picked = list(chosen)
+    out: list[int] = []
+    for t in range(1, sim.shape[1]):  # cover each key point with its best unused sentence
+        order = [int(i) for i in np.argsort(-sim[:, t], kind="stable") if int(i) not in picked]
+        if order and sim[order[0], t] >= 0.3 and len(out) < k:
+            picked.append(order[0])
+            out.append(order[0])
+    # Relative floor: once a strong match exists, weak ones are filler even above the absolute floor.
+    floor = max(floor, RELATIVE_FLOOR * float(relevance.max())) if floor > 0 else 0.0
+    out += mmr(relevance, svec, k - len(out), lam=0.8, chosen=picked, min_relevance=floor)
+    return out
+
+
+def write(ctx: Ctx, targets: Sequence[str], ids: Sequence[str], k: int, *,
+          cited_texts: Iterable[str] = (), avoid: Iterable[str] = ()) -> str:
+    """One extractive paragraph answering ``targets[0]`` and covering ``targets[1:]``."""
+    cands = candidates(ctx, ids, cited_texts, avoid)
+    picked = select(ctx, cands, targets, k)
+    return " ".join(cands[i][1] for i in picked) if picked else NO_EVIDENCE
+
+
+def write_by_parts(ctx: Ctx, question: str, parts: Sequence[str], ids: Sequence[str], k: int, *,
+                   cited_texts: Iterable[str] = ()) -> str:
+    """An answer with one paragraph per sub-question (a single question: one paragraph)."""
+    if len(parts) < 2:
+        return write(ctx, [question], ids, k, cited_texts=cited_texts)
+    cands = candidates(ctx, ids, cited_texts)
+    used: list[int] = []
+    paragraphs = []
+    per = max(2, k // len(parts))
+    for part in parts:
+        picked = select(ctx, cands, [part, question], per, chosen=used)
+        used += picked
+        body = " ".join(cands[i][1] for i in picked) if picked else NO_EVIDENCE
+        paragraphs.append(f"**{part.strip()}** {body}")
+    return "\n\n".join(paragraphs)

@@ -1,0 +1,241 @@
+"""``deepr run``: the research agent on one query, or on a file of queries (resumable by id).
+
+Inputs: a question (or ``--queries FILE``: JSONL with ``id`` and ``question`` / ``query`` /
+``prompt``, or a text file with one question per line), a corpus and an LLM backend.
+Outputs: ``report.md``, the ``report.json`` audit sidecar, ``report.html`` with ``--html``,
+``report.md.meta.json``; ``--record`` appends the run as a training trajectory. With
+``--queries``, ``--out`` is a folder holding ``<id>.md`` / ``<id>.json`` per query and a
+``reports.jsonl`` index that marks finished ids (re-running skips them).
+
+    deepr run "Why did the Bronze Age collapse?" --out report.md --mode dag --html
+    deepr run --queries verified.jsonl --out reports/ --mode warp --force-expand 6 --record traj.jsonl
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from deepr.cli.app import app, console, summary_table, user_errors
+
+MODES = ("dag", "warp", "decor")
+_FLAGS = {"k": "-k", "search_rounds": "--search-rounds", "max_cycles": "--max-cycles", "mode": "--mode",
+          "force_expand": "--force-expand", "decor_steps": "--steps", "memory_limit": "--memory-limit",
+          "max_reasks": "--max-reasks", "temperature": "--temperature", "max_tokens": "--max-tokens"}
+QUERY_FIELDS = ("question", "query", "prompt")
+
+
+def _config(**kw: Any) -> Any:
+    from pydantic import ValidationError
+
+    from deepr.agent import RunConfig
+
+    try:
+        return RunConfig(**kw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = str(err["loc"][0]) if err["loc"] else ""
+        flag = _FLAGS.get(field, f"--{field.replace('_', '-')}") if field else "options"
+        raise ValueError(f"{flag}: {err['msg']}") from None
+
+
+def load_queries(path: Path) -> list[dict[str, Any]]:
+    """Query records from JSONL (id + question/query/prompt) or a text file (one per line)."""
+    from deepr.io import RecordError, parse_line
+
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such queries file")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if path.suffix not in (".jsonl", ".json"):
+        return [{"id": f"q{n}", "query": ln.strip()} for n, ln in enumerate(lines, 1) if ln.strip()]
+    out, seen = [], set()
+    for n, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        rec = parse_line(raw, None, path, n)
+        text = next((rec[f] for f in QUERY_FIELDS if isinstance(rec.get(f), str) and rec[f].strip()), None)
+        if text is None:
+            raise RecordError(path, n, "needs a non-empty question text", field="question")
+        if "id" not in rec or not str(rec["id"]).strip():
+            raise RecordError(path, n, "needs an id (resuming skips finished ids)", field="id")
+        if str(rec["id"]) in seen:
+            raise RecordError(path, n, f"id {rec['id']!r} appears twice; ids must be unique", field="id")
+        seen.add(str(rec["id"]))
+        out.append({**rec, "id": str(rec["id"]), "query": text})
+    return out
+
+
+def _safe_name(qid: str) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", qid).strip("._")[:80] or "query"
+    return safe if safe == qid else f"{safe}-{hashlib.sha1(qid.encode()).hexdigest()[:6]}"
+
+
+def _stats(result: Any) -> list[tuple[str, Any]]:
+    tr = result.trace
+    extra = tr.model_extra or {}
+    rows = [("mode", result.mode), ("backend", extra.get("backend", {}).get("backend")),
+            ("wall seconds", round(result.seconds, 2)),
+            ("search calls", sum(1 for t in tr.tools if t["tool"] == "search")),
+            ("pages fetched", sum(1 for t in tr.tools if t["tool"] == "browse" and not t.get("refused"))),
+            ("model calls", len(tr.calls)), ("failed model calls", sum(1 for c in tr.calls if not c.ok)),
+            ("citations in report", len(tr.citations)), ("recorded failures", len(extra.get("failures", [])))]
+    if result.mode == "dag":
+        rows += [("plan nodes", len(tr.plans[-1]["plan"]["nodes"])), ("waves", len(extra.get("waves", [])))]
+    elif result.mode == "warp":
+        rows += [("expansions", extra.get("expansions")), ("drafts", len(result.trajectory.drafts))]
+    else:
+        rows += [("search steps", len(extra.get("queries", [])))]
+    return rows
+
+
+def _run_one(query: str, tools: Any, llm: Any, config: Any, *, html: bool, query_id: str | None = None,
+             rubrics: Any = (), label: str = "") -> Any:
+    from deepr.agent import run_agent
+
+    with console.status(f"{label}{config.mode}: starting") as status:
+        return run_agent(query, tools=tools, llm=llm, config=config, query_id=query_id, rubrics=rubrics,
+                         html=html, on_phase=lambda p: status.update(f"{label}{config.mode}: {p}"))
+
+
+def _unique(record: Path, base: str) -> str:
+    from deepr.io import done_ids
+
+    taken, n, cid = done_ids(record), 1, base
+    while cid in taken:
+        n += 1
+        cid = f"{base}#{n}"
+    return cid
+
+
+def _batch(items: list[dict[str, Any]], out: Path, tools: Any, llm: Any, config: Any, *, html: bool,
+           record: Path | None, limit: int | None = None) -> dict[str, Any]:
+    """Run every query not yet in ``out/reports.jsonl``; returns counts for the summary."""
+    from deepr.agent import write_report
+    from deepr.io import JsonlAppender, done_ids, rejects_path
+    from deepr.llm.base import LLMError
+    from deepr.records import Reject, RubricItem
+
+    index = out / "reports.jsonl"
+    done = done_ids(index)
+    todo = [it for it in items if it["id"] not in done][:limit]
+    recorded = done_ids(record) if record else set()
+    counts = {"queries": len(items), "already done": len(done & {i["id"] for i in items}), "run now": 0,
+              "rejected": 0, "seconds": 0.0}
+    with JsonlAppender(index) as sink, JsonlAppender(rejects_path(index)) as rejects:
+        for n, it in enumerate(todo, 1):
+            try:
+                rubrics = [RubricItem.model_validate(r) for r in it.get("rubrics", [])]
+                res = _run_one(it["query"], tools, llm, config, html=html, query_id=it["id"], rubrics=rubrics,
+                               label=f"[{n}/{len(todo)}] {it['id']} ")
+            except (ValueError, LLMError, RuntimeError) as e:
+                rejects.write(Reject(id=it["id"], stage="run", reason=str(e), record={"query": it["query"]}))
+                counts["rejected"] += 1
+                continue
+            paths = write_report(res, out / f"{_safe_name(it['id'])}.md")
+            if record and res.trajectory.id not in recorded:
+                with JsonlAppender(record) as traj:
+                    traj.write(res.trajectory)
+            sink.write({"id": it["id"], "query": it["query"], "mode": res.mode, "answer": res.answer,
+                        "report_path": str(paths["report"]), "trace_path": str(paths["trace"]),
+                        "seconds": round(res.seconds, 3), "citations": len(res.trace.citations),
+                        "failures": len(res.trace.model_extra.get("failures", [])),
+                        **{k: it[k] for k in ("answers", "rubrics") if k in it}})
+            counts["run now"] += 1
+            counts["seconds"] += res.seconds
+            console.print(f"{it['id']}: {res.seconds:.1f}s, {len(res.trace.citations)} citations -> {paths['report']}")
+    return counts
+
+
+@app.command("run")
+def run_command(
+    query: str | None = typer.Argument(None, help="The research question (leave out when using --queries)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Report path (.md); report.json (audit trace) and "
+                             "report.html go beside it. With --queries: a folder for all reports."),
+    mode: str = typer.Option("dag", "--mode", "-m", help="dag (plan graph + waves), warp (draft and deepen "
+                             "an outline) or decor (planner/filter/answerer for short answers)."),
+    corpus: str = typer.Option("wiki", "--corpus", "-c", help="Corpus: wiki, a .jsonl/.parquet file, a folder "
+                               "of .md/.txt, or hf:<dataset>[:<config>]."),
+    retriever: str = typer.Option("hybrid", "--retriever", "-r", help="dense, bm25 or hybrid ranking."),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Index cache (default $DEEPR_CACHE or "
+                                          "~/.cache/deepr)."),
+    llm: str = typer.Option("extractive", "--llm", envvar="DEEPR_LLM", help="extractive (no LLM), "
+                            "openai:<model>, hf:<path>[,adapter=<role>:<path>] or replay:<file>."),
+    base_url: str | None = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint URL."),
+    api_key: str | None = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="API key for --base-url."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Do not use the LLM response cache."),
+    timeout: float = typer.Option(120.0, "--timeout", help="Seconds before one model call times out."),
+    concurrency: int = typer.Option(8, "--concurrency", help="Model calls in flight at once."),
+    record: Path | None = typer.Option(None, "--record", help="Append the run as a training trajectory "
+                                       "(JSONL) for prune-trajectories."),
+    html: bool = typer.Option(False, "--html", help="Also write a self-contained HTML report with the plan graph."),
+    k: int = typer.Option(5, "-k", "--top-k", help="Results per search."),
+    search_rounds: int = typer.Option(1, "--search-rounds", help="dag: inner search agent rounds per node."),
+    rubric_scaffold: bool = typer.Option(False, "--rubric-scaffold", help="dag: persistent + ephemeral rubrics; "
+                                         "evidence gaps trigger more planning cycles."),
+    max_cycles: int = typer.Option(3, "--max-cycles", help="dag with --rubric-scaffold: most planning cycles."),
+    force_expand: int = typer.Option(0, "--force-expand", help="warp: expand exactly N times (teacher runs "
+                                     "for trajectory pruning)."),
+    steps: int = typer.Option(4, "--steps", help="decor: most planner/filter steps (T_max)."),
+    memory_limit: int = typer.Option(4096, "--memory-limit", help="decor: memory tokens before condensing."),
+    max_reasks: int = typer.Option(2, "--max-reasks", help="Re-asks per model turn after an unusable reply."),
+    queries: Path | None = typer.Option(None, "--queries", help="Run every query of this file (JSONL with id "
+                                        "and question, or one question per line); resumable by id."),
+    limit: int | None = typer.Option(None, "--limit", help="With --queries: run at most N pending queries."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Check the inputs and settings, run nothing."),
+) -> None:
+    """Research a question and write a cited report plus its full audit trace."""
+    with user_errors():
+        if mode not in MODES:
+            raise ValueError(f"--mode {mode!r}: choose one of {', '.join(MODES)}")
+        if (query is None) == (queries is None):
+            raise ValueError("give either a QUERY argument or --queries FILE (not both)")
+        if queries is None and out.suffix != ".md":
+            raise ValueError(f"--out {out}: a single run writes a .md report (report.json goes beside it)")
+        if queries is not None and out.suffix:
+            raise ValueError(f"--out {out}: with --queries, --out is a folder (e.g. reports/)")
+        if query is not None and not query.strip():
+            raise ValueError("the query is empty: pass the research question as text")
+        config = _config(mode=mode, k=k, search_rounds=search_rounds, rubric_scaffold=rubric_scaffold,
+                         max_cycles=max_cycles, force_expand=force_expand, decor_steps=steps,
+                         memory_limit=memory_limit, max_reasks=max_reasks)
+        items = load_queries(queries) if queries else []
+        if dry_run:
+            console.print(f"run: mode {mode}, llm {llm}, corpus {corpus}, "
+                          + (f"{len(items)} queries from {queries}" if queries else "1 query") + "; nothing run")
+            return
+        from deepr.corpus import ResearchTools, open_retriever
+        from deepr.llm import llm_from_flags
+
+        t0 = time.perf_counter()
+        tools = ResearchTools(open_retriever(corpus, retriever=retriever, cache_dir=cache_dir, progress=True), k=k)
+        model = llm_from_flags(llm, base_url, api_key, no_cache, timeout, concurrency)
+        if queries:
+            out.mkdir(parents=True, exist_ok=True)
+            counts = _batch(items, out, tools, model, config, html=html, record=record, limit=limit)
+            _finish_batch(out, queries, config, counts, time.perf_counter() - t0)
+            return
+        from deepr.agent import write_report
+
+        res = _run_one(query, tools, model, config, html=html)
+        paths = write_report(res, out)
+        if record:
+            from deepr.io import JsonlAppender
+
+            with JsonlAppender(record) as sink:
+                sink.write(res.trajectory.model_copy(update={"id": _unique(record, res.trajectory.id)}))
+    summary_table(f"deepr run — {out}", _stats(res) + [(f"wrote {k}", str(p)) for k, p in paths.items()])
+
+
+def _finish_batch(out: Path, queries: Path, config: Any, counts: dict[str, Any], seconds: float) -> None:
+    from deepr.io import write_meta
+
+    write_meta(out / "reports.jsonl", stage="run", config=config, inputs=[queries],
+               counts={k: v for k, v in counts.items() if k != "seconds"},
+               timings={"run_seconds": round(counts["seconds"], 3), "total_seconds": round(seconds, 3)})
+    counts["seconds"] = round(counts["seconds"], 1)
+    summary_table(f"deepr run — {out}", list(counts.items()))

@@ -1,0 +1,118 @@
+"""decor mode end to end: planner / filter / answerer with curated, condensed memory."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from deepr.agent import RunConfig, cited_ids, run_agent
+from deepr.llm.extractive import ExtractiveLLM
+from deepr.llm.replay import ReplayLLM
+
+QUERY = "Who was Adam Smith and which books is he known for?"
+LONG = ("Adam Smith is often called the father of economics.",) * 6  # ~60 words of evidence per step
+
+
+@pytest.fixture(scope="module")
+def tools(retriever):
+    from deepr.corpus import ResearchTools
+
+    return ResearchTools(retriever, k=5)
+
+
+def test_extractive_decor_answers_from_memory_and_stops(tools):
+    result = run_agent(QUERY, tools=tools, llm=ExtractiveLLM(), config=RunConfig(mode="decor"))
+    extra = result.trace.model_extra
+    assert extra["queries"][0] == QUERY and 1 <= len(extra["queries"]) <= 4
+    assert "Adam Smith" in result.answer and cited_ids(result.answer)
+    assert set(cited_ids(result.answer)) <= {c for m in extra["memory"] for c in cited_ids(m["evidence"])}
+    roles = [(t.role, t.action) for t in result.trajectory.turns]
+    assert roles[:2] == [("decor_planner", "plan"), ("decor_filter", "filter")]
+    assert roles[-1] == ("decor_answerer", "answer")
+    assert set(cited_ids(result.markdown)) == set(result.trace.citations)
+
+
+def test_extractive_condense_keeps_cited_facts_within_budget(tools):
+    from deepr.agent import Ctx, Tracer
+    from deepr.agent.decor import MemoryItem, condense, memory_text
+    from deepr.agent.extract import approx_tokens
+    from deepr.llm.base import run_sync
+
+    ctx = Ctx(llm=ExtractiveLLM(), tools=tools, config=RunConfig(mode="decor", memory_limit=64),
+              tracer=Tracer(QUERY, "decor"))
+    memory = []
+    for t, q in enumerate(["Adam Smith", "Adam Smith economics", "Abraham Lincoln"], 1):
+        ids = ctx.search(f"S{t}", q)
+        memory.append(MemoryItem(q, " ".join(f"{s} [{cid}]" for cid in ids[:2] for s in ctx.sentences(cid))))
+    before = approx_tokens(memory_text(memory))
+    condensed = run_sync(condense(ctx, QUERY, memory))
+    after = approx_tokens(memory_text(condensed))
+    assert len(condensed) == 1 and condensed[0].query == "condensed facts"
+    assert after < before and after <= 32 + 40  # budget L_max/2, plus the one sentence always kept
+    kept = set(cited_ids(condensed[0].evidence))
+    assert kept and kept <= {c for m in memory for c in cited_ids(m.evidence)}
+    assert "Adam Smith" in condensed[0].evidence  # ranked by relevance to the question
+    decision = ctx.tracer.decisions[-1]
+    assert decision["tokens_before"] == before and decision["tokens_after"] == after
+
+
+def decor_replies() -> dict[str, list[str]]:
+    long_evidence = " ".join(LONG)
+    return {
+        "decor_planner": ["<think>who is he</think><search>Adam Smith economist</search>",
+                          "<search>Adam Smith economist</search>",  # repeats a past search
+                          "<search>Wealth of Nations book</search>",
+                          "<think>enough</think><search>STOP</search>"],
+        "decor_filter": ["<think>nothing kept</think>",  # no usable text
+                         "<filter>Adam Smith was a Scottish economist [S1-R9].</filter>",  # unknown id
+                         f"<filter>Adam Smith was a Scottish economist [S1-R1]. {long_evidence} [S1-R1]</filter>",
+                         f"<filter>He wrote The Wealth of Nations [S2-R1]. {long_evidence} [S2-R1]</filter>"],
+        "condenser": [json.dumps({"facts": ["Adam Smith was a Scottish economist [S1-R1]."]})],
+        "decor_answerer": ["<answer>The Wealth of Nations and The Theory of Moral Sentiments [S2-R1].</answer>"],
+    }
+
+
+@pytest.fixture(scope="module")
+def replay_run(tools):
+    llm = ReplayLLM(decor_replies())
+    return run_agent(QUERY, tools=tools, llm=llm, config=RunConfig(mode="decor", memory_limit=80)), llm
+
+
+def test_replay_decor_loop(replay_run):
+    result, llm = replay_run
+    extra = result.trace.model_extra
+    assert extra["queries"] == ["Adam Smith economist", "Wealth of Nations book"]
+    assert result.answer == "The Wealth of Nations and The Theory of Moral Sentiments [S2-R1]."
+    assert [m["query"] for m in extra["memory"]] == ["condensed facts", "Wealth of Nations book"]
+    assert any(d["what"] == "step 3: planner says STOP" for d in extra["decisions"])
+    assert all(llm.remaining(role) == 0 for role in decor_replies())
+
+
+def test_replay_decor_reasks_bad_replies(replay_run):
+    result, llm = replay_run
+    reasks = [m[-1]["content"] for _, m in llm.calls if m[-1]["content"].startswith("Your previous reply")]
+    assert any("the reply is empty" in r and "<filter>" in r for r in reasks)
+    assert any("unknown citation ids S1-R9" in r for r in reasks)
+    assert any("'Adam Smith economist' was already made" in r for r in reasks)
+    planner_turns = [t for t in result.trajectory.turns if t.role == "decor_planner"]
+    assert [t.model_extra["attempts"] for t in planner_turns] == [1, 2, 1]
+    assert "S1-R9" not in result.markdown and set(cited_ids(result.markdown)) == set(result.trace.citations)
+
+
+def test_replay_decor_answer_citing_outside_memory_is_recorded(tools):
+    replies = {"decor_planner": ["<search>Adam Smith</search>", "<search>STOP</search>"],
+               "decor_filter": ["<filter>Adam Smith was an economist [S1-R1].</filter>"],
+               "decor_answerer": ["<answer>Economist [S1-R2].</answer>"] * 3}
+    result = run_agent(QUERY, tools=tools, llm=ReplayLLM(replies), config=RunConfig(mode="decor"))
+    failure = result.trace.model_extra["failures"][0]
+    assert failure["where"] == "decor_answerer/answer" and "S1-R2" in failure["reason"]
+    assert cited_ids(result.answer) == ["S1-R1"]  # fell back to the memory's own evidence
+
+
+def test_non_english_and_multi_part_questions_run(tools):
+    for question in ("明石海峡大桥在哪里？它连接哪些岛屿？",
+                     "Zwei Fragen:\n1. Was ist ein Erdferkel (aardvark)?\n2. Wo liegt die Akashi-Kaikyo-Brücke?"):
+        result = run_agent(question, tools=tools, llm=ExtractiveLLM(), config=RunConfig(mode="decor"))
+        assert result.answer and set(cited_ids(result.markdown)) == set(result.trace.citations)
+        assert 1 <= len(result.trace.model_extra["queries"]) <= 4

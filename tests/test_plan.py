@@ -1,0 +1,154 @@
+"""The plan validator names exactly what is wrong; waves follow the dependency order."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from deepr.plan import answer_node, children_map, is_valid, validate_plan, waves
+
+
+def S(nid, q="q"):
+    return {"id": nid, "type": "search", "query": f"{q} {nid}", "key_points": ["kp"]}
+
+
+def A(nid, inputs, t="aggregate"):
+    return {"id": nid, "type": t, "need": f"need {nid}", "key_points": ["kp"], "inputs": inputs}
+
+
+def good():
+    # The DecomposeR case study shape: N9 feeds N10, N5 fans out to three aggregates.
+    return {"nodes": [S("N1"), S("N2"), S("N3"), S("N4"), S("N5"), S("N6"),
+                      A("N7", ["N1", "N4"]), A("N8", ["N2", "N5"]), A("N9", ["N5", "N6"]),
+                      A("N10", ["N3", "N5", "N9"]), A("N11", ["N7", "N8", "N10"], "answer")]}
+
+
+def errors_of(obj):
+    plan, errors = validate_plan(obj)
+    assert plan is None, "expected the plan to be rejected"
+    return " | ".join(errors)
+
+
+def test_valid_plan_passes_and_waves_follow_dependencies():
+    plan, errors = validate_plan(good())
+    assert errors == [] and plan is not None
+    assert waves(plan) == [["N7", "N8", "N9"], ["N10"]]
+    assert answer_node(plan).id == "N11"
+    assert children_map(plan)["N5"] == ["N8", "N9", "N10"]
+
+
+def test_json_text_and_bare_node_list_are_accepted():
+    assert is_valid(json.dumps(good()))
+    assert is_valid(good()["nodes"])
+
+
+def test_cycle_is_named_with_its_path():
+    p = good()
+    p["nodes"][6]["inputs"] = ["N1", "N10"]  # N7 <- N10 <- ... N11 <- N7: make N10 read N7 too
+    p["nodes"][9]["inputs"] = ["N3", "N7"]
+    msg = errors_of(p)
+    assert "cycle" in msg and "N7 -> N10 -> N7" in msg
+
+
+def test_two_answer_nodes():
+    p = good()
+    p["nodes"].append(A("N12", ["N7"], "answer"))
+    assert "exactly one answer node, found 2 (N11, N12)" in errors_of(p)
+
+
+def test_no_answer_node():
+    p = good()
+    p["nodes"][-1]["type"] = "aggregate"
+    assert "exactly one answer node, found 0" in errors_of(p)
+
+
+def test_dangling_input_id():
+    p = good()
+    p["nodes"][7]["inputs"] = ["N2", "N99"]
+    assert "node N8 lists input 'N99', which is not a node id" in errors_of(p)
+
+
+def test_unreachable_aggregate():
+    p = good()
+    p["nodes"].insert(10, A("N12", ["N1", "N2"]))  # reads searches, feeds nothing
+    assert "aggregate node N12 does not lead to the answer node N11" in errors_of(p)
+
+
+def test_disconnected_search_node():
+    p = good()
+    p["nodes"].insert(0, S("N0"))
+    assert "not connected: N0" in errors_of(p)
+
+
+def test_wrong_node_type():
+    p = good()
+    p["nodes"][7]["type"] = "summary"
+    msg = errors_of(p)
+    assert "node N8: type 'summary' is not allowed; use one of search, aggregate, answer" in msg
+
+
+def test_wrong_field_type_names_the_field():
+    p = good()
+    p["nodes"][7]["inputs"] = "N2"
+    assert "field nodes.7.inputs" in errors_of(p)
+
+
+def test_bad_json_text():
+    msg = errors_of('{"nodes": [{"id": "N1", "type": "search",}]}')
+    assert msg.startswith("plan is not valid JSON")
+
+
+@pytest.mark.parametrize("obj, expected", [
+    ({"nodes": []}, "non-empty 'nodes' list"),
+    ("[1, 2", "not valid JSON"),
+    (42, "must be a JSON object with a 'nodes' list, got int"),
+])
+def test_not_a_plan(obj, expected):
+    assert expected in errors_of(obj)
+
+
+def test_answer_node_must_not_feed_others():
+    p = good()
+    p["nodes"].append(A("N12", ["N11"]))
+    assert "answer node N11 must not feed other nodes (used by N12)" in errors_of(p)
+
+
+def test_search_node_rules():
+    p = good()
+    p["nodes"][0]["query"] = " "
+    p["nodes"][1]["inputs"] = ["N3"]
+    msg = errors_of(p)
+    assert "search node N1 needs a non-empty 'query'" in msg
+    assert "search node N2 must not have inputs" in msg
+
+
+def test_duplicate_and_malformed_ids():
+    p = good()
+    p["nodes"][1]["id"] = "N1"
+    p["nodes"][2]["id"] = "3 bad"
+    msg = errors_of(p)
+    assert "node id 'N1' is used more than once" in msg
+    assert "node id '3 bad' is not valid" in msg
+
+
+def test_aggregate_without_inputs_or_need():
+    p = good()
+    p["nodes"][6]["inputs"] = []
+    p["nodes"][7]["need"] = ""
+    msg = errors_of(p)
+    assert "aggregate node N7 has no inputs" in msg
+    assert "aggregate node N8 needs a non-empty 'need'" in msg
+
+
+def test_every_error_is_reported_at_once():
+    p = good()
+    p["nodes"][7]["type"] = "summary"
+    p["nodes"][8]["inputs"] = ["N5", "N77"]
+    assert len(validate_plan(p)[1]) >= 2
+
+
+def test_waves_chain_of_aggregates():
+    plan, _ = validate_plan({"nodes": [S("N1"), A("N2", ["N1"]), A("N3", ["N2"]), A("N4", ["N3", "N1"]),
+                                       A("N5", ["N4"], "answer")]})
+    assert waves(plan) == [["N2"], ["N3"], ["N4"]]
