@@ -1,0 +1,174 @@
+"""`deepr grpo` (staged RL) and `deepr grpo prepare`: files and flags around
+:mod:`deepr.train.grpo` and :mod:`deepr.train.prepare`.
+
+GPU users: `accelerate launch -m deepr grpo ...` spreads the rollouts over GPUs (DeepSpeed /
+FSDP through an accelerate config); `--use-vllm --vllm-mode colocate` generates with vLLM
+inside the training processes, `--vllm-mode server --vllm-server-base-url URL` with a
+separate `trl vllm-serve --model <model>` process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from deepr.cli.app import app, fail, summary_table, user_errors
+
+grpo_app = typer.Typer(help="DecomposeR staged RL (SPEC §8): --stage planner, then `grpo prepare`, then "
+                       "--stage answerer.", no_args_is_help=False)
+app.add_typer(grpo_app, name="grpo")
+
+
+def load_config_file(path: Path | None) -> dict[str, Any]:
+    """Settings from a .json or .toml file (keys as in GrpoConfig; flags given on the command line win)."""
+    if path is None:
+        return {}
+    if not path.is_file():
+        raise FileNotFoundError(f"--config {path}: no such file")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".toml":
+        import tomllib
+
+        data = tomllib.loads(text)
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--config {path}: line {e.lineno}: not valid JSON ({e.msg}); use JSON or .toml") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path}: expected an object of settings, got {type(data).__name__}")
+    return data
+
+
+def _training_rows(stage: str, data: Path) -> tuple[list, dict]:
+    from deepr.io import read_jsonl
+    from deepr.records import QRPair
+    from deepr.train.grpo import answerer_dataset, planner_dataset
+    from deepr.train.prepare import Prepared
+
+    if stage == "planner":
+        pairs = [p for p in read_jsonl(data, QRPair) if p.decision in (None, "KEEP", "REVISE")]
+        return planner_dataset(pairs)
+    return answerer_dataset(list(read_jsonl(data, Prepared)))
+
+
+@grpo_app.callback(invoke_without_command=True)
+def grpo_cmd(
+    ctx: typer.Context,
+    stage: str | None = typer.Option(None, "--stage", help="planner (turn 1 → search → turn 2, reward R_plan) or "
+                                     "answerer (waves + final answer on prepared records, reward R_ans)."),
+    model: str | None = typer.Option(None, "--model", help="Starting model folder (planner: the SFT checkpoint; "
+                                     "answerer: the base model)."),
+    data: Path | None = typer.Option(None, "--data", help="planner: verified.jsonl; answerer: the prepared.jsonl "
+                                     "of `deepr grpo prepare`."),
+    out: Path | None = typer.Option(None, "--out", help="Output folder (adapter, tokenizer, deepr_meta.json, "
+                                    "metrics.jsonl, checkpoints)."),
+    max_steps: int | None = typer.Option(None, "--max-steps", help="Stop after N optimiser steps."),
+    config_file: Path | None = typer.Option(None, "--config", help="JSON/TOML file of settings (any GrpoConfig "
+                                            "field); flags override it."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --out."),
+    planner_adapter: Path | None = typer.Option(None, "--planner-adapter", help="answerer: planner adapter to "
+                                                "merge into --model before training."),
+    full: bool | None = typer.Option(None, "--full/--lora", help="Full fine-tune instead of LoRA (default LoRA)."),
+    learning_rate: float | None = typer.Option(None, "--lr", help="Learning rate (default 4e-6)."),
+    beta: float | None = typer.Option(None, "--beta", help="KL coefficient (default 0.001 planner, 0.005 answerer)."),
+    num_generations: int | None = typer.Option(None, "--num-generations", help="Rollouts per prompt (default 6)."),
+    prompts_per_step: int | None = typer.Option(None, "--prompts-per-step", help="Prompts per batch (8 / 4)."),
+    max_completion_length: int | None = typer.Option(None, "--max-completion-length", help="Token budget of one "
+                                                     "rollout, environment turns included."),
+    loss_type: str | None = typer.Option(None, "--loss-type", help="dapo, grpo, dr_grpo, bnpo, cispo, sapo, ..."),
+    importance_sampling_level: str | None = typer.Option(None, "--importance-sampling-level", help="token or "
+                                                         "sequence (GSPO)."),
+    epsilon_high: float | None = typer.Option(None, "--epsilon-high", help="Upper clip range (asymmetric)."),
+    use_vllm: bool | None = typer.Option(None, "--use-vllm", help="Generate rollouts with vLLM (GPU)."),
+    vllm_mode: str | None = typer.Option(None, "--vllm-mode", help="colocate or server."),
+    vllm_server_base_url: str | None = typer.Option(None, "--vllm-server-base-url", help="URL of trl vllm-serve."),
+    report_to: str | None = typer.Option(None, "--report-to", help="none or tensorboard (or wandb)."),
+    corpus: str | None = typer.Option(None, "--corpus", help="planner: corpus the environment searches."),
+    retriever: str | None = typer.Option(None, "--retriever", help="planner: dense, bm25 or hybrid."),
+    k: int | None = typer.Option(None, "--k", help="planner: results per search node (default 5)."),
+    judge_llm: str | None = typer.Option(None, "--judge-llm", help="answerer: judge of J_rub (default extractive)."),
+) -> None:
+    """Train the planner (--stage planner) or the answerer (--stage answerer) with GRPO."""
+    if ctx.invoked_subcommand is not None:
+        return
+    flags = {k_: v for k_, v in dict(
+        planner_adapter=planner_adapter, full=full, learning_rate=learning_rate, beta=beta,
+        num_generations=num_generations, prompts_per_step=prompts_per_step, max_steps=max_steps,
+        max_completion_length=max_completion_length, loss_type=loss_type, epsilon_high=epsilon_high,
+        importance_sampling_level=importance_sampling_level, use_vllm=use_vllm, vllm_mode=vllm_mode,
+        vllm_server_base_url=vllm_server_base_url, report_to=report_to, corpus=corpus, retriever=retriever,
+        k=k, judge_llm=judge_llm, stage=stage, model=model, out=out).items() if v is not None}
+    with user_errors():
+        settings = {**load_config_file(config_file), **flags, "resume": resume}
+        missing = [f"--{n}" for n in ("stage", "model", "out") if n not in settings] + ([] if data else ["--data"])
+        if missing:
+            raise fail(f"missing {', '.join(missing)}; e.g. deepr grpo --stage planner --model M --data "
+                       "verified.jsonl --out runs/rl-planner")
+        from deepr.train.grpo import GrpoConfig
+
+        config = GrpoConfig(**settings)
+        rows, lookup = _training_rows(config.stage, data)
+        env = None
+        if config.stage == "planner":
+            from deepr.corpus import open_retriever
+            from deepr.train.rollouts import PlannerEnvironment
+
+            env = PlannerEnvironment(open_retriever(config.corpus, retriever=config.retriever, progress=True),
+                                     k=config.k, fetch_limit=config.fetch_limit)
+        from deepr.train.grpo import train_grpo
+
+        res = train_grpo(config, rows, lookup, env=env)
+    if os.environ.get("RANK", "0") == "0":
+        last = res.rewards[-1][1] if res.rewards else float("nan")
+        summary_table(f"grpo --stage {config.stage}", [
+            ("prompts", len(rows)), ("steps", res.steps), ("first reward", res.rewards[0][1] if res.rewards else "-"),
+            ("last reward", round(last, 4)), ("status", "interrupted" if res.interrupted else "done"),
+            ("seconds", round(res.seconds, 1)), ("load with", f"--llm {res.llm_spec}")])
+
+
+@grpo_app.command("prepare")
+def prepare_cmd(
+    planner: str = typer.Option(..., "--planner", help="Trained planner: its output folder (adapter + "
+                                "deepr_meta.json), a model folder, or an --llm spec such as extractive."),
+    data: Path = typer.Option(..., "--data", help="verified.jsonl (QRPair rows: question + rubrics)."),
+    out: Path = typer.Option(..., "--out", help="prepared.jsonl for --stage answerer (resumable)."),
+    corpus: str = typer.Option("wiki", "--corpus", help="Corpus the planner's searches run on."),
+    retriever: str = typer.Option("hybrid", "--retriever", help="dense, bm25 or hybrid."),
+    k: int = typer.Option(5, "--k", help="Results per search node."),
+    fetch_limit: int = typer.Option(4, "--fetch-limit", help="Pages a revision may fetch."),
+    limit: int | None = typer.Option(None, "--limit", help="Prepare at most N queries (quick look)."),
+) -> None:
+    """Run the trained planner and the environment once per query; write plans, results, pages, catalogs."""
+    from deepr.io import JsonlAppender, done_ids, read_jsonl, rejects_path, write_meta
+    from deepr.records import QRPair, Reject
+
+    t0 = time.perf_counter()
+    with user_errors():
+        from deepr.llm import get_llm
+        from deepr.train.prepare import PrepareConfig, planner_spec, prepare_records
+
+        config = PrepareConfig(k=k, fetch_limit=fetch_limit)
+        spec = planner_spec(planner)
+        pairs = [p for p in read_jsonl(data, QRPair) if p.decision in (None, "KEEP", "REVISE")]
+        done = done_ids(out) | done_ids(rejects_path(out))
+        todo = [p for p in pairs if p.id not in done][:limit]
+        llm = get_llm(spec)
+        from deepr.corpus import open_retriever
+
+        ret = open_retriever(corpus, retriever=retriever, progress=True)
+        counts = {"queries": len(pairs), "skipped_done": len(pairs) - len([p for p in pairs if p.id not in done]),
+                  "prepared": 0, "rejected": 0}
+        with JsonlAppender(out) as ok_out, JsonlAppender(rejects_path(out)) as bad_out:
+            for rec in prepare_records(todo, llm, ret, config):
+                is_reject = isinstance(rec, Reject)
+                (bad_out if is_reject else ok_out).write(rec)
+                counts["rejected" if is_reject else "prepared"] += 1
+        write_meta(out, stage="grpo-prepare", config={**config.model_dump(), "planner": spec, "corpus": corpus},
+                   inputs=[data], counts=counts, timings={"seconds": round(time.perf_counter() - t0, 3)})
+    summary_table("grpo prepare", counts)

@@ -1,0 +1,350 @@
+"""Multi-turn rollouts for `deepr grpo` (DecomposeR §3.4.2–3.4.3) as TRL ``rollout_func`` s.
+
+Planner stage: planner turn 1 writes G0 → the environment runs every search node of G0 on
+the retriever and shows the results (the same revision prompt ``deepr run`` uses) →
+planner turn 2 writes the revised G1. Answerer stage: over a prepared record (plan, search
+results, fetched pages, citation catalog) the model writes one wave of aggregate nodes per
+turn, the environment shows the next wave's evidence and earlier findings, and a last turn
+writes the ``<answer>``.
+
+Every rollout is one completion: model turns and environment turns concatenated. The
+environment's tokens get 0 in ``env_mask`` (TRL multiplies it into the loss mask), model
+tokens 1, so the loss covers only what the model wrote. The mask always has the length of
+the completion; the whole completion is cut at ``budget`` tokens (TRL's
+``max_completion_length``), environment turns included.
+
+    rollout = make_rollout_func(PlannerEnvironment(retriever), lookup, budget=8192)
+    GRPOTrainer(..., rollout_func=rollout)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from deepr.agent.answerer import ANSWER_SYSTEM, FINAL_USER, WAVE_USER, _node_block, final_inputs, node_evidence
+from deepr.agent.citations import Catalog, Entry, normalize
+from deepr.agent.env import Ctx, RunConfig
+from deepr.agent.planner import initial_messages, revision_messages
+from deepr.agent.trace import Tracer
+from deepr.plan import validate_plan, waves
+from deepr.rewards.trl_adapters import json_objects, last_plan, parse_answerer
+
+# generate(token-id sequences, first_turn, max_new_tokens) -> (new ids per sequence, logprobs or None)
+Generate = Callable[[list[list[int]], bool, int], tuple[list[list[int]], list[list[float]] | None]]
+_A_MARK, _U_MARK = "\x00A\x00", "\x00U\x00"
+
+
+def prompt_ids(tokenizer: Any, messages: Sequence[dict[str, Any]]) -> list[int]:
+    """Token ids of a chat prompt with the assistant generation header, as TRL renders it."""
+    ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True,
+                                        return_dict=False)
+    return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+
+
+def env_turn_ids(tokenizer: Any, content: str, *, closed: bool) -> list[int]:
+    """Tokens between a model turn and the next one: end of the assistant turn (the end token
+    itself only when the model did not write it), a user turn with ``content``, and the next
+    assistant header. Read off the chat template, so it matches ``deepr run``'s rendering."""
+    eos = tokenizer.eos_token
+    convo = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _A_MARK},
+             {"role": "user", "content": _U_MARK}]
+    full = tokenizer.apply_chat_template(convo, tokenize=False, add_generation_prompt=True)
+    start = full.find(_A_MARK) + len(_A_MARK)
+    if start < len(_A_MARK) or not eos or full.find(eos, start) < 0:
+        raise ValueError("the chat template does not close an assistant turn with the tokenizer's eos token; "
+                         "multi-turn rollouts need a template that does (e.g. a Qwen/ChatML template)")
+    cut = full.find(eos, start) + len(eos)
+    text = ("" if closed else eos) + full[cut:].replace(_U_MARK, content)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+@dataclass
+class Rollout:
+    """One multi-turn rollout: the prompt, then alternating model and environment parts."""
+
+    prompt_ids: list[int]
+    parts: list[tuple[list[int], bool, list[float] | None]] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)  # decoded model turns
+    env_texts: list[str] = field(default_factory=list)
+    done: bool = False
+    truncated: bool = False
+
+    @property
+    def completion_ids(self) -> list[int]:
+        return [t for ids, _, _ in self.parts for t in ids]
+
+    @property
+    def env_mask(self) -> list[int]:
+        return [int(model) for ids, model, _ in self.parts for _ in ids]
+
+    @property
+    def logprobs(self) -> list[float] | None:
+        if any(model and lp is None for _, model, lp in self.parts):
+            return None
+        return [x for ids, model, lp in self.parts for x in (lp if model else [0.0] * len(ids))]
+
+    def used(self) -> int:
+        return sum(len(ids) for ids, _, _ in self.parts)
+
+
+NextMessage = Callable[[int, Rollout], str | None]
+
+
+def run_turns(prompts: list[list[int]], generate: Generate, next_message: NextMessage, tokenizer: Any,
+              *, budget: int, eos_ids: Sequence[int], max_turns: int, turn_cap: int | None = None) -> list[Rollout]:
+    """Drive all rollouts turn by turn; ``next_message(i, rollout)`` gives the environment's
+    reply after a model turn, or None when rollout ``i`` is finished. ``turn_cap`` bounds one
+    model turn (a turn that hits it without its end token ends the rollout, truncated)."""
+    rollouts = [Rollout(list(p)) for p in prompts]
+    active = list(range(len(rollouts)))
+    for turn in range(max_turns):
+        seqs = [rollouts[i].prompt_ids + rollouts[i].completion_ids for i in active]
+        cap = turn_cap or budget
+        new_ids, new_lps = generate(seqs, turn == 0, min(cap, max(budget - rollouts[i].used() for i in active)))
+        for j, i in enumerate(active):
+            r, room = rollouts[i], min(cap, budget - rollouts[i].used())
+            ids = list(new_ids[j])[:max(room, 0)]
+            lp = list(new_lps[j])[:max(room, 0)] if new_lps is not None and new_lps[j] is not None else None
+            r.truncated = len(new_ids[j]) > room or (len(ids) == room and (not ids or ids[-1] not in eos_ids))
+            r.parts.append((ids, True, lp))
+            r.texts.append(tokenizer.decode(ids, skip_special_tokens=True))
+        still = []
+        for i in active:
+            r = rollouts[i]
+            msg = None if r.truncated or turn == max_turns - 1 else next_message(i, r)
+            if msg is None:
+                r.done = True
+                continue
+            closed = bool(r.parts[-1][0]) and r.parts[-1][0][-1] in eos_ids
+            env = env_turn_ids(tokenizer, msg, closed=closed)
+            if r.used() + len(env) >= budget:  # no room left for the model to answer
+                r.done, r.truncated = True, True
+                continue
+            r.parts.append((env, False, None))
+            r.env_texts.append(msg)
+            still.append(i)
+        if not (active := still):
+            break
+    return rollouts
+
+
+def trainer_generate(trainer: Any) -> Generate:
+    """Generation through the trainer's own backend (transformers or vLLM), exactly as TRL's
+    tool loop does: the first turn samples the group, later turns continue each sequence once."""
+
+    def generate(seqs: list[list[int]], first: bool, max_new: int) -> tuple[list[list[int]], list[list[float]] | None]:
+        n = trainer.num_generations if first else 1
+        # Later turns only have the budget's remainder; vLLM paths keep their own limit (output is cut anyway).
+        cfg, kw = getattr(trainer, "generation_config", None), getattr(trainer, "generation_kwargs", None)
+        before = (cfg.max_new_tokens if cfg is not None else None, dict(kw) if isinstance(kw, dict) else None)
+        if cfg is not None:
+            cfg.max_new_tokens = min(cfg.max_new_tokens or max_new, max_new)
+        if isinstance(kw, dict) and kw.get("max_new_tokens"):
+            kw["max_new_tokens"] = min(kw["max_new_tokens"], max_new)
+        try:
+            ids, lps = trainer._generate_single_turn(seqs, None, {}, n)
+        finally:
+            if cfg is not None:
+                cfg.max_new_tokens = before[0]
+            if before[1] is not None:
+                kw.update(before[1])
+        return [list(x) for x in ids], lps
+
+    return generate
+
+
+# --- environments -----------------------------------------------------------------------------
+
+
+INVALID_USER = """Your plan is not a valid graph:
+{errors}
+Nothing was searched. Write a corrected plan as {{"nodes": [...]}}, following the node rules."""
+
+
+class PlannerEnvironment:
+    """Runs G0's search nodes on the retriever and writes the revision turn's message."""
+
+    def __init__(self, retriever: Any, *, k: int = 5, fetch_limit: int = 4):
+        self.retriever, self.config = retriever, RunConfig(k=k, fetch_limit=fetch_limit)
+
+    def context(self, query: str) -> Ctx:
+        from deepr.corpus.tools import ResearchTools
+        from deepr.llm.extractive import ExtractiveLLM
+
+        return Ctx(ExtractiveLLM(), ResearchTools(self.retriever, k=self.config.k), self.config,
+                   Tracer(query, "dag"))
+
+    def feedback(self, query: str, turn1: str) -> tuple[str, dict[str, Any]]:
+        """The environment's reply to planner turn 1 and what it did (for metrics)."""
+        plan, errors = validate_plan(last_plan(turn1))
+        if plan is None:
+            return INVALID_USER.format(errors="\n".join(f"- {e}" for e in errors[:8])), {"valid0": 0.0, "searches": 0}
+        ctx = self.context(query)
+        results = {n.id: ctx.search(n.id, n.query or "") for n in plan.nodes if n.type == "search"}
+        msg = revision_messages(ctx, query, plan, results)[-1]["content"]
+        return msg, {"valid0": 1.0, "searches": float(len(results))}
+
+
+def planner_prompt(query: str) -> list[dict[str, str]]:
+    """The planner's turn-1 prompt: the same messages ``deepr run`` sends."""
+    return initial_messages(query)
+
+
+def rebuild_catalog(entries: dict[str, dict[str, Any]]) -> Catalog:
+    cat = Catalog()
+    for cid, e in entries.items():
+        cat.entries[cid] = Entry(id=cid, **{k: v for k, v in e.items() if k != "id"})
+    return cat
+
+
+class AnswererEnvironment:
+    """Serves one prepared record's waves: evidence per wave, earlier findings, the final turn."""
+
+    def __init__(self, record: dict[str, Any]):
+        self.record = record
+        self.plan, errors = validate_plan(record["plan"])
+        if self.plan is None:
+            raise ValueError(f"prepared record {record.get('id')}: invalid plan ({'; '.join(errors)})")
+        self.waves = waves(self.plan)
+        self.ctx = Ctx(None, None, RunConfig(), Tracer(record["query"], "dag"),  # type: ignore[arg-type]
+                       catalog=rebuild_catalog(record["catalog"]))
+        self.results = {k: list(v) for k, v in record["results"].items()}
+
+    def wave_message(self, wave: list[str], outputs: dict[str, str]) -> str:
+        by_id = {n.id: n for n in self.plan.nodes}
+        blocks = []
+        for nid in wave:
+            shown, _ = node_evidence(self.ctx, self.plan, by_id[nid], self.results, outputs)
+            blocks.append(_node_block(self.ctx, self.plan, by_id[nid], shown, outputs))
+        example = ", ".join(f'"{nid}": "..."' for nid in wave)
+        return WAVE_USER.format(query=self.record["query"], rubric="", nodes="\n\n".join(blocks), example=example)
+
+    def first_messages(self) -> list[dict[str, str]]:
+        first = self.waves[0] if self.waves else []
+        content = self.wave_message(first, {}) if first else self.final_message({})
+        return [{"role": "system", "content": ANSWER_SYSTEM}, {"role": "user", "content": content}]
+
+    def final_message(self, outputs: dict[str, str]) -> str:
+        ans, ids = final_inputs(self.ctx, self.plan, outputs)
+        by_id = {n.id: n for n in self.plan.nodes}
+        branches = "\n\n".join(f"### {s}: {by_id[s].need}\n{outputs.get(s, '')}" for s in ans.inputs)
+        points = ("Key points:\n" + "\n".join(f"- {p}" for p in ans.key_points)) if ans.key_points else ""
+        return FINAL_USER.format(query=self.record["query"], rubric="", nid=ans.id, need=ans.need, points=points,
+                                 branches=branches, evidence=self.ctx.catalog.evidence(ids) or "(none)")
+
+    def parse_wave(self, wave: list[str], text: str) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for obj in json_objects(text):
+            out.update({k: normalize(v).strip() for k, v in obj.items() if k in wave and isinstance(v, str)})
+        return out
+
+
+# --- rollout functions -------------------------------------------------------------------------
+
+
+def _user_text(prompt: Any) -> str:
+    return prompt[-1]["content"] if isinstance(prompt, list) else str(prompt)
+
+
+def _log(trainer: Any, name: str, values: Sequence[float]) -> None:
+    if values and hasattr(trainer, "_log_metric"):
+        trainer._log_metric(name, float(sum(values) / len(values)))
+
+
+def _mask_stats(trainer: Any, rollouts: Sequence[Rollout]) -> None:
+    total = sum(len(r.env_mask) for r in rollouts)
+    masked = sum(len(r.env_mask) - sum(r.env_mask) for r in rollouts)
+    _log(trainer, "rollout/masked_token_share", [masked / total if total else 0.0])
+    _log(trainer, "rollout/truncated", [float(r.truncated) for r in rollouts])
+    _log(trainer, "rollout/model_turns", [float(len(r.texts)) for r in rollouts])
+
+
+def planner_rollouts(prompts: Sequence[Any], queries: dict[str, str], env: PlannerEnvironment, generate: Generate,
+                     tokenizer: Any, *, budget: int, eos_ids: Sequence[int],
+                     turn_cap: int | None = None) -> tuple[list[Rollout], dict]:
+    """Turn 1 → search → turn 2 for every prompt; returns rollouts and per-rollout extra columns."""
+    infos: dict[int, dict[str, Any]] = {}
+
+    def reply(i: int, r: Rollout) -> str | None:
+        text = _user_text(prompts[i])
+        if text not in queries:
+            raise KeyError("a prompt the planner stage did not build reached the rollout; build the dataset with "
+                           "deepr.train.grpo.planner_dataset")
+        msg, infos[i] = env.feedback(queries[text], r.texts[0])
+        return msg
+
+    rollouts = run_turns([prompt_ids(tokenizer, p) for p in prompts], generate, reply, tokenizer,
+                         budget=budget, eos_ids=eos_ids, max_turns=2, turn_cap=turn_cap)
+    # No second turn (turn 1 ran out of budget) means no revised graph: "" fails validation and scores 0.
+    plans = [last_plan(r.texts[1]) if len(r.texts) > 1 else "" for r in rollouts]
+    extra = {"plan": [p if isinstance(p, dict) else str(p) for p in plans],
+             "initial_valid": [infos.get(i, {"valid0": float(validate_plan(last_plan(r.texts[0]))[0] is not None)})
+                               ["valid0"] for i, r in enumerate(rollouts)],
+             "turns": [len(r.texts) for r in rollouts]}
+    return rollouts, extra
+
+
+def answerer_rollouts(prompts: Sequence[Any], records: dict[str, dict[str, Any]], generate: Generate,
+                      tokenizer: Any, *, budget: int, eos_ids: Sequence[int],
+                      turn_cap: int | None = None) -> tuple[list[Rollout], dict]:
+    """Waves then the final turn over prepared records; a wave that yields no node stops the
+    rollout (later nodes score 0, no answer: the partial credit of SPEC §6)."""
+    envs = [AnswererEnvironment(records[_user_text(p)]) for p in prompts]
+    outputs: list[dict[str, str]] = [{} for _ in prompts]
+    failed = [False] * len(prompts)
+
+    def reply(i: int, r: Rollout) -> str | None:
+        env, t = envs[i], len(r.texts) - 1
+        if t < len(env.waves):
+            got = env.parse_wave(env.waves[t], r.texts[-1])
+            outputs[i].update(got)
+            if not got:
+                failed[i] = True
+                return None
+        if t + 1 < len(env.waves):
+            return env.wave_message(env.waves[t + 1], outputs[i])
+        return env.final_message(outputs[i]) if t + 1 == len(env.waves) else None
+
+    max_turns = max(len(e.waves) for e in envs) + 1
+    rollouts = run_turns([prompt_ids(tokenizer, p) for p in prompts], generate, reply, tokenizer,
+                         budget=budget, eos_ids=eos_ids, max_turns=max_turns, turn_cap=turn_cap)
+    answers: list[str | None] = []
+    for i, r in enumerate(rollouts):
+        final = len(r.texts) == len(envs[i].waves) + 1 and not failed[i]
+        answers.append(parse_answerer(r.texts[-1], envs[i].record["plan"])[1] if final else None)
+    extra = {"plan": [e.record["plan"] for e in envs], "node_outputs": outputs, "answer": answers,
+             "waves_done": [sum(1 for w in e.waves if all(n in o for n in w)) / max(len(e.waves), 1)
+                            for e, o in zip(envs, outputs)]}
+    return rollouts, extra
+
+
+def make_rollout_func(stage: str, lookup: dict[str, Any], *, budget: int, env: PlannerEnvironment | None = None,
+                      generate_for: Callable[[Any], Generate] | None = None,
+                      turn_cap: int | None = None) -> Callable[[list[Any], Any], dict]:
+    """A TRL ``rollout_func`` for ``stage``; ``lookup`` maps a prompt's last user message to its
+    query (planner) or prepared record (answerer), since TRL hands the function prompts only.
+    ``generate_for(trainer)`` swaps the generator (default: the trainer's own backend)."""
+
+    def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        tok = trainer.processing_class
+        gen = (generate_for or trainer_generate)(trainer)
+        eos_ids = list(getattr(trainer, "eos_token_ids", None) or [tok.eos_token_id])
+        if stage == "planner":
+            if env is None:
+                raise ValueError("the planner stage needs a PlannerEnvironment (env=...)")
+            rollouts, extra = planner_rollouts(prompts, lookup, env, gen, tok, budget=budget, eos_ids=eos_ids,
+                                               turn_cap=turn_cap)
+            _log(trainer, "rollout/initial_plan_valid", extra["initial_valid"])
+        else:
+            rollouts, extra = answerer_rollouts(prompts, lookup, gen, tok, budget=budget, eos_ids=eos_ids,
+                                                turn_cap=turn_cap)
+            _log(trainer, "rollout/waves_done", extra["waves_done"])
+        _mask_stats(trainer, rollouts)
+        lps = [r.logprobs for r in rollouts]
+        return {"prompt_ids": [r.prompt_ids for r in rollouts], "completion_ids": [r.completion_ids for r in rollouts],
+                "logprobs": None if any(lp is None for lp in lps) else lps,
+                "env_mask": [r.env_mask for r in rollouts], **extra}
+
+    return rollout_func

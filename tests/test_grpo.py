@@ -1,0 +1,358 @@
+"""deepr grpo: env masks of multi-turn rollouts, the TRL contract we rely on, both stages end to end."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+
+from deepr.records import QRPair
+
+PLAN = {"nodes": [
+    {"id": "N1", "type": "search", "query": "causes of earthquakes plate tectonics", "key_points": ["faults"]},
+    {"id": "N2", "type": "search", "query": "volcano eruption effects", "key_points": ["ash"]},
+    {"id": "N3", "type": "aggregate", "need": "how earthquakes happen", "key_points": ["plates move"],
+     "inputs": ["N1", "N2"]},
+    {"id": "N4", "type": "aggregate", "need": "risks to people", "key_points": ["damage"], "inputs": ["N3", "N2"]},
+    {"id": "N5", "type": "answer", "need": "a short report", "inputs": ["N4"]}]}
+REVISED = {"nodes": [dict(PLAN["nodes"][0], query="tectonic plates earthquakes"), *PLAN["nodes"][1:]],
+           "fetch": ["N1-R1"]}
+RUBRICS = [{"id": "R1", "type": "factual", "description": "Earthquakes come from moving tectonic plates.",
+            "weight": 1.0}]
+
+
+def _pairs(n: int = 2) -> list[QRPair]:
+    qs = ["What causes earthquakes and how dangerous are they?", "How do volcanoes affect the climate?"]
+    return [QRPair(id=f"q{i}", tree_id="t", question=qs[i % 2], selected_leaf_ids=[], rubrics=RUBRICS)
+            for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from deepr.train.tiny import build_tiny_model, wiki_texts
+
+    texts = wiki_texts(300) or None
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", corpus_texts=texts, vocab_size=1500)
+
+
+@pytest.fixture(scope="module")
+def tok(tiny: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny))
+
+
+def scripted(tok, replies: list[str]):
+    """A generator writing reply[t] at model turn t (each closed with the eos token)."""
+    def generate(seqs, first, max_new):
+        turn = generate.calls
+        generate.calls += 1
+        ids = tok(replies[min(turn, len(replies) - 1)], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        return [list(ids)[:max_new] for _ in seqs], None
+    generate.calls = 0
+    return generate
+
+
+def _segments(rollout) -> list[tuple[int, list[int]]]:
+    """(mask value, token ids) runs of a rollout's completion."""
+    out: list[tuple[int, list[int]]] = []
+    for t, m in zip(rollout.completion_ids, rollout.env_mask):
+        if out and out[-1][0] == m:
+            out[-1][1].append(t)
+        else:
+            out.append((m, [t]))
+    return out
+
+
+# --- the TRL contract -----------------------------------------------------------------------
+
+
+def test_trl_api_we_rely_on_is_still_there():
+    """Fails loudly when TRL changes the rollout_func / env_mask contract or the generator we call."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    init = inspect.signature(GRPOTrainer.__init__).parameters
+    assert {"rollout_func", "reward_funcs", "peft_config", "processing_class"} <= set(init)
+    src = inspect.getsource(GRPOTrainer._generate)
+    assert '"prompt_ids", "completion_ids", "logprobs"' in src and 'pop("env_mask"' in src
+    score_src = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    assert "completion_mask * tool_mask" in score_src and "extra_fields" in score_src
+    gen = inspect.signature(GRPOTrainer._generate_single_turn).parameters
+    assert list(gen)[1:5] == ["prompt_ids", "images", "multimodal_fields", "num_generations"]
+    assert callable(getattr(GRPOTrainer, "_log_metric", None))
+    fields = set(GRPOConfig.__dataclass_fields__)
+    assert {"loss_type", "importance_sampling_level", "epsilon_high", "beta", "use_vllm", "vllm_mode",
+            "steps_per_generation", "max_completion_length", "scale_rewards"} <= fields
+
+
+def test_config_has_table5_defaults_and_checks_batches(tmp_path: Path):
+    from deepr.train.grpo import GrpoConfig
+
+    p = GrpoConfig(stage="planner", model="m", out=tmp_path)
+    a = GrpoConfig(stage="answerer", model="m", out=tmp_path)
+    assert (p.lora_r, p.lora_alpha, p.learning_rate, p.temperature) == (64, 128, 4e-6, 1.0)
+    assert (p.beta, p.prompts_per_step, p.num_generations, p.mini_batch_prompts) == (0.001, 8, 6, 4)
+    assert (a.beta, a.prompts_per_step, a.max_completion_length) == (0.005, 4, 16384)
+    with pytest.raises(ValueError, match="multiple of mini_batch_prompts"):
+        GrpoConfig(stage="planner", model="m", out=tmp_path, prompts_per_step=3, mini_batch_prompts=2)
+    with pytest.raises(ValueError, match="--stage answerer"):
+        GrpoConfig(stage="planner", model="m", out=tmp_path, planner_adapter=tmp_path)
+
+
+# --- token-level masks -----------------------------------------------------------------------
+
+
+def test_env_turn_tokens_match_the_chat_template(tok):
+    from deepr.train.rollouts import env_turn_ids, prompt_ids
+
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "question?"}]
+    reply, env = '{"nodes": []}', "Results:\n[N1-R1] A title: some text"
+    turn = tok(reply, add_special_tokens=False)["input_ids"]
+    full = prompt_ids(tok, msgs + [{"role": "assistant", "content": reply}, {"role": "user", "content": env}])
+    assert prompt_ids(tok, msgs) + turn + [tok.eos_token_id] + env_turn_ids(tok, env, closed=True) == full
+    # a turn cut before its end token gets the end token from the environment (masked)
+    open_turn = env_turn_ids(tok, env, closed=False)
+    assert open_turn[0] == tok.eos_token_id and open_turn[1:] == env_turn_ids(tok, env, closed=True)
+
+
+def test_planner_rollout_masks_search_results(tok, retriever):
+    from deepr.train.grpo import planner_dataset
+    from deepr.train.rollouts import PlannerEnvironment, planner_rollouts
+
+    rows, lookup = planner_dataset(_pairs(2))
+    env = PlannerEnvironment(retriever, k=2)
+    gen = scripted(tok, [json.dumps(PLAN), json.dumps(REVISED)])
+    rollouts, extra = planner_rollouts([r["prompt"] for r in rows], lookup, env, gen, tok, budget=4000,
+                                       eos_ids=[tok.eos_token_id])
+    for r in rollouts:
+        assert len(r.env_mask) == len(r.completion_ids) and len(r.texts) == 2
+        segs = _segments(r)
+        assert [m for m, _ in segs] == [1, 0, 1]  # turn 1, search results, turn 2
+        env_text = tok.decode(segs[1][1])
+        assert "N1-R1" in env_text and "N2-R2" in env_text  # every search node's results are in the masked part
+        assert tok.decode(segs[0][1], skip_special_tokens=True) == json.dumps(PLAN)
+        assert tok.decode(segs[2][1], skip_special_tokens=True) == json.dumps(REVISED)
+        hit_titles = [h.title for h in retriever.search(PLAN["nodes"][0]["query"], k=2)]
+        assert any(t in env_text for t in hit_titles)
+        assert not any(t in tok.decode(segs[0][1] + segs[2][1]) for t in hit_titles)
+    assert extra["plan"] == [REVISED, REVISED] and extra["initial_valid"] == [1.0, 1.0]
+
+
+def test_planner_rollout_invalid_first_plan_and_budget(tok, retriever):
+    from deepr.train.grpo import planner_dataset
+    from deepr.train.rollouts import PlannerEnvironment, planner_rollouts
+
+    rows, lookup = planner_dataset(_pairs(1))
+    env = PlannerEnvironment(retriever, k=2)
+    bad = scripted(tok, ['{"nodes": [{"id": "N1", "type": "search"}]}', "not json at all"])
+    (r,), extra = planner_rollouts([rows[0]["prompt"]], lookup, env, bad, tok, budget=4000,
+                                   eos_ids=[tok.eos_token_id])
+    env_text = tok.decode(_segments(r)[1][1])
+    assert "not a valid graph" in env_text and "N1-R1" not in env_text  # nothing was searched
+    assert extra["initial_valid"] == [0.0] and extra["plan"] == ["not json at all"]
+    small = scripted(tok, [json.dumps(PLAN), json.dumps(REVISED)])
+    (r,), extra = planner_rollouts([rows[0]["prompt"]], lookup, env, small, tok, budget=60,
+                                   eos_ids=[tok.eos_token_id])
+    assert len(r.completion_ids) == len(r.env_mask) <= 60 and r.truncated and extra["plan"] == [""]
+    capped = scripted(tok, [json.dumps(PLAN), json.dumps(REVISED)])
+    (r,), extra = planner_rollouts([rows[0]["prompt"]], lookup, env, capped, tok, budget=4000,
+                                   eos_ids=[tok.eos_token_id], turn_cap=10)
+    assert r.env_mask == [1] * 10 and r.truncated and extra["plan"] == [""]  # a cut turn ends the rollout
+
+
+@pytest.fixture(scope="module")
+def prepared(retriever) -> list:
+    """Prepared records from the extractive planner (the `grpo prepare` path without a model)."""
+    from deepr.llm.extractive import ExtractiveLLM
+    from deepr.train.prepare import PrepareConfig, Prepared, prepare_records
+
+    recs = list(prepare_records(_pairs(1), ExtractiveLLM(), retriever, PrepareConfig(k=2, fetch_limit=1)))
+    assert all(isinstance(r, Prepared) for r in recs)
+    return recs
+
+
+def test_prepare_fixes_plan_results_pages_and_catalog(prepared):
+    from deepr.plan import validate_plan, waves
+
+    for rec in prepared:
+        plan, errors = validate_plan(rec.plan)
+        assert plan is not None, errors
+        assert rec.waves == waves(plan) and rec.rubrics[0]["id"] == "R1"
+        cited = {cid for ids in rec.results.values() for cid in ids}
+        assert cited and cited <= set(rec.catalog)
+        assert all(rec.catalog[c]["text"] for c in cited)
+        assert set(rec.results) == {n.id for n in plan.nodes if n.type == "search"}
+    assert any(e["kind"] == "fetch" for rec in prepared for e in rec.catalog.values())
+
+
+def _wave_reply(wave: list[str], cid: str) -> str:
+    return json.dumps({nid: f"Plates move and cause damage [{cid}]." for nid in wave})
+
+
+def test_answerer_rollout_masks_evidence_and_pages(tok, prepared):
+    from deepr.train.grpo import answerer_dataset
+    from deepr.train.rollouts import answerer_rollouts
+
+    rec = prepared[0].model_dump()
+    rows, lookup = answerer_dataset([prepared[0]])
+    cid = next(iter(next(iter(rec["results"].values()))))
+    replies = [_wave_reply(w, cid) for w in rec["waves"]] + [f"<answer>Plates move [{cid}].</answer>"]
+    (r,), extra = answerer_rollouts([rows[0]["prompt"]], lookup, scripted(tok, replies), tok, budget=20000,
+                                    eos_ids=[tok.eos_token_id])
+    segs = _segments(r)
+    assert len(r.env_mask) == len(r.completion_ids)
+    assert [m for m, _ in segs] == [1, 0] * len(rec["waves"]) + [1]
+    masked = " ".join(tok.decode(ids) for m, ids in segs if m == 0)
+    model = " ".join(tok.decode(ids) for m, ids in segs if m == 1)
+    page = next(e for e in rec["catalog"].values() if e["kind"] == "fetch")
+    assert "Research question" in masked and "Write the final report" in masked
+    snippet = " ".join(page["text"].split())[:40]
+    assert snippet in masked and snippet not in model  # the fetched page is shown, with zero loss weight
+    aggs = [n for w in rec["waves"] for n in w]
+    assert extra["node_outputs"][0].keys() == set(aggs) and extra["answer"] == [f"Plates move [{cid}]."]
+
+
+def test_answerer_rollout_stops_at_a_failed_wave(tok, prepared):
+    from deepr.train.grpo import answerer_dataset
+    from deepr.train.rollouts import answerer_rollouts
+
+    rows, lookup = answerer_dataset([prepared[0]])
+    (r,), extra = answerer_rollouts([rows[0]["prompt"]], lookup, scripted(tok, ["no json here"]), tok,
+                                    budget=20000, eos_ids=[tok.eos_token_id])
+    assert len(r.texts) == 1 and r.env_mask == [1] * len(r.completion_ids)
+    assert extra["answer"] == [None] and extra["node_outputs"] == [{}]
+
+
+# --- both stages end to end on the tiny model --------------------------------------------------
+
+
+def _capture_masks(store: list):
+    """Callback-free capture of what TRL puts into the loss: wraps the scoring step once built."""
+    from transformers import TrainerCallback
+
+    class Capture(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            trainer = store[0]
+            inner = trainer._generate_and_score_completions
+
+            def wrapped(inputs):
+                out = inner(inputs)
+                store.append(out)
+                return out
+
+            trainer._generate_and_score_completions = wrapped
+
+    return Capture()
+
+
+@pytest.fixture(scope="module")
+def planner_run(tiny, tok, retriever, tmp_path_factory):
+    """One planner-stage GRPO step on the tiny model: turn 1 scripted (a valid plan, so the
+    environment searches), turn 2 sampled from the model; captures what TRL feeds the loss."""
+    from deepr.train import grpo
+    from deepr.train.rollouts import PlannerEnvironment, trainer_generate
+
+    rows, lookup = grpo.planner_dataset(_pairs(1))
+    out = tmp_path_factory.mktemp("rl") / "planner"
+    cfg = grpo.GrpoConfig(stage="planner", model=str(tiny), out=out, num_generations=2, prompts_per_step=1,
+                          mini_batch_prompts=1, max_completion_length=3000, max_steps=1, lora_r=4, lora_alpha=8,
+                          k=2, learning_rate=1e-3)
+
+    def mixed(trainer):
+        real, first = trainer_generate(trainer), scripted(tok, [json.dumps(PLAN)])
+        return lambda seqs, is_first, max_new: first(seqs, is_first, max_new) if is_first else real(
+            seqs, False, min(max_new, 12))
+
+    store: list = []
+    built = grpo.build_trainer
+
+    def keep(*a, **kw):
+        store.append(built(*a, **kw))
+        return store[0]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(grpo, "build_trainer", keep)
+        res = grpo.train_grpo(cfg, rows, lookup, env=PlannerEnvironment(retriever, k=2), generate_for=mixed,
+                              callbacks=[_capture_masks(store)])
+    return res, store[1]
+
+
+def test_planner_stage_trains_masks_and_saves_a_loadable_adapter(planner_run, tok):
+    from deepr.llm import get_llm
+
+    res, batch = planner_run
+    assert res.steps == 1 and res.rewards and res.rewards[0][0] == 1
+    loss_mask = batch["completion_mask"] * batch["tool_mask"]
+    for row, full, ids in zip(loss_mask, batch["completion_mask"], batch["completion_ids"]):
+        assert 0 < int(row.sum()) < int(full.sum())  # model tokens count, the search results do not
+        text = tok.decode(ids[row.bool()], skip_special_tokens=True)
+        assert text.startswith(json.dumps(PLAN)) and "N1-R1" not in text
+        assert "N1-R1" in tok.decode(ids[full.bool() & ~row.bool()])
+    log = [json.loads(x) for x in (res.out / "metrics.jsonl").read_text().splitlines()]
+    assert {"plan/C_rub", "plan/valid", "rollout/masked_token_share", "rollout/initial_plan_valid",
+            "rewards/plan_reward/mean", "completions/mean_length"} <= set(log[0])
+    assert log[0]["rollout/initial_plan_valid"] == 1.0 and 0 < log[0]["rollout/masked_token_share"] < 1
+    meta = json.loads((res.out / "deepr_meta.json").read_text())
+    assert meta["role"] == "planner" and meta["status"] == "done"
+    llm = get_llm(meta["llm_spec"])
+    assert llm.config.adapters == {"planner": str(res.out)}
+    assert isinstance(llm.chat([{"role": "user", "content": "hi"}], role="planner", max_tokens=4), str)
+
+
+def test_answerer_stage_merges_planner_and_saves_answerer_adapter(tiny, prepared, planner_run, tmp_path):
+    from deepr.llm import get_llm
+    from deepr.train import grpo
+
+    planner = planner_run[0].out
+    rows, lookup = grpo.answerer_dataset(prepared[:1])
+    cfg = grpo.GrpoConfig(stage="answerer", model=str(tiny), out=tmp_path / "answerer", planner_adapter=planner,
+                          num_generations=2, prompts_per_step=1, mini_batch_prompts=1, max_completion_length=24,
+                          max_steps=1, lora_r=4, lora_alpha=8)
+    res = grpo.train_grpo(cfg, rows, lookup)
+    assert res.steps == 1 and res.rewards and 0.0 <= res.rewards[0][1] <= 1.0
+    meta = json.loads((tmp_path / "answerer" / "deepr_meta.json").read_text())
+    assert meta["role"] == "answerer" and meta["base_model"] == str(tmp_path / "answerer" / "base")
+    llm = get_llm(meta["llm_spec"])
+    assert set(llm.config.adapters) == {"answerer"}
+    assert isinstance(llm.chat([{"role": "user", "content": "hi"}], role="answerer", max_tokens=4), str)
+    with pytest.raises(ValueError, match="--resume"):
+        grpo.train_grpo(cfg, rows, lookup)
+
+
+def test_cli_rejects_missing_flags_and_bad_config(tmp_path):
+    from typer.testing import CliRunner
+
+    from deepr.cli import app
+
+    r = CliRunner().invoke(app, ["grpo", "--stage", "planner"])
+    assert r.exit_code == 2 and "missing --model" in r.output
+    bad = tmp_path / "c.json"
+    bad.write_text("{not json")
+    r = CliRunner().invoke(app, ["grpo", "--config", str(bad), "--stage", "planner", "--model", "m",
+                                 "--data", "d.jsonl", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "line 1" in r.output
+
+
+def test_cli_prepare_writes_resumable_records(mini_corpus, tmp_path):
+    from typer.testing import CliRunner
+
+    from deepr.cli import app
+    from deepr.io import read_jsonl
+    from deepr.train.prepare import Prepared
+
+    data = tmp_path / "verified.jsonl"
+    data.write_text("".join(p.model_dump_json() + "\n" for p in _pairs(1)))
+    out = tmp_path / "prepared.jsonl"
+    args = ["grpo", "prepare", "--planner", "extractive", "--data", str(data), "--out", str(out),
+            "--corpus", str(mini_corpus), "--retriever", "bm25", "--k", "2"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    (rec,) = read_jsonl(out, Prepared)
+    assert rec.id == "q0" and rec.planner == "extractive/extractive" and rec.waves
+    assert json.loads(Path(str(out) + ".meta.json").read_text())["counts"]["prepared"] == 1
+    r = CliRunner().invoke(app, args)  # a re-run skips finished ids
+    assert r.exit_code == 0 and len(out.read_text().splitlines()) == 1
+    r = CliRunner().invoke(app, [*args[:3], str(tmp_path / "nope"), *args[4:]])
+    assert r.exit_code == 2 and "nope" in r.output
