@@ -22,7 +22,7 @@ from deepr.agent.citations import Catalog
 from deepr.agent.extract import split_sentences
 from deepr.agent.trace import Tracer
 
-Mode = Literal["dag", "warp", "decor"]
+Mode = Literal["dag", "warp", "decor", "tools"]
 
 
 class RunConfig(BaseModel):
@@ -31,7 +31,8 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     mode: Mode = Field("dag", description="Agent loop: dag (DecomposeR planner + waves), warp (AgentCPM "
-                       "draft/deepen), decor (DECOR planner/filter/answerer for short answers).")
+                       "draft/deepen), decor (DECOR planner/filter/answerer for short answers), "
+                       "tools (DeepRubric tool-calling agent, ≤ 10 tool turns).")
     k: int = Field(5, ge=1, le=50, description="Results per search call (top-k snippets).")
     explore_k: int = Field(15, ge=2, le=100, description="Results the extractive planner clusters into "
                            "search nodes (and warp's into sections).")

@@ -107,6 +107,10 @@ async def arun_agent(query: str, *, tools: Any, llm: LLM, config: RunConfig, que
         answer, sections, graph = _dag_doc(await run_dag(ctx, query))
     elif config.mode == "warp":
         answer, sections, graph = _warp_doc(await run_warp(ctx, query))
+    elif config.mode == "tools":
+        from deepr.agent.tools_agent import run_tools, tools_doc
+
+        answer, sections, graph = tools_doc(await run_tools(ctx, query))
     else:
         answer, sections, graph = _decor_doc(await run_decor(ctx, query))
     notes = ([EXTRACTIVE_NOTE] if llm.is_extractive else []) + _fallback_note(tracer)

@@ -60,8 +60,12 @@ def _training_rows(stage: str, data: Path) -> tuple[list, dict]:
 @grpo_app.callback(invoke_without_command=True)
 def grpo_cmd(
     ctx: typer.Context,
-    stage: str | None = typer.Option(None, "--stage", help="planner (turn 1 → search → turn 2, reward R_plan) or "
-                                     "answerer (waves + final answer on prepared records, reward R_ans)."),
+    stage: str | None = typer.Option(None, "--stage", help="planner (turn 1 → search → turn 2, reward R_plan), "
+                                     "answerer (waves + final answer on prepared records, reward R_ans), rubric "
+                                     "(tool-calling agent on verified.jsonl, composite rubric reward), decor "
+                                     "(planner/filter/answerer team on {id, question, answers} JSONL), warp-atomic "
+                                     "(single-step RL on rl.jsonl WARP actions) or warp-report (whole WARP runs, "
+                                     "report-level reward)."),
     model: str | None = typer.Option(None, "--model", help="Starting model folder (planner: the SFT checkpoint; "
                                      "answerer: the base model)."),
     data: Path | None = typer.Option(None, "--data", help="planner: verified.jsonl; answerer: the prepared.jsonl "
@@ -110,24 +114,29 @@ def grpo_cmd(
         if missing:
             raise fail(f"missing {', '.join(missing)}; e.g. deepr grpo --stage planner --model M --data "
                        "verified.jsonl --out runs/rl-planner")
-        from deepr.train.grpo import GrpoConfig
+        if settings["stage"] in ("rubric", "decor", "warp-atomic", "warp-report"):  # issue 8 stages
+            from deepr.train.rubric_stage import run_from_settings
 
-        config = GrpoConfig(**settings)
-        rows, lookup = _training_rows(config.stage, data)
-        env = None
-        if config.stage == "planner":
-            from deepr.corpus import open_retriever
-            from deepr.train.rollouts import PlannerEnvironment
+            res, n_rows, config = run_from_settings(settings, data)
+        else:
+            from deepr.train.grpo import GrpoConfig
 
-            env = PlannerEnvironment(open_retriever(config.corpus, retriever=config.retriever, progress=True),
-                                     k=config.k, fetch_limit=config.fetch_limit)
-        from deepr.train.grpo import train_grpo
+            config = GrpoConfig(**settings)
+            rows, lookup = _training_rows(config.stage, data)
+            env = None
+            if config.stage == "planner":
+                from deepr.corpus import open_retriever
+                from deepr.train.rollouts import PlannerEnvironment
 
-        res = train_grpo(config, rows, lookup, env=env)
+                env = PlannerEnvironment(open_retriever(config.corpus, retriever=config.retriever, progress=True),
+                                         k=config.k, fetch_limit=config.fetch_limit)
+            from deepr.train.grpo import train_grpo
+
+            res, n_rows = train_grpo(config, rows, lookup, env=env), len(rows)
     if os.environ.get("RANK", "0") == "0":
         last = res.rewards[-1][1] if res.rewards else float("nan")
         summary_table(f"grpo --stage {config.stage}", [
-            ("prompts", len(rows)), ("steps", res.steps), ("first reward", res.rewards[0][1] if res.rewards else "-"),
+            ("prompts", n_rows), ("steps", res.steps), ("first reward", res.rewards[0][1] if res.rewards else "-"),
             ("last reward", round(last, 4)), ("status", "interrupted" if res.interrupted else "done"),
             ("seconds", round(res.seconds, 1)), ("load with", f"--llm {res.llm_spec}")])
 

@@ -23,7 +23,7 @@ import typer
 
 from deepr.cli.app import app, console, summary_table, user_errors
 
-MODES = ("dag", "warp", "decor")
+MODES = ("dag", "warp", "decor", "tools")
 _FLAGS = {"k": "-k", "search_rounds": "--search-rounds", "max_cycles": "--max-cycles", "mode": "--mode",
           "force_expand": "--force-expand", "decor_steps": "--steps", "memory_limit": "--memory-limit",
           "max_reasks": "--max-reasks", "temperature": "--temperature", "max_tokens": "--max-tokens"}
@@ -88,6 +88,8 @@ def _stats(result: Any) -> list[tuple[str, Any]]:
         rows += [("plan nodes", len(tr.plans[-1]["plan"]["nodes"])), ("waves", len(extra.get("waves", [])))]
     elif result.mode == "warp":
         rows += [("expansions", extra.get("expansions")), ("drafts", len(result.trajectory.drafts))]
+    elif result.mode == "tools":
+        rows += [("agent tool calls", extra.get("tool_calls"))]
     else:
         rows += [("search steps", len(extra.get("queries", [])))]
     return rows
@@ -157,7 +159,8 @@ def run_command(
     out: Path = typer.Option(..., "--out", "-o", help="Report path (.md); report.json (audit trace) and "
                              "report.html go beside it. With --queries: a folder for all reports."),
     mode: str = typer.Option("dag", "--mode", "-m", help="dag (plan graph + waves), warp (draft and deepen "
-                             "an outline) or decor (planner/filter/answerer for short answers)."),
+                             "an outline), decor (planner/filter/answerer for short answers) or tools "
+                             "(DeepRubric agent: <tool_call> search/browse loop, ≤ 10 tool turns, <cite> answer)."),
     corpus: str = typer.Option("wiki", "--corpus", "-c", help="Corpus: wiki, a .jsonl/.parquet file, a folder "
                                "of .md/.txt, or hf:<dataset>[:<config>]."),
     retriever: str = typer.Option("hybrid", "--retriever", "-r", help="dense, bm25 or hybrid ranking."),

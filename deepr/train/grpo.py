@@ -209,7 +209,9 @@ def metrics_callback(path: Path) -> Any:
 
 
 def llm_spec(config: GrpoConfig, base: str) -> str:
-    return f"hf:{base}" if config.full else f"hf:{base},adapter={config.role}:{config.out}"
+    # a stage may train one adapter that several agent roles use (DECOR's team): it names them all
+    roles = getattr(config, "adapter_roles", None) or [config.role]
+    return f"hf:{base}" if config.full else f"hf:{base}," + ",".join(f"adapter={r}:{config.out}" for r in roles)
 
 
 def write_run_meta(config: GrpoConfig, status: str, data_fp: str, base: str, extra: dict[str, Any]) -> None:

@@ -1,0 +1,281 @@
+"""tools mode: the DeepRubric tool-calling research agent (002 App. D; SPEC §4 "tools").
+
+One model loops ``<think>`` → ``<tool_call>{"name", "arguments"}</tool_call>`` → the
+environment's ``<tool_response>`` → ... → ``<answer>`` whose claims are wrapped in
+``<cite id="S1-R2">claim</cite>`` spans. Tools: ``search`` / ``scholar`` (ranked snippets)
+and ``browse`` (the full page of a document an earlier search returned). Citation ids are
+issued by code (:class:`~deepr.agent.citations.Catalog`): results of tool call t are
+``S<t>-R<k>``, a browsed page ``S<t>-F<n>``. An answer citing an id the agent was never
+shown is re-asked (bounded), then accepted with those citations removed and a failure
+recorded. At most ``max_turns`` tool turns (10 at inference, 20 in training); after that
+the agent must answer. The same text protocol is used by ``deepr grpo --stage rubric``,
+whose rollouts call :class:`ToolSession` for every ``<tool_call>``.
+
+The extractive implementation writes the same protocol without a model: it searches the
+question and each of its parts, browses the best document, and answers with the
+extractive writer's cited sentences turned into ``<cite>`` spans.
+
+    deepr run "Who painted the Mona Lisa and where is it?" --mode tools --out report.md
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from deepr.agent.citations import cited_ids, normalize, strip_ids
+from deepr.agent.env import Ctx
+from deepr.agent.extract import shorten, sub_questions
+from deepr.agent.render import GNode, Graph, Section
+from deepr.llm.base import LLMError
+
+RUN_TURNS, TRAIN_TURNS = 10, 20
+TOOLS_SYSTEM = """You are a research agent. Work in steps. In each step first reason briefly inside \
+<think>...</think>, then either call ONE tool or give the final answer.
+Tools (call as <tool_call>{"name": "...", "arguments": {...}}</tool_call>):
+- search {"query": "a few words"}: ranked snippets of an encyclopedia, each labelled with an id like [S1-R2].
+- browse {"doc_id": "an id or doc id from an earlier search"}: the full page of that document.
+- scholar {"query": "..."}: like search, over a second (scholarly) corpus when one is available.
+The tool's output comes back inside <tool_response>...</tool_response>. You may make at most \
+{max_turns} tool calls. When you know enough, answer inside <answer>...</answer>: a clear, complete \
+answer in which every factual claim is wrapped as <cite id="S1-R2">the claim</cite>, citing only ids \
+shown in tool responses."""
+FINAL_NUDGE = "You have used all your tool calls. Write the final <answer> now from what you have found."
+BAD_STEP = ("Your reply could not be used: {reason}. Reply with <think>...</think> followed by exactly one "
+            "<tool_call>{{\"name\": ..., \"arguments\": {{...}}}}</tool_call> or one <answer>...</answer>.")
+BAD_CITES = ("Your answer cites ids that no tool response showed: {ids}. Cite only ids from the tool "
+             "responses (e.g. {example}) and reply with the corrected <answer>...</answer>.")
+
+_TOOL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S | re.I)
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
+_THINK = re.compile(r"<think>(.*?)</think>", re.S | re.I)
+_CITE = re.compile(r"<cite\s+ids?\s*=\s*[\"']([^\"']*)[\"']\s*>", re.I)
+
+
+@dataclass
+class Step:
+    """One parsed model turn: a tool call, the answer, or an unusable reply (with the reason)."""
+
+    kind: str  # "tool" | "answer" | "invalid"
+    name: str = ""
+    arguments: dict[str, Any] = field(default_factory=dict)
+    answer: str = ""
+    reason: str = ""
+
+
+def system_prompt(max_turns: int = RUN_TURNS) -> str:
+    return TOOLS_SYSTEM.replace("{max_turns}", str(max_turns))
+
+
+def first_messages(query: str, max_turns: int = RUN_TURNS) -> list[dict[str, str]]:
+    return [{"role": "system", "content": system_prompt(max_turns)}, {"role": "user", "content": query.strip()}]
+
+
+def parse_step(text: str) -> Step:
+    """Read one turn; the tool call wins when a reply has both (the answer would be premature)."""
+    calls = _TOOL.findall(text or "")
+    if calls:
+        try:
+            call = json.loads(calls[0].strip())
+        except json.JSONDecodeError as e:
+            return Step("invalid", reason=f"the <tool_call> body is not JSON ({e.msg})")
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            return Step("invalid", reason='the <tool_call> needs {"name": ..., "arguments": {...}}')
+        args = call.get("arguments", {})
+        if not isinstance(args, dict):
+            return Step("invalid", reason="the tool call's arguments must be a JSON object")
+        return Step("tool", name=call["name"], arguments=args)
+    answers = _ANSWER.findall(text or "")
+    if answers and answers[-1].strip():
+        return Step("answer", answer=answers[-1].strip())
+    return Step("invalid", reason="no <tool_call> and no non-empty <answer>")
+
+
+def tool_response(text: str) -> str:
+    return f"<tool_response>\n{text.strip()}\n</tool_response>"
+
+
+def answer_ids(answer: str) -> list[str]:
+    """Ids cited in an answer, from <cite id> spans and bracket markers alike."""
+    ids = [i.strip() for m in _CITE.finditer(answer) for i in re.split(r"[,\s;]+", m.group(1)) if i.strip()]
+    return list(dict.fromkeys(ids + cited_ids(answer)))
+
+
+class ToolSession:
+    """Runs one agent's tool calls on a :class:`Ctx` and remembers what it may cite."""
+
+    def __init__(self, ctx: Ctx, *, max_chars: int = 600):
+        self.ctx, self.max_chars = ctx, max_chars
+        self.calls = 0
+        self.valid = 0
+        self.shown: list[str] = []
+
+    def execute(self, name: str, arguments: dict[str, Any]) -> str:
+        """The tool's output as text (errors too: the model reads them and can recover)."""
+        self.calls += 1
+        node = f"S{self.calls}"
+        if name in ("search", "scholar"):
+            query = arguments.get("query")
+            if not isinstance(query, str) or not query.strip():
+                return f'{name} needs {{"query": "some words"}}; got arguments {json.dumps(arguments)[:120]}'
+            if name == "scholar" and getattr(self.ctx.tools, "scholar_retriever", None) is None:
+                return "scholar is not available in this run (no second corpus); use search"
+            ids = self._search(name, node, query.strip())
+            self.valid += 1
+            return self.ctx.catalog.evidence(ids, self.max_chars) if ids else f"no results for {query!r}"
+        if name == "browse":
+            ref = arguments.get("doc_id") or arguments.get("id") or arguments.get("url")
+            if not isinstance(ref, str) or not ref.strip():
+                return 'browse needs {"doc_id": "an id from an earlier search result"}'
+            cid = self.ctx.fetch(ref.strip(), node=node)
+            if cid is None:
+                return f"browse refused: {ref!r} was not returned by an earlier search in this run"
+            self.valid += 1
+            self.shown.append(cid)
+            return self.ctx.catalog.evidence([cid], self.max_chars * 4)
+        return f"unknown tool {name!r}; use search, browse or scholar"
+
+    def _search(self, name: str, node: str, query: str) -> list[str]:
+        if name == "search":
+            ids = self.ctx.search(node, query)
+        else:
+            hits = self.ctx.tools.scholar(query)
+            ids = self.ctx.catalog.add_hits(node, hits, query)
+            self.ctx.tracer.tool("scholar", node=node, query=query, ids=ids, doc_ids=[h.doc_id for h in hits])
+        self.shown.extend(ids)
+        return ids
+
+    def store(self) -> dict[str, str]:
+        """{id: snippet text} of everything shown, the citation store of the reward."""
+        return {cid: self.ctx.catalog[cid].text for cid in self.shown}
+
+
+@dataclass
+class ToolsOutcome:
+    answer: str  # markdown with [id] markers, as the report renders it
+    raw_answer: str  # the <answer> body with <cite> spans
+    transcript: list[dict[str, str]]
+    tool_calls: int
+
+
+# --- the extractive policy --------------------------------------------------------------
+
+
+_MARKED = re.compile(r"(\s*)(.+?)\s*\[([^\[\]]+)\]([.!?]?)(?=\s|$)", re.S)
+
+
+def cite_spans(text: str) -> str:
+    """Turn writer sentences ending in ``[id]`` markers into ``<cite id="id">sentence</cite>``."""
+    def wrap(m: re.Match) -> str:
+        ids = [i.strip() for i in m.group(3).split(",") if i.strip()]
+        return f'{m.group(1)}<cite id="{ids[0]}">{m.group(2).strip()}{m.group(4)}</cite>' if ids else m.group(0)
+
+    return "\n\n".join(_MARKED.sub(wrap, para) for para in text.split("\n\n"))
+
+
+class ExtractivePolicy:
+    """Deterministic replies in the agent's protocol: search each part, browse once, answer."""
+
+    def __init__(self, ctx: Ctx, query: str, max_turns: int):
+        parts = sub_questions(query)
+        self.queries = list(dict.fromkeys([shorten(query, 24)] + [shorten(p, 24) for p in parts if p != query]))
+        self.ctx, self.query, self.parts, self.max_turns = ctx, query, parts, max_turns
+        self.browsed = False
+
+    def reply(self, session: ToolSession) -> str:
+        if session.calls < min(len(self.queries), self.max_turns):
+            q = self.queries[session.calls]
+            return (f"<think>Search for: {q}</think>\n<tool_call>"
+                    f"{json.dumps({'name': 'search', 'arguments': {'query': q}})}</tool_call>")
+        if not self.browsed and session.shown and session.calls < self.max_turns:
+            self.browsed = True
+            top = self.ctx.catalog[session.shown[0]].doc_id
+            return (f"<think>Read the most relevant page in full.</think>\n<tool_call>"
+                    f"{json.dumps({'name': 'browse', 'arguments': {'doc_id': top}})}</tool_call>")
+        from deepr.agent.writer import write_by_parts
+
+        text = write_by_parts(self.ctx, self.query, self.parts, session.shown, self.ctx.config.answer_sentences)
+        return f"<think>Answer from the cited evidence.</think>\n<answer>{cite_spans(text)}</answer>"
+
+
+# --- the loop ---------------------------------------------------------------------------
+
+
+async def _model_turn(ctx: Ctx, convo: list[dict[str, str]], action: str) -> str:
+    llm = ctx.tracer.llm(ctx.llm, "agent", action)
+    return await llm.achat(convo, role="agent", **ctx.config.chat_kw())
+
+
+async def run_tools(ctx: Ctx, query: str, *, max_turns: int = RUN_TURNS) -> ToolsOutcome:
+    """Run the loop until an accepted answer; see the module docstring."""
+    session = ToolSession(ctx)
+    convo = first_messages(query, max_turns)
+    policy = ExtractivePolicy(ctx, query, max_turns) if ctx.extractive else None
+    reasks, answer = 0, None
+    while answer is None:
+        action = "answer" if session.calls >= max_turns else "step"
+        with ctx.tracer.phase("agent"):
+            try:
+                reply = policy.reply(session) if policy else await _model_turn(ctx, convo, action)
+            except LLMError as e:  # retries were the backend's; the run ends with what it found
+                ctx.tracer.fail("agent/step", f"model call failed: {e}", tool_calls=session.calls)
+                answer = _salvage(ctx, query, Step("invalid", reason=str(e)), session)
+                break
+        step = parse_step(reply)
+        ctx.tracer.turn("agent", step.name or step.kind, list(convo), reply, ok=step.kind != "invalid",
+                        **({"extractive": True} if policy else {}))
+        convo.append({"role": "assistant", "content": reply})
+        if step.kind == "tool" and session.calls < max_turns:
+            with ctx.tracer.phase("tools"):
+                convo.append({"role": "user", "content": tool_response(session.execute(step.name, step.arguments))})
+            continue
+        problem = _answer_problem(step, session, max_turns)
+        if problem is None:
+            answer = step.answer
+        elif reasks >= ctx.config.max_reasks:
+            ctx.tracer.fail("agent/answer", problem, attempts=reasks + 1)
+            answer = _salvage(ctx, query, step, session)
+        else:
+            reasks += 1
+            convo.append({"role": "user", "content": problem})
+    md = strip_ids(normalize(answer), [i for i in answer_ids(answer) if i not in session.shown])
+    ctx.tracer.decide("answer", tool_calls=session.calls, cited=answer_ids(answer))
+    ctx.tracer.extra.update(tool_calls=session.calls)
+    return ToolsOutcome(md, answer, convo, session.calls)
+
+
+def _answer_problem(step: Step, session: ToolSession, max_turns: int) -> str | None:
+    """What is wrong with a turn that should now be the answer (None: accept it)."""
+    if step.kind == "tool":
+        return FINAL_NUDGE
+    if step.kind == "invalid":
+        return FINAL_NUDGE if session.calls >= max_turns else BAD_STEP.format(reason=step.reason)
+    unknown = [i for i in answer_ids(step.answer) if i not in session.shown]
+    if unknown:
+        return BAD_CITES.format(ids=", ".join(unknown[:8]), example=", ".join(session.shown[:3]) or "none yet")
+    return None
+
+
+def _salvage(ctx: Ctx, query: str, step: Step, session: ToolSession) -> str:
+    """After the re-asks: keep a usable answer (unknown ids are stripped later), else write one
+    extractively from what was found, so the run still yields a cited report."""
+    if step.kind == "answer":
+        return step.answer
+    from deepr.agent.writer import write_by_parts
+
+    ctx.tracer.decide("fallback", fallback=["agent answer"])
+    return cite_spans(write_by_parts(ctx, query, sub_questions(query), session.shown,
+                                     ctx.config.answer_sentences))
+
+
+def tools_doc(out: ToolsOutcome) -> tuple[str, list[Section], Graph]:
+    """The report pieces for the runner: the answer, the tool-call log, a chain graph."""
+    calls = [m["content"] for m in out.transcript if m["role"] == "assistant" and "<tool_call>" in m["content"]]
+    lines = [f"{i}. `{shorten(' '.join(_TOOL.findall(c)[0].split()), 30)}`" for i, c in enumerate(calls, 1)]
+    g = Graph([GNode(f"T{i}", f"tool call {i}", "step") for i in range(1, len(calls) + 1)]
+              + [GNode("answer", "answer", "answer")])
+    chain = [n.id for n in g.nodes]
+    g.edges = list(zip(chain, chain[1:]))
+    return out.answer, [Section("Answer", out.answer), Section("Tool calls", "\n".join(lines) or "(none)")], g

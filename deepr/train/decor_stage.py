@@ -1,0 +1,350 @@
+"""grpo --stage decor: one shared policy plays DECOR's planner / filter / answerer (001 §4.3–4.4,
+App. C; SPEC §6, §8).
+
+Input: question–answer JSONL ``{"id", "question", "answers": [str]}``. Every question becomes
+three rows, one per role u; each row's G rollouts are whole team episodes of 001 Alg. 1
+(planner → retrieve top-k → filter → memory, at most T_max steps, then the answerer), every
+role written by the policy. A row's completion is role u's turns of its episode: the first
+turn after u's first observation, later observations of u as (masked) environment turns,
+so the sequence-level ratio of the loss is ρ_i^u of Eq. 5. Reward (Eq. 2–3): R_total^u = −1
+when one of u's outputs breaks the role's block protocol (the episode stops there), else
+α R_team + (1 − α) R_role^u with R_team = λ F1 + (1 − λ) LJ of the team's answer and R_role^u
+the role judge's majority verdict over u's steps. Advantages are normalised per (question,
+role) group (Eq. 6) by :class:`DecorTrainer`. Loss: sequence-level importance ratio with the
+asymmetric clip ε 3e-4 / ε_high 4e-4 (Table 5), lr 2e-6, G = 8, T_max 4.
+
+    deepr grpo --stage decor --model runs/sft-decor --data qa.jsonl --out runs/rl-decor
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable, Generator, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from deepr.agent.decor import ANSWER_SYSTEM, FILTER_SYSTEM, PLANNER_SYSTEM, MemoryItem, _STOP, memory_text
+from deepr.rewards.decor import ALPHA, LAMBDA, format_ok, role_advantages, role_content
+from deepr.train.rubric_stage import StageConfig, log_means, lookup_row, train_stage
+
+ROLES = ("planner", "filter", "answerer")
+# The reward's protocol (001 App. B) wants reasoning in <think> from every role.
+SYSTEMS = {"planner": PLANNER_SYSTEM,
+           "filter": FILTER_SYSTEM.replace("Reply exactly as: <filter>", "Reply exactly as: <think>what matters"
+                                           "</think><filter>"),
+           "answerer": ANSWER_SYSTEM.replace("Reply exactly as: <answer>", "Reply exactly as: <think>your "
+                                             "reasoning</think><answer>")}
+
+
+class QARecord(BaseModel):
+    """One training question with its gold answers."""
+
+    id: str
+    question: str = Field(min_length=1)
+    answers: list[str] = Field(min_length=1)
+
+    @field_validator("answers", mode="before")
+    @classmethod
+    def _listify(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+
+class DecorStageConfig(StageConfig):
+    """Settings of ``deepr grpo --stage decor`` (defaults: 001 Table 5)."""
+
+    PAPER: ClassVar[dict[str, Any]] = {"learning_rate": 2e-6, "beta": 0.0, "num_generations": 8,
+                                       "prompts_per_step": 8, "mini_batch_prompts": 4,
+                                       "max_completion_length": 20480, "max_turn_tokens": 4096}
+    ROLE: ClassVar[str] = "decor"
+    stage: Literal["decor"] = Field("decor", description="DECOR planner / filter / answerer team.")
+    epsilon: float = Field(3e-4, gt=0, description="Lower clip of the sequence-level ratio (Table 5: 3e-4).")
+    epsilon_high: float | None = Field(4e-4, gt=0, description="Upper clip (Table 5: 4e-4).")
+    importance_sampling_level: Literal["token", "sequence"] = Field("sequence", description="Sequence-level "
+                                                                    "ratio (GSPO, Eq. 5).")
+    decor_steps: int = Field(4, ge=1, le=10, description="T_max, most planner/filter steps (Table 5: 4).")
+    memory_limit: int = Field(4096, ge=64, description="L_max tokens of memory before condensing.")
+    alpha: float = Field(ALPHA, ge=0, le=1, description="Weight of R_team against R_role (Eq. 3: 0.6).")
+    lam: float = Field(LAMBDA, ge=0, le=1, description="Weight of F1 against LJ in R_team (Eq. 2: 0.5).")
+
+    @property
+    def adapter_roles(self) -> list[str]:
+        return ["decor_planner", "decor_filter", "decor_answerer"]  # the roles of `deepr run --mode decor`
+
+
+def decor_dataset(records: Sequence[QARecord]) -> tuple[list[dict[str, Any]], dict[tuple[str, str], QARecord]]:
+    """Rows {id, prompt, role, question, answers} — one per (question, role) — and their lookup."""
+    rows, lookup = [], {}
+    for rec in records:
+        for role in ROLES:
+            rows.append({"id": f"{rec.id}:{role}", "prompt": [{"role": "system", "content": SYSTEMS[role]},
+                                                              {"role": "user", "content": rec.question}],
+                         "role": role, "question": rec.question, "answers": list(rec.answers), "qid": rec.id})
+            lookup[(SYSTEMS[role], rec.question)] = rec
+    return rows, lookup
+
+
+def observation(role: str, question: str, ep: Episode, ids: Sequence[str] = (), q: str = "") -> str:
+    """What ``role`` sees: the same user messages as ``deepr run --mode decor``."""
+    if role == "planner":
+        return (f"Question: {question}\nFacts so far:\n{memory_text(ep.memory)}\nSearches made: "
+                f"{'; '.join(ep.past) or '(none)'}")
+    if role == "filter":
+        return f"Search query: {q}\nResults:\n{ep.ctx.catalog.evidence(list(ids)) or '(none)'}"
+    return f"Question: {question}\nFacts:\n{memory_text(ep.memory)}"
+
+
+@dataclass
+class Episode:
+    """One team episode; ``steps`` holds the trained role's (context, output) pairs for its judge."""
+
+    role: str
+    rec: QARecord
+    ctx: Any
+    memory: list[MemoryItem] = field(default_factory=list)
+    past: list[str] = field(default_factory=list)
+    steps: list[dict[str, str]] = field(default_factory=list)
+    answer: str = ""
+    format_ok: bool = True
+    broken: str = ""  # "<role>: reason" of the first protocol break (the episode stopped there)
+
+
+class TeamDriver:
+    """Plays one episode. :meth:`play` is a generator: it yields each observation of the trained
+    role and receives that role's reply; the other roles are written by ``say(role, messages)``."""
+
+    def __init__(self, ep: Episode, say: Callable[[str, list[dict[str, str]]], str], steps: int, memory_limit: int):
+        self.ep, self.say, self.steps, self.limit = ep, say, steps, memory_limit
+
+    def _check(self, role: str, out: str) -> str | None:
+        ok, why = format_ok(role, out)
+        if role == self.ep.role:
+            self.ep.format_ok = self.ep.format_ok and ok
+        if not ok:
+            self.ep.broken = f"{role}: {why}"
+            return None
+        return role_content(role, out)
+
+    def _turn(self, role: str, obs: str, context: str) -> Generator[str, str, str | None]:
+        if role == self.ep.role:
+            out = yield obs
+            self.ep.steps.append({"context": context, "output": out})
+        else:
+            out = self.say(role, [{"role": "system", "content": SYSTEMS[role]}, {"role": "user", "content": obs}])
+        return self._check(role, out)
+
+    def play(self) -> Generator[str, str, None]:
+        from deepr.agent import decor_extractive as ex
+        from deepr.agent.citations import normalize
+        from deepr.agent.extract import approx_tokens
+
+        ep, question = self.ep, self.ep.rec.question
+        for t in range(1, self.steps + 1):
+            plan = yield from self._turn("planner", observation("planner", question, ep), "\n".join(ep.past))
+            if plan is None:
+                return  # a broken protocol truncates the episode (001 §4.3)
+            if _STOP.match(plan):
+                break
+            q = " ".join(plan.split())
+            ep.past.append(q)
+            ids = ep.ctx.search(f"S{t}", q)
+            obs = observation("filter", question, ep, ids, q)
+            ev = yield from self._turn("filter", obs, obs)
+            if ev is None:
+                return
+            if ep.memory and approx_tokens(memory_text(ep.memory)) + approx_tokens(ev) > self.limit:
+                facts = ex.condense_facts(ep.ctx, question, ep.memory, self.limit // 2)
+                ep.memory = [MemoryItem("condensed facts", " ".join(facts))]
+            ep.memory.append(MemoryItem(q, normalize(ev).strip()))
+        answer = yield from self._turn("answerer", observation("answerer", question, ep), memory_text(ep.memory))
+        ep.answer = normalize(answer or "").strip()
+
+
+def _send(gen: Generator[str, str, None], reply: str | None) -> str | None:
+    """Advance an episode; its next observation for the trained role, or None when it ended."""
+    try:
+        return next(gen) if reply is None else gen.send(reply)
+    except StopIteration:
+        return None
+
+
+def decor_rollouts(prompts: Sequence[Any], lookup: dict[tuple[str, str], QARecord], make_ctx: Callable[[str], Any],
+                   generate: Any, tokenizer: Any, *, budget: int, eos_ids: Sequence[int], steps: int = 4,
+                   memory_limit: int = 4096, turn_cap: int | None = None) -> tuple[list[Any], dict[str, list]]:
+    """One team episode per row; the sample is the row's role's turns (observations masked).
+    A row whose role never got to speak (the team stopped first) is one masked end token and
+    no reward (advantage 0)."""
+    from deepr.train.rollouts import Rollout, prompt_ids, run_turns
+
+    def say(role: str, messages: list[dict[str, str]]) -> str:
+        ids, _ = generate([prompt_ids(tokenizer, messages)], False, turn_cap or budget)
+        return tokenizer.decode(ids[0], skip_special_tokens=True)
+
+    eps, gens, firsts = [], [], []
+    for p in prompts:
+        rec = lookup_row(lookup, (p[0]["content"], p[-1]["content"]), "decor")
+        role = next(r for r in ROLES if SYSTEMS[r] == p[0]["content"])
+        ep = Episode(role, rec, make_ctx(rec.question))
+        gen = TeamDriver(ep, say, steps, memory_limit).play()
+        eps.append(ep), gens.append(gen), firsts.append(_send(gen, None))
+    live = [i for i, f in enumerate(firsts) if f is not None]
+    msgs = [[{"role": "system", "content": SYSTEMS[eps[i].role]}, {"role": "user", "content": firsts[i]}]
+            for i in live]
+    done = run_turns([prompt_ids(tokenizer, m) for m in msgs], generate,
+                     lambda j, r: _send(gens[live[j]], r.texts[-1]), tokenizer, budget=budget, eos_ids=eos_ids,
+                     max_turns=steps + 1, turn_cap=turn_cap) if live else []
+    rollouts: list[Any] = []
+    for i, ep in enumerate(eps):
+        if i in live:
+            r = done[live.index(i)]
+            if len(ep.steps) < len(r.texts):  # the last turn (cut or at the turn limit) still counts
+                _send(gens[i], r.texts[-1])
+            rollouts.append(r)
+        else:
+            silent = Rollout(prompt_ids(tokenizer, prompts[i]))
+            silent.parts.append(([eos_ids[0]], False, None))
+            rollouts.append(silent)
+    extra = {"team_answer": [ep.answer for ep in eps], "role_steps": [ep.steps for ep in eps],
+             "format_valid": [ep.format_ok for ep in eps], "broken": [ep.broken for ep in eps],
+             "spoke": [i in live for i in range(len(eps))]}
+    return rollouts, extra
+
+
+def make_decor_rollout_func(lookup: dict[tuple[str, str], QARecord], make_ctx: Callable[[str], Any], *,
+                            budget: int, steps: int = 4, memory_limit: int = 4096, turn_cap: int | None = None,
+                            generate_for: Callable[[Any], Any] | None = None) -> Callable[[list[Any], Any], dict]:
+    from deepr.train.rollouts import _log, _mask_stats, trainer_generate
+
+    def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        tok = trainer.processing_class
+        eos_ids = list(getattr(trainer, "eos_token_ids", None) or [tok.eos_token_id])
+        rollouts, extra = decor_rollouts(prompts, lookup, make_ctx, (generate_for or trainer_generate)(trainer), tok,
+                                         budget=budget, eos_ids=eos_ids, steps=steps, memory_limit=memory_limit,
+                                         turn_cap=turn_cap)
+        _mask_stats(trainer, rollouts)
+        _log(trainer, "rollout/role_spoke", [float(s) for s in extra["spoke"]])
+        _log(trainer, "rollout/episode_broken", [float(bool(b)) for b in extra["broken"]])
+        lps = [r.logprobs for r in rollouts]
+        return {"prompt_ids": [r.prompt_ids for r in rollouts], "completion_ids": [r.completion_ids for r in rollouts],
+                "logprobs": None if any(lp is None for lp in lps) else lps,
+                "env_mask": [r.env_mask for r in rollouts], **extra}
+
+    return rollout_func
+
+
+class DecorRewardFn:
+    """R_total^u per row (Eq. 3); logs R_team, F1, LJ, R_role, the format rate and R_total per role."""
+
+    __name__ = "decor_reward"
+
+    def __init__(self, judge: Any = None, embed: Any = None, *, alpha: float = ALPHA, lam: float = LAMBDA):
+        self._judge, self._embed, self.alpha, self.lam = judge, embed, alpha, lam
+
+    @property
+    def judge(self) -> Any:
+        if self._judge is None:
+            from deepr.rewards.judges import Judge
+
+            if self._embed is None:
+                from deepr.corpus.embed import get_embedder
+
+                self._embed = get_embedder().encode
+            self._judge = Judge(None, self._embed)
+        return self._judge
+
+    async def score(self, role: str, question: str, answers: list[str], team_answer: str,
+                    steps: list[dict[str, str]], fmt_ok: bool) -> dict[str, Any] | None:
+        """Every term of one row's reward; None when a judge call failed (no reward, not 0)."""
+        from deepr.rewards.decor import f1_score, llm_judge, r_team, r_total, role_judge
+        from deepr.rewards.text import strip_citations
+
+        team_answer = strip_citations(team_answer or "").strip()
+        if not steps:
+            return None  # the role never spoke in this episode
+        if not fmt_ok:
+            return {"R_total": -1.0, "format_ok": 0.0, "role": role}
+        f1 = f1_score(team_answer, answers) if team_answer else 0.0
+        lj = await llm_judge(question, team_answer, answers, self.judge) if team_answer else None
+        verdicts = await asyncio.gather(*(role_judge(self.judge, role, question, s["context"], s["output"],
+                                                     answers[0]) for s in steps))
+        if (lj is not None and not lj.ok) or not all(v.ok for v in verdicts):
+            return None
+        team = r_team(f1, lj.value if lj is not None else 0.0, self.lam)
+        role_r = 1 if sum(v.value for v in verdicts) > 0 else -1  # the majority of the role's steps
+        return {"R_total": r_total(True, team, role_r, self.alpha), "R_team": team, "F1": f1,
+                "LJ": lj.value if lj is not None else 0.0, "R_role": float(role_r), "format_ok": 1.0, "role": role}
+
+    async def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **cols: Any) -> list[float | None]:
+        n = len(completions)
+        rows = await asyncio.gather(*(self.score(cols["role"][i], cols["question"][i], list(cols["answers"][i]),
+                                                 cols["team_answer"][i], cols["role_steps"][i],
+                                                 cols["format_valid"][i]) for i in range(n)))
+        done = [r for r in rows if r]
+        log_means(cols, "decor", done, ("R_total", "R_team", "F1", "LJ", "R_role", "format_ok"))
+        for role in ROLES:
+            log_means(cols, f"decor/{role}", [r for r in done if r["role"] == role], ("R_total",))
+        return [r["R_total"] if r else None for r in rows]
+
+
+def role_group_advantages(rewards: Sequence[float], keys: Sequence[tuple[Hashable, str]]) -> list[float]:
+    """Eq. 6 over (question, role) groups; unscored rows (NaN) get 0 and stay out of μ and σ."""
+    keep = [i for i, r in enumerate(rewards) if not math.isnan(r)]
+    adv = role_advantages([rewards[i] for i in keep], [keys[i][1] for i in keep], [keys[i][0] for i in keep])
+    out = [0.0] * len(rewards)
+    for i, a in zip(keep, adv):
+        out[i] = a
+    return out
+
+
+def _decor_trainer_cls() -> type:
+    from trl import GRPOTrainer
+
+    class DecorTrainer(GRPOTrainer):
+        """GRPOTrainer whose advantages are Eq. 6: normalised within each (question, role) group,
+        with the population σ, whatever the batch layout (TRL's own is per prompt, unbiased σ)."""
+
+        def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+            from accelerate.utils import gather_object
+
+            rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+            self._decor_keys = gather_object([(inp["qid"], inp["role"]) for inp in inputs])
+            self._decor_rewards = rewards
+            return rewards
+
+        def _generate_and_score_completions(self, inputs):
+            import torch
+
+            out = super()._generate_and_score_completions(inputs)
+            w = self.reward_weights.to(self._decor_rewards.device)
+            per = self._decor_rewards * w.unsqueeze(0)
+            total = torch.where(torch.isnan(self._decor_rewards).all(dim=1), torch.nan, per.nansum(dim=1))
+            adv = role_group_advantages(total.tolist(), self._decor_keys)
+            n = len(out["advantages"])
+            start = self.accelerator.process_index * n
+            out["advantages"] = torch.tensor(adv[start:start + n], dtype=out["advantages"].dtype,
+                                             device=out["advantages"].device)
+            return out
+
+    return DecorTrainer
+
+
+def context_factory(retriever: Any, k: int = 5) -> Callable[[str], Any]:
+    from deepr.agent.env import Ctx, RunConfig
+    from deepr.agent.trace import Tracer
+    from deepr.corpus.tools import ResearchTools
+    from deepr.llm.extractive import ExtractiveLLM
+
+    return lambda q: Ctx(ExtractiveLLM(), ResearchTools(retriever, k=k), RunConfig(mode="decor", k=k),
+                         Tracer(q, "decor"))
+
+
+def train_decor(config: DecorStageConfig, records: Sequence[QARecord], retriever: Any, *, reward_fn: Any = None,
+                generate_for: Any = None, callbacks: Sequence[Any] = ()) -> Any:
+    rows, lookup = decor_dataset(records)
+    rollout = make_decor_rollout_func(lookup, context_factory(retriever, config.k), budget=config.max_completion_length,
+                                      steps=config.decor_steps, memory_limit=config.memory_limit,
+                                      turn_cap=config.max_turn_tokens, generate_for=generate_for)
+    reward = reward_fn or DecorRewardFn(alpha=config.alpha, lam=config.lam)
+    return train_stage(config, rows, rollout, reward, trainer_cls=_decor_trainer_cls(), callbacks=callbacks)

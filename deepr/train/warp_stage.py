@@ -1,0 +1,300 @@
+"""grpo --stage warp-atomic / warp-report: AgentCPM-Report's RL on the WARP writer (003 §2.3.2,
+App. A.6, B.1 Table 7; SPEC §6, §8).
+
+warp-atomic — single-step RL on action-level samples: ``rl.jsonl`` of ``deepr prune-trajectories``
+(ChatExample rows of role ``warp``: the prompt messages plus the teacher's reply). The policy
+writes one reply per prompt, scored by the ability-specific reward of the row's action:
+- planning (initialize, expand): :func:`~deepr.rewards.agentcpm.outline_reward` of the outline it
+  writes (2–7 sections, language consistency); an expand row also needs the decision to match;
+- retrieval (search): recall of the documents its keywords retrieve against the documents the
+  teacher's keywords retrieve (same retriever, top-k per keyword);
+- writing (write): :func:`~deepr.rewards.agentcpm.paragraph_reward` (length, citation count,
+  language, no id outside the evidence shown, citation F1 against the teacher);
+- decision (terminate): :func:`~deepr.rewards.agentcpm.terminate_reward` against the pruned label.
+An unparseable reply scores 0 (the model's fault, logged as ``warp/parse_fail``).
+Table 7: lr 2.5e-6, 8 prompts × 8 rollouts per step.
+
+warp-report — end-to-end: whole ``deepr run --mode warp`` episodes written by the policy (every
+call of the episode is one policy reply; the episode is one sample, the calls' requests masked),
+scored at the report level: R_rubric when the query has rubrics,
+else the judge's comprehensiveness / insight / instruction-following / readability. Table 7:
+lr 1e-6, 8 queries × 4 rollouts.
+
+    deepr grpo --stage warp-atomic --model runs/sft-warp --data rl.jsonl --out runs/rl-warp-atomic
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from deepr.records import ChatExample
+from deepr.rewards.agentcpm import cited_ids, outline_reward, paragraph_reward, terminate_reward
+from deepr.train.rubric_stage import StageConfig, log_means, lookup_row, train_stage
+
+ACTIONS = ("initialize", "search", "write", "expand", "terminate")
+_QUESTION = re.compile(r"User question:\s*\n(.*?)\n\s*\n", re.S)
+_CONTENT = re.compile(r"<content>(.*?)(?:</content>|$)", re.S | re.I)
+_EVIDENCE_ID = re.compile(r"^\[([A-Za-z][\w.\-]*-[RF]\d+)\]", re.M)
+
+
+class WarpAtomicConfig(StageConfig):
+    """Settings of ``deepr grpo --stage warp-atomic`` (defaults: 003 Table 7, single-step RL)."""
+
+    PAPER: ClassVar[dict[str, Any]] = {"learning_rate": 2.5e-6, "beta": 0.0, "num_generations": 8,
+                                       "prompts_per_step": 8, "mini_batch_prompts": 8,
+                                       "max_completion_length": 4096}
+    ROLE: ClassVar[str] = "warp"
+    stage: Literal["warp-atomic"] = Field("warp-atomic", description="Single-step RL on WARP actions.")
+
+
+def question_of(messages: Sequence[dict[str, str]]) -> str:
+    """The user question inside a WARP prompt (every action prompt starts with it)."""
+    text = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
+    m = _QUESTION.search(text + "\n\n")
+    return (m.group(1) if m else text).strip()
+
+
+def atomic_dataset(examples: Sequence[ChatExample]) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    """Rows {id, prompt, action, reference, query} from warp examples, and (id, reason) of skipped ones."""
+    rows, skipped = [], []
+    for ex in examples:
+        if ex.action not in ACTIONS:
+            skipped.append((ex.id, f"action {ex.action!r} is not a WARP action ({', '.join(ACTIONS)})"))
+            continue
+        if not ex.messages or ex.messages[-1].get("role") != "assistant" or len(ex.messages) < 2:
+            skipped.append((ex.id, "messages must end with the teacher's assistant reply after a prompt"))
+            continue
+        prompt = [dict(m) for m in ex.messages[:-1]]
+        rows.append({"id": ex.id, "prompt": prompt, "action": ex.action, "query": question_of(prompt),
+                     "reference": ex.messages[-1]["content"]})
+    return rows, skipped
+
+
+def action_json(text: str) -> dict[str, Any] | None:
+    """The last JSON object of a reply (thinking removed), or None."""
+    from deepr.rewards.trl_adapters import json_objects
+
+    objs = json_objects(text or "")
+    return objs[-1] if objs else None
+
+
+def keywords_of(text: str) -> list[str] | None:
+    obj = action_json(text)
+    kws = obj.get("keywords") if obj else None
+    if not isinstance(kws, list):
+        return None
+    return [k.strip() for k in kws if isinstance(k, str) and k.strip()][:5] or None
+
+
+class WarpAtomicRewardFn:
+    """Ability-specific reward per row (see the module docstring); logs each ability's mean."""
+
+    __name__ = "warp_atomic_reward"
+
+    def __init__(self, retriever: Any = None, *, k: int = 5):
+        self.retriever, self.k = retriever, k
+
+    def _docs(self, keywords: Sequence[str]) -> set[str]:
+        return {h.doc_id for kw in keywords for h in self.retriever.search(kw, k=self.k)}
+
+    def score(self, action: str, text: str, reference: str, query: str, prompt: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {"action": action, "parse_fail": 0.0}
+        if action == "write":
+            m = _CONTENT.search(text or "")
+            if not m or not m.group(1).strip():
+                return {**out, "reward": 0.0, "parse_fail": 1.0}
+            shown = _EVIDENCE_ID.findall(prompt[-1]["content"] if prompt else "")
+            teacher = cited_ids(_CONTENT.search(reference).group(1) if _CONTENT.search(reference) else reference,
+                                shown)
+            r = paragraph_reward(m.group(1).strip(), query, shown, teacher)
+            return {**out, "reward": r["paragraph_reward"], "citation_f1": r["citation_f1"]}
+        if action == "search":
+            if self.retriever is None:
+                raise ValueError("the search action's recall reward needs a retriever (WarpAtomicRewardFn(retriever))")
+            mine, gold = keywords_of(text), keywords_of(reference)
+            if mine is None:
+                return {**out, "reward": 0.0, "parse_fail": 1.0}
+            if gold is None:
+                return {**out, "reward": None}  # a teacher reply without keywords cannot be scored
+            want = self._docs(gold)
+            return {**out, "reward": len(self._docs(mine) & want) / len(want) if want else 0.0}
+        obj = action_json(text)
+        if obj is None:
+            return {**out, "reward": 0.0, "parse_fail": 1.0}
+        if action == "initialize":
+            return {**out, "reward": outline_reward(obj.get("sections") or [], query)["outline_reward"]}
+        match = terminate_reward(str(obj.get("name", "")), action)
+        if action == "expand" and match:
+            match *= outline_reward(obj.get("subsections") or [], query)["outline_reward"]
+        return {**out, "reward": match, "decision_ok": terminate_reward(str(obj.get("name", "")), action)}
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **cols: Any) -> list[float | None]:
+        from deepr.rewards.trl_adapters import completion_text
+
+        rows = [self.score(cols["action"][i], completion_text(completions[i]), cols["reference"][i],
+                           cols["query"][i], prompts[i]) for i in range(len(completions))]
+        scored = [r for r in rows if r["reward"] is not None]
+        log_means(cols, "warp", scored, ("reward", "parse_fail"))
+        for action in ACTIONS:
+            log_means(cols, f"warp/{action}", [r for r in scored if r["action"] == action], ("reward",))
+        return [r["reward"] for r in rows]
+
+
+def train_warp_atomic(config: WarpAtomicConfig, examples: Sequence[ChatExample], retriever: Any = None, *,
+                      reward_fn: Any = None, callbacks: Sequence[Any] = ()) -> Any:
+    """Single-step GRPO over the warp examples (TRL's own generation: no environment turns)."""
+    rows, skipped = atomic_dataset(examples)
+    if not rows:
+        reasons = "; ".join(f"{i}: {r}" for i, r in skipped[:3])
+        raise ValueError(f"no WARP action examples to train on ({len(skipped)} skipped: {reasons}); give the "
+                         "rl.jsonl of `deepr prune-trajectories` over warp trajectories")
+    return train_stage(config, rows, None, reward_fn or WarpAtomicRewardFn(retriever, k=config.k),
+                       callbacks=callbacks)
+
+
+# --- warp-report: end-to-end WARP episodes, report-level reward -------------------------------------
+
+QUALITY = {"comprehensiveness": "The report covers every part of the question with the relevant facts.",
+           "insight": "The report analyses causes, comparisons and implications instead of listing facts.",
+           "instruction_following": "The report answers exactly what the question asks, in its language.",
+           "readability": "The report is clearly organised in sections with fluent, non-repetitive prose."}
+
+
+class WarpReportConfig(StageConfig):
+    """Settings of ``deepr grpo --stage warp-report`` (defaults: 003 Table 7, end-to-end RL)."""
+
+    PAPER: ClassVar[dict[str, Any]] = {"learning_rate": 1e-6, "beta": 0.0, "num_generations": 4,
+                                       "prompts_per_step": 8, "mini_batch_prompts": 8,
+                                       "max_completion_length": 32768, "max_turn_tokens": 4096}
+    ROLE: ClassVar[str] = "warp"
+    stage: Literal["warp-report"] = Field("warp-report", description="End-to-end RL on whole WARP runs.")
+    max_expansions: int = Field(12, ge=0, le=12, description="Most deepening expansions per episode.")
+    max_levels: int = Field(3, ge=1, le=3, description="Deepest outline level.")
+
+
+def policy_llm(generate: Any, tokenizer: Any, cap: int) -> Any:
+    """The LLM interface over the rollout generator: every WARP call is sampled from the policy
+    and recorded in ``.calls`` (prompt messages, token ids, text) so the episode becomes one sample."""
+    from deepr.llm.base import LLM
+    from deepr.train.rollouts import prompt_ids
+
+    class PolicyLLM(LLM):
+        name = "policy"
+
+        def __init__(self) -> None:
+            super().__init__(max_concurrency=1)
+            self.calls: list[tuple[list, list[int], str]] = []
+
+        async def _achat(self, messages, *, role, temperature, max_tokens, stop) -> str:
+            ids, _ = generate([prompt_ids(tokenizer, messages)], False, min(cap, max_tokens or cap))
+            text = tokenizer.decode(ids[0], skip_special_tokens=True)
+            self.calls.append((list(messages), list(ids[0]), text))
+            return text
+
+    return PolicyLLM()
+
+
+def episode_rollout(calls: Sequence[tuple[list, list[int], str]], tokenizer: Any, budget: int, eos_ids: Sequence[int]):
+    """One sample from an episode's calls: the first call's prompt, then each call's reply with the
+    next call's request in between as a masked user turn. Later replies were sampled from their
+    own prompts; in the sample they are conditioned on the earlier calls too (an approximation
+    that keeps one sequence per episode, as TRL's GRPO needs)."""
+    from deepr.train.rollouts import Rollout, env_turn_ids, prompt_ids
+
+    r = Rollout(prompt_ids(tokenizer, calls[0][0]))
+    for n, (messages, ids, _) in enumerate(calls):
+        if n:
+            env = env_turn_ids(tokenizer, messages[-1]["content"], closed=bool(r.parts[-1][0]) and
+                               r.parts[-1][0][-1] in eos_ids)
+            if r.used() + len(env) >= budget:
+                r.truncated = True
+                break
+            r.parts.append((env, False, None))
+        room = budget - r.used()
+        r.parts.append((ids[:room], True, None))
+        if len(ids) > room:
+            r.truncated = True
+            break
+    return r
+
+
+def warp_report_rollout_func(queries: dict[str, dict[str, Any]], retriever: Any, config: WarpReportConfig, *,
+                             generate_for: Any = None) -> Any:
+    """TRL ``rollout_func``: one whole ``deepr run --mode warp`` episode per rollout."""
+    from deepr.agent.env import Ctx, RunConfig
+    from deepr.agent.trace import Tracer
+    from deepr.agent.warp import run_warp
+    from deepr.corpus.tools import ResearchTools
+    from deepr.llm.base import run_sync
+    from deepr.train.rollouts import _log, _mask_stats, _user_text, trainer_generate
+
+    run_cfg = RunConfig(mode="warp", k=config.k, max_expansions=config.max_expansions, max_levels=config.max_levels,
+                        max_reasks=0, max_tokens=config.max_turn_tokens)
+
+    def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        tok = trainer.processing_class
+        gen = (generate_for or trainer_generate)(trainer)
+        eos_ids = list(getattr(trainer, "eos_token_ids", None) or [tok.eos_token_id])
+        rollouts, reports, fallbacks = [], [], []
+        for p in prompts:
+            query = lookup_row(queries, _user_text(p), "warp-report")["query"]
+            llm = policy_llm(gen, tok, config.max_turn_tokens)
+            tracer = Tracer(query, "warp")
+            out = run_sync(run_warp(Ctx(llm, ResearchTools(retriever, k=config.k), run_cfg, tracer), query))
+            reports.append(out.outline.markdown())
+            fallbacks.append(float(bool(tracer.failures)))
+            rollouts.append(episode_rollout(llm.calls, tok, config.max_completion_length, eos_ids))
+        _mask_stats(trainer, rollouts)
+        _log(trainer, "rollout/extractive_fallback", fallbacks)
+        return {"prompt_ids": [r.prompt_ids for r in rollouts], "completion_ids": [r.completion_ids for r in rollouts],
+                "logprobs": None, "env_mask": [r.env_mask for r in rollouts], "report": reports}
+
+    return rollout_func
+
+
+class WarpReportRewardFn:
+    """R_rubric of the report when the row has rubrics, else the mean of the four quality criteria."""
+
+    __name__ = "warp_report_reward"
+
+    def __init__(self, judge: Any):
+        self.judge = judge
+
+    async def score(self, query: str, report: str, rubrics: Any) -> dict[str, Any] | None:
+        from deepr.records import RubricItem
+        from deepr.rewards.rubric_reward import rubric_score
+
+        if rubrics:
+            out = await rubric_score(query, report, rubrics, self.judge)
+            return None if out.get("R_rubric") is None else {"R": out["R_rubric"], "R_rubric": out["R_rubric"]}
+        items = [RubricItem(id=k, type="logical", description=d, weight=1.0) for k, d in QUALITY.items()]
+        verdict = await self.judge.rubrics(query, report, items)
+        return {"R": verdict.value["score"], **verdict.value["items"]} if verdict.ok else None
+
+    async def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **cols: Any) -> list[float | None]:
+        import asyncio
+
+        n = len(completions)
+        rubrics = cols.get("rubrics") or [None] * n
+        rows = await asyncio.gather(*(self.score(cols["query"][i], cols["report"][i], rubrics[i]) for i in range(n)))
+        log_means(cols, "report", [r for r in rows if r], ("R", "R_rubric", *QUALITY))
+        return [r["R"] if r else None for r in rows]
+
+
+def train_warp_report(config: WarpReportConfig, pairs: Sequence[Any], retriever: Any, *, judge: Any,
+                      generate_for: Any = None, callbacks: Sequence[Any] = ()) -> Any:
+    """End-to-end GRPO on queries (QRPair rows; rubrics optional) with ``judge`` for the reward."""
+    from deepr.agent.warp import WARP_SYSTEM
+
+    rows, lookup = [], {}
+    for p in pairs:
+        prompt = [{"role": "system", "content": WARP_SYSTEM}, {"role": "user", "content": p.question}]
+        rows.append({"id": p.id, "prompt": prompt, "query": p.question,
+                     "rubrics": [r.model_dump(mode="json") for r in p.rubrics]})
+        lookup[p.question] = rows[-1]
+    rollout = warp_report_rollout_func(lookup, retriever, config, generate_for=generate_for)
+    return train_stage(config, rows, rollout, WarpReportRewardFn(judge), callbacks=callbacks)
