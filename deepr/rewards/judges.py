@@ -254,3 +254,22 @@ def _describe(llm: LLM | None) -> str:
         parts.append(str(info["model"]))
     return ":".join(parts)
 
+
+
+class LazyJudge:
+    """Base of TRL reward callables whose default judge is the extractive one: the judge (and the
+    embedder it needs) is built on the first scored sample, so building a trainer stays cheap.
+    Subclasses set ``_judge`` and ``_embed`` (either may be None) in their ``__init__``."""
+
+    _judge: Any = None
+    _embed: Any = None
+
+    @property
+    def judge(self) -> Any:
+        if self._judge is None:
+            if self._embed is None:
+                from deepr.corpus.embed import get_embedder
+
+                self._embed = get_embedder().encode
+            self._judge = Judge(None, self._embed)
+        return self._judge

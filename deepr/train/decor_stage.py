@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from deepr.agent.decor import ANSWER_SYSTEM, FILTER_SYSTEM, PLANNER_SYSTEM, MemoryItem, _STOP, memory_text
 from deepr.rewards.decor import ALPHA, LAMBDA, format_ok, role_advantages, role_content
+from deepr.rewards.judges import LazyJudge
 from deepr.train.rubric_stage import StageConfig, log_means, lookup_row, train_stage
 
 ROLES = ("planner", "filter", "answerer")
@@ -234,25 +235,13 @@ def make_decor_rollout_func(lookup: dict[tuple[str, str], QARecord], make_ctx: C
     return rollout_func
 
 
-class DecorRewardFn:
+class DecorRewardFn(LazyJudge):
     """R_total^u per row (Eq. 3); logs R_team, F1, LJ, R_role, the format rate and R_total per role."""
 
     __name__ = "decor_reward"
 
     def __init__(self, judge: Any = None, embed: Any = None, *, alpha: float = ALPHA, lam: float = LAMBDA):
         self._judge, self._embed, self.alpha, self.lam = judge, embed, alpha, lam
-
-    @property
-    def judge(self) -> Any:
-        if self._judge is None:
-            from deepr.rewards.judges import Judge
-
-            if self._embed is None:
-                from deepr.corpus.embed import get_embedder
-
-                self._embed = get_embedder().encode
-            self._judge = Judge(None, self._embed)
-        return self._judge
 
     async def score(self, role: str, question: str, answers: list[str], team_answer: str,
                     steps: list[dict[str, str]], fmt_ok: bool) -> dict[str, Any] | None:

@@ -294,14 +294,10 @@ def train_grpo(config: GrpoConfig, rows: Sequence[dict[str, Any]], lookup: dict[
     """Run one stage; ``env`` is the planner's :class:`~deepr.train.rollouts.PlannerEnvironment`;
     ``generate_for(trainer)`` replaces the rollout generator (tests script turns with it)."""
     from deepr.train.rollouts import make_rollout_func
-    from deepr.train.sft import _make_stop_callback, check_out, graceful_interrupt
+    from deepr.train.sft import _make_stop_callback
 
     t0 = time.perf_counter()
-    if not rows:
-        raise ValueError("no training rows: the data file is empty or every record was rejected")
-    data_fp = fingerprint(rows)
-    resume_now = check_out(config.out, config.resume, data_fp)
-    config.out.mkdir(parents=True, exist_ok=True)
+    data_fp, resume_now = prepare_out(config, rows)
     base = config.model
     if config.planner_adapter is not None:
         merged = config.out / "base"
@@ -312,9 +308,31 @@ def train_grpo(config: GrpoConfig, rows: Sequence[dict[str, Any]], lookup: dict[
     stop, log = _make_stop_callback(), metrics_callback(config.out / METRICS)
     trainer = build_trainer(config, base, rows, rollout, reward_fn or default_reward(config),
                             [stop, log, *callbacks])
+    return fit_and_save(config, trainer, stop, log, data_fp=data_fp, base=base, n_rows=len(rows),
+                        resume_now=resume_now, t0=t0)
+
+
+def prepare_out(config: GrpoConfig, rows: Sequence[dict[str, Any]]) -> tuple[str, bool]:
+    """Fingerprint the data and check the output folder (refuses a different run without --resume)."""
+    from deepr.train.sft import check_out
+
+    if not rows:
+        raise ValueError("no training rows: the data file is empty or every record was rejected")
+    data_fp = fingerprint(rows)
+    resume_now = check_out(config.out, config.resume, data_fp)
+    config.out.mkdir(parents=True, exist_ok=True)
+    return data_fp, resume_now
+
+
+def fit_and_save(config: GrpoConfig, trainer: Any, stop: Any, log: Any, *, data_fp: str, base: str, n_rows: int,
+                 resume_now: bool, t0: float) -> GrpoResult:
+    """Train (Ctrl-C stops cleanly at a step), then save adapter + tokenizer + run metadata on rank 0.
+    Every stage ends here, so outputs and deepr_meta.json look the same whatever the stage."""
+    from deepr.train.sft import graceful_interrupt
+
     main = trainer.is_world_process_zero()
     if main:
-        write_run_meta(config, "running", data_fp, base, {"rows": len(rows)})
+        write_run_meta(config, "running", data_fp, base, {"rows": n_rows})
     with graceful_interrupt(stop):
         trainer.train(resume_from_checkpoint=True if resume_now else None)
     status = "interrupted" if stop.requested else "done"
@@ -325,7 +343,7 @@ def train_grpo(config: GrpoConfig, rows: Sequence[dict[str, Any]], lookup: dict[
             trainer.save_model(str(config.out))
             trainer.processing_class.save_pretrained(str(config.out))
         write_run_meta(config, status, data_fp, base, {
-            "rows": len(rows), "steps": trainer.state.global_step, "rewards": rewards,
+            "rows": n_rows, "steps": trainer.state.global_step, "rewards": rewards,
             "seconds": round(time.perf_counter() - t0, 3)})
     return GrpoResult(out=config.out, steps=trainer.state.global_step, rewards=rewards, interrupted=stop.requested,
                       seconds=time.perf_counter() - t0, llm_spec=llm_spec(config, base), history=log.rows)

@@ -30,8 +30,9 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from deepr.records import QRPair
-from deepr.train.grpo import METRICS, GrpoConfig, GrpoResult, fingerprint, metrics_callback, trl_args, \
-    write_run_meta
+from deepr.rewards.judges import LazyJudge
+from deepr.train.grpo import METRICS, GrpoConfig, GrpoResult, fit_and_save, metrics_callback, prepare_out, \
+    trl_args
 
 # --- what the issue-8 stages share -------------------------------------------------------------
 
@@ -97,35 +98,14 @@ def build_stage_trainer(config: StageConfig, rows: Sequence[dict[str, Any]], rol
 def train_stage(config: StageConfig, rows: Sequence[dict[str, Any]], rollout_func: Any, reward_fn: Any, *,
                 trainer_cls: Any = None, callbacks: Sequence[Any] = ()) -> GrpoResult:
     """One GRPO run: checkpoints and --resume, Ctrl-C saves, metrics.jsonl, adapter + deepr_meta.json."""
-    from deepr.train.sft import _make_stop_callback, check_out, graceful_interrupt
+    from deepr.train.sft import _make_stop_callback
 
     t0 = time.perf_counter()
-    if not rows:
-        raise ValueError("no training rows: the data file is empty or every record was rejected")
-    data_fp = fingerprint(rows)
-    resume_now = check_out(config.out, config.resume, data_fp)
-    config.out.mkdir(parents=True, exist_ok=True)
+    data_fp, resume_now = prepare_out(config, rows)
     stop, log = _make_stop_callback(), metrics_callback(config.out / METRICS)
     trainer = build_stage_trainer(config, rows, rollout_func, reward_fn, [stop, log, *callbacks], trainer_cls)
-    main = trainer.is_world_process_zero()
-    if main:
-        write_run_meta(config, "running", data_fp, config.model, {"rows": len(rows)})
-    with graceful_interrupt(stop):
-        trainer.train(resume_from_checkpoint=True if resume_now else None)
-    status = "interrupted" if stop.requested else "done"
-    key = f"rewards/{trainer.reward_func_names[0]}/mean"
-    rewards = [(h["step"], h[key]) for h in log.rows if key in h]
-    if main:
-        if status == "done":
-            trainer.save_model(str(config.out))
-            trainer.processing_class.save_pretrained(str(config.out))
-        write_run_meta(config, status, data_fp, config.model, {
-            "rows": len(rows), "steps": trainer.state.global_step, "rewards": rewards,
-            "seconds": round(time.perf_counter() - t0, 3)})
-    from deepr.train.grpo import llm_spec
-
-    return GrpoResult(out=config.out, steps=trainer.state.global_step, rewards=rewards, interrupted=stop.requested,
-                      seconds=time.perf_counter() - t0, llm_spec=llm_spec(config, config.model), history=log.rows)
+    return fit_and_save(config, trainer, stop, log, data_fp=data_fp, base=config.model, n_rows=len(rows),
+                        resume_now=resume_now, t0=t0)
 
 
 def lookup_row(table: dict, key: Any, stage: str) -> Any:
@@ -236,7 +216,7 @@ def make_tool_rollout_func(lookup: dict[str, str], make_session: Callable[[str],
     return rollout_func
 
 
-class RubricRewardFn:
+class RubricRewardFn(LazyJudge):
     """R of 002 Eq. 5 per rollout; logs R and every component (``rubric/...``) per step.
 
     Columns: ``rubrics`` and ``query`` (dataset), ``transcript`` / ``store`` / ``n_tool_calls``
@@ -249,18 +229,6 @@ class RubricRewardFn:
 
     def __init__(self, judge: Any = None, embed: Any = None):
         self._judge, self._embed = judge, embed
-
-    @property
-    def judge(self) -> Any:
-        if self._judge is None:
-            from deepr.rewards.judges import Judge
-
-            if self._embed is None:
-                from deepr.corpus.embed import get_embedder
-
-                self._embed = get_embedder().encode
-            self._judge = Judge(None, self._embed)
-        return self._judge
 
     async def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **cols: Any) -> list[float | None]:
         from deepr.rewards.rubric_reward import rubric_composite
