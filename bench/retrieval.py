@@ -158,7 +158,7 @@ def main() -> None:
             r, info = build(docs, Path(tmp), prec)
             fusion, grid = tune_fusion(r, dev)
             q = quality(r, test)  # with deepr's default fusion
-            r.fusion = FusionConfig(rrf_k=60.0)
+            r.fusion = FusionConfig(rrf_k=60.0, dense_weight=1.0, bm25_weight=1.0)
             q["hybrid, classic RRF k=60"] = quality(r, test, ("hybrid",))["hybrid"]
             r.fusion = fusion
             q["hybrid, tuned on dev"] = quality(r, test, ("hybrid",))["hybrid"]

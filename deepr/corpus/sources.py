@@ -41,7 +41,7 @@ FOLDER_SUFFIXES = (".md", ".txt")
 TEXT_FIELDS = ("text", "content", "article", "body", "document", "passage", "contents")
 TITLE_FIELDS = ("title", "name", "headline")
 ID_FIELDS = ("id", "_id", "doc_id", "docid", "pid")
-URL_FIELDS = ("url", "link", "source")
+URL_FIELDS = ("url", "link")
 
 
 def load_documents(spec: str = "wiki", limit: int | None = None) -> list[Document]:
@@ -159,7 +159,6 @@ def spread_over_topics(docs: list[Document], limit: int) -> list[Document]:
 def load_jsonl(path: Path, limit: int | None = None) -> list[Document]:
     docs: list[Document] = []
     first_line: dict[str, int] = {}
-    lineno = 0
     for lineno, doc in _numbered(read_jsonl(path, Document), path):
         _check_unique(doc.id, first_line, path, lineno)
         docs.append(doc)
