@@ -68,3 +68,19 @@ def embedder():
     from deepr.corpus.embed import get_embedder
 
     return get_embedder()
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random chat model the training tests share (read-only: train into other folders)."""
+    from deepr.train.tiny import build_tiny_model, wiki_texts
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", corpus_texts=wiki_texts(300) or None,
+                            vocab_size=1500)
+
+
+@pytest.fixture(scope="session")
+def tok(tiny: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny))

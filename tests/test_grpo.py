@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from deepr.records import QRPair
+from grpo_helpers import scripted, segments as _segments
 
 PLAN = {"nodes": [
     {"id": "N1", "type": "search", "query": "causes of earthquakes plate tectonics", "key_points": ["faults"]},
@@ -27,43 +28,6 @@ def _pairs(n: int = 2) -> list[QRPair]:
     qs = ["What causes earthquakes and how dangerous are they?", "How do volcanoes affect the climate?"]
     return [QRPair(id=f"q{i}", tree_id="t", question=qs[i % 2], selected_leaf_ids=[], rubrics=RUBRICS)
             for i in range(n)]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from deepr.train.tiny import build_tiny_model, wiki_texts
-
-    texts = wiki_texts(300) or None
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", corpus_texts=texts, vocab_size=1500)
-
-
-@pytest.fixture(scope="module")
-def tok(tiny: Path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(tiny))
-
-
-def scripted(tok, replies: list[str]):
-    """A generator writing reply[t] at model turn t (each closed with the eos token)."""
-    def generate(seqs, first, max_new):
-        turn = generate.calls
-        generate.calls += 1
-        ids = tok(replies[min(turn, len(replies) - 1)], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-        return [list(ids)[:max_new] for _ in seqs], None
-    generate.calls = 0
-    return generate
-
-
-def _segments(rollout) -> list[tuple[int, list[int]]]:
-    """(mask value, token ids) runs of a rollout's completion."""
-    out: list[tuple[int, list[int]]] = []
-    for t, m in zip(rollout.completion_ids, rollout.env_mask):
-        if out and out[-1][0] == m:
-            out[-1][1].append(t)
-        else:
-            out.append((m, [t]))
-    return out
 
 
 # --- the TRL contract -----------------------------------------------------------------------

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 
 from deepr.train.decor_stage import QARecord
+from grpo_helpers import segments as _segments
 
 Q = "What causes earthquakes?"
 GOOD = {"planner": "<think>need the cause</think><search>earthquake tectonic plates</search>",
@@ -37,31 +37,6 @@ def role_aware(tok, broken_at: set[int] = frozenset()):
             out.append((tok(reply, add_special_tokens=False)["input_ids"] + [tok.eos_token_id])[:max_new])
         return out, None
     return generate
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from deepr.train.tiny import build_tiny_model, wiki_texts
-
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", corpus_texts=wiki_texts(300) or None,
-                            vocab_size=1500)
-
-
-@pytest.fixture(scope="module")
-def tok(tiny: Path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(tiny))
-
-
-def _segments(r) -> list[tuple[int, list[int]]]:
-    out: list[tuple[int, list[int]]] = []
-    for t, m in zip(r.completion_ids, r.env_mask):
-        if out and out[-1][0] == m:
-            out[-1][1].append(t)
-        else:
-            out.append((m, [t]))
-    return out
 
 
 def test_config_has_table5_defaults(tmp_path):

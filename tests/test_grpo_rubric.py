@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from deepr.records import QRPair
+from grpo_helpers import scripted, segments as _segments
 
 RUBRICS = [{"id": "R1", "type": "factual", "description": "Earthquakes come from moving tectonic plates.",
             "weight": 1.0}]
@@ -23,41 +23,6 @@ def _pairs() -> list[QRPair]:
 def _call(query: str) -> str:
     return f'<think>look it up</think><tool_call>{json.dumps({"name": "search", "arguments": {"query": query}})}' \
            "</tool_call>"
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from deepr.train.tiny import build_tiny_model, wiki_texts
-
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", corpus_texts=wiki_texts(300) or None,
-                            vocab_size=1500)
-
-
-@pytest.fixture(scope="module")
-def tok(tiny: Path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(tiny))
-
-
-def scripted(tok, replies: list[str]):
-    def generate(seqs, first, max_new):
-        turn = generate.calls
-        generate.calls += 1
-        ids = tok(replies[min(turn, len(replies) - 1)], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-        return [list(ids)[:max_new] for _ in seqs], None
-    generate.calls = 0
-    return generate
-
-
-def _segments(r) -> list[tuple[int, list[int]]]:
-    out: list[tuple[int, list[int]]] = []
-    for t, m in zip(r.completion_ids, r.env_mask):
-        if out and out[-1][0] == m:
-            out[-1][1].append(t)
-        else:
-            out.append((m, [t]))
-    return out
 
 
 def capture_batches(store: list):

@@ -1,0 +1,25 @@
+"""Helpers the GRPO stage tests share: scripted turn generators and mask segments."""
+
+from __future__ import annotations
+
+
+def scripted(tok, replies: list[str]):
+    """A generator writing reply[t] at model turn t (each closed with the eos token)."""
+    def generate(seqs, first, max_new):
+        turn = generate.calls
+        generate.calls += 1
+        ids = tok(replies[min(turn, len(replies) - 1)], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        return [list(ids)[:max_new] for _ in seqs], None
+    generate.calls = 0
+    return generate
+
+
+def segments(rollout) -> list[tuple[int, list[int]]]:
+    """(mask value, token ids) runs of a rollout's completion."""
+    out: list[tuple[int, list[int]]] = []
+    for t, m in zip(rollout.completion_ids, rollout.env_mask):
+        if out and out[-1][0] == m:
+            out[-1][1].append(t)
+        else:
+            out.append((m, [t]))
+    return out
