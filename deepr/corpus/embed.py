@@ -147,18 +147,18 @@ class Embedder:
             texts = [texts]
         texts = list(texts)
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        todo: dict[str, list[int]] = {}
+        missing: dict[str, list[int]] = {}
         with self._lock:
             for i, t in enumerate(texts):
                 hit = self._cache.get(t) if cache else None
                 if hit is not None:
                     out[i] = hit
                 else:
-                    todo.setdefault(t, []).append(i)
-        if todo:
-            fresh = self._encode_model(list(todo), progress=progress)
+                    missing.setdefault(t, []).append(i)
+        if missing:
+            fresh = self._encode_model(list(missing), progress=progress)
             with self._lock:
-                for vec, (t, rows) in zip(fresh, todo.items()):
+                for vec, (t, rows) in zip(fresh, missing.items()):
                     out[rows] = vec
                     if cache:
                         self._remember(t, vec)
