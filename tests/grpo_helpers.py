@@ -23,3 +23,23 @@ def segments(rollout) -> list[tuple[int, list[int]]]:
         else:
             out.append((m, [t]))
     return out
+
+
+def capture_batches(store: list):
+    """Records what TRL feeds the loss: wraps the trainer's scoring step once training begins.
+    ``store[0]`` must be the trainer; every scored batch is appended after it."""
+    from transformers import TrainerCallback
+
+    class Capture(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            trainer = store[0]
+            inner = trainer._generate_and_score_completions
+
+            def wrapped(inputs):
+                out = inner(inputs)
+                store.append(out)
+                return out
+
+            trainer._generate_and_score_completions = wrapped
+
+    return Capture()

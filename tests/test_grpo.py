@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from deepr.records import QRPair
-from grpo_helpers import scripted, segments as _segments
+from grpo_helpers import capture_batches as _capture_masks, scripted, segments as _segments
 
 PLAN = {"nodes": [
     {"id": "N1", "type": "search", "query": "causes of earthquakes plate tectonics", "key_points": ["faults"]},
@@ -190,25 +190,6 @@ def test_answerer_rollout_stops_at_a_failed_wave(tok, prepared):
 
 
 # --- both stages end to end on the tiny model --------------------------------------------------
-
-
-def _capture_masks(store: list):
-    """Callback-free capture of what TRL puts into the loss: wraps the scoring step once built."""
-    from transformers import TrainerCallback
-
-    class Capture(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kw):
-            trainer = store[0]
-            inner = trainer._generate_and_score_completions
-
-            def wrapped(inputs):
-                out = inner(inputs)
-                store.append(out)
-                return out
-
-            trainer._generate_and_score_completions = wrapped
-
-    return Capture()
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from deepr.records import QRPair
-from grpo_helpers import scripted, segments as _segments
+from grpo_helpers import capture_batches, scripted, segments as _segments
 
 RUBRICS = [{"id": "R1", "type": "factual", "description": "Earthquakes come from moving tectonic plates.",
             "weight": 1.0}]
@@ -23,25 +23,6 @@ def _pairs() -> list[QRPair]:
 def _call(query: str) -> str:
     return f'<think>look it up</think><tool_call>{json.dumps({"name": "search", "arguments": {"query": query}})}' \
            "</tool_call>"
-
-
-def capture_batches(store: list):
-    """Records what TRL feeds the loss: wraps the trainer's scoring step once training begins."""
-    from transformers import TrainerCallback
-
-    class Capture(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kw):
-            trainer = store[0]
-            inner = trainer._generate_and_score_completions
-
-            def wrapped(inputs):
-                out = inner(inputs)
-                store.append(out)
-                return out
-
-            trainer._generate_and_score_completions = wrapped
-
-    return Capture()
 
 
 def test_config_takes_the_papers_rl_settings(tmp_path):
