@@ -31,7 +31,7 @@ from deepr.corpus.embed import Embedder  # noqa: E402
 from deepr.rewards.answer_reward import score_answer  # noqa: E402
 from deepr.rewards.judges import Judge  # noqa: E402
 from deepr.rewards.plan_reward import plan_reward, plan_rewards  # noqa: E402
-from deepr.rewards.text import split_sentences  # noqa: E402
+from deepr.text import split_sentences  # noqa: E402
 
 
 def wiki_articles(n: int, seed: int = 0) -> list[dict]:

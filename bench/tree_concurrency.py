@@ -37,9 +37,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from deepr.records import Document, Tree  # noqa: E402
-from deepr.rewards.text import split_sentences  # noqa: E402
-from deepr.topics import SeedTopic  # noqa: E402
-from deepr.tree_roles import PROMPTS  # noqa: E402
+from deepr.text import split_sentences  # noqa: E402
+from deepr.data.topics import SeedTopic  # noqa: E402
+from deepr.data.tree_roles import PROMPTS  # noqa: E402
 
 _GEO = re.compile(r"volcan|eruption|magma|lava\b|tectonic|earthquake|mountain|island", re.I)
 
@@ -124,7 +124,7 @@ class Endpoint:
 
 def build_one(retriever, base_url: str, concurrency: int, depth: int, branching: list[int]) -> tuple[Tree, float]:
     from deepr.llm import get_llm
-    from deepr.trees import TreeConfig, build_trees
+    from deepr.data.trees import TreeConfig, build_trees
 
     llm = get_llm("openai:stub", base_url=base_url, cache=False, max_concurrency=concurrency, timeout=60)
     llm.chat([{"role": "user", "content": "warm-up"}])  # client set-up outside the timing

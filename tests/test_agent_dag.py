@@ -9,7 +9,7 @@ import pytest
 from deepr.agent import RunConfig, cited_ids, replay_waves, run_agent
 from deepr.llm.extractive import ExtractiveLLM
 from deepr.llm.replay import ReplayLLM
-from deepr.plan import validate_plan, waves
+from deepr.agent.plan import validate_plan, waves
 
 QUERY = "How did ancient Greek architecture influence later buildings?"
 

@@ -16,7 +16,7 @@ import pytest
 
 from deepr.io import read_jsonl, rejects_path
 from deepr.records import Reject, Tree
-from deepr.topics import load_topics
+from deepr.data.topics import load_topics
 from tree_helpers import volcano_docs, write_corpus
 
 TOPICS = ["Volcano", "Plate tectonics", "Mount Vesuvius", "Igneous rock", "Mount Etna", "Lava", "Magma",

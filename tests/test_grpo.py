@@ -138,7 +138,7 @@ def prepared(retriever) -> list:
 
 
 def test_prepare_fixes_plan_results_pages_and_catalog(prepared):
-    from deepr.plan import validate_plan, waves
+    from deepr.agent.plan import validate_plan, waves
 
     for rec in prepared:
         plan, errors = validate_plan(rec.plan)

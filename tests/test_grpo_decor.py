@@ -117,7 +117,7 @@ def test_a_broken_planner_truncates_and_silences_later_roles(tok, retriever):
 
 def test_decor_stage_trains_with_role_wise_advantages(tiny, tok, retriever, tmp_path):
     from deepr.train import decor_stage as ds
-    from deepr.train import rubric_stage as rs
+    from deepr.train import stage as rs
 
     cfg = ds.DecorStageConfig(model=str(tiny), out=tmp_path / "rl", num_generations=2, prompts_per_step=1,
                               mini_batch_prompts=1, max_completion_length=3000, max_turn_tokens=64, max_steps=1,

@@ -68,7 +68,7 @@ def cold_start(pairs: list[QRPair], env) -> list[ChatExample]:
     revision with one error (:func:`with_error`) in the same context."""
     from deepr.agent.planner import initial_plan, plan_json, revise_plan
     from deepr.llm.base import run_sync
-    from deepr.plan import validate_plan
+    from deepr.agent.plan import validate_plan
 
     out = []
     for p in pairs:
@@ -141,7 +141,7 @@ def rollout_valid(model_dir: Path, env, rows, lookup, budget: int, cap: int, tem
     the GRPO rollout code."""
     from transformers import AutoTokenizer
 
-    from deepr.plan import validate_plan
+    from deepr.agent.plan import validate_plan
     from deepr.train.rollouts import planner_rollouts
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))

@@ -91,6 +91,7 @@ def test_composite_reward_is_the_weighted_sum_and_logs_parts(embedder, retriever
 def test_rubric_stage_trains_on_cpu_masks_and_saves_an_adapter(tiny, tok, retriever, tmp_path):
     from deepr.llm import get_llm
     from deepr.train import rubric_stage as rs
+    from deepr.train import stage as st
     from deepr.train.rollouts import trainer_generate
 
     cfg = rs.RubricStageConfig(model=str(tiny), out=tmp_path / "rl", num_generations=2, prompts_per_step=1,
@@ -110,14 +111,14 @@ def test_rubric_stage_trains_on_cpu_masks_and_saves_an_adapter(tiny, tok, retrie
             return await super().__call__(prompts, completions, **cols)
 
     store: list = []
-    built = rs.build_stage_trainer
+    built = st.build_stage_trainer
 
     def keep(*a, **kw):
         store.append(built(*a, **kw))
         return store[0]
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(rs, "build_stage_trainer", keep)
+        mp.setattr(st, "build_stage_trainer", keep)
         res = rs.train_rubric(cfg, _pairs(), retriever, generate_for=mixed, callbacks=[capture_batches(store)],
                               reward_fn=Spy())
     assert res.steps == 1 and res.rewards

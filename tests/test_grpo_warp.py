@@ -16,7 +16,7 @@ def examples(retriever):
     from deepr.agent import RunConfig, run_agent
     from deepr.corpus.tools import ResearchTools
     from deepr.llm.extractive import ExtractiveLLM
-    from deepr.trajectories import turn_examples
+    from deepr.train.trajectories import turn_examples
 
     res = run_agent(QUERY, tools=ResearchTools(retriever, k=3), llm=ExtractiveLLM(),
                     config=RunConfig(mode="warp", k=3, max_expansions=1))

@@ -19,7 +19,7 @@ from deepr.rewards.decor import (
     role_judge,
 )
 from deepr.rewards.judges import Judge
-from deepr.rewards.text import squad_normalize
+from deepr.text import squad_normalize
 from test_rewards_answer import bow_embed
 
 

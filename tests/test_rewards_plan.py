@@ -9,7 +9,7 @@ import pytest
 
 from deepr.rewards.judges import RewardInputError
 from deepr.rewards.plan_reward import plan_reward, plan_rewards, plan_structure
-from deepr.rewards.text import diminishing
+from deepr.text import diminishing
 from deepr.rewards.trl_adapters import PlanRewardFn, last_plan
 
 # Hand-picked unit vectors, so every cosine below is a number you can check on paper.

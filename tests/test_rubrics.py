@@ -11,10 +11,10 @@ import pytest
 from deepr.llm.extractive import ExtractiveLLM
 from deepr.llm.replay import ReplayLLM
 from deepr.records import QRPair, Reject, Tree
-from deepr.rubric_checks import RubricLimits, evidence_supported, leaf_statements, pair_problems
-from deepr.rubrics import SynthConfig, SynthReply, serialize_tree, synthesize_rubrics
-from deepr.trees import TreeConfig, build_trees
-from deepr.topics import SeedTopic, tree_id
+from deepr.data.rubric_checks import RubricLimits, evidence_supported, leaf_statements, pair_problems
+from deepr.data.rubrics import SynthConfig, SynthReply, serialize_tree, synthesize_rubrics
+from deepr.data.trees import TreeConfig, build_trees
+from deepr.data.topics import SeedTopic, tree_id
 from tree_helpers import LEAF_STATEMENTS, LexicalRetriever, good_synthesis, small_tree, volcano_docs
 
 LIMITS = RubricLimits()

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from deepr.agent.warp import FORCED
 from deepr.records import ChatExample, RubricItem, Trajectory, Turn
-from deepr.trajectories import (
+from deepr.train.trajectories import (
     DraftScoreError,
     PruneConfig,
     balance,

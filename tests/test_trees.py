@@ -13,11 +13,11 @@ from deepr.io import RecordError
 from deepr.llm.extractive import ExtractiveLLM
 from deepr.llm.replay import ReplayLLM
 from deepr.records import Document, Hit, Reject, Tree
-from deepr.rewards.text import coverage
-from deepr.topics import SeedTopic, load_topics, sample_topics, tree_id
-from deepr.tree_extractive import NodeCtx, key_phrases
-from deepr.tree_roles import Tally
-from deepr.trees import TreeConfig, build_trees, make_roles
+from deepr.text import coverage
+from deepr.data.topics import SeedTopic, load_topics, sample_topics, tree_id
+from deepr.data.tree_extractive import NodeCtx, key_phrases
+from deepr.data.tree_roles import Tally
+from deepr.data.trees import TreeConfig, build_trees, make_roles
 from tree_helpers import LexicalRetriever, ScriptedLLM, replier, volcano_docs
 
 TOPICS = [SeedTopic(id=tree_id(t), title=t) for t in ("Volcano", "Plate tectonics", "Mount Vesuvius")]

@@ -15,9 +15,9 @@ from deepr.io import read_jsonl
 from deepr.llm.extractive import ExtractiveLLM
 from deepr.llm.replay import ReplayLLM
 from deepr.records import QRPair
-from deepr.rubric_checks import RubricLimits, rubric_problems
-from deepr.rubrics import SynthConfig, synthesize_rubrics
-from deepr.verify import VerifyConfig, verify, verify_summary
+from deepr.data.rubric_checks import RubricLimits, rubric_problems
+from deepr.data.rubrics import SynthConfig, synthesize_rubrics
+from deepr.data.verify import VerifyConfig, verify, verify_summary
 from tree_helpers import LEAF_STATEMENTS, good_synthesis, small_tree
 
 EXTRA = [{"id": "R7", "type": "factual", "description": "Gives the 700 to 1,200 degree Celsius range of lava.",

@@ -23,7 +23,7 @@ import pytest
 
 from deepr.llm.base import LLM
 from deepr.records import Document, Hit
-from deepr.rewards.text import split_sentences, tok
+from deepr.text import split_sentences, tok
 
 _VOLCANIC = re.compile(r"volcan|eruption|magma|lava\b|tectonic", re.I)
 
@@ -70,7 +70,7 @@ class LexicalRetriever:
 
 
 def _role_of(messages: Sequence[dict]) -> str:
-    from deepr.tree_roles import PROMPTS
+    from deepr.data.tree_roles import PROMPTS
 
     system = messages[0]["content"]
     for role, prompt in PROMPTS.items():
@@ -123,7 +123,7 @@ class ScriptedLLM(LLM):
         self.in_flight = self.max_in_flight = 0
         self.roles: Counter = Counter()
 
-    async def _achat(self, messages, *, role, temperature, max_tokens, stop) -> str:
+    async def _achat(self, messages, *, role, temperature, max_tokens, stop, **extra) -> str:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from deepr.plan import answer_node
+from deepr.agent.plan import answer_node
 from deepr.records import Plan, PlanNode
 
 from deepr.agent.ask import ask_structured, ask_text, record_extractive

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from deepr.rewards.text import strip_citations
+from deepr.text import strip_citations
 
 from deepr.agent.citations import cited_ids
 from deepr.agent.env import Ctx

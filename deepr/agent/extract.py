@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from deepr.rewards.text import STOP_WORDS, split_sentences, words
+from deepr.text import STOP_WORDS, split_sentences, words
 
 __all__ = ["split_sentences", "content_terms", "sub_questions", "distinctive_terms", "cluster",
            "mmr", "shorten", "approx_tokens", "focus_query", "anchored_query", "FRAMING"]

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from deepr.plan import validate_plan
+from deepr.agent.plan import validate_plan
 from deepr.records import Hit, Plan, PlanNode
 
 from deepr.agent.env import Ctx

@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from deepr.plan import validate_plan
+from deepr.agent.plan import validate_plan
 from deepr.records import Plan
 
 from deepr.agent.ask import ask_structured, record_extractive

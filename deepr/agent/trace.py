@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from deepr.llm.base import LLM, LLMError, Message
+from deepr.llm.base import LLM, LLMError, Message, Reply
 from deepr.records import Citation, ModelCall, Plan, RubricItem, RunTrace, Trajectory, Turn
 
 
@@ -48,7 +48,7 @@ class _RecordedLLM(LLM):
         self.usage = inner.usage
 
     async def _achat(self, messages: list[Message], *, role: str | None, temperature: float | None,
-                     max_tokens: int | None, stop: Sequence[str] | None) -> str:
+                     max_tokens: int | None, stop: Sequence[str] | None, **extra: Any) -> Reply:
         tr = self.tracer
         before = (self.inner.usage.prompt_tokens, self.inner.usage.completion_tokens)
         tr._in_flight += 1
@@ -56,7 +56,7 @@ class _RecordedLLM(LLM):
         t0 = time.perf_counter()
         try:
             reply = await self.inner.achat(messages, role=role or self.role, temperature=temperature,
-                                           max_tokens=max_tokens, stop=stop)
+                                           max_tokens=max_tokens, stop=stop, **extra)
         except LLMError as e:
             tr.calls.append(ModelCall(role=self.role, action=self.action, prompt_hash=prompt_hash(messages),
                                       reply="", latency_s=round(time.perf_counter() - t0, 4), ok=False,
@@ -71,7 +71,8 @@ class _RecordedLLM(LLM):
         tr.calls.append(ModelCall(role=self.role, action=self.action, prompt_hash=prompt_hash(messages),
                                   reply=reply, latency_s=round(time.perf_counter() - t0, 4),
                                   prompt_tokens=p_tok, completion_tokens=c_tok,
-                                  tokens_estimated=not counted))
+                                  tokens_estimated=not counted, constrained=reply.constrained,
+                                  truncated=reply.truncated))
         return reply
 
     def describe(self) -> dict[str, Any]:
@@ -163,7 +164,7 @@ def load_trace(path: str | Path) -> RunTrace:
 
 def replay_waves(trace: RunTrace) -> list[list[str]]:
     """Recompute the answerer's waves from the final plan stored in the trace."""
-    from deepr.plan import validate_plan, waves
+    from deepr.agent.plan import validate_plan, waves
 
     if not trace.plans:
         raise ValueError("the trace holds no plan (only dag runs record plan graphs)")

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from deepr.rewards.text import strip_citations
+from deepr.text import strip_citations
 
 from deepr.agent.citations import cited_ids
 from deepr.agent.env import Ctx

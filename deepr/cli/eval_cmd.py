@@ -18,7 +18,7 @@ def load_items(path: Path) -> list[Any]:
 
     from pydantic import ValidationError
 
-    from deepr.eval import EvalRecord, item_from_record, item_from_trace
+    from deepr.eval.evaluate import EvalRecord, item_from_record, item_from_trace
     from deepr.io import RecordError, read_jsonl
     from deepr.records import RunTrace
 
@@ -51,10 +51,10 @@ def load_items(path: Path) -> list[Any]:
 
 def load_references(path: Path, kind: str) -> tuple[dict, dict]:
     """--rubrics / --gold rows by id and by normalised question; bad rows name file:line."""
-    from deepr.eval import EvalRecord
+    from deepr.eval.evaluate import EvalRecord
     from deepr.io import RecordError, read_jsonl
     from deepr.rewards.judges import RewardInputError, coerce_rubrics
-    from deepr.rewards.text import squad_normalize
+    from deepr.text import squad_normalize
 
     by_id, by_q = {}, {}
     for n, rec in enumerate(read_jsonl(path, EvalRecord), start=1):
@@ -101,7 +101,7 @@ def _hist_svg(values: list[float], bins: int = 10) -> str:
 
 def render_html(scores: list[dict], rows: list[dict], totals: dict, metrics: list[str], title: str) -> str:
     """A self-contained page: summary table, a histogram per metric, per-component mean bars."""
-    from deepr.eval import SUMMARY_FIELDS, values_of
+    from deepr.eval.evaluate import SUMMARY_FIELDS, values_of
 
     table = "".join(f"<tr><td>{r['metric']}</td><td>{r['field']}</td><td>{_num(r['mean'])}</td>"
                     f"<td>{_num(r['std'])}</td><td>{r['n']}</td><td>{'' if r['failures'] is None else r['failures']}"
@@ -166,7 +166,7 @@ def _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cac
          concurrency, race_criteria, race_reference, html_out, limit, dry_run) -> None:
     from pydantic import ValidationError
 
-    from deepr.eval import EvalConfig, EvalContext, benchmark_totals, evaluate, summarize
+    from deepr.eval.evaluate import EvalConfig, EvalContext, benchmark_totals, evaluate, summarize
     from deepr.io import JsonlAppender, done_ids, read_jsonl, write_meta, write_text
 
     try:
@@ -223,7 +223,7 @@ def run_sync_eval(coro: Any) -> Any:
 
 def _attach_models(ctx, cfg, base_url, api_key, no_cache, judge_cache, timeout) -> None:
     """Load the judge and the embedder only when the chosen metrics need them."""
-    from deepr.eval import JUDGED, needs
+    from deepr.eval.evaluate import JUDGED, needs
     from deepr.rewards.judges import Judge, JudgeCache
 
     extractive = cfg.judge == "extractive"

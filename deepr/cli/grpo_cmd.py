@@ -115,7 +115,7 @@ def grpo_cmd(
             raise fail(f"missing {', '.join(missing)}; e.g. deepr grpo --stage planner --model M --data "
                        "verified.jsonl --out runs/rl-planner")
         if settings["stage"] in ("rubric", "decor", "warp-atomic", "warp-report"):  # issue 8 stages
-            from deepr.train.rubric_stage import run_from_settings
+            from deepr.train.stages import run_from_settings
 
             res, n_rows, config = run_from_settings(settings, data)
         else:

@@ -1,4 +1,4 @@
-"""`deepr prune-trajectories` and `deepr sft`: files and flags around :mod:`deepr.trajectories`
+"""`deepr prune-trajectories` and `deepr sft`: files and flags around :mod:`deepr.train.trajectories`
 and :mod:`deepr.train.sft`."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def prune_trajectories_cmd(
     """Filter, prune and balance teacher trajectories into turn-level SFT / RL examples (SPEC §7)."""
     from deepr.io import read_jsonl
     from deepr.records import Trajectory
-    from deepr.trajectories import STAGE, PruneConfig, judge_scorer, prune_trajectories
+    from deepr.train.trajectories import STAGE, PruneConfig, judge_scorer, prune_trajectories
 
     t0 = time.perf_counter()
     with user_errors():
@@ -113,7 +113,7 @@ def prune_trajectories_cmd(
 def _write_prune_outputs(out_dir: Path, examples: dict, rejects: list, stats: dict, config: Any,
                          inputs: list[Path | None], judge_llm: str, t0: float) -> None:
     from deepr.io import rejects_path, write_jsonl, write_meta
-    from deepr.trajectories import STAGE
+    from deepr.train.trajectories import STAGE
 
     for split in ("sft", "rl"):
         out = out_dir / f"{split}.jsonl"

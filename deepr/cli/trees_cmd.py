@@ -1,5 +1,5 @@
 """``deepr build-trees``, ``deepr synthesize-rubrics`` and ``deepr verify``: files and flags
-around :mod:`deepr.trees`, :mod:`deepr.rubrics` and :mod:`deepr.verify`.
+around :mod:`deepr.data.trees`, :mod:`deepr.data.rubrics` and :mod:`deepr.data.verify`.
 
     deepr build-trees --corpus wiki --n-trees 20 --out data/trees.jsonl
     deepr synthesize-rubrics data/trees.jsonl --out data/pairs.jsonl
@@ -144,8 +144,8 @@ def build_trees_command(
     """Grow evidence trees: seed topic → root query → breadth-first sub-queries, each grounded in
     retrieved documents with extracted statements (SPEC §1)."""
     from deepr.io import rejects_path
-    from deepr.topics import load_topics, sample_topics
-    from deepr.trees import TreeConfig
+    from deepr.data.topics import load_topics, sample_topics
+    from deepr.data.trees import TreeConfig
 
     t0 = time.perf_counter()
     with user_errors():
@@ -182,7 +182,7 @@ def _run_trees(todo: list[Any], retriever: Any, model: Any, judge: Any, cfg: Any
                plan: dict[str, int], t0: float, *, inputs: list[Path], corpus: str) -> None:
     from deepr.io import JsonlAppender, read_jsonl, write_meta
     from deepr.records import Reject, Tree
-    from deepr.trees import abuild_trees, tree_summary
+    from deepr.data.trees import abuild_trees, tree_summary
 
     counts = Counter()
     try:
@@ -225,8 +225,8 @@ def synthesize_rubrics_command(
     every SPEC §2 constraint checked in code (violations re-asked, then rejected)."""
     from deepr.io import read_jsonl, rejects_path
     from deepr.records import Tree
-    from deepr.rubric_checks import RubricLimits
-    from deepr.rubrics import SynthConfig, pair_id
+    from deepr.data.rubric_checks import RubricLimits
+    from deepr.data.rubrics import SynthConfig, pair_id
 
     t0 = time.perf_counter()
     with user_errors():
@@ -252,7 +252,7 @@ def _run_synth(todo: list[Any], model: Any, cfg: Any, trees: Path, out: Path, re
                plan: dict[str, int], t0: float) -> None:
     from deepr.io import JsonlAppender, read_jsonl, write_meta
     from deepr.records import QRPair, Reject
-    from deepr.rubrics import asynthesize_rubrics, pair_summary
+    from deepr.data.rubrics import asynthesize_rubrics, pair_summary
 
     embed = _embed_fn() if model.is_extractive else None
     counts = Counter()
@@ -298,7 +298,7 @@ def verify_command(
     in the selected leaves (checked in code)."""
     from deepr.io import read_jsonl, rejects_path
     from deepr.records import QRPair, Tree
-    from deepr.verify import VerifyConfig
+    from deepr.data.verify import VerifyConfig
 
     t0 = time.perf_counter()
     with user_errors():
@@ -319,7 +319,7 @@ def _run_verify(todo: list[Any], judge: Any, cfg: Any, tree_map: Any, pairs: Pat
                 rejects: Path, plan: dict[str, int], t0: float) -> None:
     from deepr.io import JsonlAppender, read_jsonl, write_meta
     from deepr.records import QRPair
-    from deepr.verify import Verdict, averify, verify_summary
+    from deepr.data.verify import Verdict, averify, verify_summary
 
     counts = Counter()
     try:

@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from deepr.rewards.text import find_markers
+from deepr.text import find_markers
 
 MIN_SUB, MAX_SUB = 2, 7
 MIN_TOKENS, MAX_TOKENS = 100, 2000

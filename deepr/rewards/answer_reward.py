@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from deepr.plan import answer_node, nodes_of, validate_plan
+from deepr.agent.plan import answer_node, nodes_of, validate_plan
 from deepr.records import Plan, PlanNode
 from deepr.rewards.judges import Judge, coerce_rubrics
-from deepr.rewards.text import Embed, Vectors, coverage, split_sentences, strip_citations, tok
+from deepr.text import Embed, Vectors, coverage, split_sentences, strip_citations, tok
 
 W_EXEC, W_SYNTH = 0.50, 0.50      # Eq. 25
 W_EMB, W_LEX = 0.50, 0.50         # Eq. 26

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, field_validator
 
 from deepr.rewards.judges import Judge, Verdict
-from deepr.rewards.text import coverage, squad_normalize
+from deepr.text import coverage, squad_normalize
 
 LAMBDA = 0.5   # Eq. 2: weight of F1 in R_team
 ALPHA = 0.6    # Eq. 3: weight of R_team in R_total (β = 1 − α)

@@ -26,7 +26,7 @@ from pydantic import BaseModel, field_validator
 
 from deepr.rewards.judges import Judge
 from deepr.rewards.rubric_reward import extract_claims
-from deepr.rewards.text import split_sentences, strip_citations
+from deepr.text import split_sentences, strip_citations
 
 _MD_LINK = re.compile(r"\[([^\]]+)\]\((https?://[^)\s]+)\)")
 SUPPORT_THRESHOLD = 0.5  # extractive judge: support score at which a statement counts as supported

@@ -41,7 +41,7 @@ from pydantic import BaseModel, Field, ValidationError
 from deepr.llm.base import LLM
 from deepr.llm.parse import ask_json
 from deepr.records import RubricItem
-from deepr.rewards.text import Embed, Vectors, coverage, split_sentences, strip_citations, tok
+from deepr.text import Embed, Vectors, coverage, split_sentences, strip_citations, tok
 
 
 class RewardInputError(ValueError):

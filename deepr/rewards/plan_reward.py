@@ -23,10 +23,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from deepr.plan import answer_node, children_map, nodes_of, validate_plan
+from deepr.agent.plan import answer_node, children_map, nodes_of, validate_plan
 from deepr.records import Plan, PlanNode, RubricItem
 from deepr.rewards.judges import coerce_rubrics
-from deepr.rewards.text import Embed, Vectors, diminishing, mean_pairwise
+from deepr.text import Embed, Vectors, diminishing, mean_pairwise
 
 
 class PlanRewardWeights(BaseModel):
@@ -153,7 +153,7 @@ def plan_reward(plan: Any, rubrics: Any, embed: Embed, *,
 
 def plan_structure(plan: Any) -> dict[str, Any]:
     """Plan statistics for `deepr eval --metric structure` (defined for invalid plans too)."""
-    from deepr.plan import waves
+    from deepr.agent.plan import waves
 
     p, errors = validate_plan(plan)
     if p is None:

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from deepr.io import RecordError, read_jsonl
 from deepr.rewards.judges import Judge
-from deepr.rewards.text import strip_citations
+from deepr.text import strip_citations
 
 DIMENSIONS = ("comprehensiveness", "insight", "instruction_following", "readability")
 

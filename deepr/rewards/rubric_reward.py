@@ -30,7 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, field_validator
 
 from deepr.rewards.judges import Judge, Verdict, coerce_rubrics
-from deepr.rewards.text import find_markers, split_sentences, strip_citations, tok
+from deepr.text import find_markers, split_sentences, strip_citations, tok
 
 W_RUBRIC, W_FORMAT, W_CITE, W_SEARCH = 0.5, 0.2, 0.2, 0.1
 TOOL_NAMES = ("search", "browse", "scholar")

@@ -27,7 +27,7 @@ from deepr.llm.parse import strip_thinking
 from deepr.rewards.answer_reward import score_answer
 from deepr.rewards.judges import Judge, RewardInputError, coerce_rubrics
 from deepr.rewards.plan_reward import plan_rewards
-from deepr.rewards.text import Embed
+from deepr.text import Embed
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
 

@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field, field_validator
 from deepr.agent.decor import ANSWER_SYSTEM, FILTER_SYSTEM, PLANNER_SYSTEM, MemoryItem, _STOP, memory_text
 from deepr.rewards.decor import ALPHA, LAMBDA, format_ok, role_advantages, role_content
 from deepr.rewards.judges import LazyJudge
-from deepr.train.rubric_stage import StageConfig, log_means, lookup_row, train_stage
+from deepr.train.stage import StageConfig, log_means, lookup_row, train_stage
 
 ROLES = ("planner", "filter", "answerer")
 # The reward's protocol (001 App. B) wants reasoning in <think> from every role.
@@ -247,7 +247,7 @@ class DecorRewardFn(LazyJudge):
                     steps: list[dict[str, str]], fmt_ok: bool) -> dict[str, Any] | None:
         """Every term of one row's reward; None when a judge call failed (no reward, not 0)."""
         from deepr.rewards.decor import f1_score, llm_judge, r_team, r_total, role_judge
-        from deepr.rewards.text import strip_citations
+        from deepr.text import strip_citations
 
         team_answer = strip_citations(team_answer or "").strip()
         if not steps:

@@ -85,7 +85,7 @@ async def prepare_one(pair: QRPair, llm: Any, retriever: Any, config: PrepareCon
     from deepr.agent.planner import initial_plan, plan_json, revise_plan
     from deepr.agent.trace import Tracer
     from deepr.corpus.tools import ResearchTools
-    from deepr.plan import waves
+    from deepr.agent.plan import waves
 
     run = RunConfig(k=config.k, fetch_limit=config.fetch_limit, max_reasks=config.max_reasks,
                     temperature=config.temperature, max_tokens=config.max_tokens)

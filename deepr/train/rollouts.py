@@ -28,7 +28,7 @@ from deepr.agent.citations import Catalog, Entry, normalize
 from deepr.agent.env import Ctx, RunConfig
 from deepr.agent.planner import initial_messages, revision_messages
 from deepr.agent.trace import Tracer
-from deepr.plan import validate_plan, waves
+from deepr.agent.plan import validate_plan, waves
 from deepr.rewards.trl_adapters import json_objects, last_plan, parse_answerer
 
 # generate(token-id sequences, first_turn, max_new_tokens) -> (new ids per sequence, logprobs or None)

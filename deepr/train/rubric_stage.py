@@ -23,107 +23,15 @@ stage) and :func:`train_stage` (one GRPO run over any rollout function and train
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from deepr.records import QRPair
 from deepr.rewards.judges import LazyJudge
-from deepr.train.grpo import METRICS, GrpoConfig, GrpoResult, fit_and_save, metrics_callback, prepare_out, \
-    trl_args
-
-# --- what the issue-8 stages share -------------------------------------------------------------
-
-
-class StageConfig(GrpoConfig):
-    """GrpoConfig for a stage whose paper values live in ``PAPER`` (fields left None take them)."""
-
-    PAPER: ClassVar[dict[str, Any]] = {}
-    ROLE: ClassVar[str] = "agent"
-    stage: str = Field(description="Training stage.")
-    learning_rate: float | None = Field(None, gt=0, description="Learning rate, constant; None: the paper's.")
-    num_generations: int | None = Field(None, ge=2, description="Rollouts per prompt (the group); None: the "
-                                        "paper's.")
-
-    @model_validator(mode="after")
-    def _fill(self) -> StageConfig:
-        for name, value in self.PAPER.items():
-            if getattr(self, name, None) is None:
-                setattr(self, name, value)
-        if self.mini_batch_prompts is None:
-            self.mini_batch_prompts = max(1, self.prompts_per_step // 2)
-        if self.prompts_per_step % self.mini_batch_prompts:
-            raise ValueError(f"prompts_per_step {self.prompts_per_step} must be a multiple of mini_batch_prompts "
-                             f"{self.mini_batch_prompts}")
-        if self.planner_adapter is not None:
-            raise ValueError(f"--planner-adapter is for --stage answerer, not {self.stage}")
-        return self
-
-    @property
-    def role(self) -> str:
-        return self.ROLE
-
-    @property
-    def adapter_roles(self) -> list[str]:
-        """The ``deepr run`` roles that load the trained adapter (``--llm hf:...,adapter=<role>:<out>``)."""
-        return [self.ROLE]
-
-
-def build_stage_trainer(config: StageConfig, rows: Sequence[dict[str, Any]], rollout_func: Any,
-                        reward_fn: Any, callbacks: Sequence[Any] = (), trainer_cls: Any = None) -> Any:
-    """GRPOTrainer (or ``trainer_cls``, e.g. DECOR's) over ``config.model`` with LoRA unless --full."""
-    import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM
-
-    from deepr.train.sft import load_tokenizer
-
-    if trainer_cls is None:
-        from trl import GRPOTrainer as trainer_cls
-    args = trl_args(config)
-    model = AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.bfloat16 if args.bf16 else torch.float32)
-    peft_config = None
-    if not config.full:
-        from peft import LoraConfig
-
-        peft_config = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                                 target_modules=config.target_modules, task_type="CAUSAL_LM")
-    return trainer_cls(model=model, reward_funcs=[reward_fn], args=args, train_dataset=Dataset.from_list(list(rows)),
-                       processing_class=load_tokenizer(config.model), peft_config=peft_config,
-                       callbacks=list(callbacks), rollout_func=rollout_func)
-
-
-def train_stage(config: StageConfig, rows: Sequence[dict[str, Any]], rollout_func: Any, reward_fn: Any, *,
-                trainer_cls: Any = None, callbacks: Sequence[Any] = ()) -> GrpoResult:
-    """One GRPO run: checkpoints and --resume, Ctrl-C saves, metrics.jsonl, adapter + deepr_meta.json."""
-    from deepr.train.sft import _make_stop_callback
-
-    t0 = time.perf_counter()
-    data_fp, resume_now = prepare_out(config, rows)
-    stop, log = _make_stop_callback(), metrics_callback(config.out / METRICS)
-    trainer = build_stage_trainer(config, rows, rollout_func, reward_fn, [stop, log, *callbacks], trainer_cls)
-    return fit_and_save(config, trainer, stop, log, data_fp=data_fp, base=config.model, n_rows=len(rows),
-                        resume_now=resume_now, t0=t0)
-
-
-def lookup_row(table: dict, key: Any, stage: str) -> Any:
-    """The record behind a prompt TRL hands the rollout (TRL passes prompts only)."""
-    if key not in table:
-        raise KeyError(f"a prompt the {stage} stage did not build reached its rollout; build the rows with the "
-                       f"stage's own dataset function")
-    return table[key]
-
-
-def log_means(columns: dict, prefix: str, rows: Sequence[dict[str, Any]], names: Sequence[str]) -> None:
-    """Batch mean of each named component through TRL's ``log_metric`` (lands in metrics.jsonl)."""
-    log: Callable[[str, float], None] | None = columns.get("log_metric")
-    for name in names if log else ():
-        vals = [float(r[name]) for r in rows if isinstance(r.get(name), (int, float))]
-        if vals:
-            log(f"{prefix}/{name}", sum(vals) / len(vals))
-
+from deepr.train.grpo import GrpoResult
+from deepr.train.stage import StageConfig, log_means, lookup_row, train_stage
 
 # --- the rubric stage -----------------------------------------------------------------------------
 
@@ -258,57 +166,3 @@ def train_rubric(config: RubricStageConfig, pairs: Sequence[QRPair], retriever: 
                                      budget=config.max_completion_length, tool_turns=config.tool_turns,
                                      turn_cap=config.max_turn_tokens, generate_for=generate_for)
     return train_stage(config, rows, rollout, reward_fn or RubricRewardFn(), callbacks=callbacks)
-
-
-# --- `deepr grpo --stage rubric|decor|warp-atomic|warp-report` from CLI settings ------------------
-
-EXTRA_STAGES = ("rubric", "decor", "warp-atomic", "warp-report")
-
-
-def make_judge(spec: str) -> Any:
-    """The reward judge: extractive (embeddings) or an LLM spec such as openai:<model>."""
-    from deepr.corpus.embed import get_embedder
-    from deepr.rewards.judges import Judge
-
-    embed = get_embedder().encode
-    if spec == "extractive":
-        return Judge(None, embed)
-    from deepr.llm import get_llm
-
-    return Judge(get_llm(spec), embed)
-
-
-def run_from_settings(settings: dict[str, Any], data: Any) -> tuple[GrpoResult, int, StageConfig]:
-    """Read ``data`` for the stage, open the corpus, train; returns (result, rows, config)."""
-    from deepr.corpus import open_retriever
-    from deepr.io import read_jsonl
-
-    stage = settings["stage"]
-    if stage == "rubric":
-        config: StageConfig = RubricStageConfig(**settings)
-        pairs = list(read_jsonl(data, QRPair))
-        retriever = open_retriever(config.corpus, retriever=config.retriever, progress=True)
-        res = train_rubric(config, pairs, retriever, reward_fn=RubricRewardFn(make_judge(config.judge_llm)))
-        return res, len(rubric_dataset(pairs)[0]), config
-    if stage == "decor":
-        from deepr.train.decor_stage import DecorRewardFn, DecorStageConfig, QARecord, train_decor
-
-        config = DecorStageConfig(**settings)
-        records = list(read_jsonl(data, QARecord))
-        retriever = open_retriever(config.corpus, retriever=config.retriever, progress=True)
-        reward = DecorRewardFn(make_judge(config.judge_llm), alpha=config.alpha, lam=config.lam)
-        return train_decor(config, records, retriever, reward_fn=reward), 3 * len(records), config
-    if stage == "warp-atomic":
-        from deepr.records import ChatExample
-        from deepr.train.warp_stage import WarpAtomicConfig, train_warp_atomic
-
-        config = WarpAtomicConfig(**settings)
-        examples = list(read_jsonl(data, ChatExample))
-        retriever = open_retriever(config.corpus, retriever=config.retriever, progress=True)
-        return train_warp_atomic(config, examples, retriever), len(examples), config
-    from deepr.train.warp_stage import WarpReportConfig, train_warp_report
-
-    config = WarpReportConfig(**settings)
-    pairs = list(read_jsonl(data, QRPair))
-    retriever = open_retriever(config.corpus, retriever=config.retriever, progress=True)
-    return train_warp_report(config, pairs, retriever, judge=make_judge(config.judge_llm)), len(pairs), config

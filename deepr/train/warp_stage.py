@@ -33,7 +33,7 @@ from pydantic import Field
 
 from deepr.records import ChatExample
 from deepr.rewards.agentcpm import cited_ids, outline_reward, paragraph_reward, terminate_reward
-from deepr.train.rubric_stage import StageConfig, log_means, lookup_row, train_stage
+from deepr.train.stage import StageConfig, log_means, lookup_row, train_stage
 
 ACTIONS = ("initialize", "search", "write", "expand", "terminate")
 _QUESTION = re.compile(r"User question:\s*\n(.*?)\n\s*\n", re.S)
@@ -189,7 +189,7 @@ def policy_llm(generate: Any, tokenizer: Any, cap: int) -> Any:
             super().__init__(max_concurrency=1)
             self.calls: list[tuple[list, list[int], str]] = []
 
-        async def _achat(self, messages, *, role, temperature, max_tokens, stop) -> str:
+        async def _achat(self, messages, *, role, temperature, max_tokens, stop, **extra) -> str:
             ids, _ = generate([prompt_ids(tokenizer, messages)], False, min(cap, max_tokens or cap))
             text = tokenizer.decode(ids[0], skip_special_tokens=True)
             self.calls.append((list(messages), list(ids[0]), text))

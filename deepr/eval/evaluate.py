@@ -31,7 +31,7 @@ from deepr.rewards.judges import Judge, RewardInputError
 from deepr.rewards.plan_reward import plan_reward, plan_structure
 from deepr.rewards.race import RaceTask, drop_reference_lists, find_task, race_score
 from deepr.rewards import rubric_reward as rr
-from deepr.rewards.text import Embed, squad_normalize
+from deepr.text import Embed, squad_normalize
 
 METRICS = ("rubric", "citation", "format", "search", "composite", "plan_reward", "answer_reward",
            "em", "f1", "lj", "team", "structure", "race", "fact")
@@ -56,7 +56,7 @@ EMBEDDED = {"plan_reward", "answer_reward"}
 class EvalConfig(BaseModel):
     """Resolved settings of one `deepr eval` run (goes into the provenance sidecar)."""
 
-    metrics: list[str] = Field(description="metrics to compute, in order; see deepr.eval.METRICS")
+    metrics: list[str] = Field(description="metrics to compute, in order; see deepr.eval.evaluate.METRICS")
     judge: str = Field("extractive", description="judge backend spec (--judge-llm)")
     limit: int | None = Field(None, ge=1, description="score at most this many items")
     concurrency: int = Field(8, ge=1, description="items scored concurrently")

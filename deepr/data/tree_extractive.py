@@ -1,6 +1,6 @@
 """Extractive (no language model) algorithms for the tree-building roles (SPEC §9).
 
-Used by :mod:`deepr.tree_roles` when ``llm.is_extractive``. Every function is
+Used by :mod:`deepr.data.tree_roles` when ``llm.is_extractive``. Every function is
 deterministic given the corpus, the retriever and the embedder:
 
 - root query: the seed topic itself (Alg. 1 of the DeepRubric paper starts from it);
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from deepr.records import Hit
-from deepr.rewards.text import STOP_WORDS, split_sentences, tok
+from deepr.text import STOP_WORDS, split_sentences, tok
 
 Embed = Callable[[list[str]], np.ndarray]
 

@@ -4,7 +4,7 @@ root query · gate (is the sub-query atomic?) · decompose (child sub-queries) �
 ground (which retrieved documents support a sub-query) · extract (1–3 statements per
 supporting document). Each role has an LLM implementation (our prompts, answered as JSON
 through :func:`deepr.llm.parse.ask_json`, with the SPEC constraints checked in code and
-re-asked on violation) and the extractive one of :mod:`deepr.tree_extractive`, chosen
+re-asked on violation) and the extractive one of :mod:`deepr.data.tree_extractive`, chosen
 by ``llm.is_extractive``. A role never raises on a bad reply: it returns an
 :class:`Outcome` with the reason, and the builder records it.
 """
@@ -19,13 +19,13 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, Field
 
-from deepr import tree_extractive as ex
+from deepr.data import tree_extractive as ex
 from deepr.llm.base import LLM
 from deepr.llm.parse import ask_json
 from deepr.records import Hit
-from deepr.rewards.text import coverage
-from deepr.topics import SeedTopic
-from deepr.tree_extractive import NodeCtx, Proposal
+from deepr.text import coverage
+from deepr.data.topics import SeedTopic
+from deepr.data.tree_extractive import NodeCtx, Proposal
 
 T = TypeVar("T")
 ROLES = ("root_query", "gate", "decompose", "ground", "extract")

@@ -8,7 +8,7 @@ for pairs whose audit itself failed (e.g. the judge never replied with valid JSO
 
     deepr verify pairs.jsonl --out verified.jsonl --judge-llm openai:gpt-4.1
 
-The code checks of :mod:`deepr.verify_checks` run on every pair. The LLM auditor sees
+The code checks of :mod:`deepr.data.verify_checks` run on every pair. The LLM auditor sees
 their findings and judges the six dimensions; a revision it proposes must pass the same
 constraints as synthesis (5–8 criteria, source leaves inside the selection, factual
 evidence found in those leaves' statements) or it is re-asked, then not accepted. The
@@ -30,8 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from deepr.llm.base import LLM, run_sync
 from deepr.llm.parse import ask_json, parse_reply
 from deepr.records import QRPair, Reject, RubricItem
-from deepr.rubric_checks import RubricLimits, question_problems, rubric_problems
-from deepr.verify_checks import Embed, Finding, findings, leaves_of, repair
+from deepr.data.rubric_checks import RubricLimits, question_problems, rubric_problems
+from deepr.data.verify_checks import Embed, Finding, findings, leaves_of, repair
 
 SYSTEM = (
     "You audit one training sample for deep-research agents: a research question, the evidence leaves it "

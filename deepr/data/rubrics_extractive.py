@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from deepr.records import RubricItem, Tree, TreeNode
-from deepr.rewards.text import STOP_WORDS, tok
+from deepr.text import STOP_WORDS, tok
 
 Embed = Callable[[list[str]], np.ndarray]
 

@@ -1,6 +1,6 @@
 """Stage ``build-trees``: seed topics → evidence trees (SPEC §1; DeepRubric §3.1, Alg. 1).
 
-Input: seed topics (:mod:`deepr.topics`), a retriever (``deepr.corpus``), an LLM (or the
+Input: seed topics (:mod:`deepr.data.topics`), a retriever (``deepr.corpus``), an LLM (or the
 extractive backend). Output: one :class:`deepr.records.Tree` per topic, or a
 :class:`deepr.records.Reject` with the reason the tree could not be built.
 
@@ -32,9 +32,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from deepr.llm.base import LLM, run_sync
 from deepr.records import Hit, Reject, SupportingDoc, Tree, TreeNode, TreeStats
-from deepr.topics import SeedTopic
-from deepr.tree_extractive import NodeCtx, Proposal, dedup
-from deepr.tree_roles import Tally, TreeRoles
+from deepr.data.topics import SeedTopic
+from deepr.data.tree_extractive import NodeCtx, Proposal, dedup
+from deepr.data.tree_roles import Tally, TreeRoles
 
 
 class TreeConfig(BaseModel):

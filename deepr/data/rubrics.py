@@ -10,9 +10,9 @@ selection and merge traces and ≥ 5 typed, weighted, leaf-grounded rubrics; or 
 
 The model sees the tree serialised compactly (nodes: id, parent, depth, query,
 children; leaves: id, root→leaf path, statements). Its reply is checked against every
-constraint of :mod:`deepr.rubric_checks`; a reply that breaks any is re-asked with the
+constraint of :mod:`deepr.data.rubric_checks`; a reply that breaks any is re-asked with the
 list of violations (bounded), then rejected. The extractive backend runs
-:mod:`deepr.rubrics_extractive` and its output passes the same checks.
+:mod:`deepr.data.rubrics_extractive` and its output passes the same checks.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from deepr.llm.base import LLM, run_sync
 from deepr.llm.parse import ask_json
 from deepr.records import MergeStep, QRPair, Reject, RubricItem, Tree
-from deepr.rubric_checks import RubricLimits, leaf_statements, pair_problems
-from deepr.rubrics_extractive import synthesize as synthesize_extractive
+from deepr.data.rubric_checks import RubricLimits, leaf_statements, pair_problems
+from deepr.data.rubrics_extractive import synthesize as synthesize_extractive
 
 SYSTEM = (
     "You design one deep-research task from an evidence tree. The input is a compact JSON tree: \"nodes\" "

@@ -5,7 +5,7 @@ warp mode). Output: :class:`~deepr.records.ChatExample` records split by query i
 set and a held-out RL set, plus rejects (one per dropped trajectory, with its reason) and
 counts for the summary table. Four steps, in order:
 
-1. validity: every planner plan passes :func:`deepr.plan.validate_plan`, every answerer turn
+1. validity: every planner plan passes :func:`deepr.agent.plan.validate_plan`, every answerer turn
    parses, no turn failed; otherwise the whole trajectory is dropped (DecomposeR §3.4.1);
 2. best-draft pruning (warp): score drafts D_1..D_N, cut at the best one and relabel the
    deepening decision taken on it TERMINATE (AgentCPM-Report §2.3.1, App. A.4);
@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from deepr.llm.parse import JSONExtractError, extract_json
-from deepr.plan import nodes_of, validate_plan, waves
+from deepr.agent.plan import nodes_of, validate_plan, waves
 from deepr.records import ChatExample, Plan, Reject, Trajectory, Turn
 
 STAGE = "prune-trajectories"

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from deepr.records import RubricItem, Tree
-from deepr.rewards.text import coverage, tok
+from deepr.text import coverage, tok
 
 _RUBRIC_ID = re.compile(r"^R(\d+)$")
 _LISTS_RUBRICS = re.compile(r"\b(R\d+|(?i:rubrics?))\b")

@@ -1,0 +1,1 @@
+"""`deepr eval`: metrics over reports, plans and answers (see :mod:`deepr.eval.evaluate`)."""
