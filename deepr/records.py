@@ -134,7 +134,7 @@ class PlanNode(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     id: str
-    type: str  # validated by deepr.plan.validate_plan so errors name the node
+    type: str  # validated by deepr.agent.plan.validate_plan so errors name the node
     query: str | None = None
     need: str | None = None
     key_points: list[str] = Field(default_factory=list)
@@ -168,6 +168,8 @@ class ModelCall(BaseModel):
     completion_tokens: int = 0
     ok: bool = True
     error: str | None = None
+    constrained: bool = False  # decoding was constrained to the role's output format
+    truncated: bool = False  # generation stopped at max_tokens
 
 
 class RunTrace(BaseModel):

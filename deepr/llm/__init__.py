@@ -18,9 +18,9 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from deepr.llm.base import LLM, LLMError, Message, Usage, run_sync
+from deepr.llm.base import LLM, GenDefaults, LLMError, Message, OutputFormat, Reply, Usage, run_sync
 
-__all__ = ["LLM", "LLMError", "LLMStatusError", "Message", "Usage", "run_sync", "get_llm",
+__all__ = ["LLM", "GenDefaults", "OutputFormat", "Reply", "LLMError", "LLMStatusError", "Message", "Usage", "run_sync", "get_llm",
            "llm_from_flags", "parse_hf_spec", "ExtractiveLLM", "ReplayLLM", "OpenAIBackend",
            "HFLLM", "LLMCache", "StubServer", "SPEC_FORMS"]
 
@@ -66,7 +66,18 @@ def parse_hf_spec(rest: str) -> tuple[str, dict[str, str]]:
 
 def get_llm(spec: str = "extractive", *, base_url: str | None = None, api_key: str | None = None,
             cache: bool = True, cache_dir: str | Path | None = None, timeout: float = 60.0,
-            max_retries: int = 3, max_concurrency: int = 8, **kw: Any) -> LLM:
+            max_retries: int = 3, max_concurrency: int = 8, gen: GenDefaults | None = None,
+            **kw: Any) -> LLM:
+    """Build the backend named by ``spec`` with the user's generation settings ``gen``."""
+    llm = _build(spec, base_url=base_url, api_key=api_key, cache=cache, cache_dir=cache_dir, timeout=timeout,
+                 max_retries=max_retries, max_concurrency=max_concurrency, **kw)
+    if gen is not None:
+        llm.gen = gen
+    return llm
+
+
+def _build(spec: str, *, base_url: str | None, api_key: str | None, cache: bool, cache_dir: str | Path | None,
+           timeout: float, max_retries: int, max_concurrency: int, **kw: Any) -> LLM:
     """Build the backend named by ``spec``; extra keywords go to its config.
 
     ``cache`` applies to ``openai:`` (local and replayed backends are cheap and
@@ -107,8 +118,8 @@ def get_llm(spec: str = "extractive", *, base_url: str | None = None, api_key: s
 
 
 def llm_from_flags(llm: str, base_url: str | None, api_key: str | None, no_cache: bool,
-                   timeout: float, concurrency: int) -> LLM:
+                   timeout: float, concurrency: int, gen: GenDefaults | None = None) -> LLM:
     """What the CLI commands call with their --llm / --base-url / --api-key / --no-cache /
-    --timeout / --concurrency flags."""
+    --timeout / --concurrency flags (and --max-tokens / --temperature / --top-p / --seed as ``gen``)."""
     return get_llm(llm, base_url=base_url, api_key=api_key, cache=not no_cache, timeout=timeout,
-                   max_concurrency=concurrency)
+                   max_concurrency=concurrency, gen=gen)

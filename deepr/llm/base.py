@@ -23,6 +23,52 @@ class LLMError(RuntimeError):
     """A call that failed for good (after the bounded retries), with the reason."""
 
 
+@dataclass(frozen=True)
+class OutputFormat:
+    """The shape a role's reply must take, for backends that can constrain decoding to it.
+
+    Exactly one of ``json_schema`` (a JSON Schema dict, built from the role's pydantic model)
+    or ``regex`` (for tagged-text replies such as ``<search>...</search>``) is set. Backends
+    that cannot constrain a format ignore it; the caller still parses and checks the reply.
+    """
+
+    name: str
+    json_schema: dict[str, Any] | None = None
+    regex: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.json_schema is None) == (self.regex is None):
+            raise ValueError(f"OutputFormat {self.name!r}: set exactly one of json_schema or regex")
+
+
+class Reply(str):
+    """A model reply: the text, plus what the backend knows about how it was produced.
+
+    ``constrained``: decoding was constrained to the requested :class:`OutputFormat`;
+    ``truncated``: generation stopped at ``max_tokens`` (a cut JSON reply is a failure, not a
+    reply to repair). A plain ``str`` where a Reply is expected means neither.
+    """
+
+    constrained: bool
+    truncated: bool
+
+    def __new__(cls, text: str, *, constrained: bool = False, truncated: bool = False) -> Reply:
+        obj = super().__new__(cls, text)
+        obj.constrained, obj.truncated = constrained, truncated
+        return obj
+
+
+@dataclass
+class GenDefaults:
+    """Generation settings a user set on the command line (``--max-tokens``, ``--temperature``,
+    ``--top-p``, ``--seed``); a field left None keeps what the role asks for."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+
+
 @dataclass
 class Usage:
     """Token and call accounting for one run; ``by_role`` splits calls per role."""
@@ -56,8 +102,9 @@ class LLM(ABC):
     name: str = "llm"
     is_extractive: bool = False
 
-    def __init__(self, max_concurrency: int = 8):
+    def __init__(self, max_concurrency: int = 8, gen: GenDefaults | None = None):
         self.max_concurrency = max_concurrency
+        self.gen = gen or GenDefaults()
         self.usage = Usage()
         self._sems: dict[int, asyncio.Semaphore] = {}
 
@@ -71,22 +118,36 @@ class LLM(ABC):
 
     async def achat(self, messages: Sequence[Message], *, role: str | None = None,
                     temperature: float | None = None, max_tokens: int | None = None,
-                    stop: Sequence[str] | None = None) -> str:
+                    stop: Sequence[str] | None = None, top_p: float | None = None,
+                    seed: int | None = None, fmt: OutputFormat | None = None) -> Reply:
+        """One chat call. ``max_tokens`` / ``temperature`` are the role's; the user's
+        :class:`GenDefaults` override them (``--max-tokens`` caps every role)."""
+        g = self.gen
+        if g.max_tokens is not None:
+            max_tokens = g.max_tokens if max_tokens is None else min(max_tokens, g.max_tokens)
+        temperature = g.temperature if g.temperature is not None and temperature is None else temperature
+        top_p = g.top_p if top_p is None else top_p
+        seed = g.seed if seed is None else seed
         async with self._sem():
-            return await self._achat(list(messages), role=role, temperature=temperature,
-                                     max_tokens=max_tokens, stop=stop)
+            out = await self._achat(list(messages), role=role, temperature=temperature, max_tokens=max_tokens,
+                                    stop=stop, top_p=top_p, seed=seed, fmt=fmt)
+        return out if isinstance(out, Reply) else Reply(out)
 
     @abstractmethod
     async def _achat(self, messages: list[Message], *, role: str | None, temperature: float | None,
-                     max_tokens: int | None, stop: Sequence[str] | None) -> str:
-        """Send one chat request; raise :class:`LLMError` with the reason on final failure."""
+                     max_tokens: int | None, stop: Sequence[str] | None, **extra: Any) -> str | Reply:
+        """Send one chat request; raise :class:`LLMError` with the reason on final failure.
+
+        ``extra`` holds ``top_p``, ``seed`` and ``fmt`` (an :class:`OutputFormat` or None);
+        a backend uses what it supports and ignores the rest.
+        """
 
     async def abatch(self, batch: Sequence[Sequence[Message]], *, role: str | None = None,
-                     **kw: Any) -> list[str]:
+                     **kw: Any) -> list[Reply]:
         """Run independent prompts concurrently (bounded by ``max_concurrency``), in order."""
         return list(await asyncio.gather(*(self.achat(m, role=role, **kw) for m in batch)))
 
-    def chat(self, messages: Sequence[Message], **kw: Any) -> str:
+    def chat(self, messages: Sequence[Message], **kw: Any) -> Reply:
         return run_sync(self.achat(messages, **kw))
 
     def describe(self) -> dict[str, Any]:

@@ -94,7 +94,7 @@ class ExtractiveLLM(LLM):
         self.k = k
 
     async def _achat(self, messages: list[Message], *, role: str | None, temperature: float | None,
-                     max_tokens: int | None, stop: Sequence[str] | None) -> str:
+                     max_tokens: int | None, stop: Sequence[str] | None, **extra: Any) -> str:
         cands, query = _split_prompt(messages)
         picked = select_sentences(cands, query, self.k) if cands else sentences(query)[: self.k]
         text = _truncate(" ".join(picked), max_tokens, stop)

@@ -145,7 +145,7 @@ class HFLLM(LLM):
         return _cut_at_stop(text, stop), n_prompt, n_new
 
     async def _achat(self, messages: list[Message], *, role: str | None, temperature: float | None,
-                     max_tokens: int | None, stop: Sequence[str] | None) -> str:
+                     max_tokens: int | None, stop: Sequence[str] | None, **extra: Any) -> str:
         t0 = time.perf_counter()
         try:
             text, n_prompt, n_new = await asyncio.to_thread(

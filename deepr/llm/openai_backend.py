@@ -184,7 +184,7 @@ class OpenAIBackend(LLM):
                 getattr(usage, "completion_tokens", 0) or 0)
 
     async def _achat(self, messages: list[Message], *, role: str | None, temperature: float | None,
-                     max_tokens: int | None, stop: Sequence[str] | None) -> str:
+                     max_tokens: int | None, stop: Sequence[str] | None, **extra: Any) -> str:
         request = self._request(messages, temperature, max_tokens, stop)
         if self.cache is not None:
             hit = self.cache.get(request)

@@ -74,7 +74,7 @@ class ReplayLLM(LLM):
         return len(self._queues.get(key, [])) - self._used.get(key, 0)
 
     async def _achat(self, messages: list[Message], *, role: str | None, temperature: float | None,
-                     max_tokens: int | None, stop: Sequence[str] | None) -> str:
+                     max_tokens: int | None, stop: Sequence[str] | None, **extra: Any) -> str:
         self.calls.append((role, messages))
         key = role if self.per_role else None
         queue, used = self._queues.get(key, []), self._used.get(key, 0)
