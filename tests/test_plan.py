@@ -152,3 +152,19 @@ def test_waves_chain_of_aggregates():
     plan, _ = validate_plan({"nodes": [S("N1"), A("N2", ["N1"]), A("N3", ["N2"]), A("N4", ["N3", "N1"]),
                                        A("N5", ["N4"], "answer")]})
     assert waves(plan) == [["N2"], ["N3"], ["N4"]]
+
+
+def test_repeated_input_is_rejected_with_the_node_and_id_named():
+    # Issue 15.1: ["S1", "S1"] used to pass and count as two edges in R_plan's graph terms.
+    bad = good()
+    bad["nodes"][6]["inputs"] = ["N1", "N1", "N4"]
+    msg = errors_of(bad)
+    assert "node N7 lists input 'N1' more than once" in msg
+
+
+def test_children_map_counts_a_repeated_input_once():
+    from deepr.records import Plan
+
+    # built without the validator, as a reward might receive it
+    plan = Plan.model_validate({"nodes": [S("N1"), A("N2", ["N1", "N1"]), A("N3", ["N2"], "answer")]})
+    assert children_map(plan)["N1"] == ["N2"]

@@ -163,3 +163,24 @@ def test_trl_adapter_scores_the_revised_plan_and_logs_components():
     assert logged["plan/valid"] == 0.5 and "plan/C_rub" in logged
     chat = [{"role": "assistant", "content": json.dumps(graph())}]
     assert fn(prompts=["p"], completions=[chat], rubrics=[RUBRICS])[0] == pytest.approx(out[0])
+
+
+def test_repeated_input_cannot_raise_the_graph_terms():
+    # Issue 15.1: repeating an input made r_fan / r_int count it twice (I_cross 0 -> 0.5).
+    from deepr.records import Plan
+    from deepr.rewards.plan_reward import _graph_terms
+    from deepr.text import Vectors
+
+    g = graph()
+    g["nodes"][3]["inputs"] = ["S1"]          # A1 <- S1 only
+    g["nodes"][4]["inputs"] = ["S2", "S3"]    # A2 integrates two searches; nothing fans out
+    base = plan_reward(g, RUBRICS, FakeEmbed())
+    assert base.valid and (base.r_fan, base.r_int) == (0.0, 0.5)
+    g["nodes"][3]["inputs"] = ["S1", "S1"]
+    r = plan_reward(g, RUBRICS, FakeEmbed())
+    assert not r.valid and r.plan_reward == 0.0
+    assert any("lists input 'S1' more than once" in e for e in r.errors)
+    # and the terms themselves count distinct parents/children even on an unvalidated plan
+    plan = Plan.model_validate(g)
+    terms = _graph_terms(plan, Vectors(FakeEmbed(), ["na1 ka1", "na2"]))
+    assert (terms["r_fan"], terms["r_int"], terms["I_cross"]) == (0.0, 0.5, 0.25)

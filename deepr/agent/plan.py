@@ -62,6 +62,11 @@ def _node_errors(nodes: list[PlanNode]) -> list[str]:
             if not n.inputs:
                 errors.append(f"{n.type} node {n.id} has no inputs; list the nodes it consumes")
     for n in nodes:
+        repeated = sorted({src for src in n.inputs if n.inputs.count(src) > 1})
+        if repeated:
+            # a repeated id is not a second edge; rewards that count edges would pay for it
+            errors.append(f"node {n.id} lists input {', '.join(map(repr, repeated))} more than once; "
+                          "list each input once")
         for src in n.inputs:
             if src not in seen:
                 errors.append(f"node {n.id} lists input {src!r}, which is not a node id")
@@ -75,12 +80,18 @@ def _node_errors(nodes: list[PlanNode]) -> list[str]:
 
 
 def _children(nodes: list[PlanNode]) -> dict[str, list[str]]:
+    """Distinct direct children of every node (a repeated input is one edge)."""
     out: dict[str, list[str]] = {n.id: [] for n in nodes}
     for n in nodes:
-        for src in n.inputs:
+        for src in dict.fromkeys(n.inputs):
             if src in out and src != n.id:
                 out[src].append(n.id)
     return out
+
+
+def parents_of(node: PlanNode) -> list[str]:
+    """Distinct direct parents of ``node`` in input order (a repeated input is one edge)."""
+    return list(dict.fromkeys(node.inputs))
 
 
 def _cycle(nodes: list[PlanNode]) -> list[str] | None:

@@ -12,7 +12,8 @@ Definitions this module fixes where the paper leaves room:
   points; fields(n) are the non-empty query, need and each key point of node n;
 - rubric weights enter C_rub and C_search as |w| (a plan should make room to check a
   misleading claim as much as a true one), normalised by Σ|w|;
-- r_fan is 0 without search nodes and r_int is 0 without aggregate nodes.
+- r_fan is 0 without search nodes and r_int is 0 without aggregate nodes; both count distinct
+  parents / children, so repeating an id in ``inputs`` adds no edge (the validator rejects it).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from deepr.agent.plan import answer_node, children_map, nodes_of, validate_plan
+from deepr.agent.plan import answer_node, children_map, nodes_of, parents_of, validate_plan
 from deepr.records import Plan, PlanNode, RubricItem
 from deepr.rewards.judges import coerce_rubrics
 from deepr.text import Embed, Vectors, diminishing, mean_pairwise
@@ -100,11 +101,12 @@ def _graph_terms(plan: Plan, vec: Vectors) -> dict[str, float]:
     children = children_map(plan)
     ans = answer_node(plan)
     by_id = {n.id: n for n in plan.nodes}
-    parents = [by_id[p] for p in ans.inputs if by_id[p].type == "aggregate"]
+    # graph terms count distinct edges (the validator also rejects repeated inputs)
+    parents = [by_id[p] for p in parents_of(ans) if by_id[p].type == "aggregate"]
     pair = mean_pairwise(vec, [node_text(p) for p in parents])
     d_par = 1.0 if pair is None else 1.0 - pair
     r_fan = sum(len(children[s.id]) >= 2 for s in searches) / len(searches) if searches else 0.0
-    r_int = sum(len(a.inputs) >= 2 for a in aggs) / len(aggs) if aggs else 0.0
+    r_int = sum(len(parents_of(a)) >= 2 for a in aggs) / len(aggs) if aggs else 0.0
     return {"B_synth": diminishing(len(parents)) * d_par, "d_par": d_par, "r_fan": r_fan,
             "r_int": r_int, "I_cross": 0.5 * (r_fan + r_int), "B_search": diminishing(len(searches))}
 
