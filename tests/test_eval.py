@@ -229,3 +229,40 @@ def test_score_item_direct_api_without_cli():
     item = item_from_record({"id": "z", "prediction": "Paris", "answers": ["paris"]}, "mem")
     score = asyncio.run(score_item(item, ["em", "lj"], EvalContext()))
     assert score.em == 1.0 and "needs a judge" in score.failures["lj"]
+
+
+def test_empty_answers_score_zero_and_only_absent_fields_fail(tmp_path):
+    # Issue 15.2: "" used to be recorded as "has no 'prediction'" and left out of the mean, so a
+    # model that answered nothing raised its score. An empty value scores; only absence fails.
+    inp = jsonl(tmp_path / "p.jsonl", [
+        {"id": "right", "prediction": "Tokyo", "answers": ["Tokyo"]},
+        {"id": "empty", "prediction": "", "answers": ["Tokyo"]},
+        {"id": "absent", "answers": ["Tokyo"]}])
+    out = tmp_path / "s.jsonl"
+    r = invoke(inp, "--metric", "em,f1,lj", "--out", out)
+    assert r.exit_code == 0, r.output
+    s = rows(out)
+    assert (s["empty"]["em"], s["empty"]["f1"], s["empty"]["lj"]) == (0.0, 0.0, 0.0)
+    assert s["empty"]["failures"] == {}
+    assert "has no 'prediction'" in s["absent"]["failures"]["em"] and "em" not in s["absent"]
+    table = {x["field"]: x for x in summarize(list(s.values()), ["em", "f1"])}
+    assert table["em"]["mean"] == 0.5 and table["em"]["n"] == 2 and table["em"]["failures"] == 1
+
+
+def test_empty_report_plan_completion_and_answer_are_scored_not_failed(tmp_path):
+    inp = jsonl(tmp_path / "r.jsonl", [
+        {"id": "empty", "query": "When?", "report": "", "completion": "", "plan": "", "node_outputs": {},
+         "answer": "", "rubrics": [RUBRIC]},
+        {"id": "absent", "query": "When?", "rubrics": [RUBRIC]}])
+    out = tmp_path / "s.jsonl"
+    r = invoke(inp, "--metric", "rubric,format,search,structure,plan_reward,answer_reward", "--out", out)
+    assert r.exit_code == 0, r.output
+    s = rows(out)
+    e, a = s["empty"], s["absent"]
+    assert e["failures"] == {}, e["failures"]
+    assert e["rubric"] == 0.0 and e["R_format"] == 0.0 and e["R_search"] == 0.0 and e["sections"] == 0
+    assert e["plan_reward"] == 0.0 and not e["valid"]  # an empty plan is an invalid plan
+    assert e["answer_reward"] == 0.0
+    for metric in ("rubric", "format", "structure", "plan_reward", "answer_reward"):
+        assert metric in a["failures"], metric
+    assert "has no report" in a["failures"]["rubric"]

@@ -95,6 +95,9 @@ class EvalItem:
     citations: dict[str, Any] = field(default_factory=dict)
     tool_calls: int | None = None
     where: str = ""
+    # Fields the input actually carried: an absent field is a failure, an empty one is scored
+    # (an empty prediction or report scores 0, so saying nothing cannot raise a mean).
+    present: frozenset[str] = frozenset()
 
 
 class MetricFailure(Exception):
@@ -130,6 +133,12 @@ def item_from_record(rec: dict, where: str) -> EvalItem:
     report = _text(rec.get("report")) or _text(rec.get("article")) or (
         rr.answer_text(completion) if completion else "") or _text(rec.get("answer"))
     answers = rec.get("answers")
+    present = {k for k in ("prediction", "completion", "plan", "node_outputs")
+               if isinstance(rec.get(k), (str, dict, list))}
+    if any(isinstance(rec.get(k), str) for k in ("report", "article", "completion", "answer")):
+        present.add("report")
+    if "answer" in rec:  # null is an answer that failed to parse (partial credit), not a missing field
+        present.add("answer")
     return EvalItem(
         id=str(rec["id"]), where=where,
         query=_text(rec.get("query")) or _text(rec.get("question")) or _text(rec.get("prompt")),
@@ -138,7 +147,8 @@ def item_from_record(rec: dict, where: str) -> EvalItem:
         answers=[answers] if isinstance(answers, str) else answers, plan=rec.get("plan"),
         node_outputs=rec.get("node_outputs"), answer=rec.get("answer") if "answer" in rec else None,
         rubrics=rec.get("rubrics"), citations=rec.get("citations") or {},
-        tool_calls=rec.get("tool_calls") if isinstance(rec.get("tool_calls"), int) else None)
+        tool_calls=rec.get("tool_calls") if isinstance(rec.get("tool_calls"), int) else None,
+        present=frozenset(present))
 
 
 def item_from_trace(trace: RunTrace, item_id: str, md_text: str = "", where: str = "") -> EvalItem:
@@ -151,7 +161,9 @@ def item_from_trace(trace: RunTrace, item_id: str, md_text: str = "", where: str
                     plan=graphs[-1] if graphs else None, answer=_text(extra.get("answer")) or None,
                     node_outputs=outs if isinstance(outs, dict) else None,
                     citations={k: c.model_dump() for k, c in trace.citations.items()},
-                    tool_calls=sum(1 for t in trace.tools if not t.get("error") and t.get("ok", True)), where=where)
+                    tool_calls=sum(1 for t in trace.tools if not t.get("error") and t.get("ok", True)), where=where,
+                    present=frozenset({"report", "answer"} | ({"plan"} if graphs else set())
+                                      | ({"node_outputs"} if isinstance(outs, dict) else set())))
 
 
 @dataclass
@@ -195,14 +207,22 @@ def store_texts(citations: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _require(value: Any, what: str, item: EvalItem) -> Any:
-    if value is None or (isinstance(value, str) and not value.strip() and what != "report"):
+    """``value`` unless it is absent; an empty string or object is a value (it scores 0)."""
+    if value is None:
         raise MetricFailure(f"item {item.id} has no {what}")
     return value
 
 
+def _report(item: EvalItem) -> str:
+    if "report" not in item.present:
+        raise MetricFailure(f"item {item.id} has no report (field 'report', 'article', 'completion' or 'answer'); "
+                            "an empty string is scored as an empty report")
+    return item.report
+
+
 async def _rubric(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
     question, rubrics = ctx.need_rubrics(item)
-    r = await rr.rubric_score(question, item.report, rubrics, ctx.need_judge())
+    r = await rr.rubric_score(question, _report(item), rubrics, ctx.need_judge())
     if r.get("failure"):
         raise MetricFailure(r["failure"])
     return {"rubric": r["R_rubric"], "rubric_items": r.get("items", {}),
@@ -210,7 +230,7 @@ async def _rubric(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
 
 
 async def _citation(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
-    c = await rr.citation_reward(item.query, item.report, store_texts(item.citations), ctx.need_judge())
+    c = await rr.citation_reward(item.query, _report(item), store_texts(item.citations), ctx.need_judge())
     if c.failure:
         raise MetricFailure(c.failure)
     f = c.fmt
@@ -249,6 +269,8 @@ async def _plan_reward(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
 async def _answer_reward(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
     question, rubrics = ctx.need_rubrics(item)
     outputs = _require(item.node_outputs, "'node_outputs' ({node id: text})", item)
+    if "answer" not in item.present:
+        raise MetricFailure(f"item {item.id} has no 'answer' (give null for an answer that failed to parse)")
     r = await score_answer(_require(item.plan, "'plan'", item), outputs, item.answer, rubrics, ctx.embed,
                            ctx.need_judge(), question=question or None)
     if r.failure:
@@ -261,7 +283,12 @@ async def _answer_reward(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
 
 
 def _prediction(item: EvalItem) -> str:
-    return _require(item.prediction if item.prediction is not None else item.answer, "'prediction'", item)
+    """The short answer; "" is an answer that says nothing (scores 0), absence is a failure."""
+    if item.prediction is not None:
+        return item.prediction
+    if isinstance(item.answer, str):
+        return item.answer
+    raise MetricFailure(f"item {item.id} has no 'prediction'")
 
 
 async def _em(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
@@ -273,7 +300,10 @@ async def _f1(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
 
 
 async def _lj(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
-    v = await llm_judge(item.query, _prediction(item), ctx.need_gold(item), ctx.need_judge())
+    pred, gold, judge = _prediction(item), ctx.need_gold(item), ctx.need_judge()
+    if not pred.strip():
+        return {"lj": 0.0}  # nothing said is never equivalent to a gold answer
+    v = await llm_judge(item.query, pred, gold, judge)
     if not v.ok:
         raise MetricFailure(v.reason)
     return {"lj": v.value}
@@ -285,10 +315,10 @@ async def _team(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
 
 
 async def _structure(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
-    if item.plan is None and not item.report.strip():
+    if item.plan is None and "report" not in item.present:
         raise MetricFailure(f"item {item.id} has neither a plan nor a report")
     out = plan_structure(item.plan) if item.plan is not None else {}
-    if item.report.strip():
+    if "report" in item.present:
         docs = {k: (v.get("doc_id", k) if isinstance(v, dict) else k) for k, v in item.citations.items()}
         out.update(rr.report_structure(item.report, docs))
     return out
@@ -300,7 +330,7 @@ async def _race(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
     task = find_task(ctx.race_tasks, item.id, item.query)
     if task is None:
         raise MetricFailure(f"no RACE task with id {item.id} or this prompt in --race-criteria")
-    r = await race_score(task, item.report, ctx.need_judge())
+    r = await race_score(task, _report(item), ctx.need_judge())
     if r.failure:
         raise MetricFailure(r.failure)
     return {"race": r.score, "race_T": r.T, "race_R": r.R, **{f"race_{d}": v for d, v in r.dims.items()},
@@ -309,7 +339,7 @@ async def _race(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
 
 
 async def _fact(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
-    r = await fact_check(item.report, item.citations, ctx.need_judge())
+    r = await fact_check(_report(item), item.citations, ctx.need_judge())
     if r.failure:
         raise MetricFailure(r.failure)
     return {"fact_accuracy": r.accuracy, "fact_supported": r.supported, "fact_unsupported": r.unsupported,
