@@ -97,6 +97,8 @@ def grpo_cmd(
     retriever: str | None = typer.Option(None, "--retriever", help="planner: dense, bm25 or hybrid."),
     k: int | None = typer.Option(None, "--k", help="planner: results per search node (default 5)."),
     judge_llm: str | None = typer.Option(None, "--judge-llm", help="answerer: judge of J_rub (default extractive)."),
+    require_judge_llm: bool | None = typer.Option(None, "--require-judge-llm", help="Refuse to start when the "
+                                                  "stage's reward has LLM-judged terms and no --judge-llm is given."),
 ) -> None:
     """Train the planner (--stage planner) or the answerer (--stage answerer) with GRPO."""
     if ctx.invoked_subcommand is not None:
@@ -107,7 +109,8 @@ def grpo_cmd(
         max_completion_length=max_completion_length, loss_type=loss_type, epsilon_high=epsilon_high,
         importance_sampling_level=importance_sampling_level, use_vllm=use_vllm, vllm_mode=vllm_mode,
         vllm_server_base_url=vllm_server_base_url, report_to=report_to, corpus=corpus, retriever=retriever,
-        k=k, judge_llm=judge_llm, stage=stage, model=model, out=out).items() if v is not None}
+        k=k, judge_llm=judge_llm, require_judge_llm=require_judge_llm, stage=stage, model=model,
+        out=out).items() if v is not None}
     with user_errors():
         settings = {**load_config_file(config_file), **flags, "resume": resume}
         missing = [f"--{n}" for n in ("stage", "model", "out") if n not in settings] + ([] if data else ["--data"])

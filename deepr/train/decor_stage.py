@@ -58,7 +58,10 @@ class DecorStageConfig(StageConfig):
 
     PAPER: ClassVar[dict[str, Any]] = {"learning_rate": 2e-6, "beta": 0.0, "num_generations": 8,
                                        "prompts_per_step": 8, "mini_batch_prompts": 4,
-                                       "max_completion_length": 20480, "max_turn_tokens": 4096}
+                                       "max_completion_length": 20480, "max_turn_tokens": 4096,
+                                       # Eq. 4-5: one ratio per sequence, averaged over sequences; Table 5
+                                       # / App. C: AdamW beta2 0.95 with a cosine schedule
+                                       "loss_type": "grpo", "lr_scheduler": "cosine", "adam_beta2": 0.95}
     ROLE: ClassVar[str] = "decor"
     stage: Literal["decor"] = Field("decor", description="DECOR planner / filter / answerer team.")
     epsilon: float = Field(3e-4, gt=0, description="Lower clip of the sequence-level ratio (Table 5: 3e-4).")

@@ -15,7 +15,8 @@ planner (no adapter) and the trained answerer (adapter) from one model.
 
 Table 5 defaults: LoRA r 64 / α 128, lr 4e-6 constant, β 0.001 (planner) / 0.005 (answerer),
 8 (planner) / 4 (answerer) prompts × 6 rollouts per step, 2 optimiser updates per batch,
-temperature 1.0, completions of 8192 / 16384 tokens.
+temperature 1.0, completions of 8192 / 16384 tokens; loss aggregated as Eq. 16 (per-rollout token
+mean, then the group mean: TRL ``loss_type="grpo"``).
 
     deepr grpo --stage planner --model runs/sft-planner-merged --data verified.jsonl --out runs/rl-planner
     accelerate launch -m deepr grpo --stage planner ... --use-vllm --vllm-mode colocate   # GPUs
@@ -39,10 +40,17 @@ from deepr.records import QRPair
 
 META = "deepr_meta.json"
 METRICS = "metrics.jsonl"
-PAPER_DEFAULTS = {  # 000 Table 5
-    "planner": {"beta": 0.001, "prompts_per_step": 8, "mini_batch_prompts": 4, "max_completion_length": 8192},
-    "answerer": {"beta": 0.005, "prompts_per_step": 4, "mini_batch_prompts": 2, "max_completion_length": 16384},
+PAPER_DEFAULTS = {  # 000 Table 5; loss: Eq. 16 averages each rollout's tokens, then the group (TRL "grpo")
+    "planner": {"beta": 0.001, "prompts_per_step": 8, "mini_batch_prompts": 4, "max_completion_length": 8192,
+                "loss_type": "grpo"},
+    "answerer": {"beta": 0.005, "prompts_per_step": 4, "mini_batch_prompts": 2, "max_completion_length": 16384,
+                 "loss_type": "grpo"},
 }
+# Stages whose reward has LLM-judged terms, and those terms (what the extractive judge stands in for).
+JUDGED_TERMS = {"answerer": "J_rub", "rubric": "R_rubric and claim support in R_cite",
+                "decor": "LJ of R_team and the role judges R_role",
+                "warp-report": "the report-level rubric / quality judge",
+                "warp-atomic": "outline and paragraph holistic quality and faithfulness"}
 
 
 class GrpoConfig(BaseModel):
@@ -73,8 +81,14 @@ class GrpoConfig(BaseModel):
                                         "rollout budget bounds it); a turn cut here ends its rollout.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of rollouts (Table 5: 1.0).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of rollouts (Table 5: 1.0).")
-    loss_type: str = Field("dapo", description="TRL loss: dapo (token-mean, as VERL), grpo, dr_grpo, bnpo, cispo, "
-                           "sapo, luspo, vespo.")
+    loss_type: str | None = Field(None, description="TRL loss aggregation; None: the stage paper's. grpo = mean "
+                                  "over each sequence's tokens, then over sequences (000 Eq. 16, GRPO, DECOR's "
+                                  "sequence-level GSPO objective); dapo = one mean over every token of the batch "
+                                  "(long rollouts weigh more); also dr_grpo, bnpo, cispo, sapo, luspo, vespo.")
+    lr_scheduler: str | None = Field(None, description="Learning-rate schedule (transformers name); None: the "
+                                     "paper's (constant; DECOR cosine).")
+    adam_beta2: float | None = Field(None, gt=0, lt=1, description="AdamW beta2; None: the paper's (0.999; "
+                                     "DECOR 0.95).")
     epsilon: float = Field(0.2, gt=0, description="Lower clip range of the ratio.")
     epsilon_high: float | None = Field(None, gt=0, description="Upper clip range (asymmetric clip); None = epsilon.")
     importance_sampling_level: Literal["token", "sequence"] = Field("token", description="Ratio per token or per "
@@ -97,7 +111,17 @@ class GrpoConfig(BaseModel):
     retriever: str = Field("hybrid", description="planner: dense, bm25 or hybrid.")
     k: int = Field(5, ge=1, le=50, description="planner: results per search node (Table 5: up to 5).")
     fetch_limit: int = Field(4, ge=0, le=10, description="Pages a revision may fetch (Table 5: up to 4).")
-    judge_llm: str = Field("extractive", description="answerer: judge of J_rub (extractive, openai:<model>, ...).")
+    judge_llm: str = Field("extractive", description="Judge of the reward's LLM-judged terms (answerer J_rub, "
+                           "rubric, decor, warp stages): extractive (no LLM, a stand-in) or openai:<model>, ...")
+    require_judge_llm: bool = Field(False, description="Refuse to start when the stage's reward has LLM-judged "
+                                    "terms and judge_llm is extractive (runs that must be the paper's reward).")
+
+    @model_validator(mode="after")
+    def _judge_required(self) -> GrpoConfig:
+        if self.require_judge_llm and self.stage in JUDGED_TERMS and self.judge_llm == "extractive":
+            raise ValueError(f"--require-judge-llm: the {self.stage} reward has LLM-judged terms "
+                             f"({JUDGED_TERMS[self.stage]}); give --judge-llm openai:<model> (or another LLM spec)")
+        return self
 
     @model_validator(mode="after")
     def _fill(self) -> GrpoConfig:
@@ -106,6 +130,7 @@ class GrpoConfig(BaseModel):
                 setattr(self, name, value)
         if self.mini_batch_prompts is None:
             self.mini_batch_prompts = max(1, self.prompts_per_step // 2)
+        fill_optimiser(self)
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if self.prompts_per_step % self.mini_batch_prompts:
             raise ValueError(f"prompts_per_step {self.prompts_per_step} must be a multiple of mini_batch_prompts "
@@ -120,6 +145,31 @@ class GrpoConfig(BaseModel):
     @property
     def role(self) -> str:
         return self.stage
+
+
+def fill_optimiser(config: GrpoConfig) -> None:
+    """Values no stage paper sets: TRL's token-mean loss, a constant rate, AdamW's usual beta2."""
+    for name, value in (("loss_type", "dapo"), ("lr_scheduler", "constant"), ("adam_beta2", 0.999)):
+        if getattr(config, name) is None:
+            setattr(config, name, value)
+
+
+def judge_record(config: GrpoConfig) -> dict[str, Any]:
+    """What deepr_meta.json says about the reward's judge."""
+    terms = JUDGED_TERMS.get(config.stage)
+    return {"judge": config.judge_llm, "judged_terms": terms,
+            "extractive_fallback": bool(terms) and config.judge_llm == "extractive"}
+
+
+def warn_judge(config: GrpoConfig) -> None:
+    """Say at start, loudly, when LLM-judged reward terms run on the extractive stand-in."""
+    import sys
+
+    rec = judge_record(config)
+    if rec["extractive_fallback"] and os.environ.get("RANK", "0") == "0":
+        print(f"WARNING: grpo --stage {config.stage}: no --judge-llm, so {rec['judged_terms']} are scored by the "
+              "extractive judge (embeddings + word overlap), not an LLM: this is not the paper's reward. Pass "
+              "--judge-llm openai:<model>, or --require-judge-llm to refuse such runs.", file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -219,7 +269,7 @@ def write_run_meta(config: GrpoConfig, status: str, data_fp: str, base: str, ext
         "stage": f"grpo-{config.stage}", "status": status, "role": config.role, "base_model": base,
         "adapter": not config.full, "llm_spec": llm_spec(config, base), "data_fingerprint": data_fp,
         "config": redact(config.model_dump(mode="json")), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "versions": versions(), **extra})
+        "versions": versions(), **judge_record(config), **extra})
 
 
 # --- trainer ----------------------------------------------------------------------------------
@@ -237,8 +287,8 @@ def trl_args(config: GrpoConfig) -> Any:
     if config.vllm_server_base_url:
         vllm["vllm_server_base_url"] = config.vllm_server_base_url
     return GRPOConfig(
-        output_dir=str(config.out), learning_rate=config.learning_rate, lr_scheduler_type="constant",
-        warmup_steps=0, weight_decay=0.0, max_steps=config.max_steps, num_train_epochs=config.epochs,
+        output_dir=str(config.out), learning_rate=config.learning_rate, lr_scheduler_type=config.lr_scheduler,
+        adam_beta2=config.adam_beta2, warmup_steps=0, weight_decay=0.0, max_steps=config.max_steps, num_train_epochs=config.epochs,
         per_device_train_batch_size=config.num_generations,
         gradient_accumulation_steps=config.mini_batch_prompts // world,
         steps_per_generation=config.prompts_per_step // world, num_generations=config.num_generations,
@@ -318,6 +368,7 @@ def prepare_out(config: GrpoConfig, rows: Sequence[dict[str, Any]]) -> tuple[str
 
     if not rows:
         raise ValueError("no training rows: the data file is empty or every record was rejected")
+    warn_judge(config)
     data_fp = fingerprint(rows)
     resume_now = check_out(config.out, config.resume, data_fp)
     config.out.mkdir(parents=True, exist_ok=True)

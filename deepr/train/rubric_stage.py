@@ -41,7 +41,8 @@ class RubricStageConfig(StageConfig):
 
     PAPER: ClassVar[dict[str, Any]] = {"learning_rate": 1e-6, "beta": 0.0, "num_generations": 8,
                                        "prompts_per_step": 8, "mini_batch_prompts": 4,
-                                       "max_completion_length": 28288, "max_turn_tokens": 2048}
+                                       "max_completion_length": 28288, "max_turn_tokens": 2048,
+                                       "loss_type": "grpo"}  # Table 5 names plain GRPO: per-sequence mean
     ROLE: ClassVar[str] = "agent"
     stage: Literal["rubric"] = Field("rubric", description="The DeepRubric tool-calling agent.")
     tool_turns: int = Field(20, ge=1, le=50, description="Most tool calls per rollout (002: 20 in training).")

@@ -11,7 +11,9 @@ from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
-from deepr.train.grpo import METRICS, GrpoConfig, GrpoResult, fit_and_save, metrics_callback, prepare_out, trl_args
+from deepr.train.grpo import (METRICS, GrpoConfig, GrpoResult, fill_optimiser, fit_and_save, metrics_callback,
+                              prepare_out, trl_args)
+
 
 class StageConfig(GrpoConfig):
     """GrpoConfig for a stage whose paper values live in ``PAPER`` (fields left None take them)."""
@@ -30,6 +32,7 @@ class StageConfig(GrpoConfig):
                 setattr(self, name, value)
         if self.mini_batch_prompts is None:
             self.mini_batch_prompts = max(1, self.prompts_per_step // 2)
+        fill_optimiser(self)  # loss / schedule / beta2 the paper leaves open
         if self.prompts_per_step % self.mini_batch_prompts:
             raise ValueError(f"prompts_per_step {self.prompts_per_step} must be a multiple of mini_batch_prompts "
                              f"{self.mini_batch_prompts}")

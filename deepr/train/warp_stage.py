@@ -46,7 +46,7 @@ class WarpAtomicConfig(StageConfig):
 
     PAPER: ClassVar[dict[str, Any]] = {"learning_rate": 2.5e-6, "beta": 0.0, "num_generations": 8,
                                        "prompts_per_step": 8, "mini_batch_prompts": 8,
-                                       "max_completion_length": 4096}
+                                       "max_completion_length": 4096}  # 003 names no loss aggregation: TRL's token mean
     ROLE: ClassVar[str] = "warp"
     stage: Literal["warp-atomic"] = Field("warp-atomic", description="Single-step RL on WARP actions.")
 
