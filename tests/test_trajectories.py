@@ -64,7 +64,8 @@ def warp_traj(tid: str, n_drafts: int = 4, query: str = "Explain the museum.", f
     for k in range(n_drafts - 1 + final_decision):
         turns.append(turn("warp", "expand", json.dumps({"name": "expand", "position": "section-1",
                                                         "subsections": [{"title": "a"}, {"title": "b"}]}),
-                          prompt=f"Draft {k}. Decide. {FORCED}\nReply with JSON.", draft=k, forced=True))
+                          prompt=f"Current full report:\ndraft {k}\n\nSections that may be expanded: section-1, "
+                                 f"section-2\n\nDecide. {FORCED}\nReply with JSON.", draft=k, forced=True))
         if k < n_drafts - 1:
             turns += [turn("warp", "search", json.dumps({"name": "search", "keywords": [f"k{k}"]})),
                       turn("warp", "write", f"<content>Subsection body {k}.</content>")]
@@ -119,7 +120,9 @@ def test_cut_at_best_draft_relabels_terminate_and_unforces_prompts() -> None:
     assert FORCED in decisions[-1].messages[1]["content"]  # the record is kept as it was...
     for e in turn_examples(pruned):  # ...but no example tells the model it may not stop
         assert all(FORCED not in m["content"] for m in e.messages)
-    assert turn_examples(pruned)[-1].messages[1]["content"] == "Draft 1. Decide. \nReply with JSON."
+    assert turn_examples(pruned)[-1].messages[1]["content"] == (
+        "Current full report:\ndraft 1\n\nSections that may be expanded: section-1, section-2\n\nDecide. \n"
+        "Reply with JSON.")
 
 
 def test_ties_cut_at_the_earliest_draft() -> None:
@@ -128,12 +131,20 @@ def test_ties_cut_at_the_earliest_draft() -> None:
     assert [x.action for x in pruned.turns] == ["initialize", "search", "write", "terminate"]
 
 
-def test_best_last_draft_without_decision_keeps_whole_trajectory() -> None:
+def test_best_last_draft_without_decision_gets_a_terminate_example() -> None:
+    # Issue 15.9 (changes what this test locked in: it used to assert that no TERMINATE appears).
+    # The run stopped at its expansion limit, so nobody asked for a decision on the best (last)
+    # draft: a TERMINATE turn is added, prompted with that draft and its expandable sections.
     t = warp_traj("w3", n_drafts=3)
     pruned, info = prune_to_best_draft(t, scores_by_draft([0.1, 0.2, 0.8]))
-    assert info["best"] == 2 and not info["relabeled"]
-    assert [x.action for x in pruned.turns] == [x.action for x in t.turns]
-    assert "terminate" not in [x.action for x in pruned.turns]
+    assert info["best"] == 2 and info["relabeled"] and info["terminate_added"]
+    assert [x.action for x in pruned.turns] == [x.action for x in t.turns] + ["terminate"]
+    last = pruned.turns[-1]
+    assert json.loads(last.completion) == {"name": "terminate"} and last.model_extra["draft"] == 2
+    # the draft it decides on, and section-1 (expanded into a, b) replaced by its subsections
+    assert last.messages[1]["content"] == ("Current full report:\ndraft 2\n\nSections that may be expanded: "
+                                           "section-2, section-1.1, section-1.2\n\nDecide. \nReply with JSON.")
+    assert pruned.report == "draft 2"
     assert all(FORCED not in m["content"] for e in turn_examples(pruned) for m in e.messages)
 
 
@@ -160,8 +171,30 @@ def test_judge_scorer_prefers_the_draft_that_covers_the_rubric() -> None:
     score = judge_scorer(lambda: Judge(None, _bag_of_words))
     pruned, info = prune_to_best_draft(t, score)
     assert info["best"] == 1 and pruned.turns[-1].action == "terminate"
-    with pytest.raises(DraftScoreError, match="no rubrics"):
-        score(warp_traj("w6"), "any draft")
+
+
+def test_drafts_of_a_query_without_rubrics_are_scored_by_the_judge() -> None:
+    # Issue 15.9 / SPEC §7: no rubrics -> the judge's report-quality criteria, not a dropped trajectory.
+    from deepr.rewards.judges import Judge
+
+    score = judge_scorer(lambda: Judge(None, _bag_of_words))
+    t = warp_traj("w6", n_drafts=3, query="Explain the museum founding and its collection.")
+    t.drafts = ["Weather.", "The museum founding and its collection are explained: founded 1901, paintings.",
+                "Sports."]
+    pruned, info = prune_to_best_draft(t, score)
+    assert info["best"] == 1 and pruned.turns[-1].action == "terminate"
+    assert all(0.0 <= x <= 1.0 for x in info["scores"]) and info["scores"][1] > info["scores"][0]
+
+
+def test_an_unscorable_draft_is_dropped_with_the_judges_reason() -> None:
+    class Broken:
+        async def rubrics(self, *a, **k):
+            from deepr.rewards.judges import Verdict
+
+            return Verdict(False, reason="judge timed out")
+
+    pruned, info = prune_to_best_draft(warp_traj("w7"), judge_scorer(lambda: Broken()))
+    assert pruned is None and info["reason"][0] == "unscorable_drafts" and "judge timed out" in info["reason"][1]
 
 
 # --- the stage: examples, split, balancing ----------------------------------------------------
@@ -169,10 +202,11 @@ def test_judge_scorer_prefers_the_draft_that_covers_the_rubric() -> None:
 
 def test_stage_drops_unscorable_warp_and_keeps_turn_examples() -> None:
     trajs = [dag_traj("d1"), dag_traj("d2", t0=turn("planner", "plan", "{}")), warp_traj("w", rubrics=[])]
-    from deepr.rewards.judges import Judge
 
-    out, rejects, stats = prune_trajectories(trajs, PruneConfig(heldout=0.0, target_ratios="none"),
-                                             judge_scorer(lambda: Judge(None, _bag_of_words)))
+    def unscorable(traj, draft):
+        raise DraftScoreError("the judge could not score a draft: judge down")
+
+    out, rejects, stats = prune_trajectories(trajs, PruneConfig(heldout=0.0, target_ratios="none"), unscorable)
     assert stats["kept"] == 1 and stats["dropped"] == {"invalid_plan": 1, "unscorable_drafts": 1}
     assert {r.id: r.code for r in rejects} == {"d2": "invalid_plan", "w": "unscorable_drafts"}
     ex = out["sft"]

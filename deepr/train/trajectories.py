@@ -7,8 +7,10 @@ counts for the summary table. Four steps, in order:
 
 1. validity: every planner plan passes :func:`deepr.agent.plan.validate_plan`, every answerer turn
    parses, no turn failed; otherwise the whole trajectory is dropped (DecomposeR §3.4.1);
-2. best-draft pruning (warp): score drafts D_1..D_N, cut at the best one and relabel the
-   deepening decision taken on it TERMINATE (AgentCPM-Report §2.3.1, App. A.4);
+2. best-draft pruning (warp): score drafts D_1..D_N (rubric reward, or the judge's report
+   quality when the query has no rubrics), cut at the best one and relabel the deepening
+   decision taken on it TERMINATE; when the best is the last draft, on which the run took no
+   decision, a TERMINATE turn is added (AgentCPM-Report §2.3.1, App. A.4);
 3. one chat example per model turn, tagged with its role and action;
 4. split by query, then action-balanced resampling toward target ratios (App. A.5).
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -224,8 +227,13 @@ def prune_to_best_draft(traj: Trajectory, score_fn: ScoreFn) -> tuple[Trajectory
     best = max(range(len(scores)), key=lambda i: (scores[i], -i))
     info = {"pruned": False, "scores": scores, "best": best, "turns_removed": 0, "relabeled": False}
     cut = next((ti for ti, d in decisions if d == best), None)
-    if cut is None:  # the best draft is the last one and no decision was recorded on it
-        return traj, info
+    if cut is None:  # the best draft is the last one and the run ended before deciding on it
+        added = terminate_turn(traj, decisions, best)
+        info["terminate_added"] = added is not None
+        if added is None:
+            return traj, info
+        info["relabeled"] = info["pruned"] = True
+        return traj.model_copy(update={"turns": [*traj.turns, added], "report": traj.drafts[best]}), info
     old = traj.turns[cut]
     turns = list(traj.turns[:cut])
     if old.action != "terminate":
@@ -240,6 +248,51 @@ def prune_to_best_draft(traj: Trajectory, score_fn: ScoreFn) -> tuple[Trajectory
     return pruned, info
 
 
+_EXPANDABLE = re.compile(r"^(Sections that may be expanded:)[ \t]*(.*)$", re.M)
+
+
+def _expandable_after(listed: str, decision: str, max_levels: int) -> str:
+    """The expandable list after ``decision`` expanded one of ``listed``: the expanded section is no
+    longer a leaf, its new subsections are when they stay within ``max_levels`` (as Outline does)."""
+    names = [x.strip() for x in listed.split(",") if x.strip()]
+    try:
+        obj = extract_json(decision, "object")
+    except JSONExtractError:
+        return ", ".join(names)
+    pos, subs = str(obj.get("position", "")), obj.get("subsections")
+    if pos not in names or not isinstance(subs, list):
+        return ", ".join(names)
+    level = pos.removeprefix("section-").count(".") + 2
+    kids = [f"{pos}.{k}" for k in range(1, len(subs) + 1)] if level < max_levels else []
+    return ", ".join(n for n in [*names, *kids] if n != pos)
+
+
+def terminate_turn(traj: Trajectory, decisions: Sequence[tuple[int, int]], best: int) -> Turn | None:
+    """A TERMINATE decision on the last draft, which the run never asked for (it stopped at its
+    expansion limit). Its prompt is the latest deepening prompt with that draft and the expandable
+    list it would have shown; None when the prompt cannot be rebuilt or nothing could be expanded."""
+    from deepr.agent.env import RunConfig
+
+    ti, d = max(decisions, key=lambda p: p[1])
+    src = unforce(traj.turns[ti])
+    msgs = [dict(m) for m in src.messages]
+    u = max((i for i, m in enumerate(msgs) if m.get("role") == "user"), default=None)
+    old = traj.drafts[d]
+    if u is None or not old or old not in msgs[u]["content"]:
+        return None
+    text = msgs[u]["content"].replace(old, traj.drafts[best])
+    m = _EXPANDABLE.search(text)
+    if m:
+        left = _expandable_after(m.group(2), src.completion, RunConfig().max_levels)
+        if not left:
+            return None  # the agent would not have been asked: no section could be expanded
+        text = text[:m.start(2)] + left + text[m.end(2):]
+    msgs[u] = {**msgs[u], "content": text}
+    return src.model_copy(update={"messages": msgs, "action": "terminate", "ok": True, "draft": best,
+                                  "completion": terminate_reply(src.completion), "relabeled": True,
+                                  "synthesized": True})
+
+
 def unforce(turn: Turn) -> Turn:
     """A forced expansion's prompt told the teacher it may not stop; a kept example must read
     like a free decision, so that instruction is taken out of its prompt."""
@@ -252,23 +305,21 @@ def unforce(turn: Turn) -> Turn:
 
 
 def judge_scorer(make_judge: Callable[[], Any]) -> ScoreFn:
-    """Report-level rubric reward R_rubric of a draft (:mod:`deepr.rewards`) from a
-    :class:`~deepr.rewards.judges.Judge` (LLM or extractive), built on first use so a run
-    without scorable drafts loads no model. A trajectory without rubrics cannot be scored."""
+    """Report-level score of a draft from a :class:`~deepr.rewards.judges.Judge` (LLM or extractive),
+    built on first use so a run without scorable drafts loads no model: R_rubric when the
+    trajectory has rubrics, else the judge's four report-quality criteria (SPEC §7,
+    :mod:`deepr.rewards.report_quality`)."""
     from deepr.llm.base import run_sync
-    from deepr.rewards.rubric_reward import rubric_score
+    from deepr.rewards.report_quality import report_score
 
     judge: list[Any] = []
 
     def score(traj: Trajectory, draft: str) -> float:
-        if not traj.rubrics:
-            raise DraftScoreError("the trajectory has no rubrics to score its drafts with (record it from "
-                                  "verified pairs, or pass --rubrics with them)")
         judge or judge.append(make_judge())
-        out = run_sync(rubric_score(traj.query, draft, traj.rubrics, judge[0]))
-        if out.get("R_rubric") is None:
-            raise DraftScoreError(f"the judge could not score a draft: {out.get('failure', 'no reason given')}")
-        return float(out["R_rubric"])
+        out = run_sync(report_score(traj.query, draft, traj.rubrics, judge[0]))
+        if out["R"] is None:
+            raise DraftScoreError(f"the judge could not score a draft: {out.get('failure') or 'no reason given'}")
+        return float(out["R"])
 
     return score
 

@@ -33,6 +33,7 @@ from pydantic import Field
 
 from deepr.records import ChatExample
 from deepr.rewards.agentcpm import cited_ids, outline_reward, paragraph_reward, terminate_reward
+from deepr.rewards.report_quality import QUALITY
 from deepr.train.stage import StageConfig, log_means, lookup_row, train_stage
 
 ACTIONS = ("initialize", "search", "write", "expand", "terminate")
@@ -158,12 +159,6 @@ def train_warp_atomic(config: WarpAtomicConfig, examples: Sequence[ChatExample],
 
 # --- warp-report: end-to-end WARP episodes, report-level reward -------------------------------------
 
-QUALITY = {"comprehensiveness": "The report covers every part of the question with the relevant facts.",
-           "insight": "The report analyses causes, comparisons and implications instead of listing facts.",
-           "instruction_following": "The report answers exactly what the question asks, in its language.",
-           "readability": "The report is clearly organised in sections with fluent, non-repetitive prose."}
-
-
 class WarpReportConfig(StageConfig):
     """Settings of ``deepr grpo --stage warp-report`` (defaults: 003 Table 7, end-to-end RL)."""
 
@@ -265,15 +260,10 @@ class WarpReportRewardFn:
         self.judge = judge
 
     async def score(self, query: str, report: str, rubrics: Any) -> dict[str, Any] | None:
-        from deepr.records import RubricItem
-        from deepr.rewards.rubric_reward import rubric_score
+        from deepr.rewards.report_quality import report_score
 
-        if rubrics:
-            out = await rubric_score(query, report, rubrics, self.judge)
-            return None if out.get("R_rubric") is None else {"R": out["R_rubric"], "R_rubric": out["R_rubric"]}
-        items = [RubricItem(id=k, type="logical", description=d, weight=1.0) for k, d in QUALITY.items()]
-        verdict = await self.judge.rubrics(query, report, items)
-        return {"R": verdict.value["score"], **verdict.value["items"]} if verdict.ok else None
+        out = await report_score(query, report, rubrics, self.judge)
+        return None if out["R"] is None else out
 
     async def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **cols: Any) -> list[float | None]:
         import asyncio
