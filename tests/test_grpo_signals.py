@@ -61,3 +61,98 @@ def test_judge_fallback_is_warned_and_recorded(tmp_path, capsys):
     assert judge_record(p)["extractive_fallback"] is False
     j = GrpoConfig(stage="answerer", model="m", out=tmp_path, judge_llm="openai:qwen", require_judge_llm=True)
     assert judge_record(j) == {"judge": "openai:qwen", "judged_terms": "J_rub", "extractive_fallback": False}
+
+
+# --- 15.5: AgentCPM atomic terms with an LLM judge --------------------------------------------------
+
+
+class FakeJudgeLLM:
+    """An LLM judge: quality 5/5/5(/5) for replies mentioning magma, else 1s; claims per sentence,
+    supported when the sentence says 'magma'. Records every prompt."""
+
+    def __new__(cls):
+        from deepr.llm.base import LLM
+
+        class _Fake(LLM):
+            name = "fake-judge"
+
+            def __init__(self):
+                super().__init__(max_concurrency=4)
+                self.prompts: list[str] = []
+
+            async def _achat(self, messages, *, role, temperature, max_tokens, stop, **extra):
+                text = messages[-1]["content"]
+                self.prompts.append(text)
+                reply = text.split("Reply to grade:", 1)[-1].split("Reference reply", 1)[0] if "Aspects:" in text \
+                    else text.split("Reply:", 1)[-1]
+                if "Aspects:" in text:
+                    keys = [k for k in ("guidance", "hierarchy", "coherence", "relevance", "coverage", "depth",
+                                        "novelty") if f"- {k}:" in text]
+                    s = 5 if "magma" in reply.lower() else 1
+                    return json.dumps({"scores": {k: s for k in keys}})
+                sents = [x for x in reply.split(".") if x.strip() and "<<<" not in x and ">>>" not in x
+                         and "Return" not in x]
+                return json.dumps({"claims": [{"claim": x.strip(), "supported": "magma" in x.lower()}
+                                              for x in sents[:4]]})
+
+        return _Fake()
+
+
+def _write_row(evidence_ids=("S1-R1", "S1-R2")):
+    ev = "\n".join(f"[{i}] Magma rises through the crust." for i in evidence_ids)
+    prompt = [{"role": "system", "content": "warp"},
+              {"role": "user", "content": f"User question:\nHow do volcanoes form?\n\nRetrieved information:\n{ev}"}]
+    return prompt, "<content>Magma rises through the crust [S1-R1].</content>"
+
+
+def test_judge_adds_quality_and_faithfulness_and_hallucination_zeroes_only_citations():
+    import asyncio
+
+    from deepr.rewards.judges import Judge
+    from deepr.train.warp_stage import WarpAtomicRewardFn
+
+    llm = FakeJudgeLLM()
+    judge = Judge(llm)
+    fn = WarpAtomicRewardFn(None, judge=judge)
+    prompt, reference = _write_row()
+    body = " ".join(["Magma rises through the crust and erupts."] * 20)
+    good = f"<content>{body} [S1-R1].</content>"
+    fake = f"<content>{body} [S1-R1] [Z9-R9].</content>"
+    cols = {"action": ["write", "write", "initialize"], "reference": [reference, reference, "{}"],
+            "query": ["How do volcanoes form?"] * 3}
+    outline = json.dumps({"name": "initialize", "title": "Volcanoes", "sections": [
+        {"title": "Magma", "plan": "how magma rises"}, {"title": "Eruptions", "plan": "what follows"}]})
+    got = asyncio.run(fn([prompt, prompt, prompt], [good, fake, outline], **cols))
+    # paragraph: mean(basic 1, citation precision 1, quality 1, faithfulness 1) = 1
+    assert got[0] == pytest.approx(1.0)
+    # the hallucinated id zeroes citation precision only: mean(1, 0, 1, 1)
+    assert got[1] == pytest.approx(0.75)
+    # outline: mean(basic 1, quality 1 (magma), faithfulness: 1 claim of 1 supported... ) within [0, 1]
+    assert 0.0 < got[2] <= 1.0
+    asks = " ".join(llm.prompts)
+    assert "guidance" in asks and "novelty" in asks and "Source material" in asks
+    # without a judge the same rows keep only the unjudged terms: paragraph 0.5 basic + 0.5 precision
+    plain = asyncio.run(WarpAtomicRewardFn(None)([prompt, prompt], [good, fake], **{k: v[:2] for k, v in
+                                                                                   cols.items()}))
+    assert plain == [pytest.approx(1.0), pytest.approx(0.5)]
+
+
+def test_a_failed_judgement_leaves_the_row_unscored_not_zero():
+    import asyncio
+
+    from deepr.llm.base import LLM
+    from deepr.rewards.judges import Judge
+    from deepr.train.warp_stage import WarpAtomicRewardFn
+
+    class Mute(LLM):
+        name = "mute"
+
+        async def _achat(self, messages, **kw):
+            return "I cannot grade this."
+
+    prompt, reference = _write_row()
+    body = " ".join(["Magma rises through the crust and erupts."] * 20)
+    got = asyncio.run(WarpAtomicRewardFn(None, judge=Judge(Mute(), max_reasks=0))(
+        [prompt], [f"<content>{body} [S1-R1].</content>"], action=["write"], reference=[reference],
+        query=["How do volcanoes form?"]))
+    assert got == [None]

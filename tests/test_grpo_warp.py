@@ -51,7 +51,8 @@ def test_atomic_rewards_per_ability(examples, retriever):
     assert 0.0 <= other < 1.0
     assert fn.score("search", "no json", s["reference"], QUERY, s["prompt"]) == \
         {"action": "search", "parse_fail": 1.0, "reward": 0.0}
-    # writing: an invented citation id zeroes the paragraph; the teacher's own reply has citation F1 1
+    # writing: an invented citation id zeroes citation precision (and this short text fails length);
+    # the teacher's own reply has citation F1 1
     w = _by_action(rows, "write")
     own = fn.score("write", w["reference"], w["reference"], QUERY, w["prompt"])
     assert own["citation_f1"] == 1.0 and own["reward"] >= 0.5

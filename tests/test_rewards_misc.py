@@ -61,7 +61,10 @@ def test_paragraph_reward_length_citations_and_hallucination():
     assert r["citation_f1"] == pytest.approx(0.5)  # 1 shared of 2 and 2
     assert r["paragraph_reward"] == pytest.approx(0.5 * 1.0 + 0.5 * 0.5)
     fake = paragraph_reward(para + " [N9-R9]", "query", ["N1-R1", "N1-R2"], ["N1-R1"])
-    assert fake["hallucinated_ids"] == 1.0 and fake["paragraph_reward"] == 0.0
+    # Issue 15.5 (changed assertion): a hallucinated id zeroes citation precision only (003 App. A.6.1),
+    # the length / count / language term still counts.
+    assert fake["hallucinated_ids"] == 1.0 and fake["citation_precision"] == 0.0 and fake["basic"] == 1.0
+    assert fake["paragraph_reward"] == pytest.approx(0.5)
     short = paragraph_reward("Too short.", "query", [], [])
     assert short["length_ok"] == 0.0 and short["citation_f1"] == 1.0 and short["paragraph_reward"] == 0.5
     many = " ".join(f"[N1-R{i}]" for i in range(13))

@@ -43,7 +43,8 @@ def run_from_settings(settings: dict[str, Any], data: Any) -> tuple[GrpoResult, 
         config = WarpAtomicConfig(**settings)
         examples = list(read_jsonl(data, ChatExample))
         retriever = open_retriever(config.corpus, retriever=config.retriever, progress=True)
-        return train_warp_atomic(config, examples, retriever), len(examples), config
+        judge = make_judge(config.judge_llm) if config.judge_llm != "extractive" else None
+        return train_warp_atomic(config, examples, retriever, judge=judge), len(examples), config
     from deepr.train.warp_stage import WarpReportConfig, train_warp_report
 
     config = WarpReportConfig(**settings)

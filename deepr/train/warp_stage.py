@@ -9,7 +9,10 @@ writes one reply per prompt, scored by the ability-specific reward of the row's 
 - retrieval (search): recall of the documents its keywords retrieve against the documents the
   teacher's keywords retrieve (same retriever, top-k per keyword);
 - writing (write): :func:`~deepr.rewards.agentcpm.paragraph_reward` (length, citation count,
-  language, no id outside the evidence shown, citation F1 against the teacher);
+  language, citation precision: F1 against the teacher, 0 with an id outside the evidence shown);
+- with ``--judge-llm``, outline and paragraph rewards also average in the judge's holistic quality
+  and faithfulness (:func:`~deepr.rewards.agentcpm.judged_terms`); a failed judgement leaves the
+  row unscored, never 0;
 - decision (terminate): :func:`~deepr.rewards.agentcpm.terminate_reward` against the pruned label.
 An unparseable reply scores 0 (the model's fault, logged as ``warp/parse_fail``).
 Table 7: lr 2.5e-6, 8 prompts × 8 rollouts per step.
@@ -25,6 +28,7 @@ lr 1e-6, 8 queries × 4 rollouts.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
@@ -92,17 +96,20 @@ def keywords_of(text: str) -> list[str] | None:
 
 
 class WarpAtomicRewardFn:
-    """Ability-specific reward per row (see the module docstring); logs each ability's mean."""
+    """Ability-specific reward per row (see the module docstring); logs each ability's mean. With an
+    LLM ``judge`` the outline and paragraph rewards add its holistic-quality and faithfulness terms."""
 
     __name__ = "warp_atomic_reward"
 
-    def __init__(self, retriever: Any = None, *, k: int = 5):
+    def __init__(self, retriever: Any = None, *, k: int = 5, judge: Any = None):
         self.retriever, self.k = retriever, k
+        self.judge = judge if judge is not None and not getattr(judge, "extractive", True) else None
 
     def _docs(self, keywords: Sequence[str]) -> set[str]:
         return {h.doc_id for kw in keywords for h in self.retriever.search(kw, k=self.k)}
 
     def score(self, action: str, text: str, reference: str, query: str, prompt: Any) -> dict[str, Any]:
+        """The terms that need no LLM; ``judge_basic`` / ``judge_kind`` say what the judge adds to."""
         out: dict[str, Any] = {"action": action, "parse_fail": 0.0}
         if action == "write":
             m = _CONTENT.search(text or "")
@@ -112,7 +119,9 @@ class WarpAtomicRewardFn:
             teacher = cited_ids(_CONTENT.search(reference).group(1) if _CONTENT.search(reference) else reference,
                                 shown)
             r = paragraph_reward(m.group(1).strip(), query, shown, teacher)
-            return {**out, "reward": r["paragraph_reward"], "citation_f1": r["citation_f1"]}
+            return {**out, "reward": r["paragraph_reward"], "citation_f1": r["citation_f1"],
+                    "citation_precision": r["citation_precision"], "judge_kind": "paragraph",
+                    "judge_basic": [r["basic"], r["citation_precision"]], "judge_text": m.group(1).strip()}
         if action == "search":
             if self.retriever is None:
                 raise ValueError("the search action's recall reward needs a retriever (WarpAtomicRewardFn(retriever))")
@@ -127,33 +136,56 @@ class WarpAtomicRewardFn:
         if obj is None:
             return {**out, "reward": 0.0, "parse_fail": 1.0}
         if action == "initialize":
-            return {**out, "reward": outline_reward(obj.get("sections") or [], query)["outline_reward"]}
+            basic = outline_reward(obj.get("sections") or [], query)["outline_reward"]
+            return {**out, "reward": basic, "judge_kind": "outline", "judge_basic": [basic],
+                    "judge_text": json.dumps(obj, ensure_ascii=False)}
         match = terminate_reward(str(obj.get("name", "")), action)
+        row = {**out, "reward": match, "decision_ok": match}
         if action == "expand" and match:
-            match *= outline_reward(obj.get("subsections") or [], query)["outline_reward"]
-        return {**out, "reward": match, "decision_ok": terminate_reward(str(obj.get("name", "")), action)}
+            basic = outline_reward(obj.get("subsections") or [], query)["outline_reward"]
+            row.update(reward=basic, judge_kind="outline", judge_basic=[basic],
+                       judge_text=json.dumps(obj, ensure_ascii=False))
+        return row
 
-    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **cols: Any) -> list[float | None]:
+    async def judged(self, row: dict[str, Any], reference: str, prompt: Any) -> dict[str, Any]:
+        """Add the judge's quality and faithfulness to an outline / paragraph row (no reward on failure)."""
+        from deepr.rewards.agentcpm import judged_terms, with_judged
+
+        if self.judge is None or "judge_kind" not in row:
+            return row
+        instruction = prompt[-1]["content"] if prompt else ""
+        ref = _CONTENT.search(reference)
+        terms = await judged_terms(self.judge, row["judge_kind"], instruction, row["judge_text"],
+                                   ref.group(1).strip() if ref and row["judge_kind"] == "paragraph" else reference)
+        if "failure" in terms:
+            return {**row, "reward": None, "judge_failure": terms["failure"]}
+        return {**row, **terms, "reward": with_judged(row["judge_basic"], terms)}
+
+    async def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **cols: Any) -> list[float | None]:
+        import asyncio
+
         from deepr.rewards.trl_adapters import completion_text
 
         rows = [self.score(cols["action"][i], completion_text(completions[i]), cols["reference"][i],
                            cols["query"][i], prompts[i]) for i in range(len(completions))]
+        rows = list(await asyncio.gather(*(self.judged(r, cols["reference"][i], prompts[i])
+                                           for i, r in enumerate(rows))))
         scored = [r for r in rows if r["reward"] is not None]
-        log_means(cols, "warp", scored, ("reward", "parse_fail"))
+        log_means(cols, "warp", scored, ("reward", "parse_fail", "quality", "faithfulness"))
         for action in ACTIONS:
             log_means(cols, f"warp/{action}", [r for r in scored if r["action"] == action], ("reward",))
         return [r["reward"] for r in rows]
 
 
 def train_warp_atomic(config: WarpAtomicConfig, examples: Sequence[ChatExample], retriever: Any = None, *,
-                      reward_fn: Any = None, callbacks: Sequence[Any] = ()) -> Any:
+                      reward_fn: Any = None, judge: Any = None, callbacks: Sequence[Any] = ()) -> Any:
     """Single-step GRPO over the warp examples (TRL's own generation: no environment turns)."""
     rows, skipped = atomic_dataset(examples)
     if not rows:
         reasons = "; ".join(f"{i}: {r}" for i, r in skipped[:3])
         raise ValueError(f"no WARP action examples to train on ({len(skipped)} skipped: {reasons}); give the "
                          "rl.jsonl of `deepr prune-trajectories` over warp trajectories")
-    return train_stage(config, rows, None, reward_fn or WarpAtomicRewardFn(retriever, k=config.k),
+    return train_stage(config, rows, None, reward_fn or WarpAtomicRewardFn(retriever, k=config.k, judge=judge),
                        callbacks=callbacks)
 
 
