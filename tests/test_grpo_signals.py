@@ -156,3 +156,48 @@ def test_a_failed_judgement_leaves_the_row_unscored_not_zero():
         [prompt], [f"<content>{body} [S1-R1].</content>"], action=["write"], reference=[reference],
         query=["How do volcanoes form?"]))
     assert got == [None]
+
+
+# --- 15.7: DECOR first turns are generated one per prompt ---------------------------------------------
+
+
+def test_decor_completions_pair_with_their_own_observations_under_server_mode_generation(tok, retriever):
+    """A generator that behaves like TRL's vLLM server mode: asked for a first turn, it keeps every
+    G-th prompt and returns G completions of it. Each filter row sees its own episode's search, so a
+    completion generated for another row's observation would name the wrong query."""
+    import itertools
+    import re
+
+    from deepr.train.decor_stage import QARecord, context_factory, decor_dataset, decor_rollouts
+
+    G, counter, firsts = 2, itertools.count(1), []
+
+    def server_like(seqs, first, max_new):
+        firsts.append(first)
+        todo = seqs[::G] if first else seqs
+        out = []
+        for ids in todo:
+            text = tok.decode(ids, skip_special_tokens=True)
+            if "You plan the searches" in text:
+                reply = ("<think>go</think><search>STOP</search>" if "Searches made: (none)" not in text
+                         else f"<think>go</think><search>earthquake fault number {next(counter)}</search>")
+            elif "You filter search results" in text:
+                q = re.findall(r"Search query: (.*)", text)[-1].strip()
+                reply = f"<think>keep</think><filter>Facts for {q} [S1-R1].</filter>"
+            else:
+                reply = "<think>so</think><answer>plates</answer>"
+            out.append((tok(reply, add_special_tokens=False)["input_ids"] + [tok.eos_token_id])[:max_new])
+        return ([o for o in out for _ in range(G)] if first else out), None
+
+    rows, lookup = decor_dataset([QARecord(id="q", question="What causes earthquakes?", answers=["plates"])])
+    filter_rows = [r["prompt"] for r in rows if r["role"] == "filter" for _ in range(G)]
+    rollouts, extra = decor_rollouts(filter_rows, lookup, context_factory(retriever, 2), server_like, tok,
+                                     budget=6000, eos_ids=[tok.eos_token_id])
+    seen = []
+    for r in rollouts:
+        asked = re.findall(r"Search query: (.*)", tok.decode(r.prompt_ids, skip_special_tokens=True))[-1].strip()
+        wrote = tok.decode(r.parts[0][0], skip_special_tokens=True)
+        assert f"Facts for {asked}" in wrote, (asked, wrote)
+        seen.append(asked)
+    assert len(set(seen)) == G  # the two rows really saw different observations
+    assert not any(firsts)  # no turn was requested as G samples of one prompt

@@ -196,7 +196,14 @@ def decor_rollouts(prompts: Sequence[Any], lookup: dict[tuple[str, str], QARecor
     live = [i for i, f in enumerate(firsts) if f is not None]
     msgs = [[{"role": "system", "content": SYSTEMS[eps[i].role]}, {"role": "user", "content": firsts[i]}]
             for i in live]
-    done = run_turns([prompt_ids(tokenizer, m) for m in msgs], generate,
+
+    def one_per_prompt(seqs: list[list[int]], first: bool, max_new: int) -> Any:
+        # Every row's first observation is its own episode's (filter / answerer rows differ within a
+        # group, and silent rows drop out), so no turn may be generated as G samples of one prompt:
+        # vLLM server mode would keep every G-th prompt and pair completions with the wrong rows.
+        return generate(seqs, False, max_new)
+
+    done = run_turns([prompt_ids(tokenizer, m) for m in msgs], one_per_prompt,
                      lambda j, r: _send(gens[live[j]], r.texts[-1]), tokenizer, budget=budget, eos_ids=eos_ids,
                      max_turns=steps + 1, turn_cap=turn_cap) if live else []
     rollouts: list[Any] = []
