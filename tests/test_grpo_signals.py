@@ -201,3 +201,82 @@ def test_decor_completions_pair_with_their_own_observations_under_server_mode_ge
         seen.append(asked)
     assert len(set(seen)) == G  # the two rows really saw different observations
     assert not any(firsts)  # no turn was requested as G samples of one prompt
+
+
+# --- 15.10: DECOR's trajectory-wide format penalty and dynamic sampling --------------------------------
+
+
+def test_a_protocol_break_anywhere_gives_every_role_of_the_episode_minus_one(embedder):
+    from deepr.llm.base import run_sync
+    from deepr.train.decor_stage import DecorRewardFn
+
+    fn = DecorRewardFn(embed=embedder.encode)
+    good = [{"context": "facts", "output": "<think>so</think><answer>plates</answer>"}]
+    out = run_sync(fn(prompts=[""] * 3, completions=[""] * 3, role=["answerer", "filter", "answerer"],
+                      question=["q"] * 3, answers=[["plates"]] * 3, team_answer=["plates", "", "plates"],
+                      role_steps=[good, [], good], format_valid=[True, True, True],
+                      broken=["planner: no <search> block", "planner: no <search> block", ""]))
+    # the answerer spoke well but its planner broke the protocol: the trajectory gets -1 (001 §4.3);
+    # the filter never spoke because of that break: -1 as well, not "no reward"
+    assert out[0] == -1.0 and out[1] == -1.0 and out[2] > 0
+
+
+def test_flat_groups_and_merging_two_generation_batches():
+    import torch
+
+    from deepr.train.decor_stage import flat_groups, merge_batches
+
+    keys = [("q1", "planner")] * 2 + [("q1", "filter")] * 2 + [("q2", "planner")] * 2
+    assert flat_groups([1.0, 1.0, 0.2, 0.8, float("nan"), 0.5], keys) == {("q1", "planner"), ("q2", "planner")}
+    a = {"prompt_ids": torch.tensor([[9, 1], [9, 2]]), "completion_ids": torch.tensor([[5], [6]]),
+         "completion_mask": torch.tensor([[1], [1]]), "advantages": torch.tensor([0.0, 0.0]),
+         "num_items_in_batch": torch.tensor(2)}
+    b = {"prompt_ids": torch.tensor([[1, 2, 3], [4, 5, 6]]), "completion_ids": torch.tensor([[7, 7], [8, 8]]),
+         "completion_mask": torch.tensor([[1, 1], [1, 0]]), "advantages": torch.tensor([1.0, -1.0]),
+         "num_items_in_batch": torch.tensor(3)}
+    m = merge_batches(a, b, [False, True], pad_id=0)
+    assert m["prompt_ids"].tolist() == [[0, 9, 1], [4, 5, 6]]  # prompts pad on the left
+    assert m["completion_ids"].tolist() == [[5, 0], [8, 8]] and m["completion_mask"].tolist() == [[1, 0], [1, 0]]
+    assert m["advantages"].tolist() == [0.0, -1.0]
+
+
+def test_decor_dynamic_sampling_replaces_a_flat_group(tiny, tok, retriever, tmp_path):
+    """First batch: both rollouts of the group succeed alike (zero spread, no gradient); the trainer
+    samples again, and the second batch (one rollout breaks the protocol) is what it trains on."""
+    from test_grpo_decor import Q, role_aware
+
+    from deepr.train import decor_stage as ds
+    from deepr.train import stage as rs
+
+    cfg = ds.DecorStageConfig(model=str(tiny), out=tmp_path / "rl", num_generations=2, prompts_per_step=1,
+                              mini_batch_prompts=1, max_completion_length=3000, max_turn_tokens=64, max_steps=1,
+                              lora_r=4, lora_alpha=8, k=2, learning_rate=1e-3, decor_steps=2)
+    batches: list = []
+
+    def gen_for(trainer):
+        batches.append(len(batches))
+        return role_aware(tok, broken_at=set() if len(batches) == 1 else {1})
+
+    store: list = []
+    built = rs.build_stage_trainer
+
+    def keep(*a, **kw):
+        store.append(built(*a, **kw))
+        return store[0]
+
+    from transformers import TrainerCallback
+
+    class Capture(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            inner = store[0]._generate_and_score_completions
+            store[0]._generate_and_score_completions = lambda inputs: store.append(inner(inputs)) or store[-1]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rs, "build_stage_trainer", keep)
+        res = ds.train_decor(cfg, [ds.QARecord(id="q", question=Q, answers=["tectonic plates"])], retriever,
+                             generate_for=gen_for, callbacks=[Capture()])
+    assert res.steps == 1 and len(batches) == 2  # sampled again once
+    assert store[1]["advantages"].tolist() == pytest.approx([1.0, -1.0], abs=1e-5)
+    assert int(store[1]["completion_mask"].sum()) > 0
+    log = [json.loads(x) for x in (res.out / "metrics.jsonl").read_text().splitlines()]
+    assert log[0]["decor/flat_groups_sampled"] == 1.0 and log[0]["decor/flat_groups_kept_out"] == 0.0

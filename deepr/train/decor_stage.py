@@ -7,11 +7,13 @@ three rows, one per role u; each row's G rollouts are whole team episodes of 001
 role written by the policy. A row's completion is role u's turns of its episode: the first
 turn after u's first observation, later observations of u as (masked) environment turns,
 so the sequence-level ratio of the loss is ρ_i^u of Eq. 5. Reward (Eq. 2–3): R_total^u = −1
-when one of u's outputs breaks the role's block protocol (the episode stops there), else
+when any output of the episode breaks its role's block protocol (the episode stops there), else
 α R_team + (1 − α) R_role^u with R_team = λ F1 + (1 − λ) LJ of the team's answer and R_role^u
 the role judge's majority verdict over u's steps. Advantages are normalised per (question,
 role) group (Eq. 6) by :class:`DecorTrainer`. Loss: sequence-level importance ratio with the
-asymmetric clip ε 3e-4 / ε_high 4e-4 (Table 5), lr 2e-6, G = 8, T_max 4.
+asymmetric clip ε 3e-4 / ε_high 4e-4 (Table 5), lr 2e-6 on a cosine schedule, AdamW β₂ 0.95,
+G = 8, T_max 4; DAPO's dynamic sampling resamples (question, role) groups whose rewards are all
+equal and leaves the ones still flat out of the loss.
 
     deepr grpo --stage decor --model runs/sft-decor --data qa.jsonl --out runs/rl-decor
 """
@@ -72,6 +74,10 @@ class DecorStageConfig(StageConfig):
     memory_limit: int = Field(4096, ge=64, description="L_max tokens of memory before condensing.")
     alpha: float = Field(ALPHA, ge=0, le=1, description="Weight of R_team against R_role (Eq. 3: 0.6).")
     lam: float = Field(LAMBDA, ge=0, le=1, description="Weight of F1 against LJ in R_team (Eq. 2: 0.5).")
+    dynamic_sampling: int = Field(1, ge=0, le=4, description="DAPO dynamic sampling (001 §4.4): a (question, "
+                                  "role) group whose rewards are all equal carries no gradient; the batch is "
+                                  "sampled again up to this many times to replace such groups, and groups still "
+                                  "flat are left out of the loss. 0 turns it off.")
 
     @property
     def adapter_roles(self) -> list[str]:
@@ -254,16 +260,18 @@ class DecorRewardFn(LazyJudge):
         self._judge, self._embed, self.alpha, self.lam = judge, embed, alpha, lam
 
     async def score(self, role: str, question: str, answers: list[str], team_answer: str,
-                    steps: list[dict[str, str]], fmt_ok: bool) -> dict[str, Any] | None:
+                    steps: list[dict[str, str]], fmt_ok: bool, broken: str = "") -> dict[str, Any] | None:
         """Every term of one row's reward; None when a judge call failed (no reward, not 0)."""
         from deepr.rewards.decor import f1_score, llm_judge, r_team, r_total, role_judge
         from deepr.text import strip_citations
 
         team_answer = strip_citations(team_answer or "").strip()
+        if broken or not fmt_ok:
+            # 001 §4.3: a protocol break anywhere gives the whole trajectory −1 and ends it, so every
+            # role's row of that episode gets it (also a role the break silenced)
+            return {"R_total": -1.0, "format_ok": 0.0, "role": role}
         if not steps:
             return None  # the role never spoke in this episode
-        if not fmt_ok:
-            return {"R_total": -1.0, "format_ok": 0.0, "role": role}
         f1 = f1_score(team_answer, answers) if team_answer else 0.0
         lj = await llm_judge(question, team_answer, answers, self.judge) if team_answer else None
         verdicts = await asyncio.gather(*(role_judge(self.judge, role, question, s["context"], s["output"],
@@ -277,9 +285,10 @@ class DecorRewardFn(LazyJudge):
 
     async def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **cols: Any) -> list[float | None]:
         n = len(completions)
+        broken = cols.get("broken") or [""] * n
         rows = await asyncio.gather(*(self.score(cols["role"][i], cols["question"][i], list(cols["answers"][i]),
                                                  cols["team_answer"][i], cols["role_steps"][i],
-                                                 cols["format_valid"][i]) for i in range(n)))
+                                                 cols["format_valid"][i], broken[i]) for i in range(n)))
         done = [r for r in rows if r]
         log_means(cols, "decor", done, ("R_total", "R_team", "F1", "LJ", "R_role", "format_ok"))
         for role in ROLES:
@@ -297,12 +306,58 @@ def role_group_advantages(rewards: Sequence[float], keys: Sequence[tuple[Hashabl
     return out
 
 
-def _decor_trainer_cls() -> type:
+def flat_groups(rewards: Sequence[float], keys: Sequence[tuple[Hashable, str]]) -> set[tuple[Hashable, str]]:
+    """(question, role) groups with no spread among their scored rewards: zero advantage, no gradient."""
+    by: dict[tuple[Hashable, str], list[float]] = {}
+    for r, k in zip(rewards, keys):
+        by.setdefault(tuple(k), [])
+        if not math.isnan(r):
+            by[tuple(k)].append(r)
+    return {k for k, v in by.items() if len(v) < 2 or max(v) - min(v) < 1e-9}
+
+
+def _repad(a: Any, b: Any, take_b: Sequence[bool], left: bool, pad: float) -> Any:
+    """Rows of ``a`` or (where ``take_b``) of ``b``, padded to the wider of the two on one side."""
+    import torch
+
+    width = max(a.shape[1], b.shape[1])
+
+    def fit(t: Any) -> Any:
+        extra = width - t.shape[1]
+        if not extra:
+            return t
+        filler = torch.full((t.shape[0], extra, *t.shape[2:]), pad, dtype=t.dtype, device=t.device)
+        return torch.cat([filler, t] if left else [t, filler], dim=1)
+
+    a, b = fit(a), fit(b)
+    mask = torch.tensor(list(take_b), device=a.device).view(-1, *([1] * (a.dim() - 1)))
+    return torch.where(mask, b, a)
+
+
+def merge_batches(a: dict[str, Any], b: dict[str, Any], take_b: Sequence[bool], pad_id: int) -> dict[str, Any]:
+    """One generation batch from two over the same inputs: row i from ``b`` where ``take_b[i]``."""
+    import torch
+
+    out = {}
+    for key, t in a.items():
+        other = b.get(key)
+        if not isinstance(t, torch.Tensor) or other is None or t.dim() == 0:
+            out[key] = t
+        elif t.dim() == 1:
+            out[key] = torch.where(torch.tensor(list(take_b), device=t.device), other, t)
+        else:
+            left = key.startswith("prompt")
+            out[key] = _repad(t, other, take_b, left, pad_id if key.endswith("_ids") else 0)
+    return out
+
+
+def _decor_trainer_cls(dynamic_sampling: int = 0) -> type:
     from trl import GRPOTrainer
 
     class DecorTrainer(GRPOTrainer):
         """GRPOTrainer whose advantages are Eq. 6: normalised within each (question, role) group,
-        with the population σ, whatever the batch layout (TRL's own is per prompt, unbiased σ)."""
+        with the population σ, whatever the batch layout (TRL's own is per prompt, unbiased σ);
+        with dynamic sampling, flat groups are sampled again and, if still flat, masked out."""
 
         def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
             from accelerate.utils import gather_object
@@ -312,7 +367,7 @@ def _decor_trainer_cls() -> type:
             self._decor_rewards = rewards
             return rewards
 
-        def _generate_and_score_completions(self, inputs):
+        def _role_scored(self, inputs):
             import torch
 
             out = super()._generate_and_score_completions(inputs)
@@ -324,6 +379,27 @@ def _decor_trainer_cls() -> type:
             start = self.accelerator.process_index * n
             out["advantages"] = torch.tensor(adv[start:start + n], dtype=out["advantages"].dtype,
                                              device=out["advantages"].device)
+            local = [tuple(k) for k in self._decor_keys[start:start + n]]
+            return out, flat_groups(total.tolist(), self._decor_keys), local
+
+        def _generate_and_score_completions(self, inputs):
+            out, flat, local = self._role_scored(inputs)
+            first = len(flat)
+            for _ in range(dynamic_sampling if self.model.training else 0):
+                if not flat:
+                    break
+                again, flat2, _ = self._role_scored(inputs)
+                take = [k in flat and k not in flat2 for k in local]
+                out = merge_batches(out, again, take, self._tokenizer.pad_token_id)
+                flat = flat & flat2
+            if dynamic_sampling and self.model.training:
+                self._metrics["train"]["decor/flat_groups_sampled"].append(float(first))
+                self._metrics["train"]["decor/flat_groups_kept_out"].append(float(len(flat)))
+                keep = [k not in flat for k in local]
+                mask = out["completion_mask"] * out["completion_mask"].new_tensor(keep).unsqueeze(1)
+                out["completion_mask"] = mask  # zero-gradient groups neither count nor dilute the loss
+                loss_mask = mask if out.get("tool_mask") is None else mask * out["tool_mask"]
+                out["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
             return out
 
     return DecorTrainer
@@ -346,4 +422,5 @@ def train_decor(config: DecorStageConfig, records: Sequence[QARecord], retriever
                                       steps=config.decor_steps, memory_limit=config.memory_limit,
                                       turn_cap=config.max_turn_tokens, generate_for=generate_for)
     reward = reward_fn or DecorRewardFn(alpha=config.alpha, lam=config.lam)
-    return train_stage(config, rows, rollout, reward, trainer_cls=_decor_trainer_cls(), callbacks=callbacks)
+    return train_stage(config, rows, rollout, reward, trainer_cls=_decor_trainer_cls(config.dynamic_sampling),
+                       callbacks=callbacks)
