@@ -119,49 +119,60 @@ def warp_policy(tok):
     return generate
 
 
-def test_warp_report_episode_is_one_masked_sample_and_is_scored(retriever, embedder, tmp_path: Path):
+def _episode(retriever, tmp_path, generate_for_tok, **cfg):
     from transformers import AutoTokenizer
 
-    from deepr.agent.env import Ctx, RunConfig
-    from deepr.agent.trace import Tracer
-    from deepr.agent.warp import run_warp
-    from deepr.corpus.tools import ResearchTools
-    from deepr.llm.base import run_sync
-    from deepr.rewards.judges import Judge
     from deepr.train.tiny import build_tiny_model, wiki_texts
-    from deepr.train.warp_stage import WarpReportRewardFn, episode_rollout, policy_llm
+    from deepr.train.warp_stage import WarpReportConfig, play_episode
 
     tok = AutoTokenizer.from_pretrained(str(build_tiny_model(tmp_path / "tiny", corpus_texts=wiki_texts(200) or None,
                                                              vocab_size=1200)))
-    llm = policy_llm(warp_policy(tok), tok, 200)
-    tracer = Tracer(QUERY, "warp")
-    out = run_sync(run_warp(Ctx(llm, ResearchTools(retriever, k=2), RunConfig(mode="warp", k=2, max_reasks=0),
-                                tracer), QUERY))
-    report = out.outline.markdown()
-    assert not tracer.failures and "Eruption effects" in report and "Magma rises" in report
-    r = episode_rollout(llm.calls, tok, 100000, [tok.eos_token_id])
-    model_runs = [m for m, _ in _runs(r)]
-    assert model_runs[0] == 1 and model_runs == [1, 0] * (len(llm.calls) - 1) + [1]
-    masked = tok.decode([t for t, m in zip(r.completion_ids, r.env_mask) if not m])
-    written = tok.decode([t for t, m in zip(r.completion_ids, r.env_mask) if m], skip_special_tokens=True)
-    assert "Retrieved information" in masked and "Retrieved information" not in written
-    assert "Magma rises" in written and '"terminate"' in written
-    short = episode_rollout(llm.calls, tok, 40, [tok.eos_token_id])
-    assert short.truncated and len(short.completion_ids) <= 40
+    config = WarpReportConfig(model="m", out=tmp_path / "o", k=2, max_turn_tokens=200, **cfg)
+    return tok, play_episode(QUERY, generate_for_tok(tok), tok, retriever, config)
+
+
+def test_warp_report_episode_records_each_call_under_its_own_prompt(retriever, embedder, tmp_path: Path):
+    # Issue 15.3 (replaces the test of one concatenated, masked sample per episode): each call is kept
+    # with the exact prompt it was sampled from and its own reply, nothing cut at a budget.
+    from deepr.llm.base import run_sync
+    from deepr.rewards.judges import Judge
+    from deepr.train.warp_stage import WarpReportRewardFn
+
+    tok, (calls, report, failed) = _episode(retriever, tmp_path, warp_policy)
+    assert not failed and "Eruption effects" in report and "Magma rises" in report
+    prompts = [tok.decode(c.prompt_ids, skip_special_tokens=True) for c in calls]
+    replies = [tok.decode(c.completion_ids, skip_special_tokens=True) for c in calls]
+    assert "Give 1 to 5 search keywords" in prompts[0] and "Write a sparse first outline" in prompts[1]
+    writes = [i for i, p in enumerate(prompts) if "<content>" in p]
+    assert writes and all("Magma rises" in replies[i] for i in writes)
+    assert all("Retrieved information" not in r for r in replies)  # requests never enter a trained reply
+    assert replies[-1] == '{"name": "terminate"}'  # the stop decision is a sample of its own
     fn = WarpReportRewardFn(Judge(None, embedder.encode))
     logged: dict[str, float] = {}
     rub = [{"id": "R1", "type": "factual", "description": "Magma rises and erupts at the surface.", "weight": 1}]
-    got = run_sync(fn(prompts=["", ""], completions=["", ""], query=[QUERY] * 2, report=[report, report],
-                      rubrics=[rub, []], log_metric=lambda k, v: logged.__setitem__(k, v)))
-    assert all(0.0 <= g <= 1.0 for g in got) and {"report/R", "report/R_rubric", "report/readability"} <= set(logged)
+    got = run_sync(fn(prompts=["", "", ""], completions=["", "", ""], query=[QUERY] * 3,
+                      report=[report, report, ""], rubrics=[rub, [], []], policy_failed=[False, False, True],
+                      log_metric=lambda k, v: logged.__setitem__(k, v)))
+    assert all(0.0 <= g <= 1.0 for g in got[:2]) and got[2] == -1.0
+    assert {"report/R", "report/R_rubric", "report/readability", "report/policy_failed"} <= set(logged)
 
 
-def _runs(r):
-    out = []
-    for m in r.env_mask:
-        if not out or out[-1][0] != m:
-            out.append((m, 0))
-    return out
+def test_a_reply_that_fails_to_parse_ends_the_episode_without_credit(retriever, tmp_path: Path):
+    def broken_writer(tok):
+        good = warp_policy(tok)
+
+        def generate(seqs, first, max_new):
+            text = tok.decode(seqs[0], skip_special_tokens=True)
+            if "<content>" in text:
+                return [tok("I would rather not.", add_special_tokens=False)["input_ids"]], None
+            return good(seqs, first, max_new)
+        return generate
+
+    tok, (calls, report, failed) = _episode(retriever, tmp_path, broken_writer)
+    assert failed and report == ""
+    last = tok.decode(calls[-1].prompt_ids, skip_special_tokens=True)
+    assert "<content>" in last  # the failed write is the last call: nothing after it was played
+    assert not any('"terminate"' in tok.decode(c.completion_ids) for c in calls)
 
 
 def test_warp_report_trains_on_cpu(retriever, embedder, tmp_path: Path):
@@ -177,9 +188,49 @@ def test_warp_report_trains_on_cpu(retriever, embedder, tmp_path: Path):
                            mini_batch_prompts=1, max_completion_length=6000, max_turn_tokens=200, max_steps=1,
                            lora_r=4, lora_alpha=8, k=2, learning_rate=1e-3, max_expansions=1)
     pair = QRPair(id="q", tree_id="t", question=QUERY, selected_leaf_ids=[], rubrics=[])
-    res = train_warp_report(cfg, [pair], retriever, judge=Judge(None, embedder.encode),
-                            generate_for=lambda trainer: warp_policy(tok))
-    assert res.steps == 1 and res.rewards and 0.0 <= res.rewards[0][1] <= 1.0
+    from deepr.train import stage as rs
+
+    batches: list = []
+    built = rs.build_stage_trainer
+
+    def keep(*a, **kw):
+        trainer = built(*a, **kw)
+        inner = trainer._generate_and_score_completions
+        trainer._generate_and_score_completions = lambda inputs: batches.append(inner(inputs)) or batches[-1]
+        return trainer
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rs, "build_stage_trainer", keep)
+        res = train_warp_report(cfg, [pair], retriever, judge=Judge(None, embedder.encode),
+                                generate_for=lambda trainer: second_episode_fails(tok))
+    assert res.steps == 1 and res.rewards and -1.0 <= res.rewards[0][1] <= 1.0
     log = [json.loads(x) for x in (res.out / "metrics.jsonl").read_text().splitlines()]
-    assert {"report/R", "report/comprehensiveness", "rollout/masked_token_share"} <= set(log[0])
-    assert log[0]["rollout/extractive_fallback"] == 0.0 and (res.out / "adapter_config.json").is_file()
+    assert {"report/R", "report/comprehensiveness", "rollout/calls_per_episode",
+            "rollout/trained_tokens_per_episode"} <= set(log[0])
+    # the batch trained on is one row per call of the 2 episodes, each under the prompt it was sampled from
+    b = batches[0]
+    calls = 2 * log[0]["rollout/calls_per_episode"]
+    live = b["completion_mask"].sum(1) > 0
+    assert b["prompt_ids"].shape[0] >= calls and int(live.sum()) == calls
+    assert int(b["completion_mask"].sum()) == 2 * log[0]["rollout/trained_tokens_per_episode"]
+    first = tok.decode(b["prompt_ids"][0][b["prompt_mask"][0].bool()], skip_special_tokens=True)
+    assert first.count("User question:") == 1  # a call's own prompt, not a concatenated conversation
+    # the failed episode (-1) and the full one: each call carries its episode's advantage, opposite signs
+    adv = sorted(set(round(a, 4) for a in b["advantages"][live].tolist()))
+    assert len(adv) == 2 and adv[0] < 0 < adv[1]
+    assert log[0]["rollout/policy_failed"] == 0.5 and log[0]["grad_norm"] > 0
+    assert (res.out / "adapter_config.json").is_file()
+
+
+def second_episode_fails(tok):
+    """warp_policy, except that in the second episode of a batch every write reply is unusable."""
+    good, seen = warp_policy(tok), []
+
+    def generate(seqs, first, max_new):
+        text = tok.decode(seqs[0], skip_special_tokens=True)
+        if "Write a sparse first outline" in text:
+            seen.append(1)
+        if len(seen) == 2 and "<content>" in text:
+            return [tok("no section today", add_special_tokens=False)["input_ids"]], None
+        return good(seqs, first, max_new)
+    return generate

@@ -17,11 +17,13 @@ writes one reply per prompt, scored by the ability-specific reward of the row's 
 An unparseable reply scores 0 (the model's fault, logged as ``warp/parse_fail``).
 Table 7: lr 2.5e-6, 8 prompts × 8 rollouts per step.
 
-warp-report — end-to-end: whole ``deepr run --mode warp`` episodes written by the policy (every
-call of the episode is one policy reply; the episode is one sample, the calls' requests masked),
-scored at the report level: R_rubric when the query has rubrics,
-else the judge's comprehensiveness / insight / instruction-following / readability. Table 7:
-lr 1e-6, 8 queries × 4 rollouts.
+warp-report — end-to-end: whole ``deepr run --mode warp`` episodes written by the policy, scored
+at the report level (:mod:`deepr.rewards.report_quality`: R_rubric when the query has rubrics,
+else the judge's comprehensiveness / insight / instruction-following / readability). Every call
+of an episode is trained as its own sample under the prompt it was sampled from, with its
+sampling log-probs and the episode's advantage (:mod:`deepr.train.warp_calls`). A reply that
+fails to parse ends the episode with ``failed_reply_reward`` (−1). Table 7: lr 1e-6, 8 queries
+× 4 rollouts.
 
     deepr grpo --stage warp-atomic --model runs/sft-warp --data rl.jsonl --out runs/rl-warp-atomic
 """
@@ -201,84 +203,91 @@ class WarpReportConfig(StageConfig):
     stage: Literal["warp-report"] = Field("warp-report", description="End-to-end RL on whole WARP runs.")
     max_expansions: int = Field(12, ge=0, le=12, description="Most deepening expansions per episode.")
     max_levels: int = Field(3, ge=1, le=3, description="Deepest outline level.")
+    failed_reply_reward: float = Field(-1.0, ge=-1.0, le=0.0, description="Reward of an episode in which a "
+                                       "policy reply failed to parse (the episode ends there; as DECOR's format "
+                                       "penalty, the extractive fallback earns the policy nothing).")
 
 
-def policy_llm(generate: Any, tokenizer: Any, cap: int) -> Any:
+class EpisodeEnded(Exception):
+    """Raised into the WARP loop at the policy's next call once one of its replies failed."""
+
+
+def policy_llm(generate: Any, tokenizer: Any, cap: int, tracer: Any = None) -> Any:
     """The LLM interface over the rollout generator: every WARP call is sampled from the policy
-    and recorded in ``.calls`` (prompt messages, token ids, text) so the episode becomes one sample."""
+    and recorded in ``.calls`` as a :class:`~deepr.train.warp_calls.Call` (the prompt's token ids,
+    the reply's ids and sampling log-probs). Once ``tracer`` holds a failure (a reply that did not
+    parse and was replaced by the extractive fallback) the next call raises :class:`EpisodeEnded`,
+    so the episode stops there instead of collecting credit for the fallback's work."""
     from deepr.llm.base import LLM
     from deepr.train.rollouts import prompt_ids
+    from deepr.train.warp_calls import Call
 
     class PolicyLLM(LLM):
         name = "policy"
 
         def __init__(self) -> None:
             super().__init__(max_concurrency=1)
-            self.calls: list[tuple[list, list[int], str]] = []
+            self.calls: list[Call] = []
+            self.texts: list[str] = []
 
         async def _achat(self, messages, *, role, temperature, max_tokens, stop, **extra) -> str:
-            ids, _ = generate([prompt_ids(tokenizer, messages)], False, min(cap, max_tokens or cap))
+            if tracer is not None and tracer.failures:
+                raise EpisodeEnded(tracer.failures[0].get("reason", "a policy reply failed"))
+            ids, lps = generate([prompt_ids(tokenizer, messages)], False, min(cap, max_tokens or cap))
             text = tokenizer.decode(ids[0], skip_special_tokens=True)
-            self.calls.append((list(messages), list(ids[0]), text))
+            self.calls.append(Call(prompt_ids(tokenizer, messages), list(ids[0]),
+                                   list(lps[0]) if lps is not None and lps[0] is not None else None))
+            self.texts.append(text)
             return text
 
     return PolicyLLM()
 
 
-def episode_rollout(calls: Sequence[tuple[list, list[int], str]], tokenizer: Any, budget: int, eos_ids: Sequence[int]):
-    """One sample from an episode's calls: the first call's prompt, then each call's reply with the
-    next call's request in between as a masked user turn. Later replies were sampled from their
-    own prompts; in the sample they are conditioned on the earlier calls too (an approximation
-    that keeps one sequence per episode, as TRL's GRPO needs)."""
-    from deepr.train.rollouts import Rollout, env_turn_ids, prompt_ids
-
-    r = Rollout(prompt_ids(tokenizer, calls[0][0]))
-    for n, (messages, ids, _) in enumerate(calls):
-        if n:
-            env = env_turn_ids(tokenizer, messages[-1]["content"], closed=bool(r.parts[-1][0]) and
-                               r.parts[-1][0][-1] in eos_ids)
-            if r.used() + len(env) >= budget:
-                r.truncated = True
-                break
-            r.parts.append((env, False, None))
-        room = budget - r.used()
-        r.parts.append((ids[:room], True, None))
-        if len(ids) > room:
-            r.truncated = True
-            break
-    return r
-
-
-def warp_report_rollout_func(queries: dict[str, dict[str, Any]], retriever: Any, config: WarpReportConfig, *,
-                             generate_for: Any = None) -> Any:
-    """TRL ``rollout_func``: one whole ``deepr run --mode warp`` episode per rollout."""
+def play_episode(query: str, generate: Any, tokenizer: Any, retriever: Any, config: WarpReportConfig
+                 ) -> tuple[list[Any], str, bool]:
+    """One ``deepr run --mode warp`` episode written by the policy: (calls, report, policy_failed)."""
     from deepr.agent.env import Ctx, RunConfig
     from deepr.agent.trace import Tracer
     from deepr.agent.warp import run_warp
     from deepr.corpus.tools import ResearchTools
     from deepr.llm.base import run_sync
-    from deepr.train.rollouts import _log, _mask_stats, _user_text, trainer_generate
 
     run_cfg = RunConfig(mode="warp", k=config.k, max_expansions=config.max_expansions, max_levels=config.max_levels,
                         max_reasks=0, max_tokens=config.max_turn_tokens)
+    tracer = Tracer(query, "warp")
+    llm = policy_llm(generate, tokenizer, config.max_turn_tokens, tracer)
+    try:
+        out = run_sync(run_warp(Ctx(llm, ResearchTools(retriever, k=config.k), run_cfg, tracer), query))
+        report = out.outline.markdown()
+    except EpisodeEnded:
+        report = ""
+    return llm.calls, report, bool(tracer.failures)
+
+
+def warp_report_rollout_func(queries: dict[str, dict[str, Any]], retriever: Any, config: WarpReportConfig, *,
+                             generate_for: Any = None) -> Any:
+    """TRL ``rollout_func``: one whole WARP episode per prompt. TRL gets one placeholder sample per
+    episode (the prompt and a masked end token) to score; the episode's calls go to
+    ``trainer._warp_calls``, which :class:`~deepr.train.warp_calls` trains on."""
+    from deepr.train.rollouts import _log, _user_text, prompt_ids, trainer_generate
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
         tok = trainer.processing_class
         gen = (generate_for or trainer_generate)(trainer)
-        eos_ids = list(getattr(trainer, "eos_token_ids", None) or [tok.eos_token_id])
-        rollouts, reports, fallbacks = [], [], []
+        eos = (list(getattr(trainer, "eos_token_ids", None) or []) or [tok.eos_token_id])[0]
+        episodes, reports, failed = [], [], []
         for p in prompts:
             query = lookup_row(queries, _user_text(p), "warp-report")["query"]
-            llm = policy_llm(gen, tok, config.max_turn_tokens)
-            tracer = Tracer(query, "warp")
-            out = run_sync(run_warp(Ctx(llm, ResearchTools(retriever, k=config.k), run_cfg, tracer), query))
-            reports.append(out.outline.markdown())
-            fallbacks.append(float(bool(tracer.failures)))
-            rollouts.append(episode_rollout(llm.calls, tok, config.max_completion_length, eos_ids))
-        _mask_stats(trainer, rollouts)
-        _log(trainer, "rollout/extractive_fallback", fallbacks)
-        return {"prompt_ids": [r.prompt_ids for r in rollouts], "completion_ids": [r.completion_ids for r in rollouts],
-                "logprobs": None, "env_mask": [r.env_mask for r in rollouts], "report": reports}
+            calls, report, bad = play_episode(query, gen, tok, retriever, config)
+            episodes.append(calls), reports.append(report), failed.append(bad)
+        trainer._warp_calls = episodes
+        _log(trainer, "rollout/calls_per_episode", [float(len(c)) for c in episodes])
+        _log(trainer, "rollout/trained_tokens_per_episode",
+             [float(sum(len(x.completion_ids) for x in c)) for c in episodes])
+        _log(trainer, "rollout/policy_failed", [float(b) for b in failed])
+        return {"prompt_ids": [prompt_ids(tok, p) for p in prompts], "completion_ids": [[eos] for _ in prompts],
+                "logprobs": [[0.0] for _ in prompts], "env_mask": [[0] for _ in prompts], "report": reports,
+                "policy_failed": failed}
 
     return rollout_func
 
@@ -288,8 +297,8 @@ class WarpReportRewardFn:
 
     __name__ = "warp_report_reward"
 
-    def __init__(self, judge: Any):
-        self.judge = judge
+    def __init__(self, judge: Any, *, failed_reply_reward: float = -1.0):
+        self.judge, self.failed_reply_reward = judge, failed_reply_reward
 
     async def score(self, query: str, report: str, rubrics: Any) -> dict[str, Any] | None:
         from deepr.rewards.report_quality import report_score
@@ -302,8 +311,16 @@ class WarpReportRewardFn:
 
         n = len(completions)
         rubrics = cols.get("rubrics") or [None] * n
-        rows = await asyncio.gather(*(self.score(cols["query"][i], cols["report"][i], rubrics[i]) for i in range(n)))
-        log_means(cols, "report", [r for r in rows if r], ("R", "R_rubric", *QUALITY))
+        failed = cols.get("policy_failed") or [False] * n
+
+        async def one(i: int) -> dict[str, Any] | None:
+            if failed[i]:  # a reply that did not parse ended the episode: no credit for the fallback's report
+                return {"R": self.failed_reply_reward, "policy_failed": 1.0}
+            out = await self.score(cols["query"][i], cols["report"][i], rubrics[i])
+            return None if out is None else {**out, "policy_failed": 0.0}
+
+        rows = await asyncio.gather(*(one(i) for i in range(n)))
+        log_means(cols, "report", [r for r in rows if r], ("R", "R_rubric", "policy_failed", *QUALITY))
         return [r["R"] if r else None for r in rows]
 
 
@@ -318,5 +335,8 @@ def train_warp_report(config: WarpReportConfig, pairs: Sequence[Any], retriever:
         rows.append({"id": p.id, "prompt": prompt, "query": p.question,
                      "rubrics": [r.model_dump(mode="json") for r in p.rubrics]})
         lookup[p.question] = rows[-1]
+    from deepr.train.warp_calls import warp_trainer_cls
+
     rollout = warp_report_rollout_func(lookup, retriever, config, generate_for=generate_for)
-    return train_stage(config, rows, rollout, WarpReportRewardFn(judge), callbacks=callbacks)
+    reward = WarpReportRewardFn(judge, failed_reply_reward=config.failed_reply_reward)
+    return train_stage(config, rows, rollout, reward, trainer_cls=warp_trainer_cls(), callbacks=callbacks)
