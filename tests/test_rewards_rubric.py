@@ -122,10 +122,14 @@ def test_weighted_rubric_mean_with_a_negative_item():
     items = [RubricItem(id="R1", type="factual", description="d1", weight=0.5),
              RubricItem(id="R2", type="logical", description="d2", weight=1.0),
              RubricItem(id="R3", type="factual", description="misleading claim", weight=-0.5)]
-    # R3 scored 1.0 = the report asserts the misleading claim -> credit 0
-    assert rubric_weighted(items, [1.0, 0.5, 1.0]) == pytest.approx((0.5 * 1 + 1.0 * 0.5 + 0.5 * 0) / 2.0)
-    # not asserting it earns the full |w|
-    assert rubric_weighted(items, [1.0, 0.5, 0.0]) == pytest.approx((0.5 + 0.5 + 0.5) / 2.0)
+    # Issue 15.10 (changed assertions): signed weights, normalised by the positive weights.
+    # R3 scored 1.0 = the report asserts the misleading claim -> it subtracts 0.5
+    assert rubric_weighted(items, [1.0, 0.5, 1.0]) == pytest.approx((0.5 * 1 + 1.0 * 0.5 - 0.5 * 1) / 1.5)
+    # not asserting it earns nothing (it used to earn the full |w|)
+    assert rubric_weighted(items, [1.0, 0.5, 0.0]) == pytest.approx((0.5 + 0.5) / 1.5)
+    # an empty report (nothing met, nothing asserted) gets 0, not the penalty items' weight
+    assert rubric_weighted(items, [0.0, 0.0, 0.0]) == 0.0
+    assert rubric_weighted(items, [0.0, 0.0, 1.0]) == 0.0  # clipped at 0
 
 
 def test_rubric_judge_scores_normalises_and_caches():

@@ -20,10 +20,9 @@ sentence needs a citation if it holds a digit, a capitalised name or ≥ 8 conte
 role judges check the role's tag format and then its content (fresh query, gold facts kept,
 answer equivalent); RACE 10 s per criterion; FACT supported if s ≥ 0.5.
 
-Rubric weighting (used by every rubric-based score): items are combined as
-``Σ |w| · credit / Σ |w|``. A positive item's credit is its score s ∈ [0, 1]. A negative
-item describes a misleading claim the answer should debunk: the judge rates how far the
-report asserts it, and the credit is ``1 − s`` (high when the report does NOT assert it).
+Rubric weighting (used by every rubric-based score): signed weights, ``max(0, Σ w · s) / Σ_{w>0} w``.
+A negative item describes a misleading claim: the judge rates how far the report asserts it
+(s ∈ [0, 1]) and ``w · s`` subtracts; not asserting it earns nothing.
 """
 
 from __future__ import annotations
@@ -75,10 +74,11 @@ def coerce_rubrics(raw: Sequence[Any] | None, *, where: str = "rubrics") -> list
 
 
 def rubric_weighted(items: Sequence[RubricItem], scores: Sequence[float]) -> float:
-    """Σ |w| · credit / Σ |w| with credit = s for w ≥ 0 and 1 − s for w < 0."""
-    den = sum(abs(r.weight) for r in items)
-    num = sum(abs(r.weight) * (s if r.weight >= 0 else 1.0 - s) for r, s in zip(items, scores))
-    return num / den
+    """Signed weights: max(0, Σ w · s) / Σ_{w>0} w. A negative item (a misleading claim, s = how far
+    the report asserts it) only subtracts: not asserting it earns nothing, so an empty report
+    cannot collect credit from penalty items (issue 15.10)."""
+    den = sum(r.weight for r in items if r.weight > 0) or sum(abs(r.weight) for r in items)
+    return max(0.0, sum(r.weight * s for r, s in zip(items, scores))) / den
 
 
 @dataclass
