@@ -169,7 +169,10 @@ PARAGRAPH_ASPECTS = {
     "depth": "Does it explore its subject in detail rather than give a surface overview?",
     "novelty": "Does it bring in pertinent aspects beyond the literal wording of the request?"}
 
-QUALITY_PROMPT = """You grade one step of a report-writing agent on a 1-5 scale per aspect (1 = very poor, 3 = acceptable with clear gaps, 5 = excellent, nothing to improve). A reference reply that deserves 5 is shown for calibration; the reply may differ from it and still score well. List the major and minor problems to yourself first, then score strictly; low scores are fine.
+QUALITY_PROMPT = """You grade one step of a report-writing agent on a 1-5 scale per aspect (1 = very poor, 3 = \
+acceptable with clear gaps, 5 = excellent, nothing to improve). A reference reply that deserves 5 is \
+shown for calibration; the reply may differ from it and still score well. List the major and minor \
+problems to yourself first, then score strictly; low scores are fine.
 
 Request the agent received:
 <<<
@@ -191,7 +194,9 @@ Aspects:
 
 Return {{"scores": {{{keys}}}}} with an integer 1-5 for each aspect."""
 
-FAITH_PROMPT = """Check whether a reply states only things its source material backs up. List each factual claim the reply makes (skip headings, plans and opinions) and say whether the source material supports it. A claim that cites an id must be supported by that id's text.
+FAITH_PROMPT = """Check whether a reply states only things its source material backs up. List each factual claim the \
+reply makes (skip headings, plans and opinions) and say whether the source material supports it. A \
+claim that cites an id must be supported by that id's text.
 
 Source material:
 <<<

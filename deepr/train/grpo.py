@@ -288,7 +288,8 @@ def trl_args(config: GrpoConfig) -> Any:
         vllm["vllm_server_base_url"] = config.vllm_server_base_url
     return GRPOConfig(
         output_dir=str(config.out), learning_rate=config.learning_rate, lr_scheduler_type=config.lr_scheduler,
-        adam_beta2=config.adam_beta2, warmup_steps=0, weight_decay=0.0, max_steps=config.max_steps, num_train_epochs=config.epochs,
+        adam_beta2=config.adam_beta2, warmup_steps=0, weight_decay=0.0, max_steps=config.max_steps,
+        num_train_epochs=config.epochs,
         per_device_train_batch_size=config.num_generations,
         gradient_accumulation_steps=config.mini_batch_prompts // world,
         steps_per_generation=config.prompts_per_step // world, num_generations=config.num_generations,
