@@ -233,9 +233,10 @@ def policy_llm(generate: Any, tokenizer: Any, cap: int, tracer: Any = None) -> A
         async def _achat(self, messages, *, role, temperature, max_tokens, stop, **extra) -> str:
             if tracer is not None and tracer.failures:
                 raise EpisodeEnded(tracer.failures[0].get("reason", "a policy reply failed"))
-            ids, lps = generate([prompt_ids(tokenizer, messages)], False, min(cap, max_tokens or cap))
+            prompt = prompt_ids(tokenizer, messages)
+            ids, lps = generate([prompt], False, min(cap, max_tokens or cap))
             text = tokenizer.decode(ids[0], skip_special_tokens=True)
-            self.calls.append(Call(prompt_ids(tokenizer, messages), list(ids[0]),
+            self.calls.append(Call(prompt, list(ids[0]),
                                    list(lps[0]) if lps is not None and lps[0] is not None else None))
             self.texts.append(text)
             return text
