@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field
 
-from deepr.agent.ask import ask_structured, ask_text, record_extractive
+from deepr.roles import JSONReply, Role, TaggedReply
+
 from deepr.agent.citations import cited_ids, normalize
 from deepr.agent.env import Ctx
 from deepr.agent.extract import approx_tokens
@@ -81,61 +82,84 @@ def _plan_check(body: str, past: list[str]) -> list[str]:
     return []
 
 
+@dataclass
+class DecorAsk:
+    ctx: Ctx
+    query: str = ""
+    memory: list[MemoryItem] = field(default_factory=list)
+    past: list[str] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)
+
+
+def _planner_messages(a: DecorAsk) -> list[dict[str, str]]:
+    user = (f"Question: {a.query}\nFacts so far:\n{memory_text(a.memory)}\nSearches made: "
+            f"{'; '.join(a.past) or '(none)'}")
+    return [{"role": "system", "content": PLANNER_SYSTEM}, {"role": "user", "content": user}]
+
+
+def _filter_messages(a: DecorAsk) -> list[dict[str, str]]:
+    results = a.ctx.catalog.evidence(a.ids) or "(none)"
+    return [{"role": "system", "content": FILTER_SYSTEM},
+            {"role": "user", "content": f"Search query: {a.query}\nResults:\n{results}"}]
+
+
+def _condense_messages(a: DecorAsk) -> list[dict[str, str]]:
+    return [{"role": "system", "content": CONDENSE_SYSTEM},
+            {"role": "user", "content": f"Question: {a.query}\nMemory:\n{memory_text(a.memory)}"}]
+
+
+def _answer_messages(a: DecorAsk) -> list[dict[str, str]]:
+    return [{"role": "system", "content": ANSWER_SYSTEM},
+            {"role": "user", "content": f"Question: {a.query}\nFacts:\n{memory_text(a.memory)}"}]
+
+
+def _planned(a: DecorAsk, body: str) -> str | None:
+    return None if _STOP.match(body) else " ".join(body.split())
+
+
+PLAN = Role(
+    name="decor_planner", action="plan", messages=_planner_messages, output=TaggedReply("search"),
+    check=lambda a, b: _plan_check(b, a.past),
+    extractive=lambda a: ex.next_query(a.ctx, a.query, a.memory, a.past) or "STOP",
+    result=_planned, fallback=lambda a: "STOP", max_tokens=256,
+    on_fail="step {step}: planner failed, the loop stops")
+
+FILTER = Role(
+    name="decor_filter", action="filter", messages=_filter_messages, output=TaggedReply("filter"),
+    check=lambda a, b: a.ctx.catalog.check(normalize(b), a.ids, require=True),
+    extractive=lambda a: ex.filter_evidence(a.ctx, a.query, a.ids, a.memory),
+    result=lambda a, b: normalize(b).strip(), max_tokens=768,
+    on_fail="step {step}: evidence filtered extractively after the model failed")
+
+CONDENSE = Role(
+    name="condenser", action="condense", messages=_condense_messages, output=JSONReply(Facts),
+    check=lambda a, v: [e for f in v["facts"] for e in a.ctx.catalog.check(normalize(f), _memory_ids(a.memory))],
+    extractive=lambda a: {"facts": ex.condense_facts(a.ctx, a.query, a.memory, a.ctx.config.memory_limit // 2)},
+    result=lambda a, v: [normalize(f) for f in v["facts"]], max_tokens=1024,
+    on_fail="memory condensed extractively after the model failed")
+
+ANSWER = Role(
+    name="decor_answerer", action="answer", messages=_answer_messages, output=TaggedReply("answer"),
+    check=lambda a, b: a.ctx.catalog.check(normalize(b), _memory_ids(a.memory), require=True),
+    extractive=lambda a: ex.short_answer(a.ctx, a.query, a.memory),
+    result=lambda a, b: normalize(b).strip(), max_tokens=256,
+    on_fail="answer extracted from memory after the model failed")
+
+
 async def plan_step(ctx: Ctx, query: str, memory: list[MemoryItem], past: list[str], t: int) -> str | None:
     """The planner's next search query, or None for STOP."""
-    user = (f"Question: {query}\nFacts so far:\n{memory_text(memory)}\nSearches made: "
-            f"{'; '.join(past) or '(none)'}")
-    messages = [{"role": "system", "content": PLANNER_SYSTEM}, {"role": "user", "content": user}]
-    if ctx.extractive:
-        q = ex.next_query(ctx, query, memory, past)
-        record_extractive(ctx.tracer, "decor_planner", "plan", messages, f"<search>{q or 'STOP'}</search>", step=t)
-        return q
-    parsed = await ask_text(ctx.tracer, ctx.llm, messages, role="decor_planner", action="plan", tag="search",
-                            check=lambda b: _plan_check(b, past), max_reasks=ctx.config.max_reasks,
-                            turn_extra={"step": t}, **ctx.config.chat_kw())
-    if not parsed.ok:
-        ctx.tracer.decide(f"step {t}: planner failed, the loop stops", reason=parsed.error)
-        return None
-    return None if _STOP.match(parsed.value) else " ".join(parsed.value.split())
+    return (await ctx.perform(PLAN, DecorAsk(ctx, query, memory, past), step=t)).value
 
 
 async def filter_step(ctx: Ctx, q: str, ids: list[str], t: int, memory: list[MemoryItem] = ()) -> str:
     """One evidence paragraph from the raw results of ``q`` (may be empty: nothing relevant)."""
-    messages = [{"role": "system", "content": FILTER_SYSTEM},
-                {"role": "user", "content": f"Search query: {q}\nResults:\n{ctx.catalog.evidence(ids) or '(none)'}"}]
-    if not ctx.extractive:
-        parsed = await ask_text(ctx.tracer, ctx.llm, messages, role="decor_filter", action="filter", tag="filter",
-                                check=lambda b: ctx.catalog.check(normalize(b), ids, require=True),
-                                max_reasks=ctx.config.max_reasks, turn_extra={"step": t}, **ctx.config.chat_kw())
-        if parsed.ok:
-            return normalize(parsed.value).strip()
-        ctx.tracer.decide(f"step {t}: evidence filtered extractively after the model failed", reason=parsed.error)
-    text = ex.filter_evidence(ctx, q, ids, memory)
-    if ctx.extractive:
-        record_extractive(ctx.tracer, "decor_filter", "filter", messages, f"<filter>{text}</filter>", step=t)
-    return text
+    return (await ctx.perform(FILTER, DecorAsk(ctx, q, list(memory), ids=ids), step=t)).value
 
 
 async def condense(ctx: Ctx, query: str, memory: list[MemoryItem]) -> list[MemoryItem]:
     """Memory over L_max: rewrite it as atomic facts (citations kept)."""
-    allowed = _memory_ids(memory)
-    messages = [{"role": "system", "content": CONDENSE_SYSTEM},
-                {"role": "user", "content": f"Question: {query}\nMemory:\n{memory_text(memory)}"}]
     before = approx_tokens(memory_text(memory))
-    if not ctx.extractive:
-        parsed = await ask_structured(
-            ctx.tracer, ctx.llm, messages, role="condenser", action="condense", schema=Facts,
-            check=lambda v: [e for f in v.facts for e in ctx.catalog.check(normalize(f), allowed)],
-            max_reasks=ctx.config.max_reasks, **ctx.config.chat_kw())
-        facts = [normalize(f) for f in parsed.value.facts] if parsed.ok else None
-        if facts is None:
-            ctx.tracer.decide("memory condensed extractively after the model failed", reason=parsed.error)
-    else:
-        facts = None
-    if facts is None:
-        facts = ex.condense_facts(ctx, query, memory, ctx.config.memory_limit // 2)
-        if ctx.extractive:
-            record_extractive(ctx.tracer, "condenser", "condense", messages, {"facts": facts})
+    facts = (await ctx.perform(CONDENSE, DecorAsk(ctx, query, memory))).value
     condensed = [MemoryItem("condensed facts", " ".join(facts))]
     ctx.tracer.decide("memory condensed into atomic facts", tokens_before=before,
                       tokens_after=approx_tokens(memory_text(condensed)), facts=len(facts))
@@ -143,20 +167,7 @@ async def condense(ctx: Ctx, query: str, memory: list[MemoryItem]) -> list[Memor
 
 
 async def answer_step(ctx: Ctx, query: str, memory: list[MemoryItem]) -> str:
-    allowed = _memory_ids(memory)
-    messages = [{"role": "system", "content": ANSWER_SYSTEM},
-                {"role": "user", "content": f"Question: {query}\nFacts:\n{memory_text(memory)}"}]
-    if not ctx.extractive:
-        parsed = await ask_text(ctx.tracer, ctx.llm, messages, role="decor_answerer", action="answer", tag="answer",
-                                check=lambda b: ctx.catalog.check(normalize(b), allowed, require=True),
-                                max_reasks=ctx.config.max_reasks, **ctx.config.chat_kw())
-        if parsed.ok:
-            return normalize(parsed.value).strip()
-        ctx.tracer.decide("answer extracted from memory after the model failed", reason=parsed.error)
-    text = ex.short_answer(ctx, query, memory)
-    if ctx.extractive:
-        record_extractive(ctx.tracer, "decor_answerer", "answer", messages, f"<answer>{text}</answer>")
-    return text
+    return (await ctx.perform(ANSWER, DecorAsk(ctx, query, memory))).value
 
 
 async def run_decor(ctx: Ctx, query: str) -> DecorOutcome:

@@ -1,22 +1,26 @@
 """dag planner (DecomposeR §3.2–3.3): initial plan G0 from the query, revised plan G1 after search.
 
-LLM path: our prompt, :func:`~deepr.agent.ask.ask_structured` with the plan validator as the
-check, so an invalid plan is re-asked with the validator's exact messages (bounded); a plan
-that never validates is recorded as a failure and the run falls back (extractive G0, or the
-previous plan for a revision). Extractive path (SPEC §9): search nodes from clusters of the
-query's retrieval results, aggregates over related clusters (see :mod:`deepr.agent.plan_extractive`).
+Two roles (:mod:`deepr.roles`): ``INITIAL`` and ``REVISE``, each checked by the plan
+validator, so an invalid plan is re-asked with the validator's exact messages (bounded); a plan
+that never validates is recorded as a failure and the fallback stands in (extractive G0, or
+the previous plan for a revision). Non-LLM implementation (SPEC §9): search nodes from
+clusters of the query's retrieval results, aggregates over related clusters
+(:mod:`deepr.agent.plan_extractive`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from deepr.agent.plan import validate_plan
-from deepr.records import Plan
+from pydantic import BaseModel
 
-from deepr.agent.ask import ask_structured, record_extractive
+from deepr.agent.plan import validate_plan
+from deepr.records import Plan, PlanNode
+from deepr.roles import JSONReply, Role
+
 from deepr.agent.env import Ctx
 from deepr.agent.plan_extractive import extractive_plan, extractive_revision
 
@@ -93,7 +97,7 @@ def _plan_check(value: Any) -> list[str]:
 def _fetch_check(ctx: Ctx, value: Any) -> list[str]:
     fetch = value.get("fetch", []) if isinstance(value, dict) else []
     if not isinstance(fetch, list) or not all(isinstance(f, str) for f in fetch):
-        return ["'fetch' must be a list of result ids (strings), e.g. [\"N1-R2\"]"]
+        return ["'fetch' must be a list of result ids (strings) taken from the brackets of the results"]
     errors = []
     if len(fetch) > ctx.config.fetch_limit:
         errors.append(f"'fetch' lists {len(fetch)} items; choose at most {ctx.config.fetch_limit}")
@@ -104,46 +108,64 @@ def _fetch_check(ctx: Ctx, value: Any) -> list[str]:
     return errors
 
 
+class _PlanShape(BaseModel):
+    nodes: list[PlanNode]
+
+
+class _RevisionShape(_PlanShape):
+    fetch: list[str] = []
+
+
+@dataclass
+class PlanAsk:
+    ctx: Ctx
+    query: str
+    plan: Plan | None = None
+    results: dict[str, list[str]] = field(default_factory=dict)
+    gaps: Sequence[dict[str, Any]] = ()
+
+
+def _as_value(plan: Plan, fetch: list[str] | None = None) -> dict[str, Any]:
+    value: dict[str, Any] = {"nodes": json.loads(plan_json(plan))["nodes"]}
+    return value if fetch is None else {**value, "fetch": fetch}
+
+
+def _revised(a: PlanAsk, value: dict[str, Any]) -> tuple[Plan, list[str]]:
+    return validate_plan(value)[0], list(value.get("fetch", []))
+
+
+INITIAL = Role(
+    name="planner", action="plan", messages=lambda a: initial_messages(a.query),
+    output=JSONReply(shape=_PlanShape), check=lambda a, v: _plan_check(v),
+    extractive=lambda a: _as_value(extractive_plan(a.ctx, a.query)),
+    result=lambda a, v: validate_plan(v)[0], max_tokens=1536,
+    on_fail="initial plan written by the extractive planner because the model's plan never validated")
+
+REVISE = Role(
+    name="planner", action="revise",
+    messages=lambda a: revision_messages(a.ctx, a.query, a.plan, a.results, a.gaps),
+    output=JSONReply(shape=_RevisionShape), check=lambda a, v: _plan_check(v) or _fetch_check(a.ctx, v),
+    extractive=lambda a: _as_value(*extractive_revision(a.ctx, a.query, a.plan, a.results, a.gaps)),
+    fallback=lambda a: _as_value(a.plan, []), result=_revised, max_tokens=2048,
+    on_fail="kept the previous plan because the revision never validated")
+
+_BY = {"llm": "llm", "extractive": "extractive", "fallback": "extractive-fallback"}
+
+
 async def initial_plan(ctx: Ctx, query: str, *, cycle: int = 1) -> Plan:
     """Planner turn 1: G0 from the query alone."""
-    messages = initial_messages(query)
-    if ctx.extractive:
-        plan = extractive_plan(ctx, query)
-        record_extractive(ctx.tracer, "planner", "plan", messages, {"nodes": json.loads(plan_json(plan))["nodes"]})
-        ctx.tracer.plan(plan, cycle=cycle, turn="initial", by="extractive")
-        return plan
-    parsed = await ask_structured(ctx.tracer, ctx.llm, messages, role="planner", action="plan", want="object",
-                                  check=_plan_check, max_reasks=ctx.config.max_reasks, **ctx.config.chat_kw())
-    if parsed.ok:
-        plan = validate_plan(parsed.value)[0]
-        ctx.tracer.plan(plan, cycle=cycle, turn="initial", by="llm", attempts=parsed.attempts)
-        return plan
-    plan = extractive_plan(ctx, query)
-    ctx.tracer.decide("initial plan written by the extractive planner because the model's plan never "
-                      "validated", reason=parsed.error)
-    ctx.tracer.plan(plan, cycle=cycle, turn="initial", by="extractive-fallback")
-    return plan
+    out = await ctx.perform(INITIAL, PlanAsk(ctx, query))
+    ctx.tracer.plan(out.value, cycle=cycle, turn="initial", by=_BY[out.by],
+                    **({"attempts": out.attempts} if out.by == "llm" else {}))
+    return out.value
 
 
 async def revise_plan(ctx: Ctx, query: str, plan: Plan, results: dict[str, list[str]], *,
                       gaps: Sequence[dict[str, Any]] = (), cycle: int = 1) -> tuple[Plan, list[str]]:
     """Planner turn 2 (and gap-driven re-planning): revised plan plus the fetch list."""
-    messages = revision_messages(ctx, query, plan, results, gaps)
-    if ctx.extractive:
-        revised, fetch = extractive_revision(ctx, query, plan, results, gaps)
-        value = {"nodes": json.loads(plan_json(revised))["nodes"], "fetch": fetch}
-        record_extractive(ctx.tracer, "planner", "revise", messages, value)
-        ctx.tracer.plan(revised, cycle=cycle, turn="revised", fetch=fetch, by="extractive")
-        return revised, fetch
-    parsed = await ask_structured(
-        ctx.tracer, ctx.llm, messages, role="planner", action="revise", want="object",
-        check=lambda v: _plan_check(v) or _fetch_check(ctx, v), max_reasks=ctx.config.max_reasks,
-        **ctx.config.chat_kw())
-    if not parsed.ok:
-        ctx.tracer.decide("kept the previous plan because the revision never validated", reason=parsed.error)
-        ctx.tracer.plan(plan, cycle=cycle, turn="revised", fetch=[], by="previous-plan")
-        return plan, []
-    revised = validate_plan(parsed.value)[0]
-    fetch = list(parsed.value.get("fetch", []))
-    ctx.tracer.plan(revised, cycle=cycle, turn="revised", fetch=fetch, by="llm", attempts=parsed.attempts)
+    out = await ctx.perform(REVISE, PlanAsk(ctx, query, plan, results, gaps))
+    revised, fetch = out.value
+    by = {"fallback": "previous-plan"}.get(out.by, out.by)
+    ctx.tracer.plan(revised, cycle=cycle, turn="revised", fetch=fetch, by=by,
+                    **({"attempts": out.attempts} if out.by == "llm" else {}))
     return revised, fetch

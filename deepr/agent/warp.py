@@ -14,12 +14,13 @@ Search results are catalogued as ``S<n>-R<k>`` (result k of search action n).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from deepr.agent.ask import ask_structured, ask_text, record_extractive
+from deepr.roles import JSONReply, Role, TaggedReply
+
 from deepr.agent.citations import normalize
 from deepr.agent.env import Ctx
 from deepr.agent.extract import focus_query, shorten, sub_questions
@@ -112,6 +113,89 @@ class WarpOutcome:
     expansions: int
 
 
+@dataclass
+class WarpAsk:
+    run: WarpRun
+    instruction: str = ""
+    default: list[str] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)
+    sec: Section | None = None
+    forced: bool = False
+
+
+def _search_messages(a: WarpAsk) -> list[dict[str, str]]:
+    return [{"role": "system", "content": WARP_SYSTEM},
+            {"role": "user", "content": SEARCH_USER.format(query=a.run.query, outline=a.run.outline.listing(),
+                                                           instruction=a.instruction)}]
+
+
+def _init_messages(a: WarpAsk) -> list[dict[str, str]]:
+    evidence = a.run.ctx.catalog.evidence(a.ids, 300) or "(none)"
+    return [{"role": "system", "content": WARP_SYSTEM},
+            {"role": "user", "content": INIT_USER.format(query=a.run.query, evidence=evidence)}]
+
+
+def _write_messages(a: WarpAsk) -> list[dict[str, str]]:
+    sec, run = a.sec, a.run
+    return [{"role": "system", "content": WARP_SYSTEM},
+            {"role": "user", "content": WRITE_USER.format(
+                query=run.query, draft=run.outline.listing(with_content=40), pos=sec.pos, title=sec.title,
+                plan=sec.plan, evidence=run.ctx.catalog.evidence(sec.ids) or "(none)",
+                example=sec.ids[0] if sec.ids else "S1-R1")}]
+
+
+def _deepen_messages(a: WarpAsk) -> list[dict[str, str]]:
+    run = a.run
+    can = run.outline.expandable(run.ctx.config.max_levels)
+    return [{"role": "system", "content": WARP_SYSTEM},
+            {"role": "user", "content": DEEPEN_USER.format(
+                query=run.query, draft=run.outline.markdown(),
+                expandable=", ".join(f"section-{s.pos}" for s in can), force=FORCED if a.forced else "")}]
+
+
+def _initialize(a: WarpAsk) -> dict[str, Any]:
+    title, items = ex.initial_outline(a.run.ctx, a.run.query, a.ids)
+    return {"name": "initialize", "title": title, "sections": items}
+
+
+def _write(a: WarpAsk) -> str:
+    run, sec = a.run, a.sec
+    return writer.write(run.ctx, [f"{sec.title}. {sec.plan}", run.query], sec.ids,
+                        run.ctx.config.section_sentences, avoid=run.outline.used_text())
+
+
+def _decision(a: WarpAsk, v: dict[str, Any]) -> dict[str, Any]:
+    if v.get("name") == "terminate":
+        return {"name": "terminate"}
+    return v
+
+
+SEARCH = Role(
+    name="warp", action="search", messages=_search_messages, output=JSONReply(SearchAction),
+    extractive=lambda a: {"name": "search", "keywords": a.default},
+    result=lambda a, v: [k.strip() for k in v["keywords"] if k.strip()] or a.default, max_tokens=256,
+    on_fail="searched with default keywords after the model's search action failed")
+
+INITIALIZE = Role(
+    name="warp", action="initialize", messages=_init_messages, output=JSONReply(InitAction),
+    extractive=_initialize, max_tokens=1024,
+    on_fail="outline built extractively after the model's initialize action failed")
+
+WRITE = Role(
+    name="warp", action="write", messages=_write_messages, output=TaggedReply("content"),
+    check=lambda a, t: a.run.ctx.catalog.check(normalize(t), a.sec.ids, require=True), extractive=_write,
+    result=lambda a, t: normalize(t).strip(), max_tokens=1536,
+    on_fail="{position} written by the extractive writer after the model failed",
+    parts=lambda a: [f"section-{a.sec.pos}"])
+
+DEEPEN = Role(
+    name="warp", action="expand", messages=_deepen_messages, output=JSONReply(DeepenAction),
+    check=lambda a, v: a.run.deepen_check(DeepenAction.model_validate(v), a.forced),
+    extractive=lambda a: ex.deepen_choice(a.run.ctx, a.run.query, a.run.outline, a.forced),
+    result=_decision, turn_action=lambda v: v["name"], max_tokens=1024,
+    on_fail="deepening decided extractively after the model's action failed")
+
+
 class WarpRun:
     """One warp run: the outline, the search counter and the actions."""
 
@@ -123,20 +207,7 @@ class WarpRun:
     async def search(self, instruction: str, default: list[str], k: int) -> list[str]:
         """Search action: keywords (model or ``default``), then one retrieval per keyword."""
         ctx = self.ctx
-        messages = [{"role": "system", "content": WARP_SYSTEM},
-                    {"role": "user", "content": SEARCH_USER.format(query=self.query, outline=self.outline.listing(),
-                                                                   instruction=instruction)}]
-        keywords = default
-        if ctx.extractive:
-            record_extractive(ctx.tracer, "warp", "search", messages, {"name": "search", "keywords": default})
-        else:
-            parsed = await ask_structured(ctx.tracer, ctx.llm, messages, role="warp", action="search",
-                                          schema=SearchAction, max_reasks=ctx.config.max_reasks, **ctx.config.chat_kw())
-            if parsed.ok:
-                keywords = [k.strip() for k in parsed.value.keywords if k.strip()] or default
-            else:
-                ctx.tracer.decide("searched with default keywords after the model's search action failed",
-                                  reason=parsed.error, keywords=default)
+        keywords = (await ctx.perform(SEARCH, WarpAsk(self, instruction, default))).value
         self.n_search += 1
         prefix, ids = f"S{self.n_search}", []
         for i, kw in enumerate(keywords):
@@ -144,52 +215,18 @@ class WarpRun:
         return list(dict.fromkeys(ids))[: max(k, 2 * ctx.config.k)]
 
     async def initialize(self, ids: list[str]) -> None:
-        ctx = self.ctx
-        messages = [{"role": "system", "content": WARP_SYSTEM},
-                    {"role": "user", "content": INIT_USER.format(query=self.query,
-                                                                 evidence=ctx.catalog.evidence(ids, 300) or "(none)")}]
-        if not ctx.extractive:
-            parsed = await ask_structured(ctx.tracer, ctx.llm, messages, role="warp", action="initialize",
-                                          schema=InitAction, max_reasks=ctx.config.max_reasks, **ctx.config.chat_kw())
-            if parsed.ok:
-                self.outline.title = parsed.value.title.strip()
-                self.outline.add_sections([s.model_dump() for s in parsed.value.sections])
-                return
-            ctx.tracer.decide("outline built extractively after the model's initialize action failed",
-                              reason=parsed.error)
-        title, items = ex.initial_outline(ctx, self.query, ids)
-        self.outline.title = title
-        if ctx.extractive:
-            record_extractive(ctx.tracer, "warp", "initialize", messages,
-                              {"name": "initialize", "title": title, "sections": items})
-        self.outline.add_sections(items)
+        value = (await self.ctx.perform(INITIALIZE, WarpAsk(self, ids=ids))).value
+        self.outline.title = value["title"].strip()
+        self.outline.add_sections([dict(s) for s in value["sections"]])
 
     async def write(self, sec: Section) -> None:
         ctx = self.ctx
         instruction = f"find evidence for section-{sec.pos} \"{sec.title}\": {sec.plan}"
         sec.ids = await self.search(instruction, [focus_query(f"{sec.title} {sec.plan}", 16)], ctx.config.k)
-        messages = [{"role": "system", "content": WARP_SYSTEM},
-                    {"role": "user", "content": WRITE_USER.format(
-                        query=self.query, draft=self.outline.listing(with_content=40), pos=sec.pos, title=sec.title,
-                        plan=sec.plan, evidence=ctx.catalog.evidence(sec.ids) or "(none)",
-                        example=sec.ids[0] if sec.ids else "S1-R1")}]
-        if not ctx.extractive:
-            parsed = await ask_text(ctx.tracer, ctx.llm, messages, role="warp", action="write", tag="content",
-                                    check=lambda t: ctx.catalog.check(normalize(t), sec.ids, require=True),
-                                    max_reasks=ctx.config.max_reasks, turn_extra={"position": f"section-{sec.pos}"},
-                                    **ctx.config.chat_kw())
-            if parsed.ok:
-                sec.content = normalize(parsed.value).strip()
-                return
-            ctx.tracer.decide(f"section-{sec.pos} written by the extractive writer after the model failed",
-                              reason=parsed.error, fallback=[f"section-{sec.pos}"])
-        sec.content = writer.write(ctx, [f"{sec.title}. {sec.plan}", self.query], sec.ids,
-                                   ctx.config.section_sentences, avoid=self.outline.used_text())
-        if ctx.extractive:
-            record_extractive(ctx.tracer, "warp", "write", messages, f"<content>\n{sec.content}\n</content>",
-                              position=f"section-{sec.pos}")
+        out = await ctx.perform(WRITE, WarpAsk(self, sec=sec), position=f"section-{sec.pos}")
+        sec.content = out.value
 
-    def _deepen_check(self, value: DeepenAction, forced: bool) -> list[str]:
+    def deepen_check(self, value: DeepenAction, forced: bool) -> list[str]:
         can = [f"section-{s.pos}" for s in self.outline.expandable(self.ctx.config.max_levels)]
         if value.name == "terminate":
             return [f"terminate is not allowed in this step; expand one of {', '.join(can)}"] if forced else []
@@ -205,24 +242,8 @@ class WarpRun:
 
     async def deepen(self, forced: bool, draft_no: int) -> dict[str, Any]:
         """One deepening decision: {"name": "expand", "position", "subsections"} or terminate."""
-        ctx = self.ctx
-        can = self.outline.expandable(ctx.config.max_levels)
-        messages = [{"role": "system", "content": WARP_SYSTEM},
-                    {"role": "user", "content": DEEPEN_USER.format(
-                        query=self.query, draft=self.outline.markdown(),
-                        expandable=", ".join(f"section-{s.pos}" for s in can), force=FORCED if forced else "")}]
-        if not ctx.extractive:
-            parsed = await ask_structured(ctx.tracer, ctx.llm, messages, role="warp", action="expand",
-                                          schema=DeepenAction, check=lambda v: self._deepen_check(v, forced),
-                                          max_reasks=ctx.config.max_reasks, turn_action=lambda v: v.name,
-                                          turn_extra={"draft": draft_no, "forced": forced}, **ctx.config.chat_kw())
-            if parsed.ok:
-                return parsed.value.model_dump(exclude_defaults=parsed.value.name == "terminate")
-            ctx.tracer.decide("deepening decided extractively after the model's action failed", reason=parsed.error)
-        decision = ex.deepen_choice(ctx, self.query, self.outline, forced)
-        if ctx.extractive:
-            record_extractive(ctx.tracer, "warp", decision["name"], messages, decision, draft=draft_no, forced=forced)
-        return decision
+        out = await self.ctx.perform(DEEPEN, WarpAsk(self, forced=forced), draft=draft_no, forced=forced)
+        return out.value
 
     def snapshot(self) -> None:
         self.ctx.tracer.drafts.append(self.outline.markdown())
