@@ -117,6 +117,11 @@ class TaggedReply:
 Output = JSONReply | TaggedReply
 
 
+class RoleFailed(Exception):
+    """Raised by a non-LLM implementation (or fallback) that cannot produce a value; the
+    executor records it as the role's failure with this reason."""
+
+
 # --- the declaration ----------------------------------------------------------------------
 
 
@@ -149,6 +154,7 @@ class Role(Generic[I, T]):
     max_tokens: int = 1024
     temperature: float | None = None
     turn_action: Callable[[Any], str] | None = None
+    direct: bool = False  # extractive() returns the result itself (a judge's local score), not a reply
 
 
 @dataclass
@@ -251,6 +257,24 @@ class Recorder:
         return t
 
 
+def engine_label(llm: LLM) -> str:
+    """How records name who answered: "extractive" for the non-LLM engine, else "llm:<backend>[:model]"."""
+    if llm.is_extractive:
+        return "extractive"
+    try:
+        info = llm.describe()
+    except Exception:  # a backend's describe() must never break scoring
+        info = {}
+    return ":".join(["llm", str(info.get("backend", llm.name)), *([str(info["model"])] if info.get("model") else [])])
+
+
+def offload_cpu(llm: LLM) -> bool:
+    """Whether a stage should move its CPU work (retrieval, embedding) to a worker thread: only
+    while model round-trips can overlap it. The non-LLM engine is all CPU on the event loop, and
+    it embeds there too, so a second thread would only add hand-offs and share the embedder."""
+    return not llm.is_extractive
+
+
 # --- the executor -------------------------------------------------------------------------
 
 
@@ -303,12 +327,17 @@ async def perform(role: Role[I, T], inp: I, *, llm: LLM, rec: Recorder, max_reas
     """
     messages = role.messages(inp)
     if llm.is_extractive:  # the one place that chooses the engine
-        value = role.extractive(inp)
+        try:
+            value = role.extractive(inp)
+        except RoleFailed as e:
+            rec.turn(role.name, role.action, messages, "", ok=False, attempts=0, extractive=True, error=str(e),
+                     **extra)
+            return _failed(role, rec, str(e), 0, None, extra)
         action = role.turn_action(value) if role.turn_action else role.action
-        rec.turn(role.name, action, messages, role.output.render(value), ok=True, attempts=1, extractive=True,
-                 **extra)
+        shown = json.dumps(value, default=str) if role.direct else role.output.render(value)
+        rec.turn(role.name, action, messages, shown, ok=True, attempts=1, extractive=True, **extra)
         rec.engines["extractive"] += 1
-        return Outcome(role.result(inp, value), "extractive", attempts=1)
+        return Outcome(value if role.direct else role.result(inp, value), "extractive", attempts=0)
     got = await _ask(role, inp, messages, llm, rec, max_reasks,
                      role.temperature if temperature is None else temperature, max_tokens or role.max_tokens)
     last = got.replies[-1] if got.replies else None
@@ -318,12 +347,24 @@ async def perform(role: Role[I, T], inp: I, *, llm: LLM, rec: Recorder, max_reas
     if got.ok:
         rec.engines["llm"] += 1
         return Outcome(role.result(inp, got.value), "llm", attempts=got.attempts, reply=last)
-    rec.fail(f"{role.name}/{role.action}", got.error or "no usable reply", attempts=got.attempts, **extra)
+    error = got.error or "no usable reply"
     backup = role.extractive if role.fallback == "extractive" else role.fallback
     if backup is None:
-        rec.engines["failed"] += 1
-        return Outcome(None, "failed", got.error, got.attempts, last)
+        return _failed(role, rec, error, got.attempts, last, extra)
+    rec.fail(f"{role.name}/{role.action}", error, role=role.name, attempts=got.attempts, **extra)
+    try:
+        value = backup(inp)
+    except RoleFailed as e:
+        return _failed(role, rec, f"{error}; the fallback failed too: {e}", got.attempts, last, {}, record=False)
     note = role.on_fail.format(role=role.name, action=role.action, **extra)
-    rec.decide(note, reason=got.error, **({"fallback": role.parts(inp)} if role.parts else {}))
+    rec.decide(note, reason=error, **({"fallback": role.parts(inp)} if role.parts else {}))
     rec.engines["fallback"] += 1
-    return Outcome(role.result(inp, backup(inp)), "fallback", got.error, got.attempts, last)
+    return Outcome(role.result(inp, value), "fallback", error, got.attempts, last)
+
+
+def _failed(role: Role, rec: Recorder, error: str, attempts: int, reply: str | None, extra: dict[str, Any],
+            *, record: bool = True) -> Outcome:
+    if record:
+        rec.fail(f"{role.name}/{role.action}", error, role=role.name, attempts=attempts, **extra)
+    rec.engines["failed"] += 1
+    return Outcome(None, "failed", error, attempts, reply)
