@@ -155,6 +155,7 @@ class Role(Generic[I, T]):
     temperature: float | None = None
     turn_action: Callable[[Any], str] | None = None
     direct: bool = False  # extractive() returns the result itself (a judge's local score), not a reply
+    accept: tuple[Callable[[Any, Sequence[Message], Sequence[str]], list[str]], ...] = ()  # deepr.acceptance
 
 
 @dataclass
@@ -287,6 +288,16 @@ class _Attempts:
     replies: list[str] = field(default_factory=list)
 
 
+def _problems(role: Role, inp: Any, value: Any, messages: list[Message], convo: list[Message]) -> str | None:
+    """Strict acceptance and the role's own checks, all reported at once for the re-ask."""
+    sent = [m["content"] for m in convo[len(messages):] if m["role"] == "user"]
+    rejected = [p for accept in role.accept for p in accept(value, messages, sent)]
+    violated = list(role.check(inp, value)) if role.check is not None else []
+    parts = ([f"not accepted: {'; '.join(rejected)}"] if rejected else []) + (
+        [f"constraint violations: {'; '.join(violated)}"] if violated else [])
+    return "; ".join(parts) or None
+
+
 async def _ask(role: Role, inp: Any, messages: list[Message], llm: LLM, rec: Recorder, max_reasks: int,
                temperature: float | None, max_tokens: int) -> _Attempts:
     out = _Attempts()
@@ -305,16 +316,16 @@ async def _ask(role: Role, inp: Any, messages: list[Message], llm: LLM, rec: Rec
             value, error = None, f"the reply was cut at max_tokens ({max_tokens}); write a shorter reply"
         else:
             value, error = role.output.parse(reply)
-        if error is None and role.check is not None:
-            problems = list(role.check(inp, value))
-            error = "constraint violations: " + "; ".join(problems) if problems else None
+        if error is None:
+            error = _problems(role, inp, value, messages, convo)
         if error is None:
             out.ok, out.value, out.error = True, value, None
             return out
         out.error = error
         convo = convo + [{"role": "assistant", "content": reply},
                          {"role": "user", "content": role.output.reask(error)}]
-    out.error = f"gave up after {out.attempts} attempts: {out.error}"
+    if out.attempts > 1:
+        out.error = f"gave up after {out.attempts} attempts: {out.error}"
     return out
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from deepr.agent.plan import answer_node
 from deepr.records import Plan, PlanNode
+from deepr.acceptance import no_echo, no_placeholder
 from deepr.roles import JSONReply, Role, TaggedReply
 
 from deepr.agent.citations import cited_ids, normalize
@@ -146,6 +147,7 @@ WAVE = Role(
     name="answerer", action="wave", messages=_wave_messages, output=JSONReply(),
     check=lambda a, v: _wave_check(a.ctx, a.wave, a.allowed, v), extractive=_wave_extractive,
     result=lambda a, v: {nid: normalize(v[nid]).strip() for nid in a.wave}, max_tokens=2048,
+    accept=(no_placeholder, no_echo),
     on_fail="wave {wave} written by the extractive writer after the model's replies failed",
     parts=lambda a: list(a.wave))
 
@@ -197,7 +199,8 @@ def _final_extractive(a: FinalAsk) -> str:
 
 
 FINAL = Role(
-    name="answerer", action="final", messages=_final_messages, output=TaggedReply("answer"),
+    name="answerer", action="final", messages=_final_messages, output=TaggedReply("answer", required=True),
+    accept=(no_placeholder, no_echo),
     check=lambda a, t: a.ctx.catalog.check(normalize(t), a.ids, require=True), extractive=_final_extractive,
     result=lambda a, t: normalize(t).strip(), max_tokens=2048,
     on_fail="final answer written by the extractive writer after the model's replies failed",

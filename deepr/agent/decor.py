@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field
 
+from deepr.acceptance import no_echo, no_placeholder, query_words
 from deepr.roles import JSONReply, Role, TaggedReply
 
 from deepr.agent.citations import cited_ids, normalize
@@ -118,14 +119,16 @@ def _planned(a: DecorAsk, body: str) -> str | None:
 
 
 PLAN = Role(
-    name="decor_planner", action="plan", messages=_planner_messages, output=TaggedReply("search"),
+    name="decor_planner", action="plan", messages=_planner_messages, output=TaggedReply("search", required=True),
+    accept=(no_placeholder, no_echo, query_words(lambda b: [] if _STOP.match(b) else [b])),
     check=lambda a, b: _plan_check(b, a.past),
     extractive=lambda a: ex.next_query(a.ctx, a.query, a.memory, a.past) or "STOP",
     result=_planned, fallback=lambda a: "STOP", max_tokens=256,
     on_fail="step {step}: planner failed, the loop stops")
 
 FILTER = Role(
-    name="decor_filter", action="filter", messages=_filter_messages, output=TaggedReply("filter"),
+    name="decor_filter", action="filter", messages=_filter_messages, output=TaggedReply("filter", required=True),
+    accept=(no_placeholder, no_echo),
     check=lambda a, b: a.ctx.catalog.check(normalize(b), a.ids, require=True),
     extractive=lambda a: ex.filter_evidence(a.ctx, a.query, a.ids, a.memory),
     result=lambda a, b: normalize(b).strip(), max_tokens=768,
@@ -133,13 +136,15 @@ FILTER = Role(
 
 CONDENSE = Role(
     name="condenser", action="condense", messages=_condense_messages, output=JSONReply(Facts),
+    accept=(no_placeholder,),
     check=lambda a, v: [e for f in v["facts"] for e in a.ctx.catalog.check(normalize(f), _memory_ids(a.memory))],
     extractive=lambda a: {"facts": ex.condense_facts(a.ctx, a.query, a.memory, a.ctx.config.memory_limit // 2)},
     result=lambda a, v: [normalize(f) for f in v["facts"]], max_tokens=1024,
     on_fail="memory condensed extractively after the model failed")
 
 ANSWER = Role(
-    name="decor_answerer", action="answer", messages=_answer_messages, output=TaggedReply("answer"),
+    name="decor_answerer", action="answer", messages=_answer_messages, output=TaggedReply("answer", required=True),
+    accept=(no_placeholder, no_echo),
     check=lambda a, b: a.ctx.catalog.check(normalize(b), _memory_ids(a.memory), require=True),
     extractive=lambda a: ex.short_answer(a.ctx, a.query, a.memory),
     result=lambda a, b: normalize(b).strip(), max_tokens=256,

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from deepr.agent.plan import validate_plan
 from deepr.records import Plan, PlanNode
+from deepr.acceptance import no_placeholder, query_words
 from deepr.roles import JSONReply, Role
 
 from deepr.agent.env import Ctx
@@ -134,11 +135,18 @@ def _revised(a: PlanAsk, value: dict[str, Any]) -> tuple[Plan, list[str]]:
     return validate_plan(value)[0], list(value.get("fetch", []))
 
 
+def _search_queries(value: Any) -> list[str]:
+    nodes = value.get("nodes") if isinstance(value, dict) else None
+    return [str(n.get("query") or "") for n in nodes or [] if isinstance(n, dict) and n.get("type") == "search"]
+
+
+STRICT = (no_placeholder, query_words(_search_queries))
+
 INITIAL = Role(
     name="planner", action="plan", messages=lambda a: initial_messages(a.query),
     output=JSONReply(shape=_PlanShape), check=lambda a, v: _plan_check(v),
     extractive=lambda a: _as_value(extractive_plan(a.ctx, a.query)),
-    result=lambda a, v: validate_plan(v)[0], max_tokens=1536,
+    result=lambda a, v: validate_plan(v)[0], max_tokens=1536, accept=STRICT,
     on_fail="initial plan written by the extractive planner because the model's plan never validated")
 
 REVISE = Role(
@@ -146,7 +154,7 @@ REVISE = Role(
     messages=lambda a: revision_messages(a.ctx, a.query, a.plan, a.results, a.gaps),
     output=JSONReply(shape=_RevisionShape), check=lambda a, v: _plan_check(v) or _fetch_check(a.ctx, v),
     extractive=lambda a: _as_value(*extractive_revision(a.ctx, a.query, a.plan, a.results, a.gaps)),
-    fallback=lambda a: _as_value(a.plan, []), result=_revised, max_tokens=2048,
+    fallback=lambda a: _as_value(a.plan, []), result=_revised, max_tokens=2048, accept=STRICT,
     on_fail="kept the previous plan because the revision never validated")
 
 _BY = {"llm": "llm", "extractive": "extractive", "fallback": "extractive-fallback"}

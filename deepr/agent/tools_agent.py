@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
 from typing import Any
 
 from deepr.agent.citations import cited_ids, normalize, strip_ids
@@ -30,6 +31,7 @@ from deepr.agent.env import Ctx
 from deepr.agent.extract import shorten, sub_questions
 from deepr.agent.render import GNode, Graph, Section
 from deepr.llm.base import OutputFormat
+from deepr.acceptance import no_echo, no_placeholder, query_words
 from deepr.roles import REASK_TEMPERATURE, Role, perform
 
 RUN_TURNS, TRAIN_TURNS = 10, 20
@@ -50,12 +52,15 @@ BAD_STEP = ("Your reply could not be used: {reason}. Reply with brief reasoning 
             "one tool call (a JSON object with name and arguments in tool_call tags) or the answer in answer tags.")
 BAD_CITES = ("Your answer cites ids that no tool response showed: {ids}. Cite only ids that tool responses "
              "labelled, and reply with the corrected answer in answer tags.")
+NO_CITES = ("Your answer cites nothing. Wrap each factual claim in a cite tag carrying the id of the tool "
+            "response it comes from, and reply with the corrected answer in answer tags.")
 STEP_REGEX = (r'(<think>[^<]*</think>[ \n]*)?(<tool_call>\{[^<]*\}</tool_call>|'
               r'<answer>([^<]|<cite id="[^"<>]*">|</cite>)+</answer>)')
 
 _TOOL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S | re.I)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
 _THINK = re.compile(r"<think>(.*?)</think>", re.S | re.I)
+_CITE_TAG = re.compile(r"</?cite\b[^>]*>", re.I)
 _CITE = re.compile(r"<cite\s+ids?\s*=\s*[\"']([^\"']*)[\"']\s*>", re.I)
 
 
@@ -233,8 +238,20 @@ class StepAsk:
     policy: ExtractivePolicy
 
 
+def _step_accept(reply: str, messages: Sequence[dict[str, str]], sent: Sequence[str]) -> list[str]:
+    """Strict acceptance of one agent turn: a real answer, a real search query."""
+    step = parse_step(reply)
+    if step.kind == "answer":
+        body = _CITE_TAG.sub("", step.answer)
+        return no_placeholder(body, messages, sent) + no_echo(body, messages, sent)
+    if step.kind == "tool" and step.name in ("search", "scholar"):
+        query = str(step.arguments.get("query", ""))
+        return no_placeholder(query, messages, sent) or query_words(lambda q: [q])(query, messages, sent)
+    return []
+
+
 STEP = Role(name="agent", action="step", messages=lambda a: list(a.convo), output=StepReply(),
-            extractive=lambda a: a.policy.reply(a.session), fallback=None, max_tokens=1024,
+            extractive=lambda a: a.policy.reply(a.session), fallback=None, max_tokens=1024, accept=(_step_accept,),
             turn_action=lambda v: (lambda st: st.name or st.kind)(parse_step(v)))
 ANSWER = replace(STEP, action="answer", max_tokens=2048)
 
@@ -257,18 +274,21 @@ async def run_tools(ctx: Ctx, query: str, *, max_turns: int = RUN_TURNS) -> Tool
         if reply is None:  # the call itself failed (after the backend's retries): answer from what was found
             answer = _salvage(ctx, query, Step("invalid", reason=out.error or ""), session)
             break
-        step = parse_step(reply)
+        step, rejected = parse_step(reply), None if out.ok else out.error
         convo.append({"role": "assistant", "content": reply})
-        if step.kind == "tool" and session.calls < max_turns:
+        if step.kind == "tool" and rejected is None and session.calls < max_turns:
             with ctx.tracer.phase("tools"):
                 convo.append({"role": "user", "content": tool_response(session.execute(step.name, step.arguments))})
             continue
-        problem = _answer_problem(step, session, max_turns)
+        problem = _answer_problem(step, session, max_turns, rejected)
         if problem is None:
             answer = step.answer
         elif reasks >= ctx.config.max_reasks:
             ctx.tracer.fail("agent/answer", problem, attempts=reasks + 1)
-            answer = _salvage(ctx, query, step, session)
+            cited = [i for i in answer_ids(step.answer) if i in session.shown]
+            # An answer whose only fault is an invented id keeps its valid citations (the
+            # invented ones are stripped below); a rejected one is written from the evidence.
+            answer = _salvage(ctx, query, step if rejected is None and cited else Step("invalid"), session)
         else:
             reasks += 1
             convo.append({"role": "user", "content": problem})
@@ -278,15 +298,20 @@ async def run_tools(ctx: Ctx, query: str, *, max_turns: int = RUN_TURNS) -> Tool
     return ToolsOutcome(md, answer, convo, session.calls)
 
 
-def _answer_problem(step: Step, session: ToolSession, max_turns: int) -> str | None:
+def _answer_problem(step: Step, session: ToolSession, max_turns: int, rejected: str | None = None) -> str | None:
     """What is wrong with a turn that should now be the answer (None: accept it)."""
-    if step.kind == "tool":
+    at_limit = session.calls >= max_turns
+    if step.kind == "tool" and (at_limit or rejected is None):
         return FINAL_NUDGE
     if step.kind == "invalid":
-        return FINAL_NUDGE if session.calls >= max_turns else BAD_STEP.format(reason=step.reason)
+        return FINAL_NUDGE if at_limit else BAD_STEP.format(reason=step.reason)
+    if rejected:
+        return BAD_STEP.format(reason=rejected)
     unknown = [i for i in answer_ids(step.answer) if i not in session.shown]
     if unknown:
         return BAD_CITES.format(ids=", ".join(unknown[:8]))
+    if session.shown and not answer_ids(step.answer):
+        return NO_CITES
     return None
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from deepr.acceptance import no_echo, no_placeholder, query_words
 from deepr.roles import JSONReply, Role, TaggedReply
 
 from deepr.agent.citations import normalize
@@ -40,7 +41,7 @@ Current outline:
 
 Instruction: {instruction}
 
-Give 1 to 5 search keywords or short queries for this instruction.
+Give 1 to 5 short search queries for this instruction, each of two or more words.
 Reply with the action as JSON: {{"name": "search", "keywords": ["...", "..."]}}"""
 
 INIT_USER = """User question:
@@ -174,15 +175,17 @@ SEARCH = Role(
     name="warp", action="search", messages=_search_messages, output=JSONReply(SearchAction),
     extractive=lambda a: {"name": "search", "keywords": a.default},
     result=lambda a, v: [k.strip() for k in v["keywords"] if k.strip()] or a.default, max_tokens=256,
+    accept=(no_placeholder, query_words(lambda v: v.get("keywords") or [])),
     on_fail="searched with default keywords after the model's search action failed")
 
 INITIALIZE = Role(
     name="warp", action="initialize", messages=_init_messages, output=JSONReply(InitAction),
-    extractive=_initialize, max_tokens=1024,
+    extractive=_initialize, max_tokens=1024, accept=(no_placeholder,),
     on_fail="outline built extractively after the model's initialize action failed")
 
 WRITE = Role(
-    name="warp", action="write", messages=_write_messages, output=TaggedReply("content"),
+    name="warp", action="write", messages=_write_messages, output=TaggedReply("content", required=True),
+    accept=(no_placeholder, no_echo),
     check=lambda a, t: a.run.ctx.catalog.check(normalize(t), a.sec.ids, require=True), extractive=_write,
     result=lambda a, t: normalize(t).strip(), max_tokens=1536,
     on_fail="{position} written by the extractive writer after the model failed",
@@ -192,7 +195,7 @@ DEEPEN = Role(
     name="warp", action="expand", messages=_deepen_messages, output=JSONReply(DeepenAction),
     check=lambda a, v: a.run.deepen_check(DeepenAction.model_validate(v), a.forced),
     extractive=lambda a: ex.deepen_choice(a.run.ctx, a.run.query, a.run.outline, a.forced),
-    result=_decision, turn_action=lambda v: v["name"], max_tokens=1024,
+    result=_decision, turn_action=lambda v: v["name"], max_tokens=1024, accept=(no_placeholder,),
     on_fail="deepening decided extractively after the model's action failed")
 
 

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from deepr.llm.base import LLM, run_sync
 from deepr.records import MergeStep, QRPair, Reject, RubricItem, Tree
+from deepr.acceptance import no_placeholder
 from deepr.roles import JSONReply, Recorder, Role, RoleFailed, perform
 from deepr.data.rubric_checks import RubricLimits, leaf_statements, pair_problems
 from deepr.data.rubrics_extractive import synthesize as synthesize_extractive
@@ -163,7 +164,7 @@ SYNTHESIZE = Role(
     messages=lambda a: [{"role": "system", "content": _system(a.cfg)},
                         {"role": "user", "content": json.dumps(a.compact, ensure_ascii=False, separators=(",", ":"))}],
     extractive=_synth_extractive, result=lambda a, v: SynthReply.model_validate(v), fallback=None,
-    max_tokens=4096)
+    max_tokens=4096, accept=(no_placeholder,))
 
 
 async def synthesize_one(tree: Tree, llm: LLM, cfg: SynthConfig, embed: Callable[[list[str]], Any] | None

@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 from deepr.data import tree_extractive as ex
 from deepr.llm.base import LLM
 from deepr.records import Hit
+from deepr.acceptance import no_placeholder, query_words
 from deepr.roles import JSONReply, Outcome, Recorder, Role, perform
 from deepr.text import coverage
 from deepr.data.topics import SeedTopic
@@ -144,7 +145,7 @@ def _root_check(a: TreeAsk, v: dict[str, Any]) -> list[str]:
 ROOT_QUERY = Role(
     name="root_query", action="write", messages=_root_messages, output=JSONReply(_Query), check=_root_check,
     extractive=lambda a: {"query": a.seed.title}, result=lambda a, v: v["query"].strip(), fallback=None,
-    max_tokens=128)
+    max_tokens=128, accept=(no_placeholder,))
 
 
 # -- gate -----------------------------------------------------------------------------
@@ -164,7 +165,7 @@ GATE = Role(
     name="gate", action="judge", messages=_gate_messages, output=JSONReply(_Gate),
     extractive=lambda a: dict(zip(("atomic", "reason"), ex.gate(a.ctx))),
     result=lambda a, v: (v["atomic"], v["reason"]), fallback=lambda a: {"atomic": False, "reason": ""},
-    max_tokens=256, on_fail="gate failed on {query!r}: the node is expanded anyway")
+    max_tokens=256, accept=(no_placeholder,), on_fail="gate failed on {query!r}: the node is expanded anyway")
 
 
 # -- decompose ------------------------------------------------------------------------
@@ -216,6 +217,7 @@ DECOMPOSE = Role(
     name="decompose", action="split", messages=_decompose_messages, output=JSONReply(_Children),
     check=_decompose_check, extractive=_decompose_extractive, result=_proposals,
     fallback=lambda a: {"queries": []}, max_tokens=768,
+    accept=(no_placeholder, query_words(lambda v: [c.get("query", "") for c in v.get("queries") or []])),
     on_fail="decompose failed on {query!r}: the node stops here")
 
 
@@ -272,7 +274,7 @@ EXTRACT = Role(
     extractive=lambda a: {"statements": ex.extract(a.query, a.hit, a.roles.embed,
                                                    max_statements=a.roles.max_statements)},
     result=lambda a, v: [s.strip() for s in v["statements"] if s.strip()],
-    fallback=lambda a: {"statements": []}, max_tokens=768,
+    fallback=lambda a: {"statements": []}, max_tokens=768, accept=(no_placeholder,),
     on_fail="no statements taken from {hit} after the model failed")
 
 

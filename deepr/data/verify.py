@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from deepr.llm.base import LLM, run_sync
 from deepr.llm.parse import parse_reply
 from deepr.records import QRPair, Reject, RubricItem
+from deepr.acceptance import no_placeholder
 from deepr.roles import JSONReply, Recorder, Role, perform
 from deepr.data.rubric_checks import RubricLimits, question_problems, rubric_problems
 from deepr.data.verify_checks import Embed, Finding, findings, leaves_of, repair
@@ -186,7 +187,7 @@ AUDIT = Role(
     name="verify", action="audit", messages=_audit_messages, output=JSONReply(AuditReply),
     check=lambda a, v: _revision_problems(AuditReply.model_validate(v), a.pair, a.leaves, a.cfg),
     extractive=audit_extractive, result=lambda a, v: AuditReply.model_validate(v), fallback=None,
-    max_tokens=3072)
+    max_tokens=3072, accept=(no_placeholder,))
 
 
 def _decide(pair: QRPair, found: list[Finding], r: AuditReply, audit: dict[str, Any]) -> Verdict:
