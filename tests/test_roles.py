@@ -134,3 +134,17 @@ def test_an_extractive_implementation_that_cannot_answer_is_a_recorded_failure()
 def test_an_empty_or_untagged_reply_is_rejected(reply, reason):
     out, _ = go(ANSWER, Scripted([reply] * 3))
     assert out.by == "failed" and reason in out.error
+
+
+def test_format_regexes_match_the_replies_they_describe():
+    import re
+
+    from deepr.agent.tools_agent import STEP_REGEX
+
+    call = '<think>x</think>\n<tool_call>{"name": "search", "arguments": {"query": "a b"}}</tool_call>'
+    assert re.fullmatch(STEP_REGEX, call)
+    assert re.fullmatch(STEP_REGEX, '<answer><cite id="S1-R1">Rome is old.</cite> More [S1-R2].</answer>')
+    assert not re.fullmatch(STEP_REGEX, "Rome is old.")
+    regex = TaggedReply("search").fmt("decor_planner.plan").regex
+    assert re.fullmatch(regex, "<think>which fact</think>\n<search>Adam Smith books</search>")
+    assert not re.fullmatch(regex, "Adam Smith books")
