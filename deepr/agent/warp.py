@@ -40,7 +40,7 @@ Current outline:
 
 Instruction: {instruction}
 
-Give 1 to 5 short search queries for this instruction, each of two or more words.
+Give 1 to 5 search keywords or short queries for this instruction, each of two or more words.
 Reply with the action as JSON: {{"name": "search", "keywords": ["...", "..."]}}"""
 
 INIT_USER = """User question:
