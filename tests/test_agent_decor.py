@@ -92,7 +92,10 @@ def test_replay_decor_loop(replay_run):
 def test_replay_decor_reasks_bad_replies(replay_run):
     result, llm = replay_run
     reasks = [m[-1]["content"] for _, m in llm.calls if m[-1]["content"].startswith("Your previous reply")]
-    assert any("the reply is empty" in r and "<filter>" in r for r in reasks)
+    # issue 14: a re-ask names the tag in words, never as a literal tag a model could echo
+    # and a reply without its required tag is rejected (issue 14 strict acceptance)
+    assert any("the reply has no filter tag" in r and "closing filter tag" in r for r in reasks)
+    assert not any("<filter>" in r or "..." in r for r in reasks)
     assert any("unknown citation ids S1-R9" in r for r in reasks)
     assert any("'Adam Smith economist' was already made" in r for r in reasks)
     planner_turns = [t for t in result.trajectory.turns if t.role == "decor_planner"]

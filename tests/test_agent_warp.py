@@ -30,24 +30,24 @@ def action(name: str, **kw) -> str:
     return "<thought>deciding</thought>\n<action>" + json.dumps({"name": name, **kw}) + "</action>"
 
 
-def warp_replies() -> list[str]:
+def warp_replies() -> list[str]:  # queries of 2+ content words: issue 14 rejects shorter ones
     sections = [{"title": "Aircraft", "plan": "What airplanes are and how they fly"},
                 {"title": "Airports", "plan": "How airports and air traffic control work"}]
     subs = [{"title": "Engines", "plan": "Aircraft engines"}, {"title": "Airships", "plan": "Lighter than air"}]
     return [
-        action("search", keywords=["airplane", "airport air traffic control"]),    # initialize: search
+        action("search", keywords=["airplane history", "airport air traffic control"]),    # initialize: search
         "Outline: 1. Aircraft 2. Airports",                                         # initialize: not JSON
         action("initialize", title="Air travel", sections=sections),                # ... re-asked, valid
         action("search", keywords=["airplane flight"]),                             # section 1 search -> S2
         "<content>Airplanes are fixed-wing aircraft [S2-R1] [S9-R9].</content>",   # unknown id S9-R9
         "<content>Airplanes are powered fixed-wing aircraft [S2-R1].</content>",   # ... re-asked, valid
-        action("search", keywords=["airport"]),                                     # section 2 search -> S3
+        action("search", keywords=["airport operations"]),                                  # section 2 search -> S3
         "<content>Airports serve airlines [S3-R1], guided by controllers [S3-R2].</content>",
         action("expand", position="section-7", subsections=subs),                  # no such section
         action("expand", position="section-1", subsections=subs),                  # ... re-asked, valid
         action("search", keywords=["aircraft engine"]),                             # 1.1 -> S4
         "<content>Engines provide thrust [S4-R1].</content>",
-        action("search", keywords=["airship"]),                                     # 1.2 -> S5
+        action("search", keywords=["airship design"]),                                  # 1.2 -> S5
         "<content>Airships float on lifting gas [S5-R1].</content>",
         action("terminate"),
     ]

@@ -71,10 +71,12 @@ def test_llm_run_turn_limit_forces_an_answer(retriever):
     from deepr.llm.base import run_sync
     from deepr.llm.replay import ReplayLLM
 
-    replies = [_call("search", query=f"topic {i}") for i in range(3)] + ["<answer>Short answer here.</answer>"]
+    answer = '<answer><cite id="S1-R1">Short answer here.</cite></answer>'  # cited: issue 14 rejects uncited ones
+    replies = [_call("search", query=f"river topic {i}") for i in range(3)] + [answer]
     ctx = _ctx(retriever, ReplayLLM(replies))
     out = run_sync(run_tools(ctx, "Tell me about rivers", max_turns=2))
-    assert out.tool_calls == 2 and out.answer == "Short answer here."
+    assert out.tool_calls == 2 and out.raw_answer == '<cite id="S1-R1">Short answer here.</cite>'
+    assert out.answer.startswith("Short answer here.") and "S1-R1" in out.answer
     assert "used all your tool calls" in out.transcript[-2]["content"]
 
 

@@ -16,7 +16,7 @@ from deepr.records import Document, Hit, Reject, Tree
 from deepr.text import coverage
 from deepr.data.topics import SeedTopic, load_topics, sample_topics, tree_id
 from deepr.data.tree_extractive import NodeCtx, key_phrases
-from deepr.data.tree_roles import Tally
+from deepr.roles import Recorder
 from deepr.data.trees import TreeConfig, build_trees, make_roles
 from tree_helpers import LexicalRetriever, ScriptedLLM, replier, volcano_docs
 
@@ -134,9 +134,9 @@ def test_decompose_parses_fenced_think_reply(embedder):
     reply = ('<think>facets...</think>Here:\n```json\n{"queries": [{"query": "Lava flow speed", '
              '"facet": "quantitative"}, {"query": "Eruption deaths", "facet": "risks"}]}\n```')
     llm = ReplayLLM({"decompose": [reply]})
-    out = asyncio.run(_roles(llm, embedder).decompose(_ctx(), 4, tally := Tally()))
+    out = asyncio.run(_roles(llm, embedder).decompose(_ctx(), 4, rec := Recorder()))
     assert [p.query for p in out.value] == ["Lava flow speed", "Eruption deaths"] and out.error is None
-    assert tally.llm_calls == 1
+    assert len(rec.calls) == 1
 
 
 def test_decompose_reasks_on_bad_json_and_violations_then_succeeds(embedder):
@@ -144,8 +144,8 @@ def test_decompose_reasks_on_bad_json_and_violations_then_succeeds(embedder):
          '"facet": "risks"}, {"query": "Eruptions per year", "facet": "quantitative"}]}'
     too_many = json.dumps({"queries": [{"query": f"q{i}", "facet": "risks"} for i in range(5)]})
     llm = ReplayLLM({"decompose": ['{"queries": [', too_many, ok]})
-    out = asyncio.run(_roles(llm, embedder).decompose(_ctx(), 3, tally := Tally()))
-    assert out.error is None and len(out.value) == 3 and tally.llm_calls == 3
+    out = asyncio.run(_roles(llm, embedder).decompose(_ctx(), 3, rec := Recorder()))
+    assert out.error is None and len(out.value) == 3 and len(rec.calls) == 3
     reasks = [m[-1]["content"] for _, m in llm.calls[1:]]
     assert "do not parse as JSON" in reasks[0] or "no valid JSON" in reasks[0]
     assert "at most 3 are allowed" in reasks[1] and "comparison, quantitative" in reasks[1]
@@ -153,7 +153,7 @@ def test_decompose_reasks_on_bad_json_and_violations_then_succeeds(embedder):
 
 def test_decompose_gives_up_with_reason(embedder):
     llm = ReplayLLM({"decompose": ["no idea"] * 3})
-    out = asyncio.run(_roles(llm, embedder, max_reasks=2).decompose(_ctx(), 3, Tally()))
+    out = asyncio.run(_roles(llm, embedder, max_reasks=2).decompose(_ctx(), 3, Recorder()))
     assert out.value == [] and "gave up after 3 attempts" in out.error
 
 
@@ -161,14 +161,14 @@ def test_extract_rejects_statements_not_in_document(embedder):
     invented = '{"statements": ["Unicorns guard every crater on Mars."]}'
     good = '{"statements": ["Lava is molten rock expelled by a volcano."]}'
     llm = ReplayLLM({"extract": [invented, good]})
-    out = asyncio.run(_roles(llm, embedder).extract("lava", "Volcano", _ctx().hits[0], Tally()))
+    out = asyncio.run(_roles(llm, embedder).extract("lava", "Volcano", _ctx().hits[0], Recorder()))
     assert out.value == ["Lava is molten rock expelled by a volcano."]
     assert "not supported by the document" in llm.calls[1][1][-1]["content"]
 
 
 def test_ground_rejects_unknown_document_numbers(embedder):
     llm = ReplayLLM({"ground": ['{"supporting": [7]}', '{"supporting": [1, 1]}']})
-    out = asyncio.run(_roles(llm, embedder).ground(_ctx(), Tally()))
+    out = asyncio.run(_roles(llm, embedder).ground(_ctx(), Recorder()))
     assert out.value == [0] and "do not exist" in llm.calls[1][1][-1]["content"]
 
 

@@ -3,20 +3,23 @@
 All aggregates of one wave are written in ONE model turn, a JSON object mapping node id to
 text; then the answer node is written from its parent branches and the cumulative cited
 evidence. Every text must cite only ids of the evidence it was shown (checked in code; an
-unknown id is re-asked with the list of bad ids). A turn that never passes its checks is
-recorded as a failure and its nodes are written by the extractive writer instead, which
-the report then says. Extractive path: :mod:`deepr.agent.writer` (MMR over cited evidence).
+unknown id is re-asked with the list of bad ids). Two roles (:mod:`deepr.roles`), ``WAVE`` and
+``FINAL``; a turn that never passes its checks is recorded as a failure and its nodes are
+written by the non-LLM implementation instead, :mod:`deepr.agent.writer` (MMR over cited
+evidence), which the report then says.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from deepr.agent.plan import answer_node
 from deepr.records import Plan, PlanNode
+from deepr.acceptance import no_echo, no_placeholder
+from deepr.roles import JSONReply, Role, TaggedReply
 
-from deepr.agent.ask import ask_structured, ask_text, record_extractive
 from deepr.agent.citations import cited_ids, normalize
 from deepr.agent.env import Ctx
 from deepr.agent.extract import sub_questions
@@ -113,6 +116,42 @@ def _wave_check(ctx: Ctx, wave: list[str], allowed: dict[str, list[str]], value:
     return errors
 
 
+@dataclass
+class WaveAsk:
+    ctx: Ctx
+    query: str
+    plan: Plan
+    wave: list[str]
+    outputs: dict[str, str]
+    rubric: Sequence[dict[str, Any]]
+    shown: dict[str, list[str]]
+    allowed: dict[str, list[str]]
+
+
+def _wave_messages(a: WaveAsk) -> list[dict[str, str]]:
+    by_id = {n.id: n for n in a.plan.nodes}
+    example = ", ".join(f'"{nid}": "..."' for nid in a.wave)
+    blocks = "\n\n".join(_node_block(a.ctx, a.plan, by_id[nid], a.shown[nid], a.outputs) for nid in a.wave)
+    return [{"role": "system", "content": ANSWER_SYSTEM},
+            {"role": "user", "content": WAVE_USER.format(query=a.query, rubric=rubric_block(a.rubric),
+                                                         nodes=blocks, example=example)}]
+
+
+def _wave_extractive(a: WaveAsk) -> dict[str, str]:
+    by_id = {n.id: n for n in a.plan.nodes}
+    return {nid: _extractive_node(a.ctx, by_id[nid], a.shown[nid], a.allowed[nid], a.outputs, a.rubric)
+            for nid in a.wave}
+
+
+WAVE = Role(
+    name="answerer", action="wave", messages=_wave_messages, output=JSONReply(),
+    check=lambda a, v: _wave_check(a.ctx, a.wave, a.allowed, v), extractive=_wave_extractive,
+    result=lambda a, v: {nid: normalize(v[nid]).strip() for nid in a.wave}, max_tokens=2048,
+    accept=(no_placeholder, no_echo),
+    on_fail="wave {wave} written by the extractive writer after the model's replies failed",
+    parts=lambda a: list(a.wave))
+
+
 async def write_wave(ctx: Ctx, query: str, plan: Plan, wave: list[str], results: dict[str, list[str]],
                      outputs: dict[str, str], rubric: Sequence[dict[str, Any]] = (),
                      wave_no: int = 1) -> dict[str, str]:
@@ -121,24 +160,8 @@ async def write_wave(ctx: Ctx, query: str, plan: Plan, wave: list[str], results:
     shown, allowed = {}, {}
     for nid in wave:
         shown[nid], allowed[nid] = node_evidence(ctx, plan, by_id[nid], results, outputs)
-    example = ", ".join(f'"{nid}": "..."' for nid in wave)
-    blocks = "\n\n".join(_node_block(ctx, plan, by_id[nid], shown[nid], outputs) for nid in wave)
-    messages = [{"role": "system", "content": ANSWER_SYSTEM},
-                {"role": "user", "content": WAVE_USER.format(query=query, rubric=rubric_block(rubric),
-                                                             nodes=blocks, example=example)}]
-    if not ctx.extractive:
-        parsed = await ask_structured(ctx.tracer, ctx.llm, messages, role="answerer", action="wave",
-                                      check=lambda v: _wave_check(ctx, wave, allowed, v),
-                                      max_reasks=ctx.config.max_reasks, turn_extra={"wave": wave_no},
-                                      **ctx.config.chat_kw())
-        if parsed.ok:
-            return {nid: normalize(parsed.value[nid]).strip() for nid in wave}
-        ctx.tracer.decide(f"wave {wave_no} ({', '.join(wave)}) written by the extractive writer after the "
-                          "model's replies failed", reason=parsed.error, fallback=wave)
-    out = {nid: _extractive_node(ctx, by_id[nid], shown[nid], allowed[nid], outputs, rubric) for nid in wave}
-    if ctx.extractive:
-        record_extractive(ctx.tracer, "answerer", "wave", messages, out, wave=wave_no)
-    return out
+    out = await ctx.perform(WAVE, WaveAsk(ctx, query, plan, wave, outputs, rubric, shown, allowed), wave=wave_no)
+    return out.value
 
 
 def final_inputs(ctx: Ctx, plan: Plan, outputs: dict[str, str]) -> tuple[PlanNode, list[str]]:
@@ -148,29 +171,44 @@ def final_inputs(ctx: Ctx, plan: Plan, outputs: dict[str, str]) -> tuple[PlanNod
     return ans, [c for c in dict.fromkeys(ids) if c in ctx.catalog]
 
 
+@dataclass
+class FinalAsk:
+    ctx: Ctx
+    query: str
+    plan: Plan
+    outputs: dict[str, str]
+    rubric: Sequence[dict[str, Any]]
+    node: PlanNode
+    ids: list[str]
+
+
+def _final_messages(a: FinalAsk) -> list[dict[str, str]]:
+    by_id = {n.id: n for n in a.plan.nodes}
+    ans = a.node
+    branches = "\n\n".join(f"### {s}: {by_id[s].need}\n{a.outputs.get(s, '')}" for s in ans.inputs)
+    points = ("Key points:\n" + "\n".join(f"- {p}" for p in ans.key_points)) if ans.key_points else ""
+    return [{"role": "system", "content": ANSWER_SYSTEM},
+            {"role": "user", "content": FINAL_USER.format(
+                query=a.query, rubric=rubric_block(a.rubric), nid=ans.id, need=ans.need, points=points,
+                branches=branches, evidence=a.ctx.catalog.evidence(a.ids) or "(none)")}]
+
+
+def _final_extractive(a: FinalAsk) -> str:
+    return writer.write_by_parts(a.ctx, a.query, sub_questions(a.query), a.ids, a.ctx.config.answer_sentences,
+                                 cited_texts=[a.outputs.get(s, "") for s in a.node.inputs])
+
+
+FINAL = Role(
+    name="answerer", action="final", messages=_final_messages, output=TaggedReply("answer", required=True),
+    accept=(no_placeholder, no_echo),
+    check=lambda a, t: a.ctx.catalog.check(normalize(t), a.ids, require=True), extractive=_final_extractive,
+    result=lambda a, t: normalize(t).strip(), max_tokens=2048,
+    on_fail="final answer written by the extractive writer after the model's replies failed",
+    parts=lambda a: [a.node.id])
+
+
 async def write_final(ctx: Ctx, query: str, plan: Plan, outputs: dict[str, str],
                       rubric: Sequence[dict[str, Any]] = ()) -> str:
     """The answer node: integrated report text from the branches and cumulative evidence."""
     ans, ids = final_inputs(ctx, plan, outputs)
-    by_id = {n.id: n for n in plan.nodes}
-    branches = "\n\n".join(f"### {s}: {by_id[s].need}\n{outputs.get(s, '')}" for s in ans.inputs)
-    points = ("Key points:\n" + "\n".join(f"- {p}" for p in ans.key_points)) if ans.key_points else ""
-    messages = [{"role": "system", "content": ANSWER_SYSTEM},
-                {"role": "user", "content": FINAL_USER.format(
-                    query=query, rubric=rubric_block(rubric), nid=ans.id, need=ans.need, points=points,
-                    branches=branches, evidence=ctx.catalog.evidence(ids) or "(none)")}]
-    if not ctx.extractive:
-        parsed = await ask_text(ctx.tracer, ctx.llm, messages, role="answerer", action="final", tag="answer",
-                                check=lambda t: ctx.catalog.check(normalize(t), ids, require=True),
-                                max_reasks=ctx.config.max_reasks, **ctx.config.chat_kw())
-        if parsed.ok:
-            return normalize(parsed.value).strip()
-        ctx.tracer.decide("final answer written by the extractive writer after the model's replies failed",
-                          reason=parsed.error, fallback=[ans.id])
-    parts = sub_questions(query)
-    text = writer.write_by_parts(ctx, query, parts, ids, ctx.config.answer_sentences,
-                                 cited_texts=[outputs.get(s, "") for s in ans.inputs])
-    if ctx.extractive:
-        record_extractive(ctx.tracer, "answerer", "final", messages, f"<answer>\n{text}\n</answer>")
-    return text
-
+    return (await ctx.perform(FINAL, FinalAsk(ctx, query, plan, outputs, rubric, ans, ids))).value

@@ -169,13 +169,14 @@ class Catalog:
         ok = set(self.entries) if allowed is None else set(allowed) & set(self.entries)
         unknown = [i for i in ids if i not in ok]
         errors = style_errors(text)
+        # No example ids in these messages: a weak model copies an example id verbatim, and a
+        # real id copied without reading its evidence would pass this very check.
         if unknown:
-            shown = sorted(ok)[:6]
-            errors.append(f"unknown citation ids {', '.join(unknown)}: cite only ids from the evidence "
-                          f"list you were given (e.g. {', '.join(shown) or 'none available'})")
+            errors.append(f"unknown citation ids {', '.join(unknown)}: cite only ids that appear in "
+                          "brackets at the start of the evidence items you were given")
         if require and not ids and ok:
-            errors.append("no citation: support the claims with evidence ids in brackets, e.g. "
-                          f"[{sorted(ok)[0]}]")
+            errors.append("no citation: after each claim, put the bracketed id of the evidence item that "
+                          "supports it")
         return errors
 
     def evidence(self, ids: Sequence[str], max_chars: int = 700) -> str:

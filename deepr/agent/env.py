@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from deepr.llm.base import LLM
 from deepr.records import Hit
+from deepr.roles import Outcome, Role, perform
 
 from deepr.agent.citations import Catalog
 from deepr.agent.extract import split_sentences
@@ -68,10 +69,6 @@ class RunConfig(BaseModel):
                              f"{self.max_expansions}; lower it")
         return self
 
-    def chat_kw(self) -> dict[str, Any]:
-        return {k: v for k, v in (("temperature", self.temperature), ("max_tokens", self.max_tokens))
-                if v is not None}
-
 
 @dataclass
 class Ctx:
@@ -90,9 +87,10 @@ class Ctx:
     _sent_cache: dict[str, list[str]] = field(default_factory=dict)
     _by_k: dict[int, Any] = field(default_factory=dict)
 
-    @property
-    def extractive(self) -> bool:
-        return self.llm.is_extractive
+    async def perform(self, role: Role, inp: Any, **extra: Any) -> Outcome:
+        """Perform one model role with this run's model, trace and limits (see :mod:`deepr.roles`)."""
+        return await perform(role, inp, llm=self.llm, rec=self.tracer, max_reasks=self.config.max_reasks,
+                             temperature=self.config.temperature, max_tokens=self.config.max_tokens, **extra)
 
     @property
     def retriever(self) -> Any:

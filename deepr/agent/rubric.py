@@ -12,6 +12,7 @@ sentence stays below ``gap_threshold`` cosine similarity, each with a search que
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,8 @@ from pydantic import BaseModel, Field
 
 from deepr.records import Plan
 
-from deepr.agent.ask import ask_structured, record_extractive
+from deepr.acceptance import no_placeholder, query_words
+from deepr.roles import JSONReply, Role
 from deepr.agent.env import Ctx
 from deepr.agent.extract import focus_query, shorten, sub_questions
 
@@ -92,20 +94,51 @@ def _extractive_persistent(query: str, plan: Plan) -> list[dict[str, Any]]:
     return out
 
 
+@dataclass
+class RubricAsk:
+    ctx: Ctx
+    query: str
+    plan: Plan
+    results: dict[str, list[str]] = field(default_factory=dict)
+    persistent: Sequence[dict[str, Any]] = ()
+
+
+def _persistent_messages(a: RubricAsk) -> list[dict[str, str]]:
+    return [{"role": "system", "content": RUBRIC_SYSTEM},
+            {"role": "user", "content": PERSISTENT_USER.format(query=a.query, plan=_plan_lines(a.plan))}]
+
+
+def _ephemeral_messages(a: RubricAsk) -> list[dict[str, str]]:
+    ctx = a.ctx
+    blocks = [f"### {n.id}: {n.query}\n" + (ctx.catalog.evidence(a.results.get(n.id, []), max_chars=200) or "(none)")
+              for n in a.plan.nodes if n.type == "search"]
+    criteria = "\n".join(f"- {c['name']}: {c.get('guidance') or c['description']}" for c in a.persistent)
+    return [{"role": "system", "content": RUBRIC_SYSTEM},
+            {"role": "user", "content": EPHEMERAL_USER.format(query=a.query, criteria=criteria,
+                                                              evidence="\n\n".join(blocks))}]
+
+
+def _gaps_value(a: RubricAsk) -> dict[str, Any]:
+    gaps = extractive_gaps(a.ctx, a.query, a.plan, a.results)
+    return {"sufficient": not gaps, "gaps": gaps}
+
+
+PERSISTENT = Role(
+    name="rubric", action="persistent", messages=_persistent_messages, output=JSONReply(Persistent),
+    extractive=lambda a: {"criteria": _extractive_persistent(a.query, a.plan)},
+    result=lambda a, v: list(v["criteria"]), max_tokens=1024, accept=(no_placeholder,),
+    on_fail="persistent rubric built extractively after the model failed")
+
+EPHEMERAL = Role(
+    name="rubric", action="ephemeral", messages=_ephemeral_messages, output=JSONReply(Ephemeral),
+    extractive=_gaps_value, result=lambda a, v: [] if v["sufficient"] else list(v["gaps"]),
+    fallback=lambda a: {"sufficient": True, "gaps": []}, max_tokens=1024,
+    accept=(no_placeholder, query_words(lambda v: [g.get("query", "") for g in v.get("gaps") or []])),
+    on_fail="stopped re-planning: the gap rubric could not be read")
+
+
 async def persistent_rubric(ctx: Ctx, query: str, plan: Plan) -> list[dict[str, Any]]:
-    messages = [{"role": "system", "content": RUBRIC_SYSTEM},
-                {"role": "user", "content": PERSISTENT_USER.format(query=query, plan=_plan_lines(plan))}]
-    if not ctx.extractive:
-        parsed = await ask_structured(ctx.tracer, ctx.llm, messages, role="rubric", action="persistent",
-                                      schema=Persistent, max_reasks=ctx.config.max_reasks, **ctx.config.chat_kw())
-        if parsed.ok:
-            rubric = [c.model_dump() for c in parsed.value.criteria]
-            ctx.tracer.extra.setdefault("rubrics", []).append({"kind": "persistent", "criteria": rubric})
-            return rubric
-        ctx.tracer.decide("persistent rubric built extractively after the model failed", reason=parsed.error)
-    rubric = _extractive_persistent(query, plan)
-    if ctx.extractive:
-        record_extractive(ctx.tracer, "rubric", "persistent", messages, {"criteria": rubric})
+    rubric = (await ctx.perform(PERSISTENT, RubricAsk(ctx, query, plan))).value
     ctx.tracer.extra.setdefault("rubrics", []).append({"kind": "persistent", "criteria": rubric})
     return rubric
 
@@ -139,26 +172,6 @@ def extractive_gaps(ctx: Ctx, query: str, plan: Plan, results: dict[str, list[st
 async def ephemeral_rubric(ctx: Ctx, query: str, plan: Plan, results: dict[str, list[str]],
                            persistent: Sequence[dict[str, Any]], cycle: int) -> list[dict[str, Any]]:
     """Evidence gaps after a planning cycle; an empty list means planning can stop."""
-    blocks = [f"### {n.id}: {n.query}\n" + (ctx.catalog.evidence(results.get(n.id, []), max_chars=200) or "(none)")
-              for n in plan.nodes if n.type == "search"]
-    criteria = "\n".join(f"- {c['name']}: {c.get('guidance') or c['description']}" for c in persistent)
-    messages = [{"role": "system", "content": RUBRIC_SYSTEM},
-                {"role": "user", "content": EPHEMERAL_USER.format(query=query, criteria=criteria,
-                                                                  evidence="\n\n".join(blocks))}]
-    gaps: list[dict[str, Any]]
-    if not ctx.extractive:
-        parsed = await ask_structured(ctx.tracer, ctx.llm, messages, role="rubric", action="ephemeral",
-                                      schema=Ephemeral, max_reasks=ctx.config.max_reasks,
-                                      turn_extra={"cycle": cycle}, **ctx.config.chat_kw())
-        if parsed.ok:
-            gaps = [] if parsed.value.sufficient else [g.model_dump() for g in parsed.value.gaps]
-        else:
-            gaps = []
-            ctx.tracer.decide("stopped re-planning: the gap rubric could not be read", reason=parsed.error)
-    else:
-        gaps = extractive_gaps(ctx, query, plan, results)
-        record_extractive(ctx.tracer, "rubric", "ephemeral", messages,
-                          {"sufficient": not gaps, "gaps": gaps}, cycle=cycle)
+    gaps = (await ctx.perform(EPHEMERAL, RubricAsk(ctx, query, plan, results, persistent), cycle=cycle)).value
     ctx.tracer.extra.setdefault("rubrics", []).append({"kind": "ephemeral", "cycle": cycle, "gaps": gaps})
     return gaps
-

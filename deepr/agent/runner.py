@@ -113,7 +113,8 @@ async def arun_agent(query: str, *, tools: Any, llm: LLM, config: RunConfig, que
         answer, sections, graph = tools_doc(await run_tools(ctx, query))
     else:
         answer, sections, graph = _decor_doc(await run_decor(ctx, query))
-    notes = ([EXTRACTIVE_NOTE] if llm.is_extractive else []) + _fallback_note(tracer)
+    # The note follows what happened: every role was performed by the non-LLM engine.
+    notes = ([EXTRACTIVE_NOTE] if set(tracer.engines) == {"extractive"} else []) + _fallback_note(tracer)
     title = shorten(next(ln for ln in query.splitlines() if ln.strip()).strip(), 16)
     doc = ReportDoc(title, [Section("Question", _question(query))] + sections, notes, graph)
     with tracer.phase("render"):

@@ -13,13 +13,17 @@ Extractive reformulation: the key points whose best snippet sentence stays below
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, Field
 
 from deepr.records import Hit, PlanNode
 
-from deepr.agent.ask import ask_structured, record_extractive
+from deepr.acceptance import no_placeholder, query_words
+from deepr.roles import JSONReply, Role
+
 from deepr.agent.env import Ctx
 from deepr.agent.extract import focus_query, shorten, split_sentences
 
@@ -61,27 +65,41 @@ def _uncovered(ctx: Ctx, node: PlanNode, hits: Sequence[Hit]) -> list[str]:
     return [p for p, b in zip(node.key_points, best) if b < ctx.config.gap_threshold]
 
 
+@dataclass
+class SearchAsk:
+    ctx: Ctx
+    node: PlanNode
+    hits: Sequence[Hit]
+    asked: list[str]
+
+
+def _messages(a: SearchAsk) -> list[dict[str, str]]:
+    node = a.node
+    found = "\n".join(f"- {h.title}: {shorten(h.text, 40)}" for h in a.hits) or "(nothing)"
+    return [{"role": "system", "content": SEARCHER_SYSTEM},
+            {"role": "user", "content": SEARCHER_USER.format(
+                nid=node.id, query=node.query, points="\n".join(f"- {p}" for p in node.key_points) or "- (none)",
+                queries="; ".join(a.asked), found=found)}]
+
+
+def _extractive(a: SearchAsk) -> dict[str, Any]:
+    seen = {_norm(q) for q in a.asked}
+    queries = [q for q in (focus_query(p, 16) for p in _uncovered(a.ctx, a.node, a.hits)) if _norm(q) not in seen][:3]
+    return {"done": not queries, "queries": queries}
+
+
+REFORMULATE = Role(
+    name="searcher", action="search", messages=_messages, output=JSONReply(Reformulation),
+    check=lambda a, v: _check(Reformulation.model_validate(v), a.asked), extractive=_extractive,
+    result=lambda a, v: [] if v["done"] else list(v["queries"]), fallback=lambda a: {"done": True, "queries": []},
+    accept=(no_placeholder, query_words(lambda v: v.get("queries") or [])),
+    max_tokens=256, on_fail="search agent of {node} stopped: its reformulation failed")
+
+
 async def _reformulate(ctx: Ctx, node: PlanNode, hits: Sequence[Hit], asked: list[str],
                        round_no: int) -> list[str]:
-    found = "\n".join(f"- {h.title}: {shorten(h.text, 40)}" for h in hits) or "(nothing)"
-    messages = [{"role": "system", "content": SEARCHER_SYSTEM},
-                {"role": "user", "content": SEARCHER_USER.format(
-                    nid=node.id, query=node.query, points="\n".join(f"- {p}" for p in node.key_points) or "- (none)",
-                    queries="; ".join(asked), found=found)}]
-    if ctx.extractive:
-        seen = {_norm(q) for q in asked}
-        queries = [q for q in (focus_query(p, 16) for p in _uncovered(ctx, node, hits)) if _norm(q) not in seen][:3]
-        record_extractive(ctx.tracer, "searcher", "search", messages, {"done": not queries, "queries": queries},
-                          node=node.id, round=round_no)
-        return queries
-    parsed = await ask_structured(ctx.tracer, ctx.llm, messages, role="searcher", action="search",
-                                  schema=Reformulation, check=lambda v: _check(v, asked),
-                                  max_reasks=ctx.config.max_reasks, turn_extra={"node": node.id, "round": round_no},
-                                  **ctx.config.chat_kw())
-    if not parsed.ok:
-        ctx.tracer.decide(f"search agent of {node.id} stopped: its reformulation failed", reason=parsed.error)
-        return []
-    return [] if parsed.value.done else list(parsed.value.queries)
+    out = await ctx.perform(REFORMULATE, SearchAsk(ctx, node, hits, asked), node=node.id, round=round_no)
+    return out.value
 
 
 def _consolidate(ctx: Ctx, node: PlanNode, pool: list[Hit], keep: int) -> list[Hit]:

@@ -22,14 +22,17 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
 from typing import Any
 
 from deepr.agent.citations import cited_ids, normalize, strip_ids
 from deepr.agent.env import Ctx
 from deepr.agent.extract import shorten, sub_questions
 from deepr.agent.render import GNode, Graph, Section
-from deepr.llm.base import LLMError
+from deepr.llm.base import OutputFormat
+from deepr.acceptance import no_echo, no_placeholder, query_words
+from deepr.roles import REASK_TEMPERATURE, Role, perform
 
 RUN_TURNS, TRAIN_TURNS = 10, 20
 TOOLS_SYSTEM = """You are a research agent. Work in steps. In each step first reason briefly inside \
@@ -42,15 +45,22 @@ The tool's output comes back inside <tool_response>...</tool_response>. You may 
 {max_turns} tool calls. When you know enough, answer inside <answer>...</answer>: a clear, complete \
 answer in which every factual claim is wrapped as <cite id="S1-R2">the claim</cite>, citing only ids \
 shown in tool responses."""
-FINAL_NUDGE = "You have used all your tool calls. Write the final <answer> now from what you have found."
-BAD_STEP = ("Your reply could not be used: {reason}. Reply with <think>...</think> followed by exactly one "
-            "<tool_call>{{\"name\": ..., \"arguments\": {{...}}}}</tool_call> or one <answer>...</answer>.")
-BAD_CITES = ("Your answer cites ids that no tool response showed: {ids}. Cite only ids from the tool "
-             "responses (e.g. {example}) and reply with the corrected <answer>...</answer>.")
+# Re-ask texts name the tags in words: a literal "<answer>...</answer>" or an example id is
+# what a weak model copies back verbatim.
+FINAL_NUDGE = "You have used all your tool calls. Write the final answer now, inside answer tags, from what you found."
+BAD_STEP = ("Your reply could not be used: {reason}. Reply with brief reasoning in think tags, then exactly "
+            "one tool call (a JSON object with name and arguments in tool_call tags) or the answer in answer tags.")
+BAD_CITES = ("Your answer cites ids that no tool response showed: {ids}. Cite only ids that tool responses "
+             "labelled, and reply with the corrected answer in answer tags.")
+NO_CITES = ("Your answer cites nothing. Wrap each factual claim in a cite tag carrying the id of the tool "
+            "response it comes from, and reply with the corrected answer in answer tags.")
+STEP_REGEX = (r'(<think>[^<]*</think>[ \n]*)?(<tool_call>\{[^<]*\}</tool_call>|'
+              r'<answer>([^<]|<cite id="[^"<>]*">|</cite>)+</answer>)')
 
 _TOOL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S | re.I)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
 _THINK = re.compile(r"<think>(.*?)</think>", re.S | re.I)
+_CITE_TAG = re.compile(r"</?cite\b[^>]*>", re.I)
 _CITE = re.compile(r"<cite\s+ids?\s*=\s*[\"']([^\"']*)[\"']\s*>", re.I)
 
 
@@ -203,40 +213,82 @@ class ExtractivePolicy:
 # --- the loop ---------------------------------------------------------------------------
 
 
-async def _model_turn(ctx: Ctx, convo: list[dict[str, str]], action: str) -> str:
-    llm = ctx.tracer.llm(ctx.llm, "agent", action)
-    return await llm.achat(convo, role="agent", **ctx.config.chat_kw())
+@dataclass(frozen=True)
+class StepReply:
+    """The agent's reply shape: one tool call or the answer (the raw reply is the value)."""
+
+    def fmt(self, name: str) -> OutputFormat:
+        return OutputFormat(name, regex=STEP_REGEX)
+
+    def parse(self, reply: str) -> tuple[str | None, str | None]:
+        step = parse_step(reply)
+        return (reply, None) if step.kind != "invalid" else (None, step.reason)
+
+    def render(self, value: str) -> str:
+        return value
+
+    def reask(self, error: str) -> str:
+        return BAD_STEP.format(reason=error)
+
+
+@dataclass
+class StepAsk:
+    convo: list[dict[str, str]]
+    session: ToolSession
+    policy: ExtractivePolicy
+
+
+def _step_accept(reply: str, messages: Sequence[dict[str, str]], sent: Sequence[str]) -> list[str]:
+    """Strict acceptance of one agent turn: a real answer, a real search query."""
+    step = parse_step(reply)
+    if step.kind == "answer":
+        body = _CITE_TAG.sub("", step.answer)
+        return no_placeholder(body, messages, sent) + no_echo(body, messages, sent)
+    if step.kind == "tool" and step.name in ("search", "scholar"):
+        query = str(step.arguments.get("query", ""))
+        return no_placeholder(query, messages, sent) or query_words(lambda q: [q])(query, messages, sent)
+    return []
+
+
+STEP = Role(name="agent", action="step", messages=lambda a: list(a.convo), output=StepReply(),
+            extractive=lambda a: a.policy.reply(a.session), fallback=None, max_tokens=1024, accept=(_step_accept,),
+            turn_action=lambda v: (lambda st: st.name or st.kind)(parse_step(v)))
+ANSWER = replace(STEP, action="answer", max_tokens=2048)
 
 
 async def run_tools(ctx: Ctx, query: str, *, max_turns: int = RUN_TURNS) -> ToolsOutcome:
     """Run the loop until an accepted answer; see the module docstring."""
     session = ToolSession(ctx)
     convo = first_messages(query, max_turns)
-    policy = ExtractivePolicy(ctx, query, max_turns) if ctx.extractive else None
+    ask = StepAsk(convo, session, ExtractivePolicy(ctx, query, max_turns))
     reasks, answer = 0, None
     while answer is None:
-        action = "answer" if session.calls >= max_turns else "step"
+        role = ANSWER if session.calls >= max_turns else STEP
         with ctx.tracer.phase("agent"):
-            try:
-                reply = policy.reply(session) if policy else await _model_turn(ctx, convo, action)
-            except LLMError as e:  # retries were the backend's; the run ends with what it found
-                ctx.tracer.fail("agent/step", f"model call failed: {e}", tool_calls=session.calls)
-                answer = _salvage(ctx, query, Step("invalid", reason=str(e)), session)
-                break
-        step = parse_step(reply)
-        ctx.tracer.turn("agent", step.name or step.kind, list(convo), reply, ok=step.kind != "invalid",
-                        **({"extractive": True} if policy else {}))
+            # Re-asks are part of this loop's conversation, so the executor asks once per turn.
+            out = await perform(role, ask, llm=ctx.llm, rec=ctx.tracer, max_reasks=0,
+                                temperature=ctx.config.temperature if reasks == 0 else max(
+                                    ctx.config.temperature or 0.0, REASK_TEMPERATURE),
+                                max_tokens=ctx.config.max_tokens)
+        reply = out.value if out.ok else out.reply
+        if reply is None:  # the call itself failed (after the backend's retries): answer from what was found
+            answer = _salvage(ctx, query, Step("invalid", reason=out.error or ""), session)
+            break
+        step, rejected = parse_step(reply), None if out.ok else out.error
         convo.append({"role": "assistant", "content": reply})
-        if step.kind == "tool" and session.calls < max_turns:
+        if step.kind == "tool" and rejected is None and session.calls < max_turns:
             with ctx.tracer.phase("tools"):
                 convo.append({"role": "user", "content": tool_response(session.execute(step.name, step.arguments))})
             continue
-        problem = _answer_problem(step, session, max_turns)
+        problem = _answer_problem(step, session, max_turns, rejected)
         if problem is None:
             answer = step.answer
         elif reasks >= ctx.config.max_reasks:
             ctx.tracer.fail("agent/answer", problem, attempts=reasks + 1)
-            answer = _salvage(ctx, query, step, session)
+            cited = [i for i in answer_ids(step.answer) if i in session.shown]
+            # An answer whose only fault is an invented id keeps its valid citations (the
+            # invented ones are stripped below); a rejected one is written from the evidence.
+            answer = _salvage(ctx, query, step if rejected is None and cited else Step("invalid"), session)
         else:
             reasks += 1
             convo.append({"role": "user", "content": problem})
@@ -246,15 +298,20 @@ async def run_tools(ctx: Ctx, query: str, *, max_turns: int = RUN_TURNS) -> Tool
     return ToolsOutcome(md, answer, convo, session.calls)
 
 
-def _answer_problem(step: Step, session: ToolSession, max_turns: int) -> str | None:
+def _answer_problem(step: Step, session: ToolSession, max_turns: int, rejected: str | None = None) -> str | None:
     """What is wrong with a turn that should now be the answer (None: accept it)."""
-    if step.kind == "tool":
+    at_limit = session.calls >= max_turns
+    if step.kind == "tool" and (at_limit or rejected is None):
         return FINAL_NUDGE
     if step.kind == "invalid":
-        return FINAL_NUDGE if session.calls >= max_turns else BAD_STEP.format(reason=step.reason)
+        return FINAL_NUDGE if at_limit else BAD_STEP.format(reason=step.reason)
+    if rejected:
+        return BAD_STEP.format(reason=rejected)
     unknown = [i for i in answer_ids(step.answer) if i not in session.shown]
     if unknown:
-        return BAD_CITES.format(ids=", ".join(unknown[:8]), example=", ".join(session.shown[:3]) or "none yet")
+        return BAD_CITES.format(ids=", ".join(unknown[:8]))
+    if session.shown and not answer_ids(step.answer):
+        return NO_CITES
     return None
 
 

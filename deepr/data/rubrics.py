@@ -11,8 +11,8 @@ selection and merge traces and ≥ 5 typed, weighted, leaf-grounded rubrics; or 
 The model sees the tree serialised compactly (nodes: id, parent, depth, query,
 children; leaves: id, root→leaf path, statements). Its reply is checked against every
 constraint of :mod:`deepr.data.rubric_checks`; a reply that breaks any is re-asked with the
-list of violations (bounded), then rejected. The extractive backend runs
-:mod:`deepr.data.rubrics_extractive` and its output passes the same checks.
+list of violations (bounded), then rejected. The role's non-LLM implementation is
+:mod:`deepr.data.rubrics_extractive`, and its output must pass the same checks.
 """
 
 from __future__ import annotations
@@ -20,13 +20,15 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from deepr.llm.base import LLM, run_sync
-from deepr.llm.parse import ask_json
 from deepr.records import MergeStep, QRPair, Reject, RubricItem, Tree
+from deepr.acceptance import no_placeholder
+from deepr.roles import JSONReply, Recorder, Role, RoleFailed, perform
 from deepr.data.rubric_checks import RubricLimits, leaf_statements, pair_problems
 from deepr.data.rubrics_extractive import synthesize as synthesize_extractive
 
@@ -128,34 +130,54 @@ def _system(cfg: SynthConfig) -> str:
                          max_q=lim.max_question_words)
 
 
+@dataclass
+class SynthAsk:
+    tree: Tree
+    cfg: SynthConfig
+    embed: Callable[[list[str]], Any] | None
+    leaves: dict[str, list[str]]
+    compact: dict[str, Any]
+
+
+def _synth_check(a: SynthAsk, value: dict[str, Any]) -> list[str]:
+    return pair_problems(SynthReply.model_validate(value), a.leaves, a.cfg.limits)
+
+
+def _synth_extractive(a: SynthAsk) -> dict[str, Any]:
+    if a.embed is None:
+        raise ValueError("the extractive synthesiser needs an embedder")
+    lim = a.cfg.limits
+    value, error = synthesize_extractive(
+        a.tree, a.embed, n_select=a.cfg.n_select, lam=a.cfg.mmr_lambda, max_words=lim.max_rubric_words,
+        min_rubrics=lim.min_rubrics, max_rubrics=lim.max_rubrics, min_relevance=a.cfg.min_relevance)
+    if value is None:
+        raise RoleFailed(error or "no pair")
+    # The non-LLM output meets the same constraints a model's reply must.
+    problems = _synth_check(a, value)
+    if problems:
+        raise RoleFailed("constraint violations: " + "; ".join(problems))
+    return value
+
+
+SYNTHESIZE = Role(
+    name="synthesize", action="pair", output=JSONReply(SynthReply), check=_synth_check,
+    messages=lambda a: [{"role": "system", "content": _system(a.cfg)},
+                        {"role": "user", "content": json.dumps(a.compact, ensure_ascii=False, separators=(",", ":"))}],
+    extractive=_synth_extractive, result=lambda a, v: SynthReply.model_validate(v), fallback=None,
+    max_tokens=4096, accept=(no_placeholder,))
+
+
 async def synthesize_one(tree: Tree, llm: LLM, cfg: SynthConfig, embed: Callable[[list[str]], Any] | None
                          ) -> QRPair | Reject:
     """One tree → one pair, or a Reject with the reason (never raises on a bad reply)."""
     leaves = leaf_statements(tree)
     compact = serialize_tree(tree, cfg.statements_per_leaf)
-    if llm.is_extractive:
-        if embed is None:
-            raise ValueError("the extractive synthesiser needs an embedder")
-        value, error = synthesize_extractive(
-            tree, embed, n_select=cfg.n_select, lam=cfg.mmr_lambda, max_words=cfg.limits.max_rubric_words,
-            min_rubrics=cfg.limits.min_rubrics, max_rubrics=cfg.limits.max_rubrics,
-            min_relevance=cfg.min_relevance)
-        if value is not None:
-            reply = SynthReply.model_validate(value)
-            problems = pair_problems(reply, leaves, cfg.limits)
-            value, error = (reply, None) if not problems else (None, "constraint violations: " + "; ".join(problems))
-        backend, attempts = "extractive", 0
-    else:
-        msgs = [{"role": "system", "content": _system(cfg)},
-                {"role": "user", "content": json.dumps(compact, ensure_ascii=False, separators=(",", ":"))}]
-        parsed = await ask_json(llm, msgs, SynthReply, role="synthesize",
-                                check=lambda r: pair_problems(r, leaves, cfg.limits),
-                                max_reasks=cfg.max_reasks, max_tokens=cfg.max_tokens)
-        value, error, backend, attempts = parsed.value, parsed.error, llm.name, parsed.attempts
-    if value is None:
-        return Reject(id=pair_id(tree.id), stage="synthesize-rubrics", reason=error or "no reply",
-                      record={"tree_id": tree.id, "attempts": attempts})
-    return _to_pair(tree, value, compact, leaves, backend, attempts)
+    out = await perform(SYNTHESIZE, SynthAsk(tree, cfg, embed, leaves, compact), llm=llm, rec=Recorder(),
+                        max_reasks=cfg.max_reasks, max_tokens=cfg.max_tokens)
+    if out.value is None:
+        return Reject(id=pair_id(tree.id), stage="synthesize-rubrics", reason=out.error or "no reply",
+                      record={"tree_id": tree.id, "attempts": out.attempts})
+    return _to_pair(tree, out.value, compact, leaves, llm.name, out.attempts)
 
 
 def _to_pair(tree: Tree, reply: SynthReply, compact: dict[str, Any], leaves: dict[str, list[str]],

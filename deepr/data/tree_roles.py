@@ -2,32 +2,31 @@
 
 root query · gate (is the sub-query atomic?) · decompose (child sub-queries) ·
 ground (which retrieved documents support a sub-query) · extract (1–3 statements per
-supporting document). Each role has an LLM implementation (our prompts, answered as JSON
-through :func:`deepr.llm.parse.ask_json`, with the SPEC constraints checked in code and
-re-asked on violation) and the extractive one of :mod:`deepr.data.tree_extractive`, chosen
-by ``llm.is_extractive``. A role never raises on a bad reply: it returns an
-:class:`Outcome` with the reason, and the builder records it.
+supporting document). Each is a :class:`deepr.roles.Role`: our prompt, a JSON reply with the
+SPEC constraints checked in code and re-asked on violation, and its non-LLM implementation
+from :mod:`deepr.data.tree_extractive`; :func:`deepr.roles.perform` picks the engine. A role
+never raises on a bad reply: its :class:`~deepr.roles.Outcome` carries the reason, and the
+failure is recorded on the tree's :class:`~deepr.roles.Recorder`.
 """
 
 from __future__ import annotations
 
 import json
-from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel, Field
 
 from deepr.data import tree_extractive as ex
 from deepr.llm.base import LLM
-from deepr.llm.parse import ask_json
 from deepr.records import Hit
+from deepr.acceptance import no_placeholder, query_words
+from deepr.roles import JSONReply, Outcome, Recorder, Role, perform
 from deepr.text import coverage
 from deepr.data.topics import SeedTopic
 from deepr.data.tree_extractive import NodeCtx, Proposal
 
-T = TypeVar("T")
 ROLES = ("root_query", "gate", "decompose", "ground", "extract")
 REQUIRED_FACETS = {"comparison": ("compar", "alternativ", "versus"),
                    "risks": ("risk", "fail", "danger", "threat"),
@@ -73,27 +72,6 @@ PROMPTS = {
 }
 
 
-@dataclass
-class Outcome(Generic[T]):
-    """A role's result, or the reason it has none."""
-
-    value: T
-    error: str | None = None
-
-
-@dataclass
-class Tally:
-    """Per-tree accounting: calls by role, retrievals, and every recorded failure."""
-
-    llm_calls: int = 0
-    retrieval_calls: int = 0
-    by_role: Counter = field(default_factory=Counter)
-    failures: list[dict[str, str]] = field(default_factory=list)
-
-    def fail(self, role: str, where: str, reason: str) -> None:
-        self.failures.append({"role": role, "where": where, "reason": reason})
-
-
 class _Query(BaseModel):
     query: str = Field(min_length=1)
 
@@ -129,11 +107,183 @@ def _snippets(hits: Sequence[Hit], chars: int) -> str:
     return "\n".join(f"[{i}] {h.title} — {h.text[:chars]}" for i, h in enumerate(hits, start=1))
 
 
+@dataclass
+class TreeAsk:
+    """What one tree role sees: the bound roles (limits, embedder) and its subject."""
+
+    roles: TreeRoles
+    ctx: NodeCtx | None = None
+    seed: SeedTopic | None = None
+    limit: int = 0
+    query: str = ""
+    note: str = ""
+    hit: Hit | None = None
+
+
+def _msgs(system: str, user: str) -> list[dict[str, str]]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+# -- root query -----------------------------------------------------------------------
+
+def _root_limit(a: TreeAsk) -> int:
+    return a.roles.max_words + 5  # the root may be a little broader than its children
+
+
+def _root_messages(a: TreeAsk) -> list[dict[str, str]]:
+    seed = a.seed
+    user = f"Seed topic: {seed.title}\nCategory: {seed.category or 'unknown'}\n" + (
+        f"Short description: {seed.description}\n" if seed.description else "")
+    return _msgs(PROMPTS["root_query"].format(max_words=_root_limit(a)), user)
+
+
+def _root_check(a: TreeAsk, v: dict[str, Any]) -> list[str]:
+    n, limit = len(v["query"].split()), _root_limit(a)
+    return [f"the query has {n} words; use fewer than {limit}"] if n >= limit else []
+
+
+ROOT_QUERY = Role(
+    name="root_query", action="write", messages=_root_messages, output=JSONReply(_Query), check=_root_check,
+    extractive=lambda a: {"query": a.seed.title}, result=lambda a, v: v["query"].strip(), fallback=None,
+    max_tokens=128, accept=(no_placeholder,))
+
+
+# -- gate -----------------------------------------------------------------------------
+
+def _gate_messages(a: TreeAsk) -> list[dict[str, str]]:
+    ctx, r = a.ctx, a.roles
+    support = [ctx.hits[i] for i in ctx.support]
+    user = (f"Path from the root: {' > '.join(ctx.path) or '(this is the root)'}\n"
+            f"Sub-query (depth {ctx.depth}): {ctx.query}\n"
+            f"Evidence found for it:\n{_snippets(support, r.snippet_chars // 2)}")
+    if ctx.statements:  # the gate usually runs beside extraction, before statements exist
+        user += f"\nStatements: {json.dumps(ctx.statements[:8], ensure_ascii=False)}"
+    return _msgs(PROMPTS["gate"], user)
+
+
+GATE = Role(
+    name="gate", action="judge", messages=_gate_messages, output=JSONReply(_Gate),
+    extractive=lambda a: dict(zip(("atomic", "reason"), ex.gate(a.ctx))),
+    result=lambda a, v: (v["atomic"], v["reason"]), fallback=lambda a: {"atomic": False, "reason": ""},
+    max_tokens=256, accept=(no_placeholder,), on_fail="gate failed on {query!r}: the node is expanded anyway")
+
+
+# -- decompose ------------------------------------------------------------------------
+
+def _decompose_messages(a: TreeAsk) -> list[dict[str, str]]:
+    ctx, r = a.ctx, a.roles
+    support = [ctx.hits[i] for i in ctx.support]
+    user = (f"Ancestor path (root first): {' > '.join(ctx.path) or '(none: this is the root)'}\n"
+            f"Parent query (depth {ctx.depth}): {ctx.query}\n"
+            f"Evidence snippets:\n{_snippets(support, r.snippet_chars // 2)}\n"
+            f"Statements found so far: {json.dumps(ctx.statements[:8], ensure_ascii=False)}")
+    return _msgs(PROMPTS["decompose"].format(limit=a.limit, max_words=r.max_words + 1), user)
+
+
+def _decompose_check(a: TreeAsk, v: dict[str, Any]) -> list[str]:
+    taken = {q.lower().strip() for q in [*a.ctx.path, a.ctx.query]}
+    queries, errs, seen = v["queries"], [], set()
+    if len(queries) > a.limit:
+        errs.append(f"{len(queries)} queries proposed; at most {a.limit} are allowed")
+    for i, c in enumerate(queries, start=1):
+        key, n = c["query"].lower().strip(), len(c["query"].split())
+        if n > a.roles.max_words:
+            errs.append(f"query {i} has {n} words; use at most {a.roles.max_words}")
+        if key in taken:
+            errs.append(f"query {i} repeats the parent or an ancestor query")
+        if key in seen:
+            errs.append(f"query {i} duplicates an earlier query")
+        seen.add(key)
+    if len(queries) >= 3:
+        have = {facet_group(c.get("facet", "")) for c in queries}
+        missing = [g for g in REQUIRED_FACETS if g not in have]
+        if missing:
+            errs.append("no child covers the facet(s): " + ", ".join(missing))
+    return errs
+
+
+def _decompose_extractive(a: TreeAsk) -> dict[str, Any]:
+    r = a.roles
+    props = ex.decompose(a.ctx, a.limit, r.embed, max_words=r.max_words, redundancy=r.redundancy)
+    return {"queries": [{"query": p.query, "facet": p.facet, "phrase": p.phrase} for p in props]}
+
+
+def _proposals(a: TreeAsk, v: dict[str, Any]) -> list[Proposal]:
+    return [Proposal(c["query"].strip(), c.get("facet", "").strip(), c.get("phrase") or c["query"].strip())
+            for c in v["queries"]]
+
+
+DECOMPOSE = Role(
+    name="decompose", action="split", messages=_decompose_messages, output=JSONReply(_Children),
+    check=_decompose_check, extractive=_decompose_extractive, result=_proposals,
+    fallback=lambda a: {"queries": []}, max_tokens=768,
+    accept=(no_placeholder, query_words(lambda v: [c.get("query", "") for c in v.get("queries") or []])),
+    on_fail="decompose failed on {query!r}: the node stops here")
+
+
+# -- ground ---------------------------------------------------------------------------
+
+def _ground_extractive(a: TreeAsk) -> dict[str, Any]:
+    ctx, r = a.ctx, a.roles
+    links = [ctx.anchor, ctx.phrase] if ctx.anchor and ctx.phrase != ctx.query else []
+    # The root is a bare title: most of its words must match, or "Domestic turkey"
+    # would be grounded by documents about the country.
+    overlap = max(r.min_overlap, r.root_overlap) if ctx.depth == 0 else r.min_overlap
+    picked = ex.ground(ctx.query, ctx.hits, min_overlap=overlap, threshold=r.ground_threshold,
+                       max_docs=r.max_docs, links=links, seen=ctx.seen_docs)
+    return {"supporting": [i + 1 for i in picked]}
+
+
+def _ground_check(a: TreeAsk, v: dict[str, Any]) -> list[str]:
+    n = len(a.ctx.hits)
+    bad = [k for k in v["supporting"] if not 1 <= k <= n]
+    return [f"document numbers {bad} do not exist; use 1..{n}"] if bad else []
+
+
+GROUND = Role(
+    name="ground", action="judge", output=JSONReply(_Support), check=_ground_check,
+    messages=lambda a: _msgs(PROMPTS["ground"], f"Sub-query: {a.ctx.query}\nDocuments:\n"
+                             f"{_snippets(a.ctx.hits, a.roles.snippet_chars)}"),
+    extractive=_ground_extractive, fallback=lambda a: {"supporting": []}, max_tokens=256,
+    result=lambda a, v: list(dict.fromkeys(k - 1 for k in v["supporting"]))[: a.roles.max_docs],
+    on_fail="grounding failed on {query!r}: no supporting documents")
+
+
+# -- extract --------------------------------------------------------------------------
+
+def _extract_check(a: TreeAsk, v: dict[str, Any]) -> list[str]:
+    source, r = f"{a.hit.title} {a.hit.text}", a.roles
+    errs = []
+    if len(v["statements"]) > r.max_statements:
+        errs.append(f"{len(v['statements'])} statements; give at most {r.max_statements}")
+    for i, s in enumerate(v["statements"], start=1):
+        cov = coverage(s, source)
+        if not s.strip() or cov is None:
+            errs.append(f"statement {i} is empty")
+        elif cov < r.statement_support:
+            errs.append(f"statement {i} is not supported by the document (only {cov:.0%} of "
+                        "its content words occur there); quote or closely paraphrase it")
+    return errs
+
+
+EXTRACT = Role(
+    name="extract", action="quote", output=JSONReply(_Statements), check=_extract_check,
+    messages=lambda a: _msgs(PROMPTS["extract"].format(k=a.roles.max_statements),
+                             f"Goal of this research branch: {a.note}\nSub-query: {a.query}\n"
+                             f"Document: {a.hit.title}\n{a.hit.text}"),
+    extractive=lambda a: {"statements": ex.extract(a.query, a.hit, a.roles.embed,
+                                                   max_statements=a.roles.max_statements)},
+    result=lambda a, v: [s.strip() for s in v["statements"] if s.strip()],
+    fallback=lambda a: {"statements": []}, max_tokens=768, accept=(no_placeholder,),
+    on_fail="no statements taken from {hit} after the model failed")
+
+
 class TreeRoles:
     """The roles, bound to their models, embedder and limits.
 
     ``judge`` (default: ``llm``) answers the judging roles, gate and ground; ``llm`` the
-    writing ones. ``embed`` maps texts to L2-normalised rows.
+    writing ones. ``embed`` maps texts to L2-normalised rows. Each method performs one
+    role declared above and records it on ``rec``.
     """
 
     def __init__(self, llm: LLM, embed: ex.Embed, *, judge: LLM | None = None, max_words: int = 11,
@@ -141,7 +291,6 @@ class TreeRoles:
                  ground_threshold: float = 0.5, statement_support: float = 0.5, root_overlap: float = 0.66,
                  redundancy: float = 0.85, max_reasks: int = 2, snippet_chars: int = 700):
         self.llm, self.judge, self.embed = llm, judge or llm, embed
-        self.extractive = llm.is_extractive
         self.max_words, self.max_statements, self.max_docs = max_words, max_statements, max_docs
         self.min_overlap, self.ground_threshold, self.root_overlap = min_overlap, ground_threshold, root_overlap
         self.statement_support, self.redundancy = statement_support, redundancy
@@ -149,133 +298,24 @@ class TreeRoles:
 
     @property
     def backend(self) -> str:
-        return "extractive" if self.extractive else self.llm.name
+        return self.llm.name
 
-    async def _ask(self, llm: LLM, role: str, system: str, user: str, schema: type[BaseModel],
-                   tally: Tally, check: Callable[[Any], list[str]] | None = None) -> Outcome[Any]:
-        msgs = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-        parsed = await ask_json(llm, msgs, schema, role=role, check=check, max_reasks=self.max_reasks)
-        tally.llm_calls += parsed.attempts
-        tally.by_role[role] += parsed.attempts
-        return Outcome(parsed.value if parsed.ok else None, None if parsed.ok else parsed.error)
+    async def _do(self, role: Role, llm: LLM, rec: Recorder, ask: TreeAsk, **extra: Any) -> Outcome:
+        return await perform(role, ask, llm=llm, rec=rec, max_reasks=self.max_reasks, **extra)
 
-    # -- root query ------------------------------------------------------------------
-    async def root_query(self, seed: SeedTopic, tally: Tally) -> Outcome[str | None]:
-        if self.extractive:
-            return Outcome(seed.title)
-        limit = self.max_words + 5  # the root may be a little broader than its children
+    async def root_query(self, seed: SeedTopic, rec: Recorder) -> Outcome[str]:
+        return await self._do(ROOT_QUERY, self.llm, rec, TreeAsk(self, seed=seed), query=seed.title)
 
-        def check(v: _Query) -> list[str]:
-            n = len(v.query.split())
-            return [f"the query has {n} words; use fewer than {limit}"] if n >= limit else []
+    async def gate(self, ctx: NodeCtx, rec: Recorder) -> Outcome[tuple[bool, str]]:
+        return await self._do(GATE, self.judge, rec, TreeAsk(self, ctx), query=ctx.query)
 
-        user = f"Seed topic: {seed.title}\nCategory: {seed.category or 'unknown'}\n" + (
-            f"Short description: {seed.description}\n" if seed.description else "")
-        out = await self._ask(self.llm, "root_query", PROMPTS["root_query"].format(max_words=limit),
-                              user, _Query, tally, check)
-        return Outcome(out.value.query.strip() if out.value else None, out.error)
+    async def decompose(self, ctx: NodeCtx, limit: int, rec: Recorder) -> Outcome[list[Proposal]]:
+        return await self._do(DECOMPOSE, self.llm, rec, TreeAsk(self, ctx, limit=limit), query=ctx.query)
 
-    # -- gate ------------------------------------------------------------------------
-    async def gate(self, ctx: NodeCtx, tally: Tally) -> Outcome[tuple[bool, str]]:
-        if self.extractive:
-            return Outcome(ex.gate(ctx))
-        support = [ctx.hits[i] for i in ctx.support]
-        user = (f"Path from the root: {' > '.join(ctx.path) or '(this is the root)'}\n"
-                f"Sub-query (depth {ctx.depth}): {ctx.query}\n"
-                f"Evidence found for it:\n{_snippets(support, self.snippet_chars // 2)}")
-        if ctx.statements:  # the gate usually runs beside extraction, before statements exist
-            user += f"\nStatements: {json.dumps(ctx.statements[:8], ensure_ascii=False)}"
-        out = await self._ask(self.judge, "gate", PROMPTS["gate"], user, _Gate, tally)
-        return Outcome((out.value.atomic, out.value.reason) if out.value else (False, ""), out.error)
+    async def ground(self, ctx: NodeCtx, rec: Recorder) -> Outcome[list[int]]:
+        if not ctx.hits:  # nothing retrieved: nothing to judge, by any engine
+            return Outcome([], "none")
+        return await self._do(GROUND, self.judge, rec, TreeAsk(self, ctx), query=ctx.query)
 
-    # -- decompose -------------------------------------------------------------------
-    def _check_children(self, ctx: NodeCtx, limit: int) -> Callable[[_Children], list[str]]:
-        taken = {q.lower().strip() for q in [*ctx.path, ctx.query]}
-
-        def check(v: _Children) -> list[str]:
-            errs = []
-            if len(v.queries) > limit:
-                errs.append(f"{len(v.queries)} queries proposed; at most {limit} are allowed")
-            seen: set[str] = set()
-            for i, c in enumerate(v.queries, start=1):
-                key = c.query.lower().strip()
-                if len(c.query.split()) > self.max_words:
-                    errs.append(f"query {i} has {len(c.query.split())} words; use at most {self.max_words}")
-                if key in taken:
-                    errs.append(f"query {i} repeats the parent or an ancestor query")
-                if key in seen:
-                    errs.append(f"query {i} duplicates an earlier query")
-                seen.add(key)
-            if len(v.queries) >= 3:
-                have = {facet_group(c.facet) for c in v.queries}
-                missing = [g for g in REQUIRED_FACETS if g not in have]
-                if missing:
-                    errs.append("no child covers the facet(s): " + ", ".join(missing))
-            return errs
-
-        return check
-
-    async def decompose(self, ctx: NodeCtx, limit: int, tally: Tally) -> Outcome[list[Proposal]]:
-        if self.extractive:
-            return Outcome(ex.decompose(ctx, limit, self.embed, max_words=self.max_words,
-                                        redundancy=self.redundancy))
-        support = [ctx.hits[i] for i in ctx.support]
-        user = (f"Ancestor path (root first): {' > '.join(ctx.path) or '(none: this is the root)'}\n"
-                f"Parent query (depth {ctx.depth}): {ctx.query}\n"
-                f"Evidence snippets:\n{_snippets(support, self.snippet_chars // 2)}\n"
-                f"Statements found so far: {json.dumps(ctx.statements[:8], ensure_ascii=False)}")
-        system = PROMPTS["decompose"].format(limit=limit, max_words=self.max_words + 1)
-        out = await self._ask(self.llm, "decompose", system, user, _Children, tally,
-                              self._check_children(ctx, limit))
-        if out.value is None:
-            return Outcome([], out.error)
-        return Outcome([Proposal(c.query.strip(), c.facet.strip(), c.query.strip()) for c in out.value.queries])
-
-    # -- ground ----------------------------------------------------------------------
-    async def ground(self, ctx: NodeCtx, tally: Tally) -> Outcome[list[int]]:
-        query, hits = ctx.query, ctx.hits
-        if self.extractive or not hits:
-            links = [ctx.anchor, ctx.phrase] if ctx.anchor and ctx.phrase != query else []
-            # The root is a bare title: most of its words must match, or "Domestic turkey"
-            # would be grounded by documents about the country.
-            overlap = max(self.min_overlap, self.root_overlap) if ctx.depth == 0 else self.min_overlap
-            return Outcome(ex.ground(query, hits, min_overlap=overlap, threshold=self.ground_threshold,
-                                     max_docs=self.max_docs, links=links, seen=ctx.seen_docs))
-
-        def check(v: _Support) -> list[str]:
-            bad = [n for n in v.supporting if not 1 <= n <= len(hits)]
-            return [f"document numbers {bad} do not exist; use 1..{len(hits)}"] if bad else []
-
-        user = f"Sub-query: {query}\nDocuments:\n{_snippets(hits, self.snippet_chars)}"
-        out = await self._ask(self.judge, "ground", PROMPTS["ground"], user, _Support, tally, check)
-        if out.value is None:
-            return Outcome([], out.error)
-        picked = list(dict.fromkeys(n - 1 for n in out.value.supporting))
-        return Outcome(picked[: self.max_docs])
-
-    # -- extract ---------------------------------------------------------------------
-    async def extract(self, query: str, note: str, hit: Hit, tally: Tally) -> Outcome[list[str]]:
-        if self.extractive:
-            return Outcome(ex.extract(query, hit, self.embed, max_statements=self.max_statements))
-        source = f"{hit.title} {hit.text}"
-
-        def check(v: _Statements) -> list[str]:
-            errs = []
-            if len(v.statements) > self.max_statements:
-                errs.append(f"{len(v.statements)} statements; give at most {self.max_statements}")
-            for i, s in enumerate(v.statements, start=1):
-                cov = coverage(s, source)
-                if not s.strip() or cov is None:
-                    errs.append(f"statement {i} is empty")
-                elif cov < self.statement_support:
-                    errs.append(f"statement {i} is not supported by the document (only {cov:.0%} of "
-                                "its content words occur there); quote or closely paraphrase it")
-            return errs
-
-        user = (f"Goal of this research branch: {note}\nSub-query: {query}\n"
-                f"Document: {hit.title}\n{hit.text}")
-        out = await self._ask(self.llm, "extract", PROMPTS["extract"].format(k=self.max_statements),
-                              user, _Statements, tally, check)
-        if out.value is None:
-            return Outcome([], out.error)
-        return Outcome([s.strip() for s in out.value.statements if s.strip()])
+    async def extract(self, query: str, note: str, hit: Hit, rec: Recorder) -> Outcome[list[str]]:
+        return await self._do(EXTRACT, self.llm, rec, TreeAsk(self, query=query, note=note, hit=hit), hit=hit.id)

@@ -34,7 +34,8 @@ from deepr.llm.base import LLM, run_sync
 from deepr.records import Hit, Reject, SupportingDoc, Tree, TreeNode, TreeStats
 from deepr.data.topics import SeedTopic
 from deepr.data.tree_extractive import NodeCtx, Proposal, dedup
-from deepr.data.tree_roles import Tally, TreeRoles
+from deepr.data.tree_roles import TreeRoles
+from deepr.roles import Recorder, offload_cpu
 
 
 class TreeConfig(BaseModel):
@@ -118,13 +119,14 @@ class _TreeBuilder:
     def __init__(self, seed: SeedTopic, retriever: Any, roles: TreeRoles, config: TreeConfig,
                  cpu: Callable[..., Any]):
         self.seed, self.retriever, self.roles, self.cfg, self.cpu = seed, retriever, roles, config, cpu
-        self.tally = Tally()
+        self.rec = Recorder()
+        self.retrieval_calls = 0
         self.dropped = Counter()
 
     async def search(self, queries: Sequence[str]) -> list[list[Hit]]:
         if not queries:
             return []
-        self.tally.retrieval_calls += len(queries)
+        self.retrieval_calls += len(queries)
         k = self.cfg.retrieve_k
         # Twice as many passages, then the best one per document: a node's evidence should
         # span documents, not be eight chunks of one long article.
@@ -136,7 +138,7 @@ class _TreeBuilder:
 
     async def build(self) -> Tree:
         t0 = time.perf_counter()
-        q0 = await self.roles.root_query(self.seed, self.tally)
+        q0 = await self.roles.root_query(self.seed, self.rec)
         if q0.value is None:
             raise TreeFailed(f"root query failed: {q0.error}")
         [hits0] = await self.search([q0.value])
@@ -149,28 +151,20 @@ class _TreeBuilder:
         return self._record(root, time.perf_counter() - t0)
 
     async def _ground(self, node: _Node) -> bool:
-        out = await self.roles.ground(node.ctx, self.tally)
-        if out.error:
-            self.tally.fail("ground", node.ctx.query, out.error)
+        out = await self.roles.ground(node.ctx, self.rec)
         node.ctx.support = out.value
         return bool(out.value)
 
     async def _evidence(self, node: _Node) -> bool:
         """Statements for each supporting document, with the gate call alongside."""
         c = self.ctx_note(node)
-        calls = [self.roles.extract(node.ctx.query, c, node.ctx.hits[i], self.tally) for i in node.ctx.support]
+        calls = [self.roles.extract(node.ctx.query, c, node.ctx.hits[i], self.rec) for i in node.ctx.support]
         gate = node.ctx.depth < self.cfg.max_depth
-        results = await asyncio.gather(*calls, *([self.roles.gate(node.ctx, self.tally)] if gate else []))
+        results = await asyncio.gather(*calls, *([self.roles.gate(node.ctx, self.rec)] if gate else []))
         if gate:
-            g = results[-1]
-            if g.error:
-                self.tally.fail("gate", node.ctx.query, g.error + " (node expanded anyway)")
-            node.atomic = g.value
+            node.atomic = results[-1].value
             results = results[:-1]
         kept = [(i, r.value) for i, r in zip(node.ctx.support, results) if r.value]
-        for i, r in zip(node.ctx.support, results):
-            if r.error:
-                self.tally.fail("extract", node.ctx.hits[i].id, r.error)
         node.ctx.support = [i for i, _ in kept]
         node.statements_by_doc = [st for _, st in kept]
         node.ctx.statements = [s for st in node.statements_by_doc for s in st]
@@ -188,9 +182,8 @@ class _TreeBuilder:
             node.stop = "atomic"
             return
         limit = self.cfg.limit(node.ctx.depth)
-        out = await self.roles.decompose(node.ctx, limit, self.tally)
+        out = await self.roles.decompose(node.ctx, limit, self.rec)
         if out.error:
-            self.tally.fail("decompose", node.ctx.query, out.error)
             node.stop = "decompose_failed"
             return
         props = [p for p in out.value if p.query.strip()]
@@ -246,17 +239,17 @@ class _TreeBuilder:
         leaves = [n for n in nodes if not n.children]
         stats = TreeStats(
             nodes=len(nodes), leaves=len(leaves), depth=max(n.depth for n in nodes),
-            llm_calls=self.tally.llm_calls, retrieval_calls=self.tally.retrieval_calls,
-            seconds=round(seconds, 3), calls_by_role=dict(self.tally.by_role),
-            failures=len(self.tally.failures), dropped=dict(self.dropped),
+            llm_calls=len(self.rec.calls), retrieval_calls=self.retrieval_calls,
+            seconds=round(seconds, 3), calls_by_role=dict(Counter(c.role for c in self.rec.calls)),
+            failures=len(self.rec.failures), dropped=dict(self.dropped),
             stop_reasons=dict(Counter(n.stop_reason for n in leaves)),
             passages_per_leaf=round(sum(len(n.supporting_docs) for n in leaves) / len(leaves), 3))
         tree = Tree(id=self.seed.id, topic=self.seed.title, root_id=root.id, nodes=nodes, stats=stats,
                     backend=self.roles.backend, category=self.seed.category, seed_doc_id=self.seed.doc_id,
-                    failures=self.tally.failures)
+                    failures=self.rec.failures)
         if stats.leaves < self.cfg.min_leaves:
             raise TreeFailed(f"tree too small: {stats.leaves} leaf(s), min_leaves={self.cfg.min_leaves} "
-                             f"(stops: {stats.stop_reasons}; failures: {len(self.tally.failures)})")
+                             f"(stops: {stats.stop_reasons}; failures: {len(self.rec.failures)})")
         return tree
 
 
@@ -295,7 +288,7 @@ async def abuild_trees(topics: Sequence[SeedTopic], retriever: Any, llm: LLM, co
     roles = make_roles(llm, embed, config, judge)
     # With a model, CPU work moves to one worker thread so round-trips overlap it; the
     # extractive backend is all CPU, so a thread would only add hand-offs.
-    pool = None if roles.extractive else ThreadPoolExecutor(max_workers=1, thread_name_prefix="deepr-cpu")
+    pool = None if not offload_cpu(llm) else ThreadPoolExecutor(max_workers=1, thread_name_prefix="deepr-cpu")
 
     async def cpu(fn: Callable[..., Any], *args: Any) -> Any:
         if pool is None:

@@ -11,9 +11,9 @@ for pairs whose audit itself failed (e.g. the judge never replied with valid JSO
 The code checks of :mod:`deepr.data.verify_checks` run on every pair. The LLM auditor sees
 their findings and judges the six dimensions; a revision it proposes must pass the same
 constraints as synthesis (5–8 criteria, source leaves inside the selection, factual
-evidence found in those leaves' statements) or it is re-asked, then not accepted. The
-extractive auditor decides from the findings: none → KEEP, only fixable ones → REVISE by
-dropping or reweighting the criteria they name, any fatal one → DROP.
+evidence found in those leaves' statements) or it is re-asked, then not accepted. The audit is
+one role (``AUDIT``); its non-LLM implementation decides from the findings: none → KEEP, only
+fixable ones → REVISE by dropping or reweighting the criteria they name, any fatal one → DROP.
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from deepr.llm.base import LLM, run_sync
-from deepr.llm.parse import ask_json, parse_reply
+from deepr.llm.parse import parse_reply
 from deepr.records import QRPair, Reject, RubricItem
+from deepr.acceptance import no_placeholder
+from deepr.roles import JSONReply, Recorder, Role, perform
 from deepr.data.rubric_checks import RubricLimits, question_problems, rubric_problems
 from deepr.data.verify_checks import Embed, Finding, findings, leaves_of, repair
 
@@ -143,46 +145,52 @@ def _dropped(pair: QRPair, tags: list[str], reason: str, audit: dict[str, Any]) 
     return Verdict("dropped", QRPair.model_validate(data))
 
 
-def audit_extractive(pair: QRPair, leaves: Mapping[str, list[str]], found: list[Finding],
-                     cfg: VerifyConfig) -> Verdict:
-    """Decide from the code findings alone (SPEC §9)."""
-    tags = _tags(found)
-    audit = {"backend": "extractive", "findings": [f"{f.tag}: {f.detail}" for f in found]}
-    fatal = [f for f in found if f.kind == "fatal"]
-    if fatal:
-        return _dropped(pair, tags, "; ".join(f.detail for f in fatal), audit)
-    if not any(f.kind == "fixable" for f in found):
-        return Verdict("verified", _verified(pair, "KEEP", tags, audit))
-    fixed = repair(pair.rubrics, found, cfg.revise_max)
-    left = rubric_problems(fixed, pair.selected_leaf_ids, leaves, cfg.limits,
-                           min_n=cfg.revise_min, max_n=cfg.revise_max)
-    if left:
-        return _dropped(pair, tags, "repair not possible: " + "; ".join(left), audit)
-    audit["fix_plan"] = "dropped or reweighted the criteria named by the findings"
-    return Verdict("verified", _verified(pair, "REVISE", tags, audit, rubrics=fixed))
+@dataclass
+class AuditAsk:
+    pair: QRPair
+    leaves: Mapping[str, list[str]]
+    found: list[Finding]
+    cfg: VerifyConfig
 
 
-async def audit_llm(pair: QRPair, leaves: Mapping[str, list[str]], found: list[Finding], judge: LLM,
-                    cfg: VerifyConfig) -> Verdict:
+def _audit_messages(a: AuditAsk) -> list[dict[str, str]]:
+    pair, leaves = a.pair, a.leaves
     sample = {"question": pair.question,
               "selected_leaves": (pair.model_extra or {}).get("selected_leaves")
               or [{"id": k, "statements": v} for k, v in leaves.items()],
               "merge_trace": [m.model_dump() for m in pair.merge_trace],
               "rubrics": [r.model_dump() for r in pair.rubrics]}
-    notes = "\n".join(f"- {f.tag}: {f.detail}" for f in found) or "- none"
-    msgs = [{"role": "system", "content": SYSTEM.format(lo=cfg.revise_min, hi=cfg.revise_max)},
-            {"role": "user", "content": json.dumps(sample, ensure_ascii=False)
-             + f"\n\nAutomatic checks found:\n{notes}"}]
-    parsed = await ask_json(judge, msgs, AuditReply, role="verify", max_reasks=cfg.max_reasks,
-                            check=lambda r: _revision_problems(r, pair, leaves, cfg), max_tokens=cfg.max_tokens)
-    audit: dict[str, Any] = {"backend": judge.name, "attempts": parsed.attempts,
-                             "findings": [f"{f.tag}: {f.detail}" for f in found]}
-    if not parsed.ok:
-        last, _ = parse_reply(parsed.replies[-1], AuditReply) if parsed.replies else (None, None)
-        if last is not None and last.decision == "REVISE":
-            return _dropped(pair, _tags(found, last.error_tags), f"revision not accepted: {parsed.error}", audit)
-        return Verdict("reject", Reject(id=pair.id, stage="verify", reason=f"audit failed: {parsed.error}"))
-    r: AuditReply = parsed.value
+    notes = "\n".join(f"- {f.tag}: {f.detail}" for f in a.found) or "- none"
+    return [{"role": "system", "content": SYSTEM.format(lo=a.cfg.revise_min, hi=a.cfg.revise_max)},
+            {"role": "user", "content": json.dumps(sample, ensure_ascii=False) + f"\n\nAutomatic checks found:\n{notes}"}]
+
+
+def audit_extractive(a: AuditAsk) -> dict[str, Any]:
+    """Decide from the code findings alone (SPEC §9): none → KEEP, only fixable ones → REVISE by
+    dropping or reweighting the criteria they name, any fatal one → DROP; as an audit reply."""
+    fatal = [f for f in a.found if f.kind == "fatal"]
+    if fatal:
+        return {"decision": "DROP", "justification": "; ".join(f.detail for f in fatal)}
+    if not any(f.kind == "fixable" for f in a.found):
+        return {"decision": "KEEP"}
+    cfg = a.cfg
+    fixed = repair(a.pair.rubrics, a.found, cfg.revise_max)
+    left = rubric_problems(fixed, a.pair.selected_leaf_ids, a.leaves, cfg.limits,
+                           min_n=cfg.revise_min, max_n=cfg.revise_max)
+    if left:
+        return {"decision": "DROP", "justification": "repair not possible: " + "; ".join(left)}
+    return {"decision": "REVISE", "fix_plan": "dropped or reweighted the criteria named by the findings",
+            "revised_rubrics": [r.model_dump() for r in fixed]}
+
+
+AUDIT = Role(
+    name="verify", action="audit", messages=_audit_messages, output=JSONReply(AuditReply),
+    check=lambda a, v: _revision_problems(AuditReply.model_validate(v), a.pair, a.leaves, a.cfg),
+    extractive=audit_extractive, result=lambda a, v: AuditReply.model_validate(v), fallback=None,
+    max_tokens=3072, accept=(no_placeholder,))
+
+
+def _decide(pair: QRPair, found: list[Finding], r: AuditReply, audit: dict[str, Any]) -> Verdict:
     audit.update(major_issues=r.major_issues, justification=r.justification, fix_plan=r.fix_plan)
     tags = _tags(found, r.error_tags)
     if r.decision == "DROP":
@@ -204,9 +212,16 @@ async def verify_one(pair: QRPair, judge: LLM, cfg: VerifyConfig, embed: Embed,
     # One small embedding call per pair: cheap next to a judge round-trip, so it stays inline.
     found = findings(pair, leaves, embed, limits=cfg.limits, redundancy=cfg.redundancy_threshold,
                      min_alignment=cfg.min_alignment, max_rubrics=cfg.revise_max)
-    if judge.is_extractive:
-        return audit_extractive(pair, leaves, found, cfg)
-    return await audit_llm(pair, leaves, found, judge, cfg)
+    out = await perform(AUDIT, AuditAsk(pair, leaves, found, cfg), llm=judge, rec=Recorder(),
+                        max_reasks=cfg.max_reasks, max_tokens=cfg.max_tokens)
+    audit: dict[str, Any] = {"backend": judge.name, "attempts": out.attempts,
+                             "findings": [f"{f.tag}: {f.detail}" for f in found]}
+    if out.value is not None:
+        return _decide(pair, found, out.value, audit)
+    last, _ = parse_reply(out.reply, AuditReply) if out.reply else (None, None)
+    if last is not None and last.decision == "REVISE":
+        return _dropped(pair, _tags(found, last.error_tags), f"revision not accepted: {out.error}", audit)
+    return Verdict("reject", Reject(id=pair.id, stage="verify", reason=f"audit failed: {out.error}"))
 
 
 async def averify(pairs: Sequence[QRPair], judge: LLM, config: VerifyConfig, *, embed: Embed,

@@ -1,9 +1,9 @@
 """Judges: the LLM-scored parts of the rewards, each with a no-LLM twin (SPEC §9).
 
-A :class:`Judge` wraps one LLM. When ``llm`` is None or ``llm.is_extractive``, every
-judgement is computed instead by embedding + lexical coverage mapped onto the same scale,
-and the result says ``judge="extractive"``. Otherwise the judge sends our own prompt
-through :func:`deepr.llm.parse.ask_json` (parse failures re-asked, bounded). The rubric
+A :class:`Judge` wraps one LLM (None: the extractive backend). Every judgement is a role
+(:mod:`deepr.roles`) whose non-LLM implementation is embedding + lexical coverage mapped onto
+the same scale (the result then says ``judge="extractive"``) and whose model path sends our
+own prompt, parses the JSON reply and re-asks on failure (bounded). The rubric
 criterion judge lives here; each other judge sits with the reward that uses it and goes
 through :meth:`Judge.run`: claim support / needs-citation in rubric_reward, answer
 equivalence and role judges in decor, RACE in race, FACT in fact.
@@ -38,8 +38,8 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from deepr.llm.base import LLM
-from deepr.llm.parse import ask_json
 from deepr.records import RubricItem
+from deepr.roles import JSONReply, Recorder, Role, engine_label, perform
 from deepr.text import Embed, Vectors, coverage, split_sentences, strip_citations, tok
 
 
@@ -172,15 +172,13 @@ class Judge:
 
     def __init__(self, llm: LLM | None = None, embed: Embed | None = None, *,
                  cache: JudgeCache | None = None, max_reasks: int = 2, max_tokens: int = 512):
-        self.llm = llm
-        self.extractive = llm is None or llm.is_extractive
-        if self.extractive and embed is None:
-            raise ValueError("the extractive judge needs an embedder (embed=...), e.g. "
-                             "deepr.corpus.embed.get_embedder().encode")
+        from deepr.llm.extractive import ExtractiveLLM
+
+        self.llm = llm or ExtractiveLLM()
         self.embed = embed
         self.cache = cache or JudgeCache()
         self.max_reasks, self.max_tokens = max_reasks, max_tokens
-        self.name = "extractive" if self.extractive else "llm:" + _describe(llm)
+        self.name = engine_label(self.llm)
         self.failures = 0
 
     # -- plumbing shared by every judgement --
@@ -190,27 +188,35 @@ class Judge:
                   convert: Callable[[Any], Any] = lambda v: v,
                   check: Callable[[Any], Sequence[str]] | None = None,
                   max_tokens: int | None = None) -> Verdict:
-        """Cached judgement: ``local()`` when extractive, else ``prompt`` through ask_json."""
+        """Cached judgement, performed as the role ``judge/<kind>``: ``local()`` is its non-LLM
+        implementation, ``prompt`` its message, ``schema`` its reply (see :mod:`deepr.roles`)."""
         key = _key(kind, self.name, payload)
         hit = self.cache.get(key)
         if hit is not None:
             return Verdict(True, hit, judge=self.name, cached=True)
-        if self.extractive:
-            value = local()
-        else:
-            parsed = await ask_json(self.llm, [{"role": "system", "content": SYSTEM},
-                                               {"role": "user", "content": prompt}],
-                                    schema, role="judge", check=check, max_reasks=self.max_reasks,
-                                    temperature=0.0, max_tokens=max_tokens or self.max_tokens)
-            if not parsed.ok:
-                self.failures += 1
-                return Verdict(False, reason=f"{kind} judge failed: {parsed.error}", judge=self.name)
-            value = convert(parsed.value)
-        self.cache.put(key, value)
-        return Verdict(True, value, judge=self.name)
+
+        def model(v: Any) -> Any:
+            return schema.model_validate(v) if schema is not None else v
+
+        role = Role(name="judge", action=kind, output=JSONReply(schema),
+                    messages=lambda _: [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}],
+                    check=(lambda _, v: check(model(v))) if check else None, extractive=lambda _: local(),
+                    result=lambda _, v: convert(model(v)), fallback=None, direct=True,
+                    max_tokens=max_tokens or self.max_tokens, temperature=0.0)
+        # A fresh recorder per judgement: judges run inside training loops, where one that kept
+        # every call would grow without bound; the verdict carries what callers need.
+        out = await perform(role, None, llm=self.llm, rec=Recorder(), max_reasks=self.max_reasks)
+        if not out.ok:
+            self.failures += 1
+            return Verdict(False, reason=f"{kind} judge failed: {out.error}", judge=self.name)
+        self.cache.put(key, out.value)
+        return Verdict(True, out.value, judge=self.name)
 
     def support(self, claim: str, evidence: str) -> float:
         """Extractive support in [0, 1]: ½ best sentence cos⁺ + ½ content-token coverage."""
+        if self.embed is None:
+            raise ValueError("the extractive judge needs an embedder (embed=...), e.g. "
+                             "deepr.corpus.embed.get_embedder().encode")
         sents = split_sentences(strip_citations(evidence)) or [strip_citations(evidence)]
         sents = [s for s in sents if s.strip()]
         claim = strip_citations(claim)
@@ -243,18 +249,6 @@ class Judge:
             return Verdict(False, per_item, reason="; ".join(bad), judge=self.name)
         return Verdict(True, {"score": rubric_weighted(items, [v.value for v in verdicts]),
                               "items": per_item}, judge=self.name)
-
-def _describe(llm: LLM | None) -> str:
-    try:
-        info = llm.describe() if llm is not None else {}
-    except Exception:  # a backend's describe() must never break scoring
-        info = {}
-    parts = [str(info.get("backend", getattr(llm, "name", "llm")))]
-    if info.get("model"):
-        parts.append(str(info["model"]))
-    return ":".join(parts)
-
-
 
 class LazyJudge:
     """Base of TRL reward callables whose default judge is the extractive one: the judge (and the

@@ -146,7 +146,7 @@ class TeamDriver:
         return self._check(role, out)
 
     def play(self) -> Generator[str, str, None]:
-        from deepr.agent import decor_extractive as ex
+        from deepr.agent import decor as ex
         from deepr.agent.citations import normalize
         from deepr.agent.extract import approx_tokens
 

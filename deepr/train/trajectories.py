@@ -117,7 +117,7 @@ def answerer_errors(turn: Turn, plan: Plan | None) -> list[str]:
     """Does an answerer turn parse? A wave maps exactly its wave's aggregate ids (from the
     plan and the turn's ``wave`` number) to non-empty text; a final turn has a non-empty
     answer body, read with the agent's own parser."""
-    from deepr.agent.ask import body_of
+    from deepr.roles import body_of
 
     if turn.action == "final":
         return [] if body_of(turn.completion, "answer") else ["final answer is empty"]
@@ -147,7 +147,7 @@ def _wave_ids(plan: Plan | None, wave_no: Any) -> list[str] | None:
 def warp_errors(turn: Turn) -> list[str]:
     """A warp write has a non-empty <content> body; every other warp action is a JSON object
     whose ``name`` (when given) matches the turn's action tag."""
-    from deepr.agent.ask import body_of
+    from deepr.roles import body_of
 
     if turn.action == "write":
         return [] if body_of(turn.completion, "content") else ["section body is empty"]

@@ -1,0 +1,110 @@
+"""Strict acceptance: shared checks that a role declaration opts into (``Role(accept=...)``).
+
+A weak model's most common "valid" replies are not answers at all: the prompt's template
+copied back (``...``, ``…``, ``the query``), the prompt or the re-ask text echoed, a search
+query of one stop word. Each check here takes ``(value, prompt messages, re-asks sent)`` and
+returns the problems as re-ask reasons, so :func:`deepr.roles.perform` rejects such a reply,
+re-asks, and records the failure with its reason when the re-asks run out.
+
+    accept=(no_placeholder, no_echo, query_words(lambda v: [v]))
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from deepr.llm.base import Message
+from deepr.text import tok
+
+Accept = Callable[[Any, Sequence[Message], Sequence[str]], list[str]]
+
+_ELLIPSIS = re.compile(r"^[\s.…·_\-\"'\[\](){}<>,:;]*$")
+_TAG_BODY = re.compile(r"<([a-z_]+)>([^<]{1,80})</\1>", re.I)
+_QUOTED = re.compile(r'"([^"{}\[\]]{1,80})"')
+_ANGLE = re.compile(r"<([a-z][^<>]{2,80})>", re.I)
+_SPACE = re.compile(r"\s+")
+_CITES = re.compile(r"\[[^\[\]]*\]|</?cite[^>]*>", re.I)
+_ECHO_MIN = 24  # shorter texts (a name, a date) may legitimately occur in a prompt
+
+
+def strings(value: Any) -> Iterator[str]:
+    """Every string leaf of a reply value (text, or a parsed JSON dict/list)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from strings(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from strings(v)
+
+
+def _norm(text: str) -> str:
+    return _SPACE.sub(" ", _CITES.sub(" ", text)).strip().strip(".").strip().lower()
+
+
+def template_texts(messages: Sequence[Message]) -> set[str]:
+    """Texts the prompt shows as a format to fill: ``<tag>the query</tag>`` bodies and quoted
+    strings of JSON examples in the instructions, and ``<a placeholder>`` descriptions."""
+    out: set[str] = set()
+    for m in messages:
+        text, role = str(m.get("content", "")), m.get("role")
+        # Quoted strings and tag bodies count only in the instructions: a user message carries
+        # evidence whose quoted statements a reply may rightly repeat.
+        patterns = ((_TAG_BODY, 2), (_QUOTED, 1), (_ANGLE, 1)) if role == "system" else ((_ANGLE, 1),)
+        for pattern, group in patterns:
+            out.update(_norm(x.group(group)) for x in pattern.finditer(text))
+    # One-word values ("search", "factual", "STOP") are legitimate choices, not templates.
+    return {t for t in out if len(t.split()) >= 2}
+
+
+def no_placeholder(value: Any, messages: Sequence[Message], reasks: Sequence[str] = ()) -> list[str]:
+    """A reply (or a JSON field) that is only dots, or the prompt's template text copied back."""
+    templates = template_texts(messages)
+    problems = []
+    for s in strings(value):
+        if _ELLIPSIS.match(_CITES.sub("", s)) and s.strip():  # dots, maybe behind a real id
+            problems.append(f"{s.strip()!r} is a placeholder, not content; write the actual text")
+        elif s.strip() and _norm(s) in templates:
+            problems.append(f"{s.strip()!r} is the prompt's template text; replace it with real content")
+    return problems[:3]
+
+
+def no_echo(value: Any, messages: Sequence[Message], reasks: Sequence[str] = ()) -> list[str]:
+    """A reply that repeats the instructions (system prompt), a re-ask, or the whole request."""
+    instructions = [_norm(str(m.get("content", ""))) for m in messages if m.get("role") == "system"]
+    requests = [_norm(str(m.get("content", ""))) for m in messages if m.get("role") == "user"]
+    again = [_norm(r) for r in reasks]
+    for s in strings(value):
+        body = _norm(s)
+        if len(body) < _ECHO_MIN:
+            continue
+        if any(body in t for t in instructions):
+            return ["the reply repeats the instructions instead of carrying out the task"]
+        if any(body in t or t in body for t in again if t):
+            return ["the reply repeats the correction request instead of a corrected reply"]
+        if any(body == t for t in requests):
+            return ["the reply repeats the request instead of answering it"]
+    return []
+
+
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
+
+
+def _content_words(query: str) -> int:
+    # Scripts written without spaces form one "word" per run; two characters make about one word.
+    return max(len(tok(query)), len(_CJK.findall(query)) // 2)
+
+
+def query_words(queries: Callable[[Any], Sequence[str]], least: int = 2) -> Accept:
+    """Search queries (picked out of the value) need ``least`` content words: a stop word or
+    a lone generic term retrieves noise."""
+
+    def check(value: Any, messages: Sequence[Message], reasks: Sequence[str] = ()) -> list[str]:
+        short = [q for q in queries(value) if _content_words(q) < least]
+        return [f"the search query {q!r} has fewer than {least} content words; name what to find"
+                for q in short[:3]]
+
+    return check

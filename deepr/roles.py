@@ -1,0 +1,381 @@
+"""The role seam: a model role is one declaration, and one executor performs any role.
+
+A :class:`Role` says everything about one model turn: its name and action, the messages it
+sends (``messages(inp)``), the shape of its reply (:class:`JSONReply` from a pydantic schema,
+or :class:`TaggedReply` for ``<tag>text</tag>`` replies; both give the backend an
+:class:`~deepr.llm.base.OutputFormat` for constrained decoding and parse the reply), its code
+checks, its default generation limits, and its non-LLM implementation (``extractive(inp)``,
+which returns the reply a model should have given, already parsed).
+
+:func:`perform` runs a role. On the extractive backend it calls the non-LLM implementation;
+otherwise model call → parse → checks → bounded re-asks (sampled, so a greedy model does not
+repeat itself) → recorded fallback. Every outcome is written to a :class:`Recorder` as one
+:class:`~deepr.records.Turn` (prompt + accepted completion), and every model call as a
+:class:`~deepr.records.ModelCall`, so every stage yields trajectories the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, TypeAdapter
+
+from deepr.llm.base import LLM, LLMError, Message, OutputFormat, Reply
+from deepr.llm.parse import parse_reply, strip_thinking
+from deepr.records import ModelCall, Turn
+
+I = TypeVar("I")  # noqa: E741 - the role's input
+T = TypeVar("T")
+
+REASK_TEMPERATURE = 0.7  # re-asks sample: a greedy model would return the same reply again
+_THOUGHT = re.compile(r"<thought>.*?</thought>", re.S | re.I)
+JSON_REASK = ("Your previous reply could not be used: {error}\n"
+              "Reply again with only the corrected JSON, no other text.")
+TEXT_REASK = "Your previous reply could not be used: {error}\nReply again with the corrected text{where}."
+
+
+# --- reply shapes -------------------------------------------------------------------------
+
+
+def body_of(reply: str, tag: str | None) -> str:
+    """The usable part of a prose reply: thinking removed, the ``<tag>`` body if present."""
+    text = _THOUGHT.sub("", strip_thinking(reply)).strip()
+    if tag:
+        m = re.search(rf"<{tag}>(.*?)(?:</{tag}>|$)", text, re.S | re.I)
+        if m:
+            text = m.group(1).strip()
+    return text
+
+
+@dataclass(frozen=True)
+class JSONReply:
+    """A JSON reply validated by ``schema`` (a pydantic model, a TypeAdapter, or None: any JSON)."""
+
+    schema: type[BaseModel] | TypeAdapter | None = None
+    want: str | None = "object"
+    shape: type[BaseModel] | None = None  # constrains decoding when ``schema`` is None (checked in code)
+
+    def fmt(self, name: str) -> OutputFormat:
+        model = self.schema if isinstance(self.schema, type) else self.shape
+        if model is not None:
+            js = model.model_json_schema()
+        elif isinstance(self.schema, TypeAdapter):
+            js = self.schema.json_schema()
+        else:
+            js = {"type": "array" if self.want == "array" else "object"}
+        return OutputFormat(name, json_schema=js)
+
+    def parse(self, reply: str) -> tuple[Any, str | None]:
+        value, error = parse_reply(reply, self.schema, want=self.want)
+        return (value.model_dump() if isinstance(value, BaseModel) else value), error
+
+    def render(self, value: Any) -> str:
+        return json.dumps(value.model_dump() if isinstance(value, BaseModel) else value, ensure_ascii=False)
+
+    def reask(self, error: str) -> str:
+        return JSON_REASK.format(error=error)
+
+
+@dataclass(frozen=True)
+class TaggedReply:
+    """Prose inside ``<tag>…</tag>`` (optionally after a ``<think>`` block).
+
+    ``regex`` overrides the decoding constraint (e.g. a reply that may be one of two tags);
+    ``required`` rejects a reply without the tag instead of using the whole reply.
+    """
+
+    tag: str
+    regex: str | None = None
+    required: bool = False
+
+    def fmt(self, name: str) -> OutputFormat:
+        t = self.tag
+        return OutputFormat(name, regex=self.regex or rf"(<think>[^<]*</think>[ \n]*)?<{t}>[^<]+</{t}>")
+
+    def parse(self, reply: str) -> tuple[Any, str | None]:
+        if self.required and not re.search(rf"<{self.tag}>", reply, re.I):
+            return None, f"the reply has no {self.tag} tag around its text"
+        body = body_of(reply, self.tag)
+        if not body:
+            return None, f"the reply is empty (expected the text inside the {self.tag} tags)"
+        return body, None
+
+    def render(self, value: Any) -> str:
+        return value if self.regex else f"<{self.tag}>{value}</{self.tag}>"
+
+    def reask(self, error: str) -> str:
+        return TEXT_REASK.format(error=error, where=f", between an opening and a closing {self.tag} tag")
+
+
+Output = JSONReply | TaggedReply
+
+
+class RoleFailed(Exception):
+    """Raised by a non-LLM implementation (or fallback) that cannot produce a value; the
+    executor records it as the role's failure with this reason."""
+
+
+# --- the declaration ----------------------------------------------------------------------
+
+
+def _same(inp: Any, value: Any) -> Any:
+    return value
+
+
+@dataclass(frozen=True)
+class Role(Generic[I, T]):
+    """One model role; see the module docstring.
+
+    ``extractive(inp)`` and ``fallback(inp)`` return a reply value of the same shape as a
+    parsed model reply (a dict for JSON roles, text for tagged ones); ``result(inp, value)``
+    turns any accepted value into what the caller uses. ``fallback`` defaults to the
+    extractive implementation; ``fallback=None`` means a failed turn has no value.
+    ``on_fail`` is the decision recorded when the fallback stands in (``{field}`` names are
+    filled from the turn's extra fields); ``parts`` names the report parts it wrote.
+    """
+
+    name: str
+    action: str
+    messages: Callable[[I], list[Message]]
+    output: Output
+    extractive: Callable[[I], Any]
+    check: Callable[[I, Any], Sequence[str]] | None = None
+    result: Callable[[I, Any], T] = _same
+    fallback: Callable[[I], Any] | None | str = "extractive"
+    on_fail: str = "{role}/{action} done by the extractive implementation after the model failed"
+    parts: Callable[[I], list[str]] | None = None
+    max_tokens: int = 1024
+    temperature: float | None = None
+    turn_action: Callable[[Any], str] | None = None
+    direct: bool = False  # extractive() returns the result itself (a judge's local score), not a reply
+    accept: tuple[Callable[[Any, Sequence[Message], Sequence[str]], list[str]], ...] = ()  # deepr.acceptance
+
+
+@dataclass
+class Outcome(Generic[T]):
+    """What performing a role gave: ``by`` is "llm", "extractive", "fallback" or "failed"."""
+
+    value: T | None
+    by: str
+    error: str | None = None
+    attempts: int = 0
+    reply: str | None = None  # the last raw reply (a multi-turn loop continues from it)
+
+    @property
+    def ok(self) -> bool:
+        return self.by in ("llm", "extractive")
+
+
+# --- recording ----------------------------------------------------------------------------
+
+
+def prompt_hash(messages: Sequence[Message]) -> str:
+    blob = json.dumps(list(messages), sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def _estimate_tokens(text: str) -> int:
+    return max(1, len(text) // 4) if text else 0
+
+
+class _RecordedLLM(LLM):
+    """Delegates to the real backend and appends a ModelCall per call to the recorder."""
+
+    def __init__(self, inner: LLM, rec: Recorder, role: str, action: str):
+        super().__init__(max_concurrency=1 << 16)  # the inner backend bounds concurrency
+        self.inner, self.rec, self.role, self.action = inner, rec, role, action
+        self.name, self.is_extractive, self.usage = inner.name, inner.is_extractive, inner.usage
+
+    async def _achat(self, messages: list[Message], *, role: str | None, temperature: float | None,
+                     max_tokens: int | None, stop: Sequence[str] | None, **extra: Any) -> Reply:
+        rec = self.rec
+        before = (self.inner.usage.prompt_tokens, self.inner.usage.completion_tokens)
+        rec._in_flight += 1
+        alone = rec._in_flight == 1
+        t0 = time.perf_counter()
+        try:
+            reply = await self.inner.achat(messages, role=role or self.role, temperature=temperature,
+                                           max_tokens=max_tokens, stop=stop, **extra)
+        except LLMError as e:
+            rec.calls.append(ModelCall(role=self.role, action=self.action, prompt_hash=prompt_hash(messages),
+                                       reply="", latency_s=round(time.perf_counter() - t0, 4), ok=False,
+                                       error=str(e)))
+            raise
+        finally:
+            rec._in_flight -= 1
+        after = (self.inner.usage.prompt_tokens, self.inner.usage.completion_tokens)
+        counted = alone and after != before
+        p_tok = after[0] - before[0] if counted else _estimate_tokens(json.dumps(messages, ensure_ascii=False))
+        c_tok = after[1] - before[1] if counted else _estimate_tokens(reply)
+        rec.calls.append(ModelCall(role=self.role, action=self.action, prompt_hash=prompt_hash(messages),
+                                   reply=reply, latency_s=round(time.perf_counter() - t0, 4),
+                                   prompt_tokens=p_tok, completion_tokens=c_tok, tokens_estimated=not counted,
+                                   constrained=reply.constrained, truncated=reply.truncated))
+        return reply
+
+    def describe(self) -> dict[str, Any]:
+        return self.inner.describe()
+
+
+class Recorder:
+    """Model calls, turns, decisions and failures of one unit of work (a run, a tree, a pair).
+
+    ``engines`` counts who produced each performed role's value (llm / extractive /
+    fallback / failed), the basis of the "written by" notes and stage tables.
+    """
+
+    def __init__(self) -> None:
+        self.calls: list[ModelCall] = []
+        self.turns: list[Turn] = []
+        self.decisions: list[dict[str, Any]] = []
+        self.failures: list[dict[str, Any]] = []
+        self.engines: Counter = Counter()
+        self._in_flight = 0
+
+    def llm(self, llm: LLM, role: str, action: str) -> LLM:
+        return _RecordedLLM(llm, self, role, action)
+
+    def decide(self, what: str, **details: Any) -> None:
+        self.decisions.append({"step": len(self.decisions) + 1, "what": what, **details})
+
+    def fail(self, where: str, reason: str, **details: Any) -> None:
+        """A recorded failure: the work goes on, the reason stays in the record."""
+        self.failures.append({"where": where, "reason": reason, **details})
+        self.decide(f"failure at {where}", reason=reason, **details)
+
+    def turn(self, role: str, action: str, messages: Sequence[Message], completion: str, *,
+             ok: bool = True, **extra: Any) -> Turn:
+        t = Turn(role=role, action=action, messages=[dict(m) for m in messages], completion=completion,
+                 ok=ok, **extra)
+        self.turns.append(t)
+        return t
+
+
+def engine_label(llm: LLM) -> str:
+    """How records name who answered: "extractive" for the non-LLM engine, else "llm:<backend>[:model]"."""
+    if llm.is_extractive:
+        return "extractive"
+    try:
+        info = llm.describe()
+    except Exception:  # a backend's describe() must never break scoring
+        info = {}
+    return ":".join(["llm", str(info.get("backend", llm.name)), *([str(info["model"])] if info.get("model") else [])])
+
+
+def offload_cpu(llm: LLM) -> bool:
+    """Whether a stage should move its CPU work (retrieval, embedding) to a worker thread: only
+    while model round-trips can overlap it. The non-LLM engine is all CPU on the event loop, and
+    it embeds there too, so a second thread would only add hand-offs and share the embedder."""
+    return not llm.is_extractive
+
+
+# --- the executor -------------------------------------------------------------------------
+
+
+@dataclass
+class _Attempts:
+    ok: bool = False
+    value: Any = None
+    error: str | None = None
+    attempts: int = 0
+    replies: list[str] = field(default_factory=list)
+
+
+def _problems(role: Role, inp: Any, value: Any, messages: list[Message], convo: list[Message]) -> str | None:
+    """Strict acceptance and the role's own checks, all reported at once for the re-ask."""
+    sent = [m["content"] for m in convo[len(messages):] if m["role"] == "user"]
+    rejected = [p for accept in role.accept for p in accept(value, messages, sent)]
+    violated = list(role.check(inp, value)) if role.check is not None else []
+    parts = ([f"not accepted: {'; '.join(rejected)}"] if rejected else []) + (
+        [f"constraint violations: {'; '.join(violated)}"] if violated else [])
+    return "; ".join(parts) or None
+
+
+async def _ask(role: Role, inp: Any, messages: list[Message], llm: LLM, rec: Recorder, max_reasks: int,
+               temperature: float | None, max_tokens: int) -> _Attempts:
+    out = _Attempts()
+    convo, fmt = list(messages), role.output.fmt(f"{role.name}.{role.action}")
+    wrapped = rec.llm(llm, role.name, role.action)
+    for n in range(max_reasks + 1):
+        out.attempts += 1
+        temp = temperature if n == 0 else max(temperature or 0.0, REASK_TEMPERATURE)
+        try:
+            reply = await wrapped.achat(convo, role=role.name, temperature=temp, max_tokens=max_tokens, fmt=fmt)
+        except LLMError as e:
+            out.error = f"model call failed: {e}"
+            return out
+        out.replies.append(reply)
+        if getattr(reply, "truncated", False):
+            value, error = None, f"the reply was cut at max_tokens ({max_tokens}); write a shorter reply"
+        else:
+            value, error = role.output.parse(reply)
+        if error is None:
+            error = _problems(role, inp, value, messages, convo)
+        if error is None:
+            out.ok, out.value, out.error = True, value, None
+            return out
+        out.error = error
+        convo = convo + [{"role": "assistant", "content": reply},
+                         {"role": "user", "content": role.output.reask(error)}]
+    if out.attempts > 1:
+        out.error = f"gave up after {out.attempts} attempts: {out.error}"
+    return out
+
+
+async def perform(role: Role[I, T], inp: I, *, llm: LLM, rec: Recorder, max_reasks: int = 2,
+                  temperature: float | None = None, max_tokens: int | None = None,
+                  **extra: Any) -> Outcome[T]:
+    """Perform ``role`` on ``inp``; see the module docstring. ``extra`` goes into the turn record.
+
+    ``temperature`` / ``max_tokens`` override the role's defaults (the user's settings).
+    """
+    messages = role.messages(inp)
+    if llm.is_extractive:  # the one place that chooses the engine
+        try:
+            value = role.extractive(inp)
+        except RoleFailed as e:
+            rec.turn(role.name, role.action, messages, "", ok=False, attempts=0, extractive=True, error=str(e),
+                     **extra)
+            return _failed(role, rec, str(e), 0, None, extra)
+        action = role.turn_action(value) if role.turn_action else role.action
+        shown = json.dumps(value, default=str) if role.direct else role.output.render(value)
+        rec.turn(role.name, action, messages, shown, ok=True, attempts=1, extractive=True, **extra)
+        rec.engines["extractive"] += 1
+        return Outcome(value if role.direct else role.result(inp, value), "extractive", attempts=0)
+    got = await _ask(role, inp, messages, llm, rec, max_reasks,
+                     role.temperature if temperature is None else temperature, max_tokens or role.max_tokens)
+    last = got.replies[-1] if got.replies else None
+    action = role.turn_action(got.value) if (role.turn_action and got.ok) else role.action
+    rec.turn(role.name, action, messages, last or "", ok=got.ok, attempts=got.attempts,
+             **({} if got.ok else {"error": got.error}), **extra)
+    if got.ok:
+        rec.engines["llm"] += 1
+        return Outcome(role.result(inp, got.value), "llm", attempts=got.attempts, reply=last)
+    error = got.error or "no usable reply"
+    backup = role.extractive if role.fallback == "extractive" else role.fallback
+    if backup is None:
+        return _failed(role, rec, error, got.attempts, last, extra)
+    rec.fail(f"{role.name}/{role.action}", error, role=role.name, attempts=got.attempts, **extra)
+    try:
+        value = backup(inp)
+    except RoleFailed as e:
+        return _failed(role, rec, f"{error}; the fallback failed too: {e}", got.attempts, last, {}, record=False)
+    note = role.on_fail.format(role=role.name, action=role.action, **extra)
+    rec.decide(note, reason=error, **({"fallback": role.parts(inp)} if role.parts else {}))
+    rec.engines["fallback"] += 1
+    return Outcome(role.result(inp, value), "fallback", error, got.attempts, last)
+
+
+def _failed(role: Role, rec: Recorder, error: str, attempts: int, reply: str | None, extra: dict[str, Any],
+            *, record: bool = True) -> Outcome:
+    if record:
+        rec.fail(f"{role.name}/{role.action}", error, role=role.name, attempts=attempts, **extra)
+    rec.engines["failed"] += 1
+    return Outcome(None, "failed", error, attempts, reply)

@@ -1,0 +1,123 @@
+"""Strict acceptance (issue 14): junk that parses is still rejected, with a recorded reason."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from deepr.acceptance import no_echo, no_placeholder, query_words, template_texts
+from deepr.llm.base import run_sync
+from deepr.llm.replay import ReplayLLM
+
+QUERY = "Who was Adam Smith and which books is he known for?"
+
+
+@pytest.fixture(scope="module")
+def tools(retriever):
+    from deepr.corpus import ResearchTools
+
+    return ResearchTools(retriever, k=3)
+
+
+def _ctx(tools, llm, mode="decor"):
+    from deepr.agent import Ctx, RunConfig, Tracer
+
+    return Ctx(llm=llm, tools=tools, config=RunConfig(mode=mode), tracer=Tracer(QUERY, mode))
+
+
+PROMPT = [{"role": "system", "content": 'Reply exactly as: <think>which fact</think><search>the query</search> '
+                                        'or as JSON {"name": "search", "keywords": ["..."]}'},
+          {"role": "user", "content": "Question: Who was Adam Smith? Facts so far: (empty)"}]
+
+
+def test_shared_checks_on_their_own():
+    assert "the query" in template_texts(PROMPT) and "search" not in template_texts(PROMPT)
+    assert no_placeholder("...", PROMPT) and no_placeholder("…", PROMPT)
+    assert no_placeholder({"keywords": ["...", "lava"]}, PROMPT)
+    assert no_placeholder("The query", PROMPT)  # template text copied back
+    assert not no_placeholder("Adam Smith economist", PROMPT) and not no_placeholder("STOP", PROMPT)
+    assert no_echo("Question: Who was Adam Smith? Facts so far: (empty)", PROMPT)
+    assert no_echo("Reply exactly as: <think>which fact</think>", PROMPT)
+    assert no_echo("Your previous reply could not be used: x", PROMPT,
+                   ["Your previous reply could not be used: x\nReply again."])
+    assert not no_echo("Adam Smith was a Scottish economist and philosopher.", PROMPT)
+    short = query_words(lambda v: [v])
+    assert short("economist", PROMPT) and not short("Adam Smith economist", PROMPT)
+    assert not short("明石海峡大桥", PROMPT)  # no spaces, still several words
+
+
+@pytest.mark.parametrize("junk, reason", [
+    ("Adam Smith economist", "no search tag"),  # the tag is required: no prose used whole
+    ("<search>the query</search>", "template text"),
+    ("<search>...</search>", "placeholder"),
+    ("<search>economist</search>", "fewer than 2 content words"),
+    ("<search>You plan the searches of a question-answering system.</search>", "repeats the instructions"),
+])
+def test_decor_planner_rejects_junk_and_says_why(tools, junk, reason):
+    from deepr.agent.decor import plan_step
+
+    llm = ReplayLLM({"decor_planner": [junk, "<search>Adam Smith economist</search>"]})
+    ctx = _ctx(tools, llm)
+    assert run_sync(plan_step(ctx, QUERY, [], [], 1)) == "Adam Smith economist"
+    assert len(llm.calls) == 2 and reason in llm.calls[1][1][-1]["content"]
+    assert ctx.tracer.turns[-1].model_extra["attempts"] == 2
+
+
+def test_decor_planner_that_never_gives_a_real_query_is_a_recorded_failure(tools):
+    from deepr.agent.decor import plan_step
+
+    ctx = _ctx(tools, ReplayLLM({"decor_planner": ["<search>...</search>"] * 3}))
+    assert run_sync(plan_step(ctx, QUERY, [], [], 1)) is None
+    failure = ctx.tracer.failures[0]
+    assert failure["where"] == "decor_planner/plan" and "placeholder" in failure["reason"]
+
+
+def test_warp_search_does_not_search_for_the_prompts_example(tools):
+    from deepr.agent.warp import WarpRun
+
+    dots = json.dumps({"name": "search", "keywords": ["...", "..."]})
+    ctx = _ctx(tools, ReplayLLM([dots] * 3), mode="warp")
+    run_sync(WarpRun(ctx, QUERY).search("find background", ["Adam Smith economist"], 3))
+    assert [t["query"] for t in ctx.tracer.tools] == ["Adam Smith economist"]  # the default, not "..."
+    assert "placeholder" in ctx.tracer.failures[0]["reason"]
+
+
+def test_decor_answer_of_dots_with_a_real_id_is_rejected(tools):
+    from deepr.agent.decor import MemoryItem, answer_step
+
+    ctx = _ctx(tools, ReplayLLM({"decor_answerer": ["<answer>... [S1-R1]</answer>"] * 3}))
+    ids = ctx.search("S1", "Adam Smith economist")
+    memory = [MemoryItem("Adam Smith economist", f"{ctx.sentences(ids[0])[0]} [{ids[0]}]")]
+    answer = run_sync(answer_step(ctx, QUERY, memory))
+    assert answer != "... [S1-R1]" and "placeholder" in ctx.tracer.failures[0]["reason"]
+
+
+@pytest.mark.parametrize("final", ["<answer>...</answer>", "<answer>Adam Smith wrote books.</answer>"])
+def test_tools_mode_rejects_placeholder_and_uncited_answers(tools, final):
+    from deepr.agent.tools_agent import run_tools
+
+    search = '<tool_call>{"name": "search", "arguments": {"query": "Adam Smith economist"}}</tool_call>'
+    ctx = _ctx(tools, ReplayLLM([search] + [final] * 3), mode="tools")
+    out = run_sync(run_tools(ctx, QUERY))
+    assert out.raw_answer != final[8:-9] and answer_cites_shown(out)
+    assert any(f["where"] == "agent/answer" for f in ctx.tracer.failures)
+    assert any(d.get("fallback") == ["agent answer"] for d in ctx.tracer.decisions)
+
+
+def test_tools_mode_rejects_a_one_word_search(tools):
+    from deepr.agent.tools_agent import run_tools
+
+    short = '<tool_call>{"name": "search", "arguments": {"query": "the economist"}}</tool_call>'
+    good = '<tool_call>{"name": "search", "arguments": {"query": "Adam Smith economist"}}</tool_call>'
+    answer = '<answer><cite id="S1-R1">Adam Smith was an economist.</cite></answer>'
+    ctx = _ctx(tools, ReplayLLM([short, good, answer]), mode="tools")
+    out = run_sync(run_tools(ctx, QUERY))
+    assert [t["query"] for t in ctx.tracer.tools if t["tool"] == "search"] == ["Adam Smith economist"]
+    assert "fewer than 2 content words" in ctx.tracer.failures[0]["reason"] and out.tool_calls == 1
+
+
+def answer_cites_shown(out) -> bool:
+    from deepr.agent.tools_agent import answer_ids
+
+    return bool(answer_ids(out.raw_answer))

@@ -1,0 +1,150 @@
+"""The role seam: one declaration, one executor, one record (deepr.roles)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from pydantic import BaseModel, Field
+
+from deepr.llm.base import LLM, GenDefaults, LLMError, Reply, run_sync
+from deepr.llm.extractive import ExtractiveLLM
+from deepr.roles import JSONReply, Recorder, Role, RoleFailed, TaggedReply, body_of, perform
+
+
+class Keywords(BaseModel):
+    keywords: list[str] = Field(min_length=1)
+
+
+class Scripted(LLM):
+    """Replies from a list; keeps the keyword arguments of every call."""
+
+    name = "scripted"
+
+    def __init__(self, replies, gen=None):
+        super().__init__(gen=gen)
+        self.replies, self.calls = list(replies), []
+
+    async def _achat(self, messages, **kw):
+        self.calls.append({"messages": messages, **kw})
+        reply = self.replies.pop(0)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+
+@dataclass
+class Ask:
+    topic: str
+
+
+SEARCH = Role(name="searcher", action="keywords", output=JSONReply(Keywords),
+              messages=lambda a: [{"role": "user", "content": f"Keywords for {a.topic}?"}],
+              check=lambda a, v: [] if a.topic in " ".join(v["keywords"]) else [f"mention {a.topic}"],
+              extractive=lambda a: {"keywords": [a.topic]}, result=lambda a, v: v["keywords"],
+              max_tokens=64, temperature=0.0, on_fail="searched for {topic_id} with the topic itself")
+
+ANSWER = Role(name="writer", action="answer", output=TaggedReply("answer", required=True),
+              messages=lambda a: [{"role": "user", "content": f"Explain {a.topic}."}],
+              extractive=lambda a: f"{a.topic} is a topic.", max_tokens=128, fallback=None)
+
+
+def go(role, llm, rec=None, **kw):
+    rec = rec if rec is not None else Recorder()
+    return run_sync(perform(role, Ask("lava"), llm=llm, rec=rec, **kw)), rec
+
+
+def test_every_call_carries_the_roles_format_and_token_limit():
+    llm = Scripted(['{"keywords": ["lava flow"]}'])
+    out, rec = go(SEARCH, llm)
+    assert out.ok and out.by == "llm" and out.value == ["lava flow"]
+    call = llm.calls[0]
+    assert call["max_tokens"] == 64 and call["temperature"] == 0.0
+    assert call["fmt"].json_schema == Keywords.model_json_schema() and call["fmt"].regex is None
+    tagged = Scripted(["<answer>Lava is molten rock.</answer>"])
+    assert go(ANSWER, tagged)[0].value == "Lava is molten rock."
+    assert tagged.calls[0]["fmt"].regex and "answer" in tagged.calls[0]["fmt"].regex
+    assert tagged.calls[0]["max_tokens"] == 128
+    assert [t.completion for t in rec.turns] == ['{"keywords": ["lava flow"]}']
+
+
+def test_the_users_max_tokens_caps_the_roles_default():
+    llm = Scripted(['{"keywords": ["lava"]}'], gen=GenDefaults(max_tokens=32))
+    go(SEARCH, llm)
+    assert llm.calls[0]["max_tokens"] == 32
+
+
+def test_reasks_sample_and_name_tags_without_writing_them():
+    llm = Scripted(["no tag here", "<answer>Lava is molten rock.</answer>"])
+    out, rec = go(ANSWER, llm)
+    assert out.ok and out.attempts == 2
+    assert llm.calls[0]["temperature"] is None and llm.calls[1]["temperature"] >= 0.5
+    reask = llm.calls[1]["messages"][-1]["content"]
+    assert "answer tag" in reask and "<answer>" not in reask and "..." not in reask
+
+
+def test_a_reply_cut_at_max_tokens_is_a_failure_then_the_fallback_is_recorded():
+    cut = Reply('{"keywords": ["lava', truncated=True)
+    llm = Scripted([cut, cut, cut])
+    out, rec = go(SEARCH, llm, topic_id="T1")
+    assert out.by == "fallback" and out.value == ["lava"] and not out.ok
+    assert "cut at max_tokens (64)" in out.error and "gave up after 3 attempts" in out.error
+    assert rec.failures[0]["where"] == "searcher/keywords" and rec.failures[0]["attempts"] == 3
+    assert any(d["what"] == "searched for T1 with the topic itself" for d in rec.decisions)
+    assert rec.turns[-1].ok is False and rec.engines == {"fallback": 1}
+    assert [c.truncated for c in rec.calls] == [True, True, True]
+
+
+def test_a_failed_check_is_reasked_with_its_reason():
+    llm = Scripted(['{"keywords": ["basalt"]}', '{"keywords": ["lava tubes"]}'])
+    out, rec = go(SEARCH, llm)
+    assert out.value == ["lava tubes"] and "mention lava" in llm.calls[1]["messages"][-1]["content"]
+    assert rec.turns[0].model_extra["attempts"] == 2
+
+
+def test_no_fallback_means_a_recorded_failure_with_the_last_reply():
+    llm = Scripted(["nothing", "still nothing", LLMError("server gone")])
+    out, rec = go(ANSWER, llm)
+    assert out.by == "failed" and out.value is None and out.reply == "still nothing"
+    assert "model call failed: server gone" in out.error and rec.failures[0]["where"] == "writer/answer"
+
+
+def test_the_extractive_backend_runs_the_roles_own_implementation_and_records_it():
+    out, rec = go(ANSWER, ExtractiveLLM())
+    assert out.by == "extractive" and out.value == "lava is a topic."
+    turn = rec.turns[0]
+    assert turn.model_extra["extractive"] and body_of(turn.completion, "answer") == "lava is a topic."
+    assert turn.messages == [{"role": "user", "content": "Explain lava."}] and rec.calls == []
+
+
+def test_an_extractive_implementation_that_cannot_answer_is_a_recorded_failure():
+    def refuse(a):
+        raise RoleFailed("only 1 leaf; need 2")
+
+    role = Role(name="synth", action="pair", output=JSONReply(), messages=lambda a: [],
+                extractive=refuse, fallback=None)
+    out, rec = go(role, ExtractiveLLM())
+    assert out.by == "failed" and out.error == "only 1 leaf; need 2"
+    assert rec.failures == [{"where": "synth/pair", "reason": "only 1 leaf; need 2", "role": "synth",
+                             "attempts": 0}]
+
+
+@pytest.mark.parametrize("reply, reason", [("<answer></answer>", "empty"), ("", "no answer tag"),
+                                           ("Lava is molten rock.", "no answer tag")])
+def test_an_empty_or_untagged_reply_is_rejected(reply, reason):
+    out, _ = go(ANSWER, Scripted([reply] * 3))
+    assert out.by == "failed" and reason in out.error
+
+
+def test_format_regexes_match_the_replies_they_describe():
+    import re
+
+    from deepr.agent.tools_agent import STEP_REGEX
+
+    call = '<think>x</think>\n<tool_call>{"name": "search", "arguments": {"query": "a b"}}</tool_call>'
+    assert re.fullmatch(STEP_REGEX, call)
+    assert re.fullmatch(STEP_REGEX, '<answer><cite id="S1-R1">Rome is old.</cite> More [S1-R2].</answer>')
+    assert not re.fullmatch(STEP_REGEX, "Rome is old.")
+    regex = TaggedReply("search").fmt("decor_planner.plan").regex
+    assert re.fullmatch(regex, "<think>which fact</think>\n<search>Adam Smith books</search>")
+    assert not re.fullmatch(regex, "Adam Smith books")
