@@ -101,6 +101,9 @@ def search_errors(retriever: Any = None) -> Iterator[None]:
 
         console.print(f"[red]error[/]: {e}")
         raise typer.Exit(2) from None
+    except Exception:
+        check_usable(retriever)  # an agent that found nothing at all: name the real cause
+        raise
     finally:
         close = getattr(retriever, "close", None)
         if callable(close):

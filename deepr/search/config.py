@@ -72,6 +72,8 @@ class SearchConfig(BaseModel):
     rate: float | None = Field(None, gt=0, description="Most request starts per second (None: unlimited).")
     reader: str = Field("trafilatura", pattern="^(trafilatura|jina)$")
     passages: int = Field(4, ge=1, le=20, description="Passages of a read page given to the model.")
+    verify_pages: bool = Field(True, description="Fetch every result page while searching and drop results "
+                               "whose page fails (captcha, 403, empty...), so only readable pages are cited.")
 
     @field_validator("spec")
     @classmethod

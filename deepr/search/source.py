@@ -171,6 +171,10 @@ class SourceRetriever:
                 if rank < len(hits) and hits[rank].doc_id not in seen:
                     seen.add(hits[rank].doc_id)
                     merged.append(hits[rank])
+        if self.config.verify_pages:  # a result whose page cannot be read is never offered for citation
+            pool = merged[: 2 * k]
+            pages = await asyncio.gather(*(self._fetch(h.url) if h.url else _none() for h in pool))
+            merged = [h for h, p in zip(pool, pages) if p is None or p["ok"]]
         out = [h.model_copy(update={"rank": i}) for i, h in enumerate(merged[:k], start=1)]
         for h in out:
             if h.url and h.doc_id == h.url:
@@ -321,6 +325,10 @@ class SourceRetriever:
     def describe(self) -> dict[str, Any]:
         base = self.corpus.describe() if self.corpus is not None else {}
         return {**base, "search": self.corpus_name, "search_config": self.config.public()}
+
+
+async def _none() -> None:
+    return None
 
 
 def best_passages(url: str, title: str, text: str, need: str, n: int) -> list[str]:

@@ -1,0 +1,127 @@
+"""`--search` end to end on loopback: dag and warp reports from a fake SearXNG and website,
+replay without network, API keys never written anywhere, prompt injection inert, MCP over stdio."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import search_fakes as F
+from deepr.agent import cited_ids
+from deepr.cli import app
+
+SENTINEL = "sk-SENTINEL-7f3a9c-DO-NOT-LEAK"
+
+
+@pytest.fixture(scope="module")
+def web():
+    trap = socket.socket()
+    trap.bind(("127.0.0.1", 0))
+    trap.listen(8)
+    trap.settimeout(0.2)
+    site = F.site(trap.getsockname()[1])
+    prov = F.providers(site.url)
+    yield {"site": site, "prov": prov, "trap": trap}
+    site.close()
+    prov.close()
+    trap.close()
+
+
+def run(args: list[str], env: dict | None = None):
+    return CliRunner().invoke(app, ["run", *args], env=env)
+
+
+def references(md: str) -> list[str]:
+    return re.findall(r"<(https?://[^>]+)>", md.split("## References", 1)[1])
+
+
+@pytest.mark.parametrize("mode", ["dag", "warp"])
+def test_web_report_cites_fetched_pages_and_replays_offline(web, tmp_path, mode: str) -> None:
+    cache = tmp_path / "cache"
+    base = ["How do volcanoes and glaciers shape the land?", "--mode", mode, "--search",
+            f"searxng:{web['prov'].url}/searxng", "--allow-host", f"127.0.0.1:{web['site'].port}",
+            "--cache-dir", str(cache), "--html"]
+    before = len(web["site"].requests)
+    r = run([*base, "--out", str(tmp_path / "a" / "report.md")])
+    assert r.exit_code == 0, r.output
+    md = (tmp_path / "a" / "report.md").read_text(encoding="utf-8")
+    side = json.loads((tmp_path / "a" / "report.json").read_text(encoding="utf-8"))
+    served = {web["site"].url + q["path"] for q in web["site"].requests[before:]}
+    refs = references(md)
+    assert refs and all(u.startswith(web["site"].url + "/page/") for u in refs)
+    assert set(refs) <= served, "every referenced URL was fetched by this run"
+    assert re.search(r"accessed \d{4}-\d\d-\d\d", md)
+    assert side["search"]["searches"] > 0 and side["search"]["fetches"] > 0
+    meta = json.loads((tmp_path / "a" / "report.md.meta.json").read_text(encoding="utf-8"))
+    assert meta["config"]["search"]["counts"]["searches"] == side["search"]["searches"]
+    # prompt injection on a page changes nothing code owns
+    assert "S99" not in md and set(cited_ids(md)) <= set(side["citations"])
+    html = (tmp_path / "a" / "report.html").read_text(encoding="utf-8")
+    assert "<script>" not in html and f'href="{refs[0]}"' in html
+    # replay: zero requests anywhere, identical report
+    n_site, n_prov = len(web["site"].requests), len(web["prov"].requests)
+    r2 = run([*base, "--out", str(tmp_path / "b" / "report.md"), "--search-cache", "replay"])
+    assert r2.exit_code == 0, r2.output
+    assert (len(web["site"].requests), len(web["prov"].requests)) == (n_site, n_prov)
+    assert (tmp_path / "b" / "report.md").read_text(encoding="utf-8") == md
+    side2 = json.loads((tmp_path / "b" / "report.json").read_text(encoding="utf-8"))
+    assert side2["search"]["network_requests"] == 0 and side2["search"]["cache_hits"] > 0
+
+
+def test_replay_miss_fails_clearly(tmp_path) -> None:
+    r = run(["never asked", "--out", str(tmp_path / "r.md"), "--search", "searxng:http://127.0.0.1:9/x",
+             "--search-cache", "replay", "--cache-dir", str(tmp_path)])
+    assert r.exit_code == 2 and "replay" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("query", ["BREAK-html volcano", "BREAK-truncated volcano", "BREAK-missing volcano"])
+def test_all_searches_failing_exits_nonzero(web, tmp_path, query: str) -> None:
+    r = run([query, "--out", str(tmp_path / "r.md"), "--search", f"serper", "--cache-dir", str(tmp_path)],
+            env={"SERPER_API_KEY": SENTINEL, "DEEPR_SERPER_URL": f"{web['prov'].url}/serper"})
+    assert r.exit_code == 1 and "every web search failed" in r.output, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    assert not (tmp_path / "r.md").exists()
+
+
+def test_keys_never_reach_trace_cache_sidecar_or_log(web, tmp_path) -> None:
+    env = {f"{p.upper()}_API_KEY": SENTINEL for p in ("serper", "tavily", "brave", "jina")}
+    env.update({f"DEEPR_{p.upper()}_URL": f"{web['prov'].url}/{p}" for p in ("serper", "tavily", "brave", "jina")})
+    start = len(web["prov"].requests)
+    out = tmp_path / "out" / "report.md"
+    r = run(["Why are coral reefs bleaching?", "--out", str(out), "--search", "serper+tavily+brave+jina",
+             "--allow-host", f"127.0.0.1:{web['site'].port}", "--cache-dir", str(tmp_path / "cache"),
+             "--html", "--record", str(tmp_path / "traj.jsonl")], env=env)
+    assert r.exit_code == 0, r.output
+    sent = web["prov"].requests[start:]
+    got = {q["path"].split("?")[0].split("/")[1]: q["headers"] for q in sent}
+    assert got["serper"]["X-API-KEY"] == SENTINEL and got["brave"]["X-Subscription-Token"] == SENTINEL
+    assert got["tavily"]["Authorization"] == got["jina"]["Authorization"] == f"Bearer {SENTINEL}"
+    assert all(SENTINEL not in q["path"] for q in sent)  # never in a URL
+    assert SENTINEL not in r.output
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert len(files) > 5
+    for p in files:
+        assert SENTINEL not in p.read_text(encoding="utf-8", errors="replace"), p
+    side = json.loads((out.parent / "report.json").read_text(encoding="utf-8"))
+    assert {h for h in side["search"]["search"].split("+")} == {"serper", "tavily", "brave", "jina"}
+    assert side["search"]["cost_usd"] > 0
+
+
+def test_mcp_server_over_stdio(tmp_path) -> None:
+    corpus = tmp_path / "docs.jsonl"
+    rows = [{"id": "d1", "title": "Volcanoes", "text": "A volcano vents lava and ash from a magma chamber."},
+            {"id": "d2", "title": "Glaciers", "text": "Glaciers are rivers of ice that carve valleys."}]
+    corpus.write_text("\n".join(json.dumps(x) for x in rows), encoding="utf-8")
+    server = Path(__file__).with_name("mcp_search_server.py")
+    spec = f"mcp:{sys.executable} {server} {corpus}"
+    r = CliRunner().invoke(app, ["search", "glaciers carve valleys", "--search", spec, "--json",
+                                 "--cache-dir", str(tmp_path / "c")])
+    assert r.exit_code == 0, r.output
+    hits = json.loads(r.stdout[r.stdout.index("["):])
+    assert hits[0]["title"] == "Glaciers" and hits[0]["provider"] == "mcp" and hits[0]["doc_id"] == "mcp:d2"
