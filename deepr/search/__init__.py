@@ -31,4 +31,12 @@ def open_source(config: SearchConfig, open_corpus: Any = None) -> Any:
     return SourceRetriever(config, corpus=corpus)
 
 
-__all__ = ["SearchConfig", "open_source", "parse_spec"]
+def open_reader(config: SearchConfig) -> Any:
+    """A page reader with the same cache, limits and address guard, for checking cited URLs
+    (FACT): ``fetch_many(urls)`` returns page records; no search is involved."""
+    from deepr.search.source import SourceRetriever
+
+    return SourceRetriever(config, reader_only=True)
+
+
+__all__ = ["SearchConfig", "open_reader", "open_source", "parse_spec"]

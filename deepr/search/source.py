@@ -85,9 +85,10 @@ class _Loop:
 class SourceRetriever:
     """Corpus and/or web search behind the Retriever interface the agents use."""
 
-    def __init__(self, config: SearchConfig, corpus: Any = None, embedder: Any = None):
+    def __init__(self, config: SearchConfig, corpus: Any = None, embedder: Any = None, *,
+                 reader_only: bool = False):
         self.config = config
-        self.sources = parse_spec(config.spec)
+        self.sources = [] if reader_only else parse_spec(config.spec)
         if any(k == "corpus" for k, _ in self.sources) and corpus is None:
             raise ValueError("--search includes 'corpus' but no corpus retriever was opened")
         self.corpus = corpus
@@ -264,10 +265,21 @@ class SourceRetriever:
         return Document(id=url, title=untrusted(page["title"])[:300], text=text, url=url,
                         retrieved_at=page["retrieved_at"], final_url=page["final_url"])
 
-    def fetch_many(self, urls: list[str]) -> list[dict[str, Any]]:
-        """Page records for ``urls`` fetched concurrently (within the limits), cached."""
+    def fetch_many(self, urls: list[str], *, miss_is_failure: bool = False) -> list[dict[str, Any]]:
+        """Page records for ``urls`` fetched concurrently (within the limits), cached. In replay,
+        an uncached URL raises CacheMiss, or (``miss_is_failure``) becomes a failed record."""
+        async def one(u: str) -> dict[str, Any]:
+            try:
+                return await self._fetch(u)
+            except CacheMiss as e:
+                if not miss_is_failure:
+                    raise
+                self._fail("fetch", u, str(e))
+                return {"url": u, "final_url": u, "ok": False, "status": None, "content_type": "", "title": "",
+                        "text": "", "bytes": 0, "reason": f"not cached (replay): {u}", "retrieved_at": ""}
+
         async def all_() -> list[dict[str, Any]]:
-            return list(await asyncio.gather(*(self._fetch(u) for u in urls)))
+            return list(await asyncio.gather(*(one(u) for u in urls)))
         return self._run(all_())
 
     async def _fetch(self, url: str) -> dict[str, Any]:
