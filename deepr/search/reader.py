@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import io
 import json
@@ -103,8 +104,8 @@ async def read_page(client: httpx.AsyncClient, limiter: Limiter, url: str, cfg: 
         return {**base, "reason": f"content type {ctype!r} is not allowed ({', '.join(types)})"}
     if not ctype and b"\0" in resp.body[:1024]:
         return {**base, "reason": "binary body without a content type"}
-    try:
-        title, text = extract(resp.body, resp.content_type)
+    try:  # CPU-bound: off the event loop so other fetches keep their network waits overlapping
+        title, text = await asyncio.to_thread(extract, resp.body, resp.content_type)
     except Exception as e:  # a broken PDF or HTML must not end the run
         return {**base, "reason": f"could not extract text: {type(e).__name__}: {str(e)[:120]}"}
     reason = looks_failed(text, title)
