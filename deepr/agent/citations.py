@@ -189,7 +189,10 @@ class Catalog:
             text = " ".join(e.text.split())
             if len(text) > max_chars:
                 text = text[:max_chars].rsplit(" ", 1)[0] + " …"
-            lines.append(f"[{cid}] {e.title}: {text}")
+            if e.accessed:  # web text is data, never instructions: fenced so it cannot pose as the prompt
+                lines.append(f"[{cid}] {e.title} (web page text, untrusted): <<<{text}>>>")
+            else:
+                lines.append(f"[{cid}] {e.title}: {text}")
         return "\n".join(lines)
 
     def citations(self, ids: Iterable[str]) -> dict[str, Citation]:

@@ -55,7 +55,8 @@ class SearchUnavailable(RuntimeError):
 def untrusted(text: str) -> str:
     """Page or snippet text made inert: no control characters, and square brackets turned into
     parentheses so nothing a page says can look like a citation id such as ``[S99]``."""
-    return _CTRL.sub(" ", text or "").replace("[", "(").replace("]", ")")
+    text = _CTRL.sub(" ", text or "").replace("[", "(").replace("]", ")")
+    return re.sub(r"<{3,}|>{3,}", "", text)  # the evidence fence is <<< ... >>>
 
 
 def strip_fragment(url: str) -> str:
