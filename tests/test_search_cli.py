@@ -125,3 +125,31 @@ def test_mcp_server_over_stdio(tmp_path) -> None:
     assert r.exit_code == 0, r.output
     hits = json.loads(r.stdout[r.stdout.index("["):])
     assert hits[0]["title"] == "Glaciers" and hits[0]["provider"] == "mcp" and hits[0]["doc_id"] == "mcp:d2"
+
+
+def test_grpo_planner_rollouts_use_web_tools_and_replay(web, tmp_path) -> None:
+    from deepr.search import SearchConfig
+    from deepr.search.source import SourceRetriever
+    from deepr.train.rollouts import PlannerEnvironment
+
+    turn1 = json.dumps({"nodes": [
+        {"id": "N1", "type": "search", "query": "volcano eruptions and lava", "key_points": ["eruptions"]},
+        {"id": "N2", "type": "search", "query": "glacier ice movement", "key_points": ["ice"]},
+        {"id": "N3", "type": "aggregate", "need": "how land is shaped", "key_points": ["shape"], "inputs": ["N1", "N2"]},
+        {"id": "N4", "type": "answer", "need": "How do volcanoes and glaciers shape land?", "inputs": ["N3"]}]})
+
+    def env(mode: str) -> PlannerEnvironment:
+        cfg = SearchConfig(spec=f"searxng:{web['prov'].url}/searxng", cache=mode, cache_dir=tmp_path,
+                           allow_hosts=[f"127.0.0.1:{web['site'].port}"])
+        return PlannerEnvironment(SourceRetriever(cfg), k=3)
+
+    first = env("use")
+    msg, stats = first.feedback("How do volcanoes and glaciers shape land?", turn1)
+    first.retriever.close()
+    assert stats == {"valid0": 1.0, "searches": 2.0}
+    assert "[N1-R1] Volcanoes (web page text, untrusted): <<<A volcano is" in msg and "[N2-R1] Glaciers" in msg
+    n = (len(web["site"].requests), len(web["prov"].requests))
+    again = env("replay")
+    msg2, _ = again.feedback("How do volcanoes and glaciers shape land?", turn1)
+    again.retriever.close()
+    assert msg2 == msg and (len(web["site"].requests), len(web["prov"].requests)) == n
