@@ -40,6 +40,26 @@ def article(title: str, body: str) -> bytes:
             "</body></html>").encode()
 
 
+def minimal_pdf(text: str) -> bytes:
+    stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode()
+    objs = [b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R /Resources << /Font << /F1 5 0 R >> >> >>",
+            b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream",
+            b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"]
+    out, offsets = bytearray(b"%PDF-1.4\n"), []
+    for i, o in enumerate(objs, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % i + o + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objs) + 1)
+    out += b"".join(b"%010d 00000 n \n" % off for off in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objs) + 1, xref)
+    return bytes(out)
+
+
+PDF_TEXT = "Basalt lava cools into hexagonal columns near the coast of the volcanic island."
+
+
 class Server:
     """A ThreadingHTTPServer on 127.0.0.1 whose handler is a plain function; requests are logged."""
 
@@ -110,6 +130,8 @@ def site(trap_port: int, latency: float = 0.0) -> Server:
             return 301, {"Location": "/page/glacier"}, b""
         if p == "/big":
             return 200, html, b"<html><body><p>" + b"lava " * 2_000_000 + b"</p></body></html>"
+        if p == "/doc.pdf":
+            return 200, {"Content-Type": "application/pdf"}, minimal_pdf(PDF_TEXT)
         if p == "/binary":
             return 200, {"Content-Type": "application/octet-stream"}, bytes(range(256)) * 64
         if p == "/captcha":

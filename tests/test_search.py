@@ -188,6 +188,17 @@ def test_hostile_pages_are_recorded_failures_never_cached(web, tmp_path) -> None
     assert stored.count("fetch-failure") == len(HOSTILE)
 
 
+def test_pdf_pages_are_read(web, tmp_path) -> None:
+    src = _source(web, tmp_path)
+    try:
+        url = web["site"].url + "/doc.pdf"
+        src._returned[url] = ["basalt columns"]
+        doc = src.read(url)
+        assert doc.text == F.PDF_TEXT and doc.url == url
+    finally:
+        src.close()
+
+
 def test_429_retry_after_is_honoured(web, tmp_path) -> None:
     src = _source(web, tmp_path)
     try:

@@ -153,3 +153,18 @@ def test_grpo_planner_rollouts_use_web_tools_and_replay(web, tmp_path) -> None:
     msg2, _ = again.feedback("How do volcanoes and glaciers shape land?", turn1)
     again.retriever.close()
     assert msg2 == msg and (len(web["site"].requests), len(web["prov"].requests)) == n
+
+
+def test_build_trees_grows_from_web_results(web, tmp_path) -> None:
+    topics = tmp_path / "topics.txt"
+    topics.write_text("Volcano\nGlacier\n", encoding="utf-8")
+    out = tmp_path / "trees.jsonl"
+    n = len(web["prov"].requests)
+    r = CliRunner().invoke(app, ["build-trees", "--topics", str(topics), "--out", str(out), "--max-depth", "1",
+                                 "--search", f"searxng:{web['prov'].url}/searxng", "--cache-dir", str(tmp_path),
+                                 "--allow-host", f"127.0.0.1:{web['site'].port}"])
+    assert r.exit_code == 0, r.output
+    asked = [q["path"] for q in web["prov"].requests[n:]]
+    assert any("Volcano" in q for q in asked) and any("Glacier" in q for q in asked)
+    meta = json.loads((tmp_path / "trees.jsonl.meta.json").read_text(encoding="utf-8"))
+    assert meta["search"]["searches"] >= 2 and meta["search"]["fetches"] >= 2
