@@ -147,7 +147,8 @@ def test_grpo_planner_rollouts_use_web_tools_and_replay(web, tmp_path) -> None:
     msg, stats = first.feedback("How do volcanoes and glaciers shape land?", turn1)
     first.retriever.close()
     assert stats == {"valid0": 1.0, "searches": 2.0}
-    assert "[N1-R1] Volcanoes (web page text, untrusted): <<<A volcano is" in msg and "[N2-R1] Glaciers" in msg
+    assert "[N1-R1] Volcanoes (web page text, untrusted): <<<" in msg and "[N2-R1] Glaciers" in msg
+    assert "magma chamber" in msg and "moraines" in msg  # passages of the fetched pages
     n = (len(web["site"].requests), len(web["prov"].requests))
     again = env("replay")
     msg2, _ = again.feedback("How do volcanoes and glaciers shape land?", turn1)

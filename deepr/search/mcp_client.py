@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shlex
+import tempfile
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -38,6 +40,7 @@ class MCPSearch:
         self._queue: asyncio.Queue | None = None
         self._task: asyncio.Task | None = None
         self._ready: asyncio.Future | None = None
+        self._errlog: Any = None
 
     async def _serve(self) -> None:
         from mcp import ClientSession, StdioServerParameters
@@ -54,8 +57,13 @@ class MCPSearch:
                     argv = shlex.split(self.spec)
                     if not argv:
                         raise ProviderError("--search mcp: give a command or URL after 'mcp:'")
-                    streams = await stack.enter_async_context(
-                        stdio_client(StdioServerParameters(command=argv[0], args=argv[1:])))
+                    # the server's stderr goes to a private file (its tail is shown if it fails to
+                    # start), never into deepr's own output; it inherits the environment so a
+                    # server that needs its own key finds it
+                    self._errlog = stack.enter_context(tempfile.TemporaryFile("w+", encoding="utf-8"))
+                    streams = await stack.enter_async_context(stdio_client(
+                        StdioServerParameters(command=argv[0], args=argv[1:], env=dict(os.environ)),
+                        errlog=self._errlog))
                 session = await stack.enter_async_context(ClientSession(streams[0], streams[1]))
                 await session.initialize()
                 tool = _pick_tool((await session.list_tools()).tools, self.spec)
@@ -70,7 +78,15 @@ class MCPSearch:
         except Exception as e:
             if not self._ready.done():
                 self._ready.set_exception(ProviderError(f"mcp: cannot start {self.spec!r}: "
-                                                        f"{type(e).__name__}: {str(e)[:200]}"))
+                                                        f"{type(e).__name__}: {str(e)[:200]}{self._stderr_tail()}"))
+
+    def _stderr_tail(self) -> str:
+        try:
+            self._errlog.seek(0)
+            tail = self._errlog.read()[-300:].strip()
+        except (AttributeError, OSError, ValueError):
+            return ""
+        return f" (server said: {tail})" if tail else ""
 
     async def start(self) -> None:
         if self._task is None:

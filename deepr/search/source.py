@@ -46,6 +46,7 @@ class WebHit(Hit):
 
     provider: str = ""
     retrieved_at: str = ""
+    snippet: str = ""  # the provider's own snippet when ``text`` is a passage of the read page
 
 
 class SearchUnavailable(RuntimeError):
@@ -176,12 +177,23 @@ class SourceRetriever:
         if self.config.verify_pages:  # a result whose page cannot be read is never offered for citation
             pool = merged[: 2 * k]
             pages = await asyncio.gather(*(self._fetch(h.url) if h.url else _none() for h in pool))
-            merged = [h for h, p in zip(pool, pages) if p is None or p["ok"]]
+            merged = [self._as_passage(h, p, query) for h, p in zip(pool, pages) if p is None or p["ok"]]
         out = [h.model_copy(update={"rank": i}) for i, h in enumerate(merged[:k], start=1)]
         for h in out:
             if h.url and h.doc_id == h.url:
                 self._returned[h.url].append(query)
         return out
+
+    def _as_passage(self, hit: Hit, page: dict[str, Any] | None, query: str) -> Hit:
+        """A verified web hit carries the page passage that best matches the query, with its own
+        id ``<url>#<chunk>`` (like corpus passages); the provider's snippet is kept as ``snippet``."""
+        if page is None or not hit.url or hit.doc_id != hit.url:
+            return hit
+        best = ranked_chunks(hit.url, page["title"], page["text"], query, 1)
+        if not best:
+            return hit
+        k, text = best[0]
+        return hit.model_copy(update={"id": f"{hit.url}#{k}", "text": untrusted(text), "snippet": hit.text})
 
     async def _provider(self, kind: str, arg: str, query: str, k: int) -> list[Hit]:
         label = kind if not arg else f"{kind}:{arg}"
@@ -346,24 +358,31 @@ async def _none() -> None:
 
 def best_passages(url: str, title: str, text: str, need: str, n: int) -> list[str]:
     """The ``n`` chunks of a page that best match ``need`` (BM25), in page order."""
+    return [t for _, t in ranked_chunks(url, title, text, need, n, page_order=True)]
+
+
+def ranked_chunks(url: str, title: str, text: str, need: str, n: int, *,
+                  page_order: bool = False) -> list[tuple[int, str]]:
+    """(chunk index, text) of the ``n`` corpus-chunker chunks of a page that best match ``need``
+    (BM25; ties and no-match fall back to page order); best first unless ``page_order``."""
     from deepr.corpus.chunking import chunk_documents
 
     chunks = [p.text for p in chunk_documents([Document(id=url, title=title, text=text)])]
-    if len(chunks) <= n:
-        return chunks
-    import bm25s
+    ranked = list(range(len(chunks)))
+    if len(chunks) > 1:
+        import bm25s
 
-    from deepr.corpus.index import tokenize
+        from deepr.corpus.index import tokenize
 
-    toks = tokenize([need])[0]
-    if not toks:
-        return chunks[:n]
-    model = bm25s.BM25()
-    model.index(tokenize(chunks), show_progress=False)
-    idx, scores = model.retrieve([toks], k=len(chunks), show_progress=False, n_threads=1)
-    ranked = [int(i) for i, s in zip(idx[0], scores[0]) if s > 0][:n]
-    ranked += [i for i in range(len(chunks)) if i not in ranked][: n - len(ranked)]
-    return [chunks[i] for i in sorted(ranked)]
+        toks = tokenize([need])[0]
+        if toks:
+            model = bm25s.BM25()
+            model.index(tokenize(chunks), show_progress=False)
+            idx, scores = model.retrieve([toks], k=len(chunks), show_progress=False, n_threads=1)
+            hit = [int(i) for i, sc in zip(idx[0], scores[0]) if sc > 0]
+            ranked = hit + [i for i in ranked if i not in hit]
+    keep = ranked[:n]
+    return [(i, chunks[i]) for i in (sorted(keep) if page_order else keep)]
 
 
 def _default_cache_dir() -> Path:
