@@ -370,19 +370,34 @@ def ranked_chunks(url: str, title: str, text: str, need: str, n: int, *,
     chunks = [p.text for p in chunk_documents([Document(id=url, title=title, text=text)])]
     ranked = list(range(len(chunks)))
     if len(chunks) > 1:
-        import bm25s
-
         from deepr.corpus.index import tokenize
 
-        toks = tokenize([need])[0]
-        if toks:
-            model = bm25s.BM25()
-            model.index(tokenize(chunks), show_progress=False)
-            idx, scores = model.retrieve([toks], k=len(chunks), show_progress=False, n_threads=1)
-            hit = [int(i) for i, sc in zip(idx[0], scores[0]) if sc > 0]
-            ranked = hit + [i for i in ranked if i not in hit]
+        scores = bm25_scores(tokenize([need])[0], tokenize(chunks))
+        hit = sorted((i for i in ranked if scores[i] > 0), key=lambda i: (-scores[i], i))
+        ranked = hit + [i for i in ranked if i not in hit]
     keep = ranked[:n]
     return [(i, chunks[i]) for i in (sorted(keep) if page_order else keep)]
+
+
+def bm25_scores(query: list[str], docs: list[list[str]], k1: float = 1.5, b: float = 0.75) -> list[float]:
+    """Okapi BM25 of each tokenised chunk for the query tokens. A page has a handful of chunks,
+    so this plain loop is faster than building a bm25s index per page (about 5 ms each)."""
+    import math
+    from collections import Counter
+
+    n = len(docs)
+    avg = sum(len(d) for d in docs) / max(n, 1) or 1.0
+    df = Counter(t for d in docs for t in set(d))
+    out = []
+    for d in docs:
+        tf = Counter(d)
+        score = 0.0
+        for t in set(query):
+            if tf[t]:
+                idf = math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))
+                score += idf * tf[t] * (k1 + 1) / (tf[t] + k1 * (1 - b + b * len(d) / avg))
+        out.append(score)
+    return out
 
 
 def _default_cache_dir() -> Path:
