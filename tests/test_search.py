@@ -291,3 +291,11 @@ def test_web_evidence_is_fenced_and_cannot_forge_ids() -> None:
     assert ev.count(">>>") == 1 and "[S99]" not in ev and "[N1-R2]" not in ev
     assert cat.check("Claim [S9-R9].") and not cat.check(f"Claim [{cid}].")
     assert "accessed 2026-01-01" in cat.references([cid])
+
+
+def test_provider_urls_cannot_break_out_of_markup() -> None:
+    from deepr.search.source import safe_url
+
+    bad = 'http://127.0.0.1:1/a"onmouseover="alert(1)<script>x</script> y#frag'
+    out = safe_url(bad)
+    assert not set('"<> ') & set(out) and "#" not in out and out.startswith("http://127.0.0.1:1/a%22")

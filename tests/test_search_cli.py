@@ -41,7 +41,7 @@ def references(md: str) -> list[str]:
     return re.findall(r"<(https?://[^>]+)>", md.split("## References", 1)[1])
 
 
-@pytest.mark.parametrize("mode", ["dag", "warp"])
+@pytest.mark.parametrize("mode", ["dag", "warp", "decor", "tools"])
 def test_web_report_cites_fetched_pages_and_replays_offline(web, tmp_path, mode: str) -> None:
     cache = tmp_path / "cache"
     base = ["How do volcanoes and glaciers shape the land?", "--mode", mode, "--search",
