@@ -201,6 +201,14 @@ def providers(site_url: str, fixtures: dict[str, Any] | None = None) -> Server:
         data = json.loads(body) if body else {}
         query = (qs.get("q") or [data.get("q") or data.get("query") or ""])[0]
         js = {"Content-Type": "application/json"}
+        if provider == "jina-reader":  # r.jina.ai/<url> with Accept: application/json
+            target = path.split("/jina-reader/", 1)[1]
+            name = target.rstrip("/").rsplit("/", 1)[-1]
+            if name not in TOPICS:
+                return 200, js, json.dumps({"code": 422, "data": {"title": "", "content": ""}}).encode()
+            title, text = TOPICS[name]
+            return 200, js, json.dumps({"code": 200, "data": {"title": title, "url": target,
+                                                               "content": f"# {title}\n\n{text}"}}).encode()
         if query in fixtures:
             return 200, js, json.dumps(fixtures[query]).encode()
         if "BREAK-html" in query:

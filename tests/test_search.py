@@ -299,3 +299,20 @@ def test_provider_urls_cannot_break_out_of_markup() -> None:
     bad = 'http://127.0.0.1:1/a"onmouseover="alert(1)<script>x</script> y#frag'
     out = safe_url(bad)
     assert not set('"<> ') & set(out) and "#" not in out and out.startswith("http://127.0.0.1:1/a%22")
+
+
+def test_jina_reader_when_chosen(web, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("JINA_API_KEY", "jina-test-key")
+    monkeypatch.setenv("DEEPR_JINA_READER_URL", f"{web['prov'].url}/jina-reader/")
+    src = _source(web, tmp_path, reader="jina")
+    try:
+        n_site = len(web["site"].requests)
+        hits = src.search("glacier valleys", 2)
+        assert hits and all(h.url.startswith(web["site"].url) for h in hits)
+        doc = src.read(hits[0].url)
+        assert "moraines" in doc.text and len(web["site"].requests) == n_site  # Jina read it, not us
+        sent = [q for q in web["prov"].requests if q["path"].startswith("/jina-reader/")]
+        assert sent and sent[-1]["headers"]["Authorization"] == "Bearer jina-test-key"
+        assert src.summary()["cost_usd"] > 0
+    finally:
+        src.close()

@@ -8,6 +8,7 @@ gets exactly that retriever back, so offline behaviour is unchanged.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ SEARCH_HELP = (
     "searxng:URL (self-hosted SearXNG, no key), serper (key in $SERPER_API_KEY), tavily ($TAVILY_API_KEY), "
     "brave ($BRAVE_API_KEY), jina ($JINA_API_KEY), mcp:<command or URL> (any MCP server with a search "
     "tool). Example: corpus+searxng:http://127.0.0.1:8888. Keys are read only from those environment "
-    "variables and are never written to traces, caches or logs.")
+    "variables and are never written to traces, caches or logs. Pages are read locally with trafilatura; "
+    "set DEEPR_READER=jina to read them through the Jina reader (r.jina.ai, $JINA_API_KEY) instead.")
 ALLOW_HELP = ("Let page fetches reach this host (HOST or HOST:PORT) even though it resolves to a "
               "loopback, private or link-local address; repeatable. Without it such addresses are refused "
               "after every redirect.")
@@ -39,9 +41,11 @@ def search_config(search: str, allow_host: list[str] | None, search_cache: str, 
 
     try:
         return SearchConfig(spec=search, allow_hosts=list(allow_host or []), cache=search_cache,
-                            cache_dir=cache_dir)
+                            cache_dir=cache_dir, reader=os.environ.get("DEEPR_READER") or "trafilatura")
     except ValidationError as e:
         err = e.errors()[0]
+        if err["loc"] and err["loc"][0] == "reader":
+            raise ValueError("DEEPR_READER: expected trafilatura or jina") from None
         raise ValueError(str(err["msg"]).removeprefix("Value error, ")) from None
 
 

@@ -117,7 +117,13 @@ async def read_page(client: httpx.AsyncClient, limiter: Limiter, url: str, cfg: 
 async def _read_jina(client: httpx.AsyncClient, limiter: Limiter, url: str, cfg: NetConfig) -> dict[str, Any]:
     from deepr.search.providers import ProviderError, api_key
 
+    from deepr.search.guard import BlockedAddress, url_parts
+
     base_url = os.environ.get("DEEPR_JINA_READER_URL") or "https://r.jina.ai/"
+    try:
+        url_parts(url)  # http(s) only; the page itself is fetched by Jina, not from this machine
+    except BlockedAddress as e:
+        return _record(url, reason=f"blocked: {e}")
     try:
         headers = {"Authorization": f"Bearer {api_key('jina')}", "Accept": "application/json"}
         resp = await request(client, limiter, "GET", base_url + url, cfg, guarded=False, headers=headers)
