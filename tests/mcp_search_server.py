@@ -1,5 +1,5 @@
 """A real MCP server (the ``mcp`` SDK's server API) over stdio, serving ``search`` over a small
-local JSONL corpus given as argv[1]: ``python mcp_search_server.py corpus.jsonl``."""
+local JSONL corpus given as argv[1]: ``python mcp_search_server.py corpus.jsonl [http-port]``."""
 
 from __future__ import annotations
 
@@ -22,4 +22,7 @@ def search(query: str, max_results: int = 5) -> list[dict]:
 
 
 if __name__ == "__main__":
-    app.run("stdio")
+    if len(sys.argv) > 2:  # second argument: serve streamable HTTP on 127.0.0.1:<port> instead of stdio
+        app.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        app.run("stdio")

@@ -169,3 +169,39 @@ def test_build_trees_grows_from_web_results(web, tmp_path) -> None:
     assert any("Volcano" in q for q in asked) and any("Glacier" in q for q in asked)
     meta = json.loads((tmp_path / "trees.jsonl.meta.json").read_text(encoding="utf-8"))
     assert meta["search"]["searches"] >= 2 and meta["search"]["fetches"] >= 2
+
+
+def test_mcp_server_over_streamable_http(tmp_path) -> None:
+    import subprocess
+    import time
+
+    from deepr.search import SearchConfig
+    from deepr.search.source import SourceRetriever
+
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text(json.dumps({"id": "d2", "title": "Glaciers", "text": "Glaciers carve valleys in rock.",
+                                  "url": "http://127.0.0.1:9/glaciers"}) + "\n", encoding="utf-8")
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    server = Path(__file__).with_name("mcp_search_server.py")
+    proc = subprocess.Popen([sys.executable, str(server), str(corpus), str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        src = SourceRetriever(SearchConfig(spec=f"mcp:http://127.0.0.1:{port}/mcp", cache_dir=tmp_path,
+                                           verify_pages=False), embedder=object())
+        try:
+            hits = src.search("glaciers carve valleys", 3)
+        finally:
+            src.close()
+        assert [(h.title, h.url, h.provider) for h in hits] == [("Glaciers", "http://127.0.0.1:9/glaciers", "mcp")]
+    finally:
+        proc.terminate()
+        proc.wait(10)
