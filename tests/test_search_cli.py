@@ -205,3 +205,14 @@ def test_mcp_server_over_streamable_http(tmp_path) -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_fetch_limits_from_environment_and_no_readable_page_fails(web, tmp_path) -> None:
+    r = run(["How do volcanoes shape the land?", "--out", str(tmp_path / "r.md"), "--search",
+             f"searxng:{web['prov'].url}/searxng", "--allow-host", f"127.0.0.1:{web['site'].port}",
+             "--cache-dir", str(tmp_path)], env={"DEEPR_FETCH_TYPES": "application/pdf"})
+    assert r.exit_code == 1 and "no search returned a readable page" in r.output, r.output
+    assert "content type 'text/html'" in r.output and not (tmp_path / "r.md").exists()
+    bad = run(["q", "--out", str(tmp_path / "r.md"), "--search", "searxng:http://127.0.0.1:9/x"],
+              env={"DEEPR_FETCH_TIMEOUT": "-1"})
+    assert bad.exit_code == 2 and "DEEPR_FETCH_TIMEOUT" in bad.output

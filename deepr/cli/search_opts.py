@@ -21,7 +21,27 @@ SEARCH_HELP = (
     "brave ($BRAVE_API_KEY), jina ($JINA_API_KEY), mcp:<command or URL> (any MCP server with a search "
     "tool). Example: corpus+searxng:http://127.0.0.1:8888. Keys are read only from those environment "
     "variables and are never written to traces, caches or logs. Pages are read locally with trafilatura; "
-    "set DEEPR_READER=jina to read them through the Jina reader (r.jina.ai, $JINA_API_KEY) instead.")
+    "set DEEPR_READER=jina to read them through the Jina reader (r.jina.ai, $JINA_API_KEY) instead. "
+    "Fetch limits: DEEPR_FETCH_TIMEOUT (s, 15), DEEPR_FETCH_MAX_BYTES (5000000), DEEPR_FETCH_TYPES "
+    "(comma-separated content types), DEEPR_FETCH_PER_HOST (4), DEEPR_FETCH_CONCURRENCY (8), "
+    "DEEPR_SEARCH_RATE (requests/s, unlimited), DEEPR_SEARCH_TTL_HOURS (168).")
+LIMIT_ENV = {"DEEPR_FETCH_TIMEOUT": ("timeout", float), "DEEPR_FETCH_MAX_BYTES": ("max_bytes", int),
+             "DEEPR_FETCH_PER_HOST": ("per_host", int), "DEEPR_FETCH_CONCURRENCY": ("concurrency", int),
+             "DEEPR_SEARCH_RATE": ("rate", float), "DEEPR_SEARCH_TTL_HOURS": ("ttl_hours", float),
+             "DEEPR_FETCH_TYPES": ("content_types", lambda v: tuple(t.strip().lower() for t in v.split(",") if t.strip()))}
+
+
+def _limits() -> dict[str, Any]:
+    """Fetch limits a user set through the environment (named in --search's help)."""
+    out: dict[str, Any] = {}
+    for env, (field, conv) in LIMIT_ENV.items():
+        raw = os.environ.get(env, "").strip()
+        if raw:
+            try:
+                out[field] = conv(raw)
+            except ValueError:
+                raise ValueError(f"{env}={raw!r}: not a valid value") from None
+    return out
 ALLOW_HELP = ("Let page fetches reach this host (HOST or HOST:PORT) even though it resolves to a "
               "loopback, private or link-local address; repeatable. Without it such addresses are refused "
               "after every redirect.")
@@ -41,11 +61,15 @@ def search_config(search: str, allow_host: list[str] | None, search_cache: str, 
 
     try:
         return SearchConfig(spec=search, allow_hosts=list(allow_host or []), cache=search_cache,
-                            cache_dir=cache_dir, reader=os.environ.get("DEEPR_READER") or "trafilatura")
+                            cache_dir=cache_dir, reader=os.environ.get("DEEPR_READER") or "trafilatura",
+                            **_limits())
     except ValidationError as e:
         err = e.errors()[0]
         if err["loc"] and err["loc"][0] == "reader":
             raise ValueError("DEEPR_READER: expected trafilatura or jina") from None
+        env = {f: e for e, (f, _) in LIMIT_ENV.items()}.get(str(err["loc"][0]) if err["loc"] else "")
+        if env:
+            raise ValueError(f"{env}: {err['msg']}") from None
         raise ValueError(str(err["msg"]).removeprefix("Value error, ")) from None
 
 
@@ -69,7 +93,8 @@ def attach(result: Any, retriever: Any, before: dict[str, Any] | None = None) ->
     if summary is None:
         return
     if before:
-        for key in ("searches", "fetches", "bytes", "cache_hits", "network_requests", "failed", "failed_searches"):
+        for key in ("searches", "results", "fetches", "bytes", "cache_hits", "network_requests", "failed",
+                    "failed_searches"):
             summary[key] = summary.get(key, 0) - before.get(key, 0)
         summary["cost_usd"] = round(summary["cost_usd"] - before.get("cost_usd", 0.0), 6)
         summary["failures"] = summary["failures"][len(before.get("failures", [])):]
@@ -85,11 +110,16 @@ def check_usable(retriever: Any) -> None:
     summary = search_summary(retriever)
     if not summary or summary["searches"] == 0:
         return
-    if summary["failed_searches"] >= summary["searches"]:
-        from deepr.cli.app import console
+    from deepr.cli.app import console
 
+    if summary["failed_searches"] >= summary["searches"]:
         reasons = sorted({f["reason"] for f in summary["failures"] if f["kind"] == "search"})[:3]
         console.print(f"[red]error[/]: every web search failed ({summary['failed_searches']}): " + "; ".join(reasons))
+        raise typer.Exit(1)
+    if summary["results"] == 0:
+        reasons = sorted({f["reason"] for f in summary["failures"]})[:3]
+        console.print(f"[red]error[/]: no search returned a readable page ({summary['failed']} failures"
+                      + (": " + "; ".join(reasons) if reasons else "") + ")")
         raise typer.Exit(1)
 
 

@@ -102,7 +102,7 @@ class SourceRetriever:
         self.net = NetConfig(timeout=config.timeout, max_bytes=config.max_bytes,
                              allow=parse_allow(config.allow_hosts))
         self.limiter = Limiter(rate=config.rate, per_host=config.per_host, total=config.concurrency)
-        self.stats: dict[str, Any] = {"searches": 0, "fetches": 0, "bytes": 0, "cache_hits": 0,
+        self.stats: dict[str, Any] = {"searches": 0, "results": 0, "fetches": 0, "bytes": 0, "cache_hits": 0,
                                       "network_requests": 0, "failures": [], "cost_usd": 0.0}
         self.pages: dict[str, dict[str, Any]] = {}
         self._returned: dict[str, list[str]] = defaultdict(list)  # url -> queries that returned it
@@ -179,6 +179,7 @@ class SourceRetriever:
             pages = await asyncio.gather(*(self._fetch(h.url) if h.url else _none() for h in pool))
             merged = [self._as_passage(h, p, query) for h, p in zip(pool, pages) if p is None or p["ok"]]
         out = [h.model_copy(update={"rank": i}) for i, h in enumerate(merged[:k], start=1)]
+        self.stats["results"] += len(out)
         for h in out:
             if h.url and h.doc_id == h.url:
                 self._returned[h.url].append(query)
