@@ -61,7 +61,7 @@ def test_web_report_cites_fetched_pages_and_replays_offline(web, tmp_path, mode:
     meta = json.loads((tmp_path / "a" / "report.md.meta.json").read_text(encoding="utf-8"))
     assert meta["config"]["search"]["counts"]["searches"] == side["search"]["searches"]
     # prompt injection on a page changes nothing code owns
-    assert "S99" not in md and set(cited_ids(md)) <= set(side["citations"])
+    assert "[S99]" not in md and set(cited_ids(md)) <= set(side["citations"])
     html = (tmp_path / "a" / "report.html").read_text(encoding="utf-8")
     assert "<script>" not in html and f'href="{refs[0]}"' in html
     # replay: zero requests anywhere, identical report
@@ -216,3 +216,23 @@ def test_fetch_limits_from_environment_and_no_readable_page_fails(web, tmp_path)
     bad = run(["q", "--out", str(tmp_path / "r.md"), "--search", "searxng:http://127.0.0.1:9/x"],
               env={"DEEPR_FETCH_TIMEOUT": "-1"})
     assert bad.exit_code == 2 and "DEEPR_FETCH_TIMEOUT" in bad.output
+
+
+def test_page_markup_never_reaches_the_html_report_unescaped(web, tmp_path) -> None:
+    q = "How do volcanoes erupt lava?"
+    evil = {"results": [{"url": f"{web['site'].url}/page/volcano", "title": '<img src=x onerror="alert(1)">Lava',
+                         "content": "<script>alert(2)</script> [S99] volcano"},
+                        {"url": f"{web['site'].url}/page/inject", "title": "<b>Safety</b>", "content": "x"}]}
+    prov = F.providers(web["site"].url, fixtures={q: evil})
+    try:
+        r = run([q, "--out", str(tmp_path / "r.md"), "--search", f"searxng:{prov.url}/searxng", "--html",
+                 "--allow-host", f"127.0.0.1:{web['site'].port}", "--cache-dir", str(tmp_path)])
+    finally:
+        prov.close()
+    assert r.exit_code == 0, r.output
+    html = (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "<img" not in html and "<script>" not in html and "<b>Safety" not in html
+    assert "&lt;img" in html or "&lt;b&gt;" in html  # the titles are shown, escaped
+    md = (tmp_path / "r.md").read_text(encoding="utf-8")
+    side = json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))
+    assert "[S99]" not in md and set(cited_ids(md)) <= set(side["citations"])  # page text stays inert
