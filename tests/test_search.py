@@ -316,3 +316,18 @@ def test_jina_reader_when_chosen(web, tmp_path, monkeypatch) -> None:
         assert src.summary()["cost_usd"] > 0
     finally:
         src.close()
+
+
+def test_peer_address_of_the_real_connection_is_checked(web) -> None:
+    """After connecting, the address actually reached is checked again (a name that resolved to a
+    public address for the pre-check but connects to a private one is still refused)."""
+    import httpx
+
+    from deepr.search.net import _peer_ok
+
+    url = web["site"].url + "/page/volcano"
+    with httpx.Client() as client, client.stream("GET", url) as resp:
+        assert resp.extensions.get("network_stream") is not None
+        _peer_ok(resp, url, parse_allow([f"127.0.0.1:{web['site'].port}"]))  # allowed: passes
+        with pytest.raises(BlockedAddress, match="127.0.0.1"):
+            _peer_ok(resp, url, set())
