@@ -49,10 +49,6 @@ class WebHit(Hit):
     snippet: str = ""  # the provider's own snippet when ``text`` is a passage of the read page
 
 
-class SearchUnavailable(RuntimeError):
-    """Every provider failed for a search (the reasons are in the message and the stats)."""
-
-
 def untrusted(text: str) -> str:
     """Page or snippet text made inert: no control characters, and square brackets turned into
     parentheses so nothing a page says can look like a citation id such as ``[S99]``."""
