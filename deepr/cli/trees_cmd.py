@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import typer
 
 from deepr.cli.app import app, console, summary_table, user_errors
+from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT, SEARCH_OPT
 
 T = TypeVar("T")
 LLM_HELP = ("extractive (no LLM, the offline default), openai:<model>, hf:<path>[,adapter=<role>:<path>] "
@@ -140,6 +141,7 @@ def build_trees_command(
     base_url: str | None = C["base_url"], api_key: str | None = C["api_key"], no_cache: bool = C["no_cache"],
     timeout: float = C["timeout"], concurrency: int = C["concurrency"], limit: int | None = C["limit"],
     dry_run: bool = C["dry_run"], shard: str | None = C["shard"], retry_rejects: bool = C["retry_rejects"],
+    search: str = SEARCH_OPT, allow_host: list[str] | None = ALLOW_OPT, search_cache: str = CACHE_OPT,
 ) -> None:
     """Grow evidence trees: seed topic → root query → breadth-first sub-queries, each grounded in
     retrieved documents with extracted statements (SPEC §1)."""
@@ -158,7 +160,7 @@ def build_trees_command(
         else:
             from deepr.corpus import load_documents, open_retriever
 
-            if dry_run:
+            if dry_run or search != "corpus":  # web search: topics still come from the corpus documents
                 seeds = sample_topics(load_documents(corpus), n_trees, seed=seed)
             else:
                 retriever_obj = open_retriever(corpus, retriever=retriever, cache_dir=cache_dir, progress=True)
@@ -169,13 +171,19 @@ def build_trees_command(
             summary_table("build-trees --dry-run (nothing run)", [*plan.items(), ("llm", llm), ("corpus", corpus),
                           *((f"topic {i + 1}", f"{s.title} [{s.category or '-'}]") for i, s in enumerate(todo[:10]))])
             return
-        if retriever_obj is None:
+        if retriever_obj is None or search != "corpus":
+            from deepr.cli.search_opts import open_search
             from deepr.corpus import open_retriever
 
-            retriever_obj = open_retriever(corpus, retriever=retriever, cache_dir=cache_dir, progress=True)
+            corpus_obj = retriever_obj
+            retriever_obj = open_search(search, allow_host, search_cache, cache_dir, lambda: corpus_obj or open_retriever(
+                corpus, retriever=retriever, cache_dir=cache_dir, progress=True))
         model, judge = _models(llm, judge_llm, base_url, api_key, no_cache, timeout, concurrency)
         inputs = [p for p in (topics, Path(corpus)) if p is not None and p.is_file()]
-        _run_trees(todo, retriever_obj, model, judge, cfg, out, rejects, plan, t0, inputs=inputs, corpus=corpus)
+        from deepr.cli.search_opts import search_errors
+
+        with search_errors(retriever_obj):
+            _run_trees(todo, retriever_obj, model, judge, cfg, out, rejects, plan, t0, inputs=inputs, corpus=corpus)
 
 
 def _run_trees(todo: list[Any], retriever: Any, model: Any, judge: Any, cfg: Any, out: Path, rejects: Path,
@@ -200,7 +208,8 @@ def _run_trees(todo: list[Any], retriever: Any, model: Any, judge: Any, cfg: Any
                    counts={**plan, **counts, "trees in output": len(trees)},
                    timings={"seconds": round(time.perf_counter() - t0, 2)},
                    extra={"corpus": corpus, "llm": model.describe(), "judge": judge.describe(),
-                          "usage": model.usage.as_dict(), "retriever": _describe(retriever), "summary": stats})
+                          "usage": model.usage.as_dict(), "retriever": _describe(retriever), "summary": stats,
+                          **({"search": retriever.summary()} if hasattr(retriever, "summary") else {})})
     summary_table(f"build-trees → {out}", [*plan.items(), *counts.items(), *stats.items(),
                                           ("rejects file", str(rejects) if counts["rejected"] else "-")])
 

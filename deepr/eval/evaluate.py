@@ -98,6 +98,7 @@ class EvalItem:
     # Fields the input actually carried: an absent field is a failure, an empty one is scored
     # (an empty prediction or report scores 0, so saying nothing cannot raise a mean).
     present: frozenset[str] = frozenset()
+    raw_report: str = ""  # before reference lists are dropped (FACT reads DRB's numbered URL list)
 
 
 class MetricFailure(Exception):
@@ -142,7 +143,7 @@ def item_from_record(rec: dict, where: str) -> EvalItem:
     return EvalItem(
         id=str(rec["id"]), where=where,
         query=_text(rec.get("query")) or _text(rec.get("question")) or _text(rec.get("prompt")),
-        report=drop_reference_lists(report), completion=completion,
+        report=drop_reference_lists(report), completion=completion, raw_report=report,
         prediction=rec.get("prediction") if isinstance(rec.get("prediction"), str) else None,
         answers=[answers] if isinstance(answers, str) else answers, plan=rec.get("plan"),
         node_outputs=rec.get("node_outputs"), answer=rec.get("answer") if "answer" in rec else None,
@@ -173,6 +174,7 @@ class EvalContext:
     rubrics: tuple[dict, dict] = ({}, {})
     gold: tuple[dict, dict] = ({}, {})
     race_tasks: dict[str, RaceTask] | None = None
+    pages: Any = None  # deepr.search page reader for FACT on reports that cite URLs
 
     def lookup(self, refs: tuple[dict, dict], item: EvalItem) -> dict | None:
         return refs[0].get(item.id) or (refs[1].get(squad_normalize(item.query)) if item.query else None)
@@ -339,11 +341,18 @@ async def _race(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
 
 
 async def _fact(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
-    r = await fact_check(_report(item), item.citations, ctx.need_judge())
+    report, r = _report(item), None  # an absent report is a failure before any page is fetched
+    if ctx.pages is not None and not store_texts(item.citations):
+        from deepr.rewards.fact import fact_check_web
+
+        r = await fact_check_web(item.raw_report, ctx.need_judge(), ctx.pages)
+    if r is None:
+        r = await fact_check(report, item.citations, ctx.need_judge())
     if r.failure:
         raise MetricFailure(r.failure)
     return {"fact_accuracy": r.accuracy, "fact_supported": r.supported, "fact_unsupported": r.unsupported,
-            "fact_unknown": r.unknown, "fact_pairs": [vars(p) for p in r.pairs]}
+            "fact_unknown": r.unknown, "fact_pairs": [vars(p) for p in r.pairs],
+            **({"fact_unfetched": r.unfetched} if r.unfetched else {})}
 
 
 METRIC_FUNCS = {"rubric": _rubric, "citation": _citation, "format": _format, "search": _search,

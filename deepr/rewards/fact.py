@@ -48,6 +48,7 @@ class FactResult:
     accuracy: float | None = None
     judge: str = ""
     failure: str | None = None
+    unfetched: dict[str, str] = field(default_factory=dict)  # url -> why its page could not be read
 
     @property
     def has_citations(self) -> bool:
@@ -138,6 +139,50 @@ async def fact_check(report: str, store: Mapping[str, Any], judge: Judge) -> Fac
     res.supported = sum(p.verdict == "supported" for p in pairs)
     res.unsupported = sum(p.verdict == "unsupported" for p in pairs)
     res.unknown = len(pairs) - res.supported - res.unsupported
+    judged = res.supported + res.unsupported
+    res.accuracy = res.supported / judged if judged else None
+    return res
+
+
+def _passages_for(page: Mapping[str, Any], statement: str) -> str:
+    from deepr.search.source import best_passages
+
+    return "\n\n".join(best_passages(page["url"], page.get("title", ""), page["text"], statement, 3))
+
+
+async def fact_check_web(article: str, judge: Judge, pages: Any) -> FactResult | None:
+    """FACT as DeepResearch Bench runs it, on a report whose ``[n]`` markers point into a numbered
+    reference list of URLs; None when the article has no such list. Each cited page is read
+    through ``pages`` (the search layer's reader: cache, limits, address guard); a page that
+    cannot be read makes only the statements citing it unknown."""
+    from deepr.search.drb import cited_statements, group_statements, parse_references
+
+    refs, body = parse_references(article)
+    if not refs:
+        return None
+    groups, _missing = group_statements(cited_statements(body), refs, embed=judge.embed)
+    urls = list(groups)
+    fetched = await asyncio.to_thread(pages.fetch_many, urls, miss_is_failure=True) if urls else []
+    res = FactResult(judge=judge.name)
+    todo = []
+    for url, page in zip(urls, fetched):
+        if not page["ok"]:
+            res.unfetched[url] = page["reason"]
+        for statement in groups[url]:
+            pair = FactPair(statement, url)
+            res.pairs.append(pair)
+            if page["ok"]:
+                todo.append((pair, _passages_for(page, statement)))
+    verdicts = await asyncio.gather(*(_judge_pair(judge, p.statement, t) for p, t in todo))
+    bad = [v.reason for v in verdicts if not v.ok]
+    if bad:
+        res.failure = "; ".join(bad)
+        return res
+    for (p, _), v in zip(todo, verdicts):
+        p.verdict = v.value
+    res.supported = sum(p.verdict == "supported" for p in res.pairs)
+    res.unsupported = sum(p.verdict == "unsupported" for p in res.pairs)
+    res.unknown = len(res.pairs) - res.supported - res.unsupported
     judged = res.supported + res.unsupported
     res.accuracy = res.supported / judged if judged else None
     return res

@@ -13,7 +13,8 @@ T = Σ_d W_d avg_d. 0.5 means "as good as the reference".
 
 Citations and reference lists are stripped from both articles before judging. One judge
 call per task sees the task, target as article 1, reference as article 2 and the criteria
-without weights. When both articles score 0 everywhere the task score is 0.5 (a tie), noted.
+without weights. When both articles score 0 everywhere the task score is 0, as the benchmark
+scores it (not 0.5), with a note.
 """
 
 from __future__ import annotations
@@ -177,7 +178,7 @@ class RaceResult:
 
 
 def _ratio(t: float, r: float) -> float:
-    return 0.5 if t + r == 0 else t / (t + r)
+    return 0.0 if t + r == 0 else t / (t + r)  # as DeepResearch Bench: both zero scores 0, not a tie
 
 
 def race_from_scores(task: RaceTask, scores: dict[str, Sequence[float]], judge: str = "") -> RaceResult:
@@ -197,7 +198,7 @@ def race_from_scores(task: RaceTask, scores: dict[str, Sequence[float]], judge: 
     res.T = sum(dw[d] * v for d, v in res.target_avg.items())
     res.R = sum(dw[d] * v for d, v in res.reference_avg.items())
     if res.T + res.R == 0:
-        res.notes.append("both articles scored 0 on every criterion: a tie, 0.5")
+        res.notes.append("both articles scored 0 on every criterion: scored 0 as DeepResearch Bench does")
     res.score = _ratio(res.T, res.R)
     return res
 

@@ -4,6 +4,7 @@ stage's data reader and trainer. Imports each stage module on demand (stages imp
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from deepr.train.grpo import GrpoResult
@@ -12,10 +13,15 @@ from deepr.train.stage import StageConfig, make_judge
 EXTRA_STAGES = ("rubric", "decor", "warp-atomic", "warp-report")
 
 
-def run_from_settings(settings: dict[str, Any], data: Any) -> tuple[GrpoResult, int, StageConfig]:
-    """Read ``data`` for the stage, open the corpus, train; returns (result, rows, config)."""
-    from deepr.corpus import open_retriever
+def run_from_settings(settings: dict[str, Any], data: Any,
+                      open_source: Callable[[Any], Any] | None = None) -> tuple[GrpoResult, int, StageConfig]:
+    """Read ``data`` for the stage, open the corpus (or ``open_source(config)``: e.g. the web
+    sources of ``--search``), train; returns (result, rows, config)."""
+    from deepr.corpus import open_retriever as _open_corpus
     from deepr.io import read_jsonl
+
+    def open_retriever(corpus: Any, **kw: Any) -> Any:
+        return open_source(config) if open_source is not None else _open_corpus(corpus, **kw)
 
     from deepr.records import QRPair
 

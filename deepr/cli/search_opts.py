@@ -1,0 +1,144 @@
+"""Shared ``--search`` / ``--allow-host`` / ``--search-cache`` options for every command that searches.
+
+A command declares the three options with the defaults below and calls :func:`open_search`
+with a function that opens the corpus retriever; with ``--search corpus`` (the default) it
+gets exactly that retriever back, so offline behaviour is unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import typer
+
+SEARCH_HELP = (
+    "Where searches go, sources joined by '+': corpus (the local index, default, offline), "
+    "searxng:URL (self-hosted SearXNG, no key), serper (key in $SERPER_API_KEY), tavily ($TAVILY_API_KEY), "
+    "brave ($BRAVE_API_KEY), jina ($JINA_API_KEY), mcp:<command or URL> (any MCP server with a search "
+    "tool). Example: corpus+searxng:http://127.0.0.1:8888. Keys are read only from those environment "
+    "variables and are never written to traces, caches or logs. Pages are read locally with trafilatura; "
+    "set DEEPR_READER=jina to read them through the Jina reader (r.jina.ai, $JINA_API_KEY) instead. "
+    "Fetch limits: DEEPR_FETCH_TIMEOUT (s, 15), DEEPR_FETCH_MAX_BYTES (5000000), DEEPR_FETCH_TYPES "
+    "(comma-separated content types), DEEPR_FETCH_PER_HOST (4), DEEPR_FETCH_CONCURRENCY (8), "
+    "DEEPR_SEARCH_RATE (requests/s, unlimited), DEEPR_SEARCH_TTL_HOURS (168).")
+LIMIT_ENV = {"DEEPR_FETCH_TIMEOUT": ("timeout", float), "DEEPR_FETCH_MAX_BYTES": ("max_bytes", int),
+             "DEEPR_FETCH_PER_HOST": ("per_host", int), "DEEPR_FETCH_CONCURRENCY": ("concurrency", int),
+             "DEEPR_SEARCH_RATE": ("rate", float), "DEEPR_SEARCH_TTL_HOURS": ("ttl_hours", float),
+             "DEEPR_FETCH_TYPES": ("content_types", lambda v: tuple(t.strip().lower() for t in v.split(",") if t.strip()))}
+
+
+def _limits() -> dict[str, Any]:
+    """Fetch limits a user set through the environment (named in --search's help)."""
+    out: dict[str, Any] = {}
+    for env, (field, conv) in LIMIT_ENV.items():
+        raw = os.environ.get(env, "").strip()
+        if raw:
+            try:
+                out[field] = conv(raw)
+            except ValueError:
+                raise ValueError(f"{env}={raw!r}: not a valid value") from None
+    return out
+ALLOW_HELP = ("Let page fetches reach this host (HOST or HOST:PORT) even though it resolves to a "
+              "loopback, private or link-local address; repeatable. Without it such addresses are refused "
+              "after every redirect.")
+CACHE_HELP = ("Search/fetch cache: use (read fresh entries, store new ones; default), refresh (store, never "
+              "read), off, or replay (cached results only; anything not cached is an error, no network).")
+
+SEARCH_OPT: Any = typer.Option("corpus", "--search", help=SEARCH_HELP)
+ALLOW_OPT: Any = typer.Option(None, "--allow-host", help=ALLOW_HELP)
+CACHE_OPT: Any = typer.Option("use", "--search-cache", help=CACHE_HELP)
+
+
+def search_config(search: str, allow_host: list[str] | None, search_cache: str, cache_dir: Path | None) -> Any:
+    """The validated SearchConfig; a bad flag value raises ValueError naming the flag."""
+    from pydantic import ValidationError
+
+    from deepr.search import SearchConfig
+
+    try:
+        return SearchConfig(spec=search, allow_hosts=list(allow_host or []), cache=search_cache,
+                            cache_dir=cache_dir, reader=os.environ.get("DEEPR_READER") or "trafilatura",
+                            **_limits())
+    except ValidationError as e:
+        err = e.errors()[0]
+        if err["loc"] and err["loc"][0] == "reader":
+            raise ValueError("DEEPR_READER: expected trafilatura or jina") from None
+        env = {f: e for e, (f, _) in LIMIT_ENV.items()}.get(str(err["loc"][0]) if err["loc"] else "")
+        if env:
+            raise ValueError(f"{env}: {err['msg']}") from None
+        raise ValueError(str(err["msg"]).removeprefix("Value error, ")) from None
+
+
+def open_search(search: str, allow_host: list[str] | None, search_cache: str, cache_dir: Path | None,
+                open_corpus: Callable[[], Any]) -> Any:
+    """The retriever for this command: the corpus one for ``--search corpus``, else a web source."""
+    from deepr.search import open_source
+
+    return open_source(search_config(search, allow_host, search_cache, cache_dir), open_corpus)
+
+
+def search_summary(retriever: Any) -> dict[str, Any] | None:
+    """Counts and estimated cost of a web source (None for the plain corpus)."""
+    fn = getattr(retriever, "summary", None)
+    return fn() if callable(fn) else None
+
+
+def attach(result: Any, retriever: Any, before: dict[str, Any] | None = None) -> None:
+    """Put this run's search counts into its trace (report.json) and provenance config."""
+    summary = search_summary(retriever)
+    if summary is None:
+        return
+    if before:
+        for key in ("searches", "results", "fetches", "bytes", "cache_hits", "network_requests", "failed",
+                    "failed_searches"):
+            summary[key] = summary.get(key, 0) - before.get(key, 0)
+        summary["cost_usd"] = round(summary["cost_usd"] - before.get("cost_usd", 0.0), 6)
+        summary["failures"] = summary["failures"][len(before.get("failures", [])):]
+    setattr(result.trace, "search", summary)
+    cfg = result.trace.model_extra.get("config")
+    if isinstance(cfg, dict):
+        cfg["search"] = {**retriever.config.public(), "counts": {k: v for k, v in summary.items() if k != "failures"}}
+
+
+def check_usable(retriever: Any) -> None:
+    """Fail (exit 1 with the reasons) when web searches ran and every one of them failed,
+    so a run never ends with an empty report and exit status 0."""
+    summary = search_summary(retriever)
+    if not summary or summary["searches"] == 0:
+        return
+    from deepr.cli.app import console
+
+    if summary["failed_searches"] >= summary["searches"]:
+        reasons = sorted({f["reason"] for f in summary["failures"] if f["kind"] == "search"})[:3]
+        console.print(f"[red]error[/]: every web search failed ({summary['failed_searches']}): " + "; ".join(reasons))
+        raise typer.Exit(1)
+    if summary["results"] == 0:
+        reasons = sorted({f["reason"] for f in summary["failures"]})[:3]
+        console.print(f"[red]error[/]: no search returned a readable page ({summary['failed']} failures"
+                      + (": " + "; ".join(reasons) if reasons else "") + ")")
+        raise typer.Exit(1)
+
+
+@contextlib.contextmanager
+def search_errors(retriever: Any = None) -> Iterator[None]:
+    """One-line errors for replay misses and unusable providers; closes the source afterwards."""
+    from deepr.search.cache import CacheMiss
+
+    try:
+        yield
+    except CacheMiss as e:
+        from deepr.cli.app import console
+
+        console.print(f"[red]error[/]: {e}")
+        raise typer.Exit(2) from None
+    except Exception:
+        check_usable(retriever)  # an agent that found nothing at all: name the real cause
+        raise
+    finally:
+        close = getattr(retriever, "close", None)
+        if callable(close):
+            close()

@@ -1,0 +1,103 @@
+"""Settings of the search layer (``--search``, ``--allow-host``, ``--search-cache`` and limits).
+
+``spec`` names one or more sources joined by ``+``: ``corpus`` (the local index, default),
+``searxng:URL``, ``serper``, ``tavily``, ``brave``, ``jina``, ``mcp:<command or URL>``.
+
+Example::
+
+    python -c "from deepr.search.config import parse_spec; print(parse_spec('corpus+searxng:http://127.0.0.1:8888'))"
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from deepr.search.cache import MODES
+from deepr.search.guard import parse_allow
+from deepr.search.reader import DEFAULT_TYPES
+
+KEYED = ("serper", "tavily", "brave", "jina")
+
+
+def parse_spec(spec: str) -> list[tuple[str, str]]:
+    """``[(kind, argument)]`` for a ``--search`` value; a bad value raises ValueError naming it."""
+    out: list[tuple[str, str]] = []
+    # a "+" inside an mcp command or URL is rare; split only where a known source starts
+    parts, buf = [], ""
+    for piece in (spec or "").split("+"):
+        head = piece.strip().split(":", 1)[0].lower()
+        if buf and head not in ("corpus", "searxng", "mcp", *KEYED):
+            buf += "+" + piece
+        else:
+            if buf:
+                parts.append(buf)
+            buf = piece
+    if buf:
+        parts.append(buf)
+    for part in parts:
+        kind, _, arg = part.strip().partition(":")
+        kind = kind.lower()
+        if kind in ("corpus", *KEYED) and not arg:
+            out.append((kind, ""))
+        elif kind == "searxng" and arg.startswith(("http://", "https://")):
+            out.append((kind, arg.rstrip("/")))
+        elif kind == "mcp" and arg.strip():
+            out.append((kind, arg.strip()))
+        else:
+            raise ValueError(f"--search {spec!r}: cannot read {part!r}; expected corpus, searxng:URL, serper, "
+                             "tavily, brave, jina or mcp:<command or URL>, joined by '+'")
+    if not out:
+        raise ValueError("--search is empty; use 'corpus' for the local index")
+    if len({k if k != "searxng" and k != "mcp" else k + a for k, a in out}) != len(out):
+        raise ValueError(f"--search {spec!r}: a source is named twice")
+    return out
+
+
+class SearchConfig(BaseModel):
+    """Everything that decides what a search or fetch does (one object per run)."""
+
+    model_config = ConfigDict(extra="forbid")
+    spec: str = "corpus"
+    allow_hosts: list[str] = Field(default_factory=list)
+    cache: str = "use"
+    cache_dir: Path | None = None
+    ttl_hours: float = Field(168.0, gt=0)
+    timeout: float = Field(15.0, gt=0, le=600)
+    max_bytes: int = Field(5_000_000, ge=1000)
+    content_types: tuple[str, ...] = DEFAULT_TYPES
+    per_host: int = Field(4, ge=1, le=64)
+    concurrency: int = Field(8, ge=1, le=256)
+    rate: float | None = Field(None, gt=0, description="Most request starts per second (None: unlimited).")
+    reader: str = Field("trafilatura", pattern="^(trafilatura|jina)$")
+    passages: int = Field(4, ge=1, le=20, description="Passages of a read page given to the model.")
+    verify_pages: bool = Field(True, description="Fetch every result page while searching and drop results "
+                               "whose page fails (captcha, 403, empty...), so only readable pages are cited.")
+
+    @field_validator("spec")
+    @classmethod
+    def _spec(cls, v: str) -> str:
+        parse_spec(v)
+        return v
+
+    @field_validator("cache")
+    @classmethod
+    def _cache(cls, v: str) -> str:
+        if v not in MODES:
+            raise ValueError(f"--search-cache {v!r}: expected one of {', '.join(MODES)}")
+        return v
+
+    @field_validator("allow_hosts")
+    @classmethod
+    def _allow(cls, v: list[str]) -> list[str]:
+        parse_allow(v)
+        return v
+
+    @property
+    def web(self) -> bool:
+        return any(k != "corpus" for k, _ in parse_spec(self.spec))
+
+    def public(self) -> dict:
+        """The settings for provenance (no secrets live here: keys are read from env at call time)."""
+        return self.model_dump(mode="json")
