@@ -105,7 +105,9 @@ class WarpAtomicRewardFn:
 
     def __init__(self, retriever: Any = None, *, k: int = 5, judge: Any = None):
         self.retriever, self.k = retriever, k
-        self.judge = judge if judge is not None and not getattr(judge, "extractive", True) else None
+        # Only an LLM judge adds the judged terms; the extractive stand-in would grade its own heuristics.
+        self.judge = judge if judge is not None and not getattr(getattr(judge, "llm", None), "is_extractive", True) \
+            else None
 
     def _docs(self, keywords: Sequence[str]) -> set[str]:
         return {h.doc_id for kw in keywords for h in self.retriever.search(kw, k=self.k)}
