@@ -264,3 +264,12 @@ def test_replay_scaffold_gaps_drive_replanning_and_search_agent_reasks(tools):
     answer_prompt = [m for role, m in llm.calls if role == "answerer"][0][-1]["content"]
     assert "cite the temples" in answer_prompt  # the persistent rubric conditions the writer
     resolves_to_trace(result)
+
+
+def test_extractive_dag_with_no_search_results_plans_and_finishes(tools, monkeypatch):
+    """A source that returns nothing (a dead web provider, an empty corpus) must not crash the
+    planner: the run ends with a valid plan and a report that says it found no evidence."""
+    monkeypatch.setattr(tools.retriever, "search", lambda *a, **kw: [])
+    r = run_agent(QUERY, tools=tools, llm=ExtractiveLLM(), config=RunConfig())
+    assert validate_plan(r.trace.plans[0]["plan"])[0] is not None
+    assert r.trace.citations == {}

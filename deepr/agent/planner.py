@@ -236,8 +236,8 @@ def _search_specs(ctx: Ctx, query: str) -> list[dict[str, Any]]:
     else:
         specs.append({"query": focus_query(query, 24), "label": "the question",
                       "key_points": _best_sentences(ctx, hits, qvec, 2)})
-    if not hits:
-        return specs
+    if not hits:  # nothing retrieved: plan from the question alone (still needs vectors for pairing)
+        return _dedupe(ctx, specs)
     texts = [h.text for h in hits]
     groups = cluster(ctx.encode(texts), min(4, max(2, -(-len(hits) // 3))), order=range(len(hits)))
     for g in groups:
