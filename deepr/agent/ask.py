@@ -85,13 +85,25 @@ async def ask_text(tracer: Tracer, llm: LLM, messages: Sequence[Message], *, rol
     return result
 
 
+_TRIES = re.compile(r"failed after (\d+) attempts")
+
+
+def _requests(result: Parsed) -> int:
+    """Requests sent for one turn: each ask, plus the backend's own tries of a call that failed
+    for good, so a failure entry agrees with its reason ('failed after 4 attempts')."""
+    err = result.error or ""
+    m = _TRIES.search(err) if err.startswith("model call failed") else None
+    return result.attempts - 1 + int(m.group(1)) if m else result.attempts
+
+
 def _record(tracer: Tracer, role: str, action: str, messages: Sequence[Message], result: Parsed,
             extra: dict[str, Any] | None = None) -> None:
     completion = result.replies[-1] if result.replies else ""
-    tracer.turn(role, action, messages, completion, ok=result.ok, attempts=result.attempts,
+    attempts = result.attempts if result.ok else _requests(result)
+    tracer.turn(role, action, messages, completion, ok=result.ok, attempts=attempts,
                 **({} if result.ok else {"error": result.error}), **(extra or {}))
     if not result.ok:
-        tracer.fail(f"{role}/{action}", result.error or "no usable reply", attempts=result.attempts)
+        tracer.fail(f"{role}/{action}", result.error or "no usable reply", attempts=attempts)
 
 
 def record_extractive(tracer: Tracer, role: str, action: str, messages: Sequence[Message],
