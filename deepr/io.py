@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 _SECRET_NAMES = {"token", "api_key", "apikey", "secret", "password", "passwd", "authorization"}
 _SECRET_SUFFIXES = ("_token", "_api_key", "_apikey", "_secret", "_password")
@@ -383,3 +384,10 @@ def check_paths(inputs: Iterable[tuple[str, str | Path | None]] = (),
         if out.exists() and not os.access(out, os.W_OK):
             raise ValueError(f"{flag} {out}: cannot write it (permission denied)")
         _writable_location(out, flag)
+
+
+def require_records(items: list[T], path: str | Path, flag: str = "", what: str = "records") -> list[T]:
+    """An input with nothing in it is a mistake (a wrong path, an earlier stage that wrote nothing)."""
+    if not items:
+        raise ValueError(f"{flag + ' ' if flag else ''}{path}: holds no {what}; nothing to do")
+    return items

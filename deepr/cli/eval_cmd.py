@@ -207,14 +207,14 @@ def _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cac
     from pydantic import ValidationError
 
     from deepr.eval.evaluate import EvalConfig, EvalContext, benchmark_totals, evaluate, summarize
-    from deepr.io import JsonlAppender, done_ids, read_jsonl, write_meta, write_text
+    from deepr.io import JsonlAppender, done_ids, read_jsonl, require_records, write_meta, write_text
 
     try:
         cfg = EvalConfig(metrics=[m.strip() for m in metric.split(",") if m.strip()], judge=judge_llm,
                          limit=limit, concurrency=concurrency)
     except ValidationError as e:
         raise ValueError(F.flag_error(e)) from None
-    items = load_items(input)
+    items = require_records(load_items(input), input, what="items to score")
     done = done_ids(out)
     todo = [it for it in items if it.id not in done][: cfg.limit]
     ctx = EvalContext(rubrics=load_references(rubrics, "rubrics") if rubrics else ({}, {}),

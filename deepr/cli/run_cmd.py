@@ -244,7 +244,9 @@ def run_command(
                          max_cycles=max_cycles, force_expand=force_expand, decor_steps=steps,
                          memory_limit=memory_limit, max_reasks=max_reasks)
         _guard_run(query, queries, out, corpus, record, html)
-        items = load_queries(queries) if queries else []
+        from deepr.io import require_records
+
+        items = require_records(load_queries(queries), queries, "--queries", "queries") if queries else []
         if queries:
             _guard_batch(items, queries, out, corpus, record)
         if dry_run:

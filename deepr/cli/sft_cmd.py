@@ -91,7 +91,7 @@ def prune_trajectories_cmd(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the counts, write nothing."),
 ) -> None:
     """Filter, prune and balance teacher trajectories into turn-level SFT / RL examples (SPEC §7)."""
-    from deepr.io import read_jsonl
+    from deepr.io import read_jsonl, require_records
     from deepr.records import Trajectory
     from deepr.train.trajectories import STAGE, PruneConfig, judge_scorer, prune_trajectories
 
@@ -105,7 +105,7 @@ def prune_trajectories_cmd(
 
         check_paths([("TRAJECTORIES", trajectories), ("--rubrics", rubrics)], [],
                     [("--out-dir", out_dir, PRUNE_OUTPUTS)])
-        trajs = list(read_jsonl(trajectories, Trajectory))[:limit]
+        trajs = require_records(list(read_jsonl(trajectories, Trajectory)), trajectories, what="trajectories")[:limit]
         if rubrics is not None:
             attach_rubrics(trajs, rubrics)
         scorer = judge_scorer(_judge_factory(judge_llm, base_url, api_key, timeout, gen, deadline))
@@ -177,7 +177,7 @@ def sft_cmd(
 ) -> None:
     """Fine-tune one role's LoRA adapter (or the full model) on turn-level chat examples (SPEC §8).
     Multi-GPU: `accelerate launch --config_file docs/accelerate/deepspeed_zero2.yaml -m deepr sft ...`."""
-    from deepr.io import read_jsonl, write_jsonl, write_meta
+    from deepr.io import read_jsonl, require_records, write_jsonl, write_meta
     from deepr.records import ChatExample
     from deepr.train.sft import SftConfig, drop_too_long, load_tokenizer, select_examples, train_sft
 
@@ -193,7 +193,7 @@ def sft_cmd(
                            max_length=max_length, batch_size=batch_size, grad_accum=grad_accum,
                            save_steps=save_steps, logging_steps=logging_steps, report_to=report_to, seed=seed,
                            resume=resume)
-        examples = list(read_jsonl(data, ChatExample))[:limit]
+        examples = require_records(list(read_jsonl(data, ChatExample)), data, "--data", "examples")[:limit]
         if dry_run:
             chosen, rejects = select_examples(examples, role)
             chosen, too_long = drop_too_long(chosen, load_tokenizer(model), max_length)

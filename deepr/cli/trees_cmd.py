@@ -257,7 +257,7 @@ def synthesize_rubrics_command(
 ) -> None:
     """Co-generate one research question and ≥ 5 typed, weighted, leaf-grounded rubrics per tree,
     every SPEC §2 constraint checked in code (violations re-asked, then rejected)."""
-    from deepr.io import read_jsonl, rejects_path
+    from deepr.io import read_jsonl, rejects_path, require_records
     from deepr.records import Tree
     from deepr.data.rubric_checks import RubricLimits
     from deepr.data.rubrics import SynthConfig, pair_id
@@ -268,7 +268,7 @@ def synthesize_rubrics_command(
         gen = F.gen_defaults(max_tokens, temperature, top_p, seed)
         cfg = SynthConfig(n_select=n_select, concurrency=concurrency, limits=RubricLimits(min_rubrics=min_rubrics))
         _guard([("TREES", trees)], out)
-        items = list(read_jsonl(trees, Tree))
+        items = require_records(list(read_jsonl(trees, Tree)), trees, what="trees")
         rejects = rejects_path(out)
         done = _done(out, [], rejects, retry_rejects, {pair_id(t.id) for t in items})
         todo, plan = _pending(items, lambda t: t.id, shard, done, lambda t: pair_id(t.id), limit)
@@ -338,7 +338,7 @@ def verify_command(
 ) -> None:
     """Audit each pair on six dimensions and KEEP / REVISE / DROP it; revisions must stay grounded
     in the selected leaves (checked in code)."""
-    from deepr.io import read_jsonl, rejects_path
+    from deepr.io import read_jsonl, rejects_path, require_records
     from deepr.records import QRPair, Tree
     from deepr.data.verify import VerifyConfig
 
@@ -349,7 +349,7 @@ def verify_command(
         cfg = VerifyConfig(concurrency=concurrency)
         drop_to, rejects = dropped or dropped_path(out), rejects_path(out)
         _guard([("PAIRS", pairs), ("--trees", trees)], out, ("--dropped", drop_to))
-        items = list(read_jsonl(pairs, QRPair))
+        items = require_records(list(read_jsonl(pairs, QRPair)), pairs, what="pairs")
         tree_map = {t.id: t for t in read_jsonl(trees, Tree)} if trees else None
         done = _done(out, [drop_to], rejects, retry_rejects, {p.id for p in items})
         todo, plan = _pending(items, lambda p: p.tree_id, shard, done, lambda p: p.id, limit)
