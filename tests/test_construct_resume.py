@@ -220,7 +220,8 @@ def test_killed_index_build_never_leaves_an_index_that_loads(tmp_path: Path, min
         return int(any(cache.glob("index/*.partial")))
 
     _kill_midway(_deepr("index", "--corpus", mini_corpus, "--cache-dir", cache), started, after=1)
-    assert not [p for p in cache.glob("index/*") if not p.name.endswith(".partial")], "a killed build left an index"
+    left = [p for p in cache.glob("index/*") if p.is_dir() and not p.name.endswith(".partial")]
+    assert not left, "a killed build left an index"
     again = subprocess.run(_deepr("search", "lava eruption", "--corpus", mini_corpus, "--cache-dir", cache, "-k",
                                   "5", "--json"), capture_output=True, text=True, env=_env())
     assert again.returncode == 0, again.stderr[-2000:]
@@ -239,7 +240,8 @@ def test_two_runs_share_cache_and_index_at_once(tmp_path: Path, setup):
                                          "--corpus", corpus, "--cache-dir", cache, "--llm", "openai:stub",
                                          "--base-url", srv.base_url, "--api-key", "k", "--allow-fallback"),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) for i in range(2)]
-        results = [(p.wait(timeout=600), p.stderr.read().decode()) for p in procs]
+        errs = [p.communicate(timeout=600)[1].decode() for p in procs]
+    results = [(p.returncode, e) for p, e in zip(procs, errs)]
     for code, err in results:
         assert code == 0 and "Traceback" not in err, err[-2000:]
     reports = [json.loads((tmp_path / f"r{i}.json").read_text()) for i in range(2)]
