@@ -248,3 +248,22 @@ def test_two_runs_share_cache_and_index_at_once(tmp_path: Path, setup):
     assert reports[0]["report"] and reports[0]["report"] == reports[1]["report"]
     with sqlite3.connect(cache / "llm.sqlite") as db:
         assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_killed_sft_resumes_from_its_last_checkpoint(tmp_path: Path):
+    from deepr.train.tiny import build_tiny_model, wiki_texts
+    from test_sft import planner_example
+
+    tiny = build_tiny_model(tmp_path / "tiny", corpus_texts=wiki_texts(300) or None)
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(planner_example(i).model_dump_json() + "\n" for i in range(8)))
+    out = tmp_path / "run"
+    cmd = _deepr("sft", "--model", tiny, "--data", data, "--out", out, "--role", "planner", "--max-steps", "30",
+                 "--save-steps", "2", "--batch-size", "4", "--grad-accum", "1", "--lr", "1e-2", "--lora-r", "4",
+                 "--lora-alpha", "8", "--max-length", "512", "--logging-steps", "1")
+    _kill_midway(cmd, lambda: len(list(out.glob("checkpoint-*"))), after=2)
+    assert not (out / "adapter_model.safetensors").exists()
+    done = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, env=_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (out / "adapter_model.safetensors").is_file()
+    assert json.loads((tmp_path / "run.meta.json").read_text())["counts"]["steps"] == 30

@@ -239,8 +239,9 @@ def _build_lock(target: Path) -> Iterator[None]:
     except ImportError:  # pragma: no cover - no flock on this platform
         yield
         return
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.with_name(target.name + ".lock"), "w") as f:
+    locks = target.parent.parent / "locks"  # beside index/, whose listing is the set of indexes
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{target.name}.lock", "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
