@@ -58,6 +58,7 @@ def _inputs(d: Path) -> None:
     _jsonl(d / "pd" / "sft.jsonl", [{"id": "t1", "query": "q", "mode": "dag", "turns": []}])
     _jsonl(d / "runs" / "reports.jsonl", [{"id": "q1", "question": "How do volcanoes erupt?"}])
     (d / "topics.txt").write_text("Volcano\nLava\n")
+    _jsonl(d / "corpus.jsonl", [{"id": "d1", "title": "Lava", "text": "Lava is molten rock."}])
     (d / "afile").write_text("not a folder\n")
     (d / "adir").mkdir()
     (d / "model").mkdir()
@@ -152,6 +153,12 @@ CASES: dict[str, tuple[list[str], int, str]] = {
     "eval/out-dir": (["eval", "queries.jsonl", "--metric", "format", "--out", "adir"], USAGE, "is a folder"),
     "eval/bad-metric": (["eval", "queries.jsonl", "--metric", "bogus", "--out", "s.jsonl"], USAGE,
                         "--metric: unknown metric"),
+    # index
+    "index/empty-folder": (["index", "--corpus", "adir"], USAGE, "folder has no .md or .txt files"),
+    "index/empty": (["index", "--corpus", "empty.jsonl"], USAGE, "has no documents"),
+    "index/invalid": (["index", "--corpus", "invalid.jsonl"], USAGE, "invalid.jsonl:1: not valid JSON"),
+    "index/cache-dir-file": (["index", "--corpus", "corpus.jsonl", "--cache-dir", "afile"], USAGE,
+                             "Not a directory"),
     # sft / grpo
     "sft/data-dir": (["sft", "--model", "model", "--data", "adir", "--out", "o"], USAGE, "is a folder"),
     "sft/data-empty": (["sft", "--model", "model", "--data", "empty.jsonl", "--out", "o"], USAGE, "holds no examples"),
