@@ -300,3 +300,29 @@ def test_exit_code_rules():
     assert exit_code(4, degraded=1, allow_fallback=True) == 0 and exit_code(0, degraded=3, allow_fallback=True) == 0
     assert exit_code(4, failed=1, allow_fallback=True) == PARTIAL  # a missing record is not a fallback
     assert exit_code(9, auth=True) == AUTH
+
+
+def test_an_output_reached_through_a_link_or_dots_is_still_the_input(tmp_path: Path):
+    from deepr.io import check_paths
+
+    src = _jsonl(tmp_path / "a" / "in.jsonl", [{"id": "x"}])
+    (tmp_path / "link.jsonl").symlink_to(src)
+    for out in (tmp_path / "link.jsonl", tmp_path / "a" / ".." / "a" / "in.jsonl"):
+        with pytest.raises(ValueError, match="would overwrite the input IN"):
+            check_paths([("IN", src)], [("--out", out)])
+    check_paths([("IN", src)], [("--out", tmp_path / "new" / "deeper" / "out.jsonl")])  # fine: created later
+
+
+def test_validation_errors_name_the_flag_and_the_whole_range():
+    from pydantic import ValidationError
+
+    from deepr.cli.flags import flag_error
+    from deepr.data.rubric_checks import RubricLimits
+    from deepr.data.rubrics import SynthConfig
+
+    with pytest.raises(ValidationError) as e:
+        SynthConfig(limits=RubricLimits(min_rubrics=5), n_select=99)
+    assert flag_error(e.value) == "--n-select 99: must be >= 1 and <= 20"
+    with pytest.raises(ValidationError) as e:
+        SynthConfig(limits={"min_rubrics": 0})
+    assert flag_error(e.value) == "--min-rubrics 0: must be >= 1"
