@@ -9,6 +9,9 @@
 - ``done_ids(path)`` is what a resumable stage skips; ``in_shard(id, "K/N")`` splits work
   deterministically across machines.
 - ``write_meta(out, ...)`` writes the ``<out>.meta.json`` provenance sidecar.
+- ``check_paths(inputs, outputs, out_dirs)`` refuses, before any work, an input that is a
+  folder, an output that is or would overwrite an input, and an output location that cannot
+  be written; every command calls it first.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 _SECRET_NAMES = {"token", "api_key", "apikey", "secret", "password", "passwd", "authorization"}
 _SECRET_SUFFIXES = ("_token", "_api_key", "_apikey", "_secret", "_password")
@@ -82,6 +86,8 @@ def read_jsonl(
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file (check the path, or run the stage that writes it)")
+    if path.is_dir():
+        raise ValueError(f"{path}: is a folder; expected a JSONL file")
     with path.open("r", encoding="utf-8") as f:
         lines = f.readlines()
     for lineno, raw in enumerate(lines, start=1):
@@ -315,3 +321,73 @@ def redact_argv(argv: list[str]) -> list[str]:
             continue
         out.append(a)
     return out
+
+
+# --- where a command may write ----------------------------------------------------------
+
+
+def _same(a: Path, b: Path) -> bool:
+    if a.exists() and b.exists():
+        return os.path.samefile(a, b)
+    return a.resolve() == b.resolve()
+
+
+def _writable_location(path: Path, flag: str) -> None:
+    """The first existing ancestor of ``path`` must be a folder we can write into."""
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path}: cannot write into {parent} (permission denied)")
+
+
+def check_paths(inputs: Iterable[tuple[str, str | Path | None]] = (),
+                outputs: Iterable[tuple[str, str | Path | None]] = (),
+                out_dirs: Iterable[tuple[str, str | Path | None, Iterable[str]]] = ()) -> None:
+    """Refuse a run that would fail late or destroy an input; raises ValueError naming the flag.
+
+    ``inputs``: (flag, file) pairs that must be readable files (a folder is refused; a
+    missing file is left to the reader, which names it). ``outputs``: (flag, file) pairs the
+    command writes, sidecars included. ``out_dirs``: (flag, folder, names) for commands that
+    write a folder; ``names`` are the files it will hold, checked against the inputs too.
+    """
+    ins = [(f, Path(p)) for f, p in inputs if p is not None]
+    for flag, p in ins:
+        if p.is_dir():
+            raise ValueError(f"{flag} {p}: is a folder; expected a file")
+        if p.exists() and not os.access(p, os.R_OK):
+            raise ValueError(f"{flag} {p}: cannot read it (permission denied)")
+    files = [(f, Path(p)) for f, p in outputs if p is not None]
+    for flag, d, names in out_dirs:
+        if d is None:
+            continue
+        d = Path(d)
+        if d.exists() and not d.is_dir():
+            raise ValueError(f"{flag} {d}: is a file; expected a folder")
+        for iflag, p in ins:
+            if _same(d, p):
+                raise ValueError(f"{flag} {d} is the input {iflag} {p}; choose another output folder")
+        if d.is_dir():
+            if not os.access(d, os.W_OK | os.X_OK):
+                raise ValueError(f"{flag} {d}: cannot write into it (permission denied)")
+        else:
+            _writable_location(d / "x", flag)
+        files += [(flag, d / n) for n in names]
+    for flag, out in files:
+        for iflag, p in ins:
+            if _same(out, p):
+                raise ValueError(f"{flag} {out} would overwrite the input {iflag} {p}; choose another output")
+        if out.is_dir():
+            raise ValueError(f"{flag} {out}: is a folder; expected a file path")
+        if out.exists() and not os.access(out, os.W_OK):
+            raise ValueError(f"{flag} {out}: cannot write it (permission denied)")
+        _writable_location(out, flag)
+
+
+def require_records(items: list[T], path: str | Path, flag: str = "", what: str = "records") -> list[T]:
+    """An input with nothing in it is a mistake (a wrong path, an earlier stage that wrote nothing)."""
+    if not items:
+        raise ValueError(f"{flag + ' ' if flag else ''}{path}: holds no {what}; nothing to do")
+    return items

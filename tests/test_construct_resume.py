@@ -10,7 +10,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,3 +101,169 @@ def test_interrupted_build_resumes_without_loss_or_duplicates(setup, tmp_path: P
     meta = json.loads(out.with_name(out.name + ".meta.json").read_text())
     assert meta["counts"]["already done"] == after_kill  # the re-run skipped exactly the finished trees
     assert meta["counts"]["to do now"] == len(TOPICS) - after_kill
+
+
+# --- kill -9 in every stage that claims to resume (issue 18.7) ---------------------------
+# Each test runs the stage against a paced stub endpoint on 127.0.0.1 (or the extractive engine),
+# kills it with SIGKILL once some records are written, re-runs it to the end and checks every id
+# is in the outputs exactly once, each line whole.
+
+from deepr.llm.stub_server import StubServer  # noqa: E402
+from tree_helpers import good_synthesis, small_tree  # noqa: E402
+
+N_ITEMS = 8
+
+
+def _count(*paths: Path) -> Callable[[], int]:
+    return lambda: sum(_lines(p) for p in paths)
+
+
+def _kill_midway(cmd: list[str], progress: Callable[[], int], after: int = 1, cwd: Path | None = None) -> int:
+    """Start ``cmd``, SIGKILL it once ``progress()`` reaches ``after``; return how far it got."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), cwd=cwd)
+    deadline = time.time() + 300
+    while progress() < after and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, f"finished before the kill: {proc.stderr.read().decode()[-2000:]}"
+    proc.kill()
+    proc.wait(timeout=60)
+    return progress()
+
+
+def _ids(*paths: Path) -> list[str]:
+    return [r["id"] for p in paths if p.exists() for r in read_jsonl(p)]  # raises on a torn line
+
+
+def _deepr(*args: object) -> list[str]:
+    return [sys.executable, "-m", "deepr", *map(str, args)]
+
+
+def _trees_file(path: Path) -> Path:
+    path.write_text("".join(small_tree(f"tree-{i}").model_dump_json() + "\n" for i in range(N_ITEMS)))
+    return path
+
+
+def _stub(**kw: Any) -> list[str]:
+    return ["--llm", "openai:stub", "--api-key", "k", "--no-cache", "--concurrency", "1"]
+
+
+def test_killed_synthesize_rubrics_resumes_each_pair_once(tmp_path: Path):
+    trees, out = _trees_file(tmp_path / "trees.jsonl"), tmp_path / "pairs.jsonl"
+    with StubServer(reply=json.dumps(good_synthesis()), latency=0.3) as srv:
+        cmd = _deepr("synthesize-rubrics", trees, "--out", out, *_stub(), "--base-url", srv.base_url)
+        got = _kill_midway(cmd, _count(out, rejects_path(out)), after=2)
+        assert 2 <= got < N_ITEMS
+        done = subprocess.run(cmd, capture_output=True, text=True, env=_env())
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(_ids(out, rejects_path(out))) == sorted(f"tree-{i}-qr" for i in range(N_ITEMS))
+    assert len(_ids(out)) == N_ITEMS
+
+
+def test_killed_verify_resumes_each_pair_once(tmp_path: Path):
+    trees, pairs = _trees_file(tmp_path / "trees.jsonl"), tmp_path / "pairs.jsonl"
+    with StubServer(reply=json.dumps(good_synthesis())) as srv:
+        made = subprocess.run(_deepr("synthesize-rubrics", trees, "--out", pairs, *_stub(), "--base-url",
+                                     srv.base_url), capture_output=True, text=True, env=_env())
+    assert made.returncode == 0, made.stderr[-2000:]
+    out = tmp_path / "verified.jsonl"
+    outs = (out, tmp_path / "dropped.jsonl", rejects_path(out))
+    with StubServer(reply="not an audit", latency=0.1) as srv:  # each pair: re-asked, then a reject line
+        cmd = _deepr("verify", pairs, "--out", out, *_stub(), "--base-url", srv.base_url)
+        got = _kill_midway(cmd, _count(*outs), after=2)
+        assert 2 <= got < N_ITEMS
+        done = subprocess.run(cmd, capture_output=True, text=True, env=_env())
+    assert done.returncode == 4, done.stderr[-2000:]  # every audit failed: "nothing succeeded"
+    assert sorted(_ids(*outs)) == sorted(f"tree-{i}-qr" for i in range(N_ITEMS))
+
+
+def test_killed_eval_resumes_each_item_once(tmp_path: Path):
+    inp = tmp_path / "preds.jsonl"
+    inp.write_text("".join(json.dumps({"id": f"p{i}", "prediction": "Paris", "answers": ["Paris"]}) + "\n"
+                           for i in range(N_ITEMS)))
+    out = tmp_path / "scores.jsonl"
+    with StubServer(reply='{"verdict": "YES"}', latency=0.3) as srv:
+        cmd = _deepr("eval", inp, "--metric", "lj", "--out", out, "--judge-llm", "openai:stub", "--base-url",
+                     srv.base_url, "--api-key", "k", "--no-cache", "--concurrency", "1")
+        got = _kill_midway(cmd, _count(out), after=2)
+        assert 2 <= got < N_ITEMS
+        done = subprocess.run(cmd, capture_output=True, text=True, env=_env())
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = list(read_jsonl(out))
+    assert sorted(r["id"] for r in rows) == sorted(f"p{i}" for i in range(N_ITEMS))
+    assert all(r["lj"] == 1.0 for r in rows)
+
+
+def test_killed_run_queries_resumes_each_query_once(tmp_path: Path, mini_corpus: Path, retriever):
+    queries = tmp_path / "q.jsonl"
+    qs = ["How are volcanoes formed?", "What causes earthquakes?", "How do vaccines work?",
+          "Why did Rome fall?", "How do bees make honey?", "What is photosynthesis?"]
+    queries.write_text("".join(json.dumps({"id": f"q{i}", "question": q}) + "\n" for i, q in enumerate(qs)))
+    out = tmp_path / "runs"
+    cmd = _deepr("run", "--queries", queries, "--out", out, "--corpus", mini_corpus, "--cache-dir",
+                 retriever.path.parents[1], "--record", tmp_path / "traj.jsonl")
+    got = _kill_midway(cmd, _count(out / "reports.jsonl"), after=1)
+    assert 1 <= got < len(qs)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_env())
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = list(read_jsonl(out / "reports.jsonl"))
+    assert sorted(r["id"] for r in rows) == sorted(f"q{i}" for i in range(len(qs)))
+    for r in rows:
+        assert json.loads(Path(r["trace_path"]).read_text())["query"] == r["query"]
+    traj = _ids(tmp_path / "traj.jsonl")
+    assert len(traj) == len(set(traj)) == len(qs)
+
+
+def test_killed_index_build_never_leaves_an_index_that_loads(tmp_path: Path, mini_corpus: Path, retriever):
+    cache = tmp_path / "cache"
+
+    def started() -> int:
+        return int(any(cache.glob("index/*.partial")))
+
+    _kill_midway(_deepr("index", "--corpus", mini_corpus, "--cache-dir", cache), started, after=1)
+    left = [p for p in cache.glob("index/*") if p.is_dir() and not p.name.endswith(".partial")]
+    assert not left, "a killed build left an index"
+    again = subprocess.run(_deepr("search", "lava eruption", "--corpus", mini_corpus, "--cache-dir", cache, "-k",
+                                  "5", "--json"), capture_output=True, text=True, env=_env())
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert [h["id"] for h in json.loads(again.stdout)] == [h.id for h in retriever.search("lava eruption", k=5)]
+
+
+def test_two_runs_share_cache_and_index_at_once(tmp_path: Path, setup):
+    """Two `deepr run` processes on a cold index and one LLM cache file: both finish, nothing corrupt."""
+    import sqlite3
+
+    corpus, _, _ = setup
+    cache = tmp_path / "cache"
+    env = {**_env(), "DEEPR_CACHE": str(cache)}
+    with StubServer(reply="not a plan", latency=0.02) as srv:
+        procs = [subprocess.Popen(_deepr("run", "How do volcanoes erupt?", "--out", tmp_path / f"r{i}.md",
+                                         "--corpus", corpus, "--cache-dir", cache, "--llm", "openai:stub",
+                                         "--base-url", srv.base_url, "--api-key", "k", "--allow-fallback"),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) for i in range(2)]
+        errs = [p.communicate(timeout=600)[1].decode() for p in procs]
+    results = [(p.returncode, e) for p, e in zip(procs, errs)]
+    for code, err in results:
+        assert code == 0 and "Traceback" not in err, err[-2000:]
+    reports = [json.loads((tmp_path / f"r{i}.json").read_text()) for i in range(2)]
+    assert reports[0]["report"] and reports[0]["report"] == reports[1]["report"]
+    with sqlite3.connect(cache / "llm.sqlite") as db:
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_killed_sft_resumes_from_its_last_checkpoint(tmp_path: Path):
+    from deepr.train.tiny import build_tiny_model, wiki_texts
+    from test_sft import planner_example
+
+    tiny = build_tiny_model(tmp_path / "tiny", corpus_texts=wiki_texts(300) or None)
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(planner_example(i).model_dump_json() + "\n" for i in range(8)))
+    out = tmp_path / "run"
+    cmd = _deepr("sft", "--model", tiny, "--data", data, "--out", out, "--role", "planner", "--max-steps", "30",
+                 "--save-steps", "2", "--batch-size", "4", "--grad-accum", "1", "--lr", "1e-2", "--lora-r", "4",
+                 "--lora-alpha", "8", "--max-length", "512", "--logging-steps", "1")
+    _kill_midway(cmd, lambda: len(list(out.glob("checkpoint-*"))), after=2)
+    assert not (out / "adapter_model.safetensors").exists()
+    done = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, env=_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (out / "adapter_model.safetensors").is_file()
+    assert json.loads((tmp_path / "run.meta.json").read_text())["counts"]["steps"] == 30

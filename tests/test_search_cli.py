@@ -82,7 +82,7 @@ def test_replay_miss_fails_clearly(tmp_path) -> None:
 
 @pytest.mark.parametrize("query", ["BREAK-html volcano", "BREAK-truncated volcano", "BREAK-missing volcano"])
 def test_all_searches_failing_exits_nonzero(web, tmp_path, query: str) -> None:
-    r = run([query, "--out", str(tmp_path / "r.md"), "--search", f"serper", "--cache-dir", str(tmp_path)],
+    r = run([query, "--out", str(tmp_path / "r.md"), "--search", "serper", "--cache-dir", str(tmp_path)],
             env={"SERPER_API_KEY": SENTINEL, "DEEPR_SERPER_URL": f"{web['prov'].url}/serper"})
     assert r.exit_code == 1 and "every web search failed" in r.output, r.output
     assert r.exception is None or isinstance(r.exception, SystemExit)

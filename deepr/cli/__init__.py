@@ -34,4 +34,29 @@ def _root(
 
 
 def main() -> None:
-    app()
+    """Entry point: flag and usage mistakes get one line (not a boxed panel), exit 2."""
+    import sys
+
+    try:  # recent typer vendors click
+        from typer._click import exceptions as click
+    except ImportError:  # pragma: no cover
+        from click import exceptions as click
+
+    from deepr.cli.app import console
+
+    try:
+        code = app(standalone_mode=False)
+    except click.NoArgsIsHelpError as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.UsageError as e:
+        where = e.ctx.command_path if e.ctx else "deepr"
+        console.print(f"[bold red]error:[/] {e.format_message()} (see '{where} --help')",
+                      highlight=False, soft_wrap=True)
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        console.print(f"[bold red]error:[/] {e.format_message()}", highlight=False, soft_wrap=True)
+        sys.exit(e.exit_code)
+    except click.Abort:
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

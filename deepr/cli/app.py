@@ -28,17 +28,40 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 
 
 @contextmanager
-def user_errors() -> Iterator[None]:
-    """Turn expected bad-input exceptions into a clear message and exit code 2, no traceback."""
+def user_errors(flags: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Turn expected bad-input exceptions into a one-line message and exit code 2, no traceback.
+
+    A config's ValidationError is reported by its flag (``flags`` maps unusual field names).
+    """
+    from pydantic import ValidationError
+
+    from deepr.cli.flags import flag_error
     from deepr.io import RecordError
 
     try:
         yield
+    except ValidationError as e:
+        raise fail(flag_error(e, dict(flags or {}))) from None
     except (RecordError, FileNotFoundError, ValueError) as e:
-        raise fail(str(e)) from None
+        raise fail(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+    except (IsADirectoryError, NotADirectoryError, PermissionError, FileExistsError) as e:
+        raise fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")) from None
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]: finished records are saved; re-run the same command to resume.")
         raise typer.Exit(130) from None
+
+
+def finish(code: int) -> None:
+    """End a command with the exit status of :mod:`deepr.cli.exit_codes` (0 returns normally)."""
+    if code:
+        from deepr.cli.exit_codes import AUTH, NOTHING, PARTIAL
+
+        why = {PARTIAL: "some records or turns failed or fell back (see the rejects / trace; "
+                        "--allow-fallback accepts this)",
+               NOTHING: "nothing succeeded (see the rejects / trace for the reasons)",
+               AUTH: "the endpoint refused the credentials; check --api-key / OPENAI_API_KEY"}.get(code, "")
+        console.print(f"[yellow]exit {code}[/]: {why}", highlight=False, soft_wrap=True)
+        raise typer.Exit(code)
 
 
 def summary_table(title: str, rows: Mapping[str, Any] | list[tuple[str, Any]]) -> None:

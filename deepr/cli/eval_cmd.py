@@ -9,7 +9,8 @@ from typing import Any
 
 import typer
 
-from deepr.cli.app import app, console, user_errors
+from deepr.cli import flags as F
+from deepr.cli.app import app, console, finish, user_errors
 from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT
 
 
@@ -128,7 +129,7 @@ def _num(v: Any) -> str:
     return "—" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-@app.command("eval")
+@app.command("eval", epilog=F.EXIT_HELP)
 def eval_command(
     input: Path = typer.Argument(..., help="Scores these: a JSONL of records (plans, answers, reports, "
                                  "predictions), a deepr run sidecar report.json, or a folder of sidecars."),
@@ -147,7 +148,9 @@ def eval_command(
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not use the judge LLM's disk cache."),
     judge_cache: Path | None = typer.Option(None, "--judge-cache", help="JSONL file that keeps judgements "
                                             "across runs (e.g. when adding metrics later)."),
-    timeout: float = typer.Option(120.0, "--timeout", help="Seconds before a judge call times out."),
+    timeout: float = F.TIMEOUT, deadline: float | None = F.DEADLINE, allow_fallback: bool = F.ALLOW_FALLBACK,
+    max_tokens: int | None = F.MAX_TOKENS, temperature: float | None = F.TEMPERATURE,
+    top_p: float | None = F.TOP_P, seed: int | None = F.GEN_SEED,
     concurrency: int = typer.Option(8, "--concurrency", help="Items (and judge calls) in flight at once."),
     race_criteria: Path | None = typer.Option(None, "--race-criteria", help="DeepResearch Bench criteria JSONL."),
     race_reference: Path | None = typer.Option(None, "--race-reference", help="DeepResearch Bench reference "
@@ -161,26 +164,61 @@ def eval_command(
 ) -> None:
     """Score reports, plans and answers with the metrics of SPEC §5 and the rewards of §6."""
     with user_errors():
-        _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cache, judge_cache, timeout,
-             concurrency, race_criteria, race_reference, html_out, limit, dry_run,
-             pages=(allow_host, search_cache))
+        F.check_budget(timeout, deadline, concurrency, limit)
+        gen = F.gen_defaults(max_tokens, temperature, top_p, seed)
+        _guard(input, out, rubrics, gold, race_criteria, race_reference, html_out, judge_cache)
+        code = _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cache, judge_cache,
+                    (timeout, deadline, gen), concurrency, race_criteria, race_reference, html_out, limit, dry_run,
+                    allow_fallback, pages=(allow_host, search_cache))
+    finish(code)
 
 
-def _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cache, judge_cache, timeout,
-         concurrency, race_criteria, race_reference, html_out, limit, dry_run, pages=(None, "use")) -> None:
+def _guard(input: Path, out: Path, *refs: Path | None) -> None:
+    """Refuse an output that is or would overwrite an input (sidecars of a folder included)."""
+    from deepr.io import check_paths, meta_path
+
+    *files, html_out, judge_cache = refs
+    ins = [("INPUT", p) for p in (sorted(input.rglob("*.json")) if input.is_dir() else [input])]
+    if input.is_dir() and (_inside(out, input) and out.suffix == ".json"):
+        raise ValueError(f"--out {out}: inside the input folder {input} it would be read as a run sidecar")
+    ins += [("--rubrics / --gold / --race-*", p) for p in files]
+    outs = [("--out", out), ("--out", meta_path(out)), ("--html", html_out)]
+    check_paths(ins, outs)
+    check_paths(ins, [("--judge-cache", judge_cache)])
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return folder.resolve() in path.resolve().parents
+
+
+def _outcome(out: Path, ids: set[str], n_metrics: int, judge: Any, allow_fallback: bool) -> int:
+    """Items scored now: every metric computed (ok), some failed (degraded), all failed (failed)."""
+    from deepr.cli.exit_codes import exit_code
+    from deepr.io import read_jsonl
+
+    tally = {"ok": 0, "degraded": 0, "failed": 0}
+    for r in read_jsonl(out, tolerate_torn_tail=True) if out.exists() else []:
+        if r.get("id") in ids:
+            n = len(r.get("failures") or {})
+            tally["ok" if n == 0 else "failed" if n >= n_metrics else "degraded"] += 1
+    auth = bool(judge is not None and getattr(judge, "llm", None) is not None and judge.llm.auth_failed)
+    return exit_code(tally["ok"], tally["degraded"], tally["failed"], allow_fallback=allow_fallback, auth=auth)
+
+
+def _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cache, judge_cache, budget,
+         concurrency, race_criteria, race_reference, html_out, limit, dry_run, allow_fallback=False,
+         pages=(None, "use")) -> int:
     from pydantic import ValidationError
 
     from deepr.eval.evaluate import EvalConfig, EvalContext, benchmark_totals, evaluate, summarize
-    from deepr.io import JsonlAppender, done_ids, read_jsonl, write_meta, write_text
+    from deepr.io import JsonlAppender, done_ids, read_jsonl, require_records, write_meta, write_text
 
     try:
         cfg = EvalConfig(metrics=[m.strip() for m in metric.split(",") if m.strip()], judge=judge_llm,
                          limit=limit, concurrency=concurrency)
     except ValidationError as e:
-        err = e.errors()[0]
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        raise ValueError(f"--{err['loc'][0] if err['loc'] else 'metric'}: {msg}") from None
-    items = load_items(input)
+        raise ValueError(F.flag_error(e)) from None
+    items = require_records(load_items(input), input, what="items to score")
     done = done_ids(out)
     todo = [it for it in items if it.id not in done][: cfg.limit]
     ctx = EvalContext(rubrics=load_references(rubrics, "rubrics") if rubrics else ({}, {}),
@@ -194,7 +232,7 @@ def _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cac
     console.print(f"eval: {len(items)} items, {len(done)} already scored, {len(todo)} to score; "
                   f"metrics {', '.join(cfg.metrics)}; judge {cfg.judge}")
     if dry_run:
-        return
+        return 0
     if "fact" in cfg.metrics:  # reports citing URLs: their pages are read through the search layer
         from deepr.cli.search_opts import search_config
         from deepr.search import open_reader
@@ -202,7 +240,7 @@ def _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cac
         ctx.pages = open_reader(search_config("corpus", pages[0], pages[1], None))
     t0 = time.perf_counter()
     if todo:
-        _attach_models(ctx, cfg, base_url, api_key, no_cache, judge_cache, timeout)
+        _attach_models(ctx, cfg, base_url, api_key, no_cache, judge_cache, budget)
         from rich.progress import Progress
 
         with JsonlAppender(out) as sink, Progress(console=console, transient=True) as bar:
@@ -224,6 +262,7 @@ def _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cac
                extra={"judge": judge_name, "summary": rows, "totals": totals})
     if html_out:
         write_text(html_out, render_html(scores, rows, totals, cfg.metrics, f"deepr eval: {input.name}"))
+    return _outcome(out, {it.id for it in todo}, len(cfg.metrics), ctx.judge, allow_fallback)
 
 
 def run_sync_eval(coro: Any) -> Any:
@@ -232,7 +271,7 @@ def run_sync_eval(coro: Any) -> Any:
     return run_sync(coro)
 
 
-def _attach_models(ctx, cfg, base_url, api_key, no_cache, judge_cache, timeout) -> None:
+def _attach_models(ctx, cfg, base_url, api_key, no_cache, judge_cache, budget) -> None:
     """Load the judge and the embedder only when the chosen metrics need them."""
     from deepr.eval.evaluate import JUDGED, needs
     from deepr.rewards.judges import Judge, JudgeCache
@@ -247,7 +286,9 @@ def _attach_models(ctx, cfg, base_url, api_key, no_cache, judge_cache, timeout) 
         if not extractive:
             from deepr.llm import llm_from_flags
 
-            llm = llm_from_flags(cfg.judge, base_url, api_key, no_cache, timeout, cfg.concurrency)
+            timeout, deadline, gen = budget
+            llm = llm_from_flags(cfg.judge, base_url, api_key, no_cache, timeout, cfg.concurrency, gen=gen)
+            llm.set_deadline(deadline)
         ctx.judge = Judge(llm, ctx.embed, cache=JudgeCache(judge_cache))
 
 

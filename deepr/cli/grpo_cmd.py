@@ -17,10 +17,11 @@ from typing import Any
 
 import typer
 
+from deepr.cli import flags as F
 from deepr.cli.app import app, fail, summary_table, user_errors
 from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT, SEARCH_OPT
 
-grpo_app = typer.Typer(help="DecomposeR staged RL (SPEC §8): --stage planner, then `grpo prepare`, then "
+grpo_app = typer.Typer(epilog=F.EXIT_HELP, help="DecomposeR staged RL (SPEC §8): --stage planner, then `grpo prepare`, then "
                        "--stage answerer.", no_args_is_help=False)
 app.add_typer(grpo_app, name="grpo")
 
@@ -119,6 +120,7 @@ def grpo_cmd(
         if missing:
             raise fail(f"missing {', '.join(missing)}; e.g. deepr grpo --stage planner --model M --data "
                        "verified.jsonl --out runs/rl-planner")
+        _guard(data, Path(settings["out"]), str(settings["model"]), config_file)
         from deepr.cli.search_opts import open_search
 
         def source(cfg: Any) -> Any:  # rollouts search what --search names (default: the corpus)
@@ -152,6 +154,16 @@ def grpo_cmd(
             ("seconds", round(res.seconds, 1)), ("load with", f"--llm {res.llm_spec}")])
 
 
+def _guard(data: Path, out: Path, model: str, config_file: Path | None) -> None:
+    """Refuse an --out folder that holds or is an input, or would replace the starting model."""
+    from deepr.io import check_paths, meta_path
+
+    check_paths([("--data", data), ("--config", config_file)], [("--out", meta_path(out))],
+                [("--out", out, ["metrics.jsonl", "deepr_meta.json"])])
+    if Path(model).exists() and Path(model).resolve() == out.resolve():
+        raise ValueError(f"--out {out} is the --model folder; training would overwrite the starting model")
+
+
 @grpo_app.command("prepare")
 def prepare_cmd(
     planner: str = typer.Option(..., "--planner", help="Trained planner: its output folder (adapter + "
@@ -171,6 +183,9 @@ def prepare_cmd(
 
     t0 = time.perf_counter()
     with user_errors():
+        from deepr.io import check_paths, meta_path
+
+        check_paths([("--data", data)], [("--out", out), ("--out", rejects_path(out)), ("--out", meta_path(out))])
         from deepr.llm import get_llm
         from deepr.train.prepare import PrepareConfig, planner_spec, prepare_records
 

@@ -21,7 +21,9 @@ from typing import Any
 
 import typer
 
-from deepr.cli.app import app, console, summary_table, user_errors
+from deepr.cli import flags as F
+from deepr.cli.app import app, console, finish, summary_table, user_errors
+from deepr.cli.exit_codes import exit_code
 from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT, SEARCH_OPT
 
 MODES = ("dag", "warp", "decor", "tools")
@@ -39,10 +41,38 @@ def _config(**kw: Any) -> Any:
     try:
         return RunConfig(**kw)
     except ValidationError as e:
-        err = e.errors()[0]
-        field = str(err["loc"][0]) if err["loc"] else ""
-        flag = _FLAGS.get(field, f"--{field.replace('_', '-')}") if field else "options"
-        raise ValueError(f"{flag}: {err['msg']}") from None
+        raise ValueError(F.flag_error(e, _FLAGS)) from None
+
+
+def _rubrics_of(rec: dict[str, Any], path: Path, n: int) -> None:
+    """A query's optional rubrics must be a list of rubric items (checked before any run)."""
+    from pydantic import ValidationError
+
+    from deepr.io import RecordError
+    from deepr.records import RubricItem
+
+    raw = rec.get("rubrics")
+    if raw is None:
+        return
+    if not isinstance(raw, list):
+        raise RecordError(path, n, f"expected a list of rubric items, got {type(raw).__name__}", field="rubrics")
+    for i, item in enumerate(raw):
+        try:
+            RubricItem.model_validate(item)
+        except ValidationError as e:
+            err = e.errors()[0]
+            loc = ".".join(str(p) for p in err["loc"])
+            raise RecordError(path, n, f"rubric item #{i + 1}: {err['msg']}",
+                              field=f"rubrics.{i}" + (f".{loc}" if loc else "")) from None
+
+
+def _turn_counts(res: Any, llm: Any) -> tuple[int, int]:
+    """(model turns that worked, turns that failed or fell back to the extractive engine)."""
+    if llm.is_extractive:
+        return 1, 0
+    turns = res.trajectory.turns
+    ok = sum(1 for t in turns if t.ok and not (t.model_extra or {}).get("extractive"))
+    return ok, len(turns) - ok
 
 
 def load_queries(path: Path) -> list[dict[str, Any]]:
@@ -62,6 +92,7 @@ def load_queries(path: Path) -> list[dict[str, Any]]:
         text = next((rec[f] for f in QUERY_FIELDS if isinstance(rec.get(f), str) and rec[f].strip()), None)
         if text is None:
             raise RecordError(path, n, "needs a non-empty question text", field="question")
+        _rubrics_of(rec, path, n)
         if "id" not in rec or not str(rec["id"]).strip():
             raise RecordError(path, n, "needs an id (resuming skips finished ids)", field="id")
         if str(rec["id"]) in seen:
@@ -129,7 +160,7 @@ def _batch(items: list[dict[str, Any]], out: Path, tools: Any, llm: Any, config:
     todo = [it for it in items if it["id"] not in done][:limit]
     recorded = done_ids(record) if record else set()
     counts = {"queries": len(items), "already done": len(done & {i["id"] for i in items}), "run now": 0,
-              "rejected": 0, "seconds": 0.0}
+              "rejected": 0, "degraded": 0, "seconds": 0.0}
     with JsonlAppender(index) as sink, JsonlAppender(rejects_path(index)) as rejects:
         for n, it in enumerate(todo, 1):
             try:
@@ -152,12 +183,13 @@ def _batch(items: list[dict[str, Any]], out: Path, tools: Any, llm: Any, config:
                         "failures": len(res.trace.model_extra.get("failures", [])),
                         **{k: it[k] for k in ("answers", "rubrics") if k in it}})
             counts["run now"] += 1
+            counts["degraded"] += int(_turn_counts(res, llm)[1] > 0)
             counts["seconds"] += res.seconds
             console.print(f"{it['id']}: {res.seconds:.1f}s, {len(res.trace.citations)} citations -> {paths['report']}")
     return counts
 
 
-@app.command("run")
+@app.command("run", epilog=F.EXIT_HELP)
 def run_command(
     query: str | None = typer.Argument(None, help="The research question (leave out when using --queries)."),
     out: Path = typer.Option(..., "--out", "-o", help="Report path (.md); report.json (audit trace) and "
@@ -175,8 +207,11 @@ def run_command(
     base_url: str | None = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint URL."),
     api_key: str | None = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="API key for --base-url."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not use the LLM response cache."),
-    timeout: float = typer.Option(120.0, "--timeout", help="Seconds before one model call times out."),
+    timeout: float = F.TIMEOUT,
     concurrency: int = typer.Option(8, "--concurrency", help="Model calls in flight at once."),
+    deadline: float | None = F.DEADLINE, allow_fallback: bool = F.ALLOW_FALLBACK,
+    max_tokens: int | None = F.MAX_TOKENS, temperature: float | None = F.TEMPERATURE,
+    top_p: float | None = F.TOP_P, seed: int | None = F.GEN_SEED,
     record: Path | None = typer.Option(None, "--record", help="Append the run as a training trajectory "
                                        "(JSONL) for prune-trajectories."),
     html: bool = typer.Option(False, "--html", help="Also write a self-contained HTML report with the plan graph."),
@@ -199,7 +234,9 @@ def run_command(
     search_cache: str = CACHE_OPT,
 ) -> None:
     """Research a question and write a cited report plus its full audit trace."""
-    with user_errors():
+    with user_errors(_FLAGS):
+        F.check_budget(timeout, deadline, concurrency, limit)
+        gen = F.gen_defaults(max_tokens, temperature, top_p, seed)
         if mode not in MODES:
             raise ValueError(f"--mode {mode!r}: choose one of {', '.join(MODES)}")
         if (query is None) == (queries is None):
@@ -213,7 +250,12 @@ def run_command(
         config = _config(mode=mode, k=k, search_rounds=search_rounds, rubric_scaffold=rubric_scaffold,
                          max_cycles=max_cycles, force_expand=force_expand, decor_steps=steps,
                          memory_limit=memory_limit, max_reasks=max_reasks)
-        items = load_queries(queries) if queries else []
+        _guard_run(query, queries, out, corpus, record, html)
+        from deepr.io import require_records
+
+        items = require_records(load_queries(queries), queries, "--queries", "queries") if queries else []
+        if queries:
+            _guard_batch(items, queries, out, corpus, record)
         if dry_run:
             console.print(f"run: mode {mode}, llm {llm}, corpus {corpus}, "
                           + (f"{len(items)} queries from {queries}" if queries else "1 query") + "; nothing run")
@@ -226,12 +268,15 @@ def run_command(
         source = open_search(search, allow_host, search_cache, cache_dir,
                              lambda: open_retriever(corpus, retriever=retriever, cache_dir=cache_dir, progress=True))
         tools = ResearchTools(source, k=k)
-        model = llm_from_flags(llm, base_url, api_key, no_cache, timeout, concurrency)
+        model = llm_from_flags(llm, base_url, api_key, no_cache, timeout, concurrency, gen=gen)
+        model.set_deadline(deadline)
         if queries:
             out.mkdir(parents=True, exist_ok=True)
             with search_errors(source):
                 counts = _batch(items, out, tools, model, config, html=html, record=record, limit=limit)
             _finish_batch(out, queries, config, counts, time.perf_counter() - t0)
+            finish(exit_code(counts["run now"] - counts["degraded"], counts["degraded"], counts["rejected"],
+                             allow_fallback=allow_fallback, auth=model.auth_failed))
             return
         from deepr.agent import write_report
 
@@ -246,6 +291,31 @@ def run_command(
             with JsonlAppender(record) as sink:
                 sink.write(res.trajectory.model_copy(update={"id": _unique(record, res.trajectory.id)}))
     summary_table(f"deepr run — {out}", _stats(res) + [(f"wrote {k}", str(p)) for k, p in paths.items()])
+    finish(exit_code(*_turn_counts(res, model), allow_fallback=allow_fallback, auth=model.auth_failed))
+
+
+def _guard_run(query: str | None, queries: Path | None, out: Path, corpus: str, record: Path | None,
+               html: bool) -> None:
+    """Refuse outputs that are or would overwrite an input, or cannot be written (before any work)."""
+    from deepr.agent.runner import sidecar_path
+    from deepr.io import check_paths, meta_path
+
+    ins = [("--queries", queries), ("--corpus", Path(corpus) if Path(corpus).is_file() else None)]
+    if queries is not None:
+        check_paths(ins, [("--record", record)], [("--out", out, ["reports.jsonl", "reports.rejects.jsonl",
+                                                                   "reports.jsonl.meta.json"])])
+        return
+    outs = [("--out", out), ("--out", sidecar_path(out)), ("--out", meta_path(out)), ("--record", record)]
+    check_paths(ins, outs + ([("--out", out.with_suffix(".html"))] if html else []))
+
+
+def _guard_batch(items: list[dict[str, Any]], queries: Path, out: Path, corpus: str, record: Path | None) -> None:
+    """Per-query report files must not land on an input either (``<id>.md`` / ``.json`` / ``.html``)."""
+    from deepr.io import check_paths
+
+    names = [f"{_safe_name(it['id'])}{ext}" for it in items for ext in (".md", ".json", ".html", ".md.meta.json")]
+    check_paths([("--queries", queries), ("--corpus", Path(corpus) if Path(corpus).is_file() else None),
+                 ("--record", record)], [], [("--out", out, names)])
 
 
 def _finish_batch(out: Path, queries: Path, config: Any, counts: dict[str, Any], seconds: float) -> None:

@@ -11,7 +11,8 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from deepr.cli.app import app, console, summary_table, user_errors
+from deepr.cli import flags as F
+from deepr.cli.app import app, console, finish, summary_table, user_errors
 
 
 def _main_process() -> bool:
@@ -30,7 +31,8 @@ def attach_rubrics(trajs: list, path: Path) -> None:
             t.rubrics = by_query.get(" ".join(t.query.split()), [])
 
 
-def _judge_factory(judge_llm: str, base_url: str | None, api_key: str | None, timeout: float) -> Any:
+def _judge_factory(judge_llm: str, base_url: str | None, api_key: str | None, timeout: float,
+                   gen: Any = None, deadline: float | None = None) -> Any:
     def make() -> Any:
         from deepr.corpus.embed import get_embedder
         from deepr.rewards.judges import Judge
@@ -39,7 +41,8 @@ def _judge_factory(judge_llm: str, base_url: str | None, api_key: str | None, ti
         if judge_llm != "extractive":
             from deepr.llm import llm_from_flags
 
-            llm = llm_from_flags(judge_llm, base_url, api_key, False, timeout, 8)
+            llm = llm_from_flags(judge_llm, base_url, api_key, False, timeout, 8, gen=gen)
+            llm.set_deadline(deadline)
         return Judge(llm, get_embedder().encode)
 
     return make
@@ -56,7 +59,10 @@ def _action_table(stats: dict[str, Any]) -> None:
     console.print(table)
 
 
-@app.command("prune-trajectories")
+PRUNE_OUTPUTS = ["sft.jsonl", "rl.jsonl", "sft.jsonl.meta.json", "rl.jsonl.meta.json", "prune.rejects.jsonl"]
+
+
+@app.command("prune-trajectories", epilog=F.EXIT_HELP)
 def prune_trajectories_cmd(
     trajectories: Path = typer.Argument(..., help="Teacher trajectories (JSONL) written by `deepr run --record`."),
     out_dir: Path = typer.Option(..., "--out-dir", "-o", help="Folder for sft.jsonl, rl.jsonl, "
@@ -71,29 +77,38 @@ def prune_trajectories_cmd(
                                        "make; the split shrinks instead of repeating rare actions more."),
     total: int | None = typer.Option(None, "--total", help="Most examples per split after balancing."),
     heldout: float = typer.Option(0.1, "--heldout", help="Fraction of queries held out for rl.jsonl."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the split and of the balancing draws."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed of the split and of the balancing draws "
+                                    "(default 0); also sent with every judge call when given."),
     no_prune: bool = typer.Option(False, "--no-prune", help="Keep warp trajectories whole (no best-draft cut)."),
     judge_llm: str = typer.Option("extractive", "--judge-llm", help="Judge scoring warp drafts against "
                                   "their rubrics: extractive (no LLM), openai:<model>, hf:<path>."),
     base_url: str | None = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint for the judge."),
     api_key: str | None = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="Key for the judge."),
-    timeout: float = typer.Option(120.0, "--timeout", help="Seconds before a judge call times out."),
+    timeout: float = F.TIMEOUT, deadline: float | None = F.DEADLINE,
+    max_tokens: int | None = F.MAX_TOKENS, temperature: float | None = F.TEMPERATURE,
+    top_p: float | None = F.TOP_P,
     limit: int | None = typer.Option(None, "--limit", help="Read only the first N trajectories."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the counts, write nothing."),
 ) -> None:
     """Filter, prune and balance teacher trajectories into turn-level SFT / RL examples (SPEC §7)."""
-    from deepr.io import read_jsonl
+    from deepr.io import read_jsonl, require_records
     from deepr.records import Trajectory
     from deepr.train.trajectories import STAGE, PruneConfig, judge_scorer, prune_trajectories
 
     t0 = time.perf_counter()
-    with user_errors():
+    with user_errors({"": "--target-ratios"}):
+        F.check_budget(timeout, deadline, None, limit)
+        gen = F.gen_defaults(max_tokens, temperature, top_p, seed)
         config = PruneConfig(target_ratios=target_ratios, max_upsample=max_upsample, total=total,
-                             heldout=heldout, seed=seed, prune_drafts=not no_prune)
-        trajs = list(read_jsonl(trajectories, Trajectory))[:limit]
+                             heldout=heldout, seed=seed or 0, prune_drafts=not no_prune)
+        from deepr.io import check_paths
+
+        check_paths([("TRAJECTORIES", trajectories), ("--rubrics", rubrics)], [],
+                    [("--out-dir", out_dir, PRUNE_OUTPUTS)])
+        trajs = require_records(list(read_jsonl(trajectories, Trajectory)), trajectories, what="trajectories")[:limit]
         if rubrics is not None:
             attach_rubrics(trajs, rubrics)
-        scorer = judge_scorer(_judge_factory(judge_llm, base_url, api_key, timeout))
+        scorer = judge_scorer(_judge_factory(judge_llm, base_url, api_key, timeout, gen, deadline))
         examples, rejects, stats = prune_trajectories(trajs, config, scorer)
     rows = [("trajectories read", stats["trajectories"]), ("kept", stats["kept"])]
     rows += [(f"dropped: {code}", n) for code, n in stats["dropped"].items()]
@@ -108,6 +123,11 @@ def prune_trajectories_cmd(
         return
     with user_errors():
         _write_prune_outputs(out_dir, examples, rejects, stats, config, [trajectories, rubrics], judge_llm, t0)
+    from deepr.cli.exit_codes import exit_code
+
+    # Dropping failed trajectories is the stage's job, not a failure; producing nothing is.
+    n = len(examples["sft"]) + len(examples["rl"])
+    finish(exit_code(n, failed=0 if n or not stats["trajectories"] else 1))
 
 
 def _write_prune_outputs(out_dir: Path, examples: dict, rejects: list, stats: dict, config: Any,
@@ -126,7 +146,7 @@ def _write_prune_outputs(out_dir: Path, examples: dict, rejects: list, stats: di
     console.print(f"wrote {out_dir / 'sft.jsonl'}, {out_dir / 'rl.jsonl'} and {rejected} ({len(rejects)} rejected)")
 
 
-@app.command("sft")
+@app.command("sft", epilog=F.EXIT_HELP)
 def sft_cmd(
     model: str = typer.Option(..., "--model", help="Base model folder (or hub name when online) with a chat "
                               "template; build a tiny offline one with `python -m deepr.train.tiny DIR`."),
@@ -157,18 +177,23 @@ def sft_cmd(
 ) -> None:
     """Fine-tune one role's LoRA adapter (or the full model) on turn-level chat examples (SPEC §8).
     Multi-GPU: `accelerate launch --config_file docs/accelerate/deepspeed_zero2.yaml -m deepr sft ...`."""
-    from deepr.io import read_jsonl, write_jsonl, write_meta
+    from deepr.io import read_jsonl, require_records, write_jsonl, write_meta
     from deepr.records import ChatExample
     from deepr.train.sft import SftConfig, drop_too_long, load_tokenizer, select_examples, train_sft
 
     main = _main_process()
-    with user_errors():
+    with user_errors({"learning_rate": "--lr"}):
+        from deepr.io import check_paths, meta_path
+
+        check_paths([("--data", data)], [("--out", meta_path(out))], [("--out", out, ["sft.rejects.jsonl"])])
+        if Path(model).exists() and Path(model).resolve() == out.resolve():
+            raise ValueError(f"--out {out} is the --model folder; training would overwrite the base model")
         config = SftConfig(model=model, out=out, role=role, loss=loss, full=full, lora_r=lora_r,
                            lora_alpha=lora_alpha, learning_rate=lr, epochs=epochs, max_steps=max_steps,
                            max_length=max_length, batch_size=batch_size, grad_accum=grad_accum,
                            save_steps=save_steps, logging_steps=logging_steps, report_to=report_to, seed=seed,
                            resume=resume)
-        examples = list(read_jsonl(data, ChatExample))[:limit]
+        examples = require_records(list(read_jsonl(data, ChatExample)), data, "--data", "examples")[:limit]
         if dry_run:
             chosen, rejects = select_examples(examples, role)
             chosen, too_long = drop_too_long(chosen, load_tokenizer(model), max_length)

@@ -21,7 +21,8 @@ from typing import Any, TypeVar
 
 import typer
 
-from deepr.cli.app import app, console, summary_table, user_errors
+from deepr.cli import flags as F
+from deepr.cli.app import app, console, finish, summary_table, user_errors
 from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT, SEARCH_OPT
 
 T = TypeVar("T")
@@ -43,7 +44,8 @@ def _common() -> dict[str, Any]:
                                  help="OpenAI-compatible endpoint URL (e.g. http://localhost:8000/v1)."),
         "api_key": typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="API key for the endpoint."),
         "no_cache": typer.Option(False, "--no-cache", help="Do not use the LLM response cache (on by default)."),
-        "timeout": typer.Option(120.0, "--timeout", help="Seconds before one model call times out."),
+        "timeout": F.TIMEOUT, "deadline": F.DEADLINE, "allow_fallback": F.ALLOW_FALLBACK,
+        "max_tokens": F.MAX_TOKENS, "temperature": F.TEMPERATURE, "top_p": F.TOP_P, "gen_seed": F.GEN_SEED,
         "concurrency": typer.Option(8, "--concurrency",
                                     help="Model calls in flight at once, and items worked on at once."),
         "limit": typer.Option(None, "--limit", help="Process at most N pending items (a quick look)."),
@@ -59,12 +61,29 @@ C = _common()
 
 
 def _models(llm: str, judge: str | None, base_url: str | None, api_key: str | None, no_cache: bool,
-            timeout: float, concurrency: int) -> tuple[Any, Any]:
+            timeout: float, concurrency: int, gen: Any = None, deadline: float | None = None) -> tuple[Any, Any]:
     from deepr.llm import llm_from_flags
 
-    main = llm_from_flags(llm, base_url, api_key, no_cache, timeout, concurrency)
-    other = llm_from_flags(judge, base_url, api_key, no_cache, timeout, concurrency) if judge and judge != llm else main
+    main = llm_from_flags(llm, base_url, api_key, no_cache, timeout, concurrency, gen=gen)
+    other = (llm_from_flags(judge, base_url, api_key, no_cache, timeout, concurrency, gen=gen)
+             if judge and judge != llm else main)
+    for m in {id(main): main, id(other): other}.values():
+        m.set_deadline(deadline)
     return main, other
+
+
+def _outcome(counts: Counter, ok_keys: Sequence[str], models: Sequence[Any], allow_fallback: bool) -> int:
+    from deepr.cli.exit_codes import exit_code
+
+    return exit_code(sum(counts[k] for k in ok_keys), failed=counts["rejected"] + counts["reject"],
+                     allow_fallback=allow_fallback, auth=any(m.auth_failed for m in models))
+
+
+def _guard(flag_in: Sequence[tuple[str, Path | None]], out: Path, *others: tuple[str, Path]) -> None:
+    """Refuse an output that is or would overwrite an input, or cannot be written (before any work)."""
+    from deepr.io import check_paths, meta_path, rejects_path
+
+    check_paths(flag_in, [("--out", out), ("--out", rejects_path(out)), ("--out", meta_path(out)), *others])
 
 
 def _pending(items: Sequence[T], key: Callable[[T], str], shard: str | None, done: set[str],
@@ -120,7 +139,7 @@ def _parse_branching(text: str) -> list[int]:
         raise ValueError(f"--branching {text!r}: expected comma-separated integers, e.g. 6,4,3") from None
 
 
-@app.command("build-trees")
+@app.command("build-trees", epilog=F.EXIT_HELP)
 def build_trees_command(
     out: Path = typer.Option(..., "--out", "-o", help="Output trees.jsonl (appended; re-runs resume)."),
     corpus: str = typer.Option("wiki", "--corpus", "-c", help=(
@@ -129,7 +148,8 @@ def build_trees_command(
         "Trees to build from topics sampled from the corpus (stratified by its topic field).")),
     topics: Path | None = typer.Option(None, "--topics", help=(
         "Seed topics file instead of sampling (.txt one per line, or .jsonl with 'topic').")),
-    seed: int = typer.Option(0, "--seed", help="Seed of topic sampling; part of every tree id."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed of topic sampling (default 0; part of every "
+                                    "tree id), also sent with every model call when given."),
     max_depth: int = typer.Option(3, "--max-depth", help="Depth of the deepest nodes (root = 0)."),
     branching: str = typer.Option("6,4,3", "--branching",
                                   help="Most children per node at the root, the next level, and deeper."),
@@ -142,6 +162,9 @@ def build_trees_command(
     timeout: float = C["timeout"], concurrency: int = C["concurrency"], limit: int | None = C["limit"],
     dry_run: bool = C["dry_run"], shard: str | None = C["shard"], retry_rejects: bool = C["retry_rejects"],
     search: str = SEARCH_OPT, allow_host: list[str] | None = ALLOW_OPT, search_cache: str = CACHE_OPT,
+    deadline: float | None = C["deadline"], allow_fallback: bool = C["allow_fallback"],
+    max_tokens: int | None = C["max_tokens"], temperature: float | None = C["temperature"],
+    top_p: float | None = C["top_p"],
 ) -> None:
     """Grow evidence trees: seed topic → root query → breadth-first sub-queries, each grounded in
     retrieved documents with extracted statements (SPEC §1)."""
@@ -151,8 +174,13 @@ def build_trees_command(
 
     t0 = time.perf_counter()
     with user_errors():
+        F.check_budget(timeout, deadline, concurrency, limit)
+        gen = F.gen_defaults(max_tokens, temperature, top_p, seed)
         cfg = TreeConfig(max_depth=max_depth, branching=_parse_branching(branching), retrieve_k=retrieve_k,
-                         concurrency=concurrency, seed=seed)
+                         concurrency=concurrency, seed=seed or 0)
+        corpus_file = Path(corpus) if Path(corpus).is_file() else None
+        _guard([("--topics", topics), ("--corpus", corpus_file)], out)
+        seed = seed or 0
         rejects = rejects_path(out)
         retriever_obj = None
         if topics is not None:
@@ -178,16 +206,18 @@ def build_trees_command(
             corpus_obj = retriever_obj
             retriever_obj = open_search(search, allow_host, search_cache, cache_dir, lambda: corpus_obj or open_retriever(
                 corpus, retriever=retriever, cache_dir=cache_dir, progress=True))
-        model, judge = _models(llm, judge_llm, base_url, api_key, no_cache, timeout, concurrency)
+        model, judge = _models(llm, judge_llm, base_url, api_key, no_cache, timeout, concurrency, gen, deadline)
         inputs = [p for p in (topics, Path(corpus)) if p is not None and p.is_file()]
         from deepr.cli.search_opts import search_errors
 
         with search_errors(retriever_obj):
-            _run_trees(todo, retriever_obj, model, judge, cfg, out, rejects, plan, t0, inputs=inputs, corpus=corpus)
+            counts = _run_trees(todo, retriever_obj, model, judge, cfg, out, rejects, plan, t0, inputs=inputs,
+                                corpus=corpus)
+    finish(_outcome(counts, ["built"], [model, judge], allow_fallback))
 
 
 def _run_trees(todo: list[Any], retriever: Any, model: Any, judge: Any, cfg: Any, out: Path, rejects: Path,
-               plan: dict[str, int], t0: float, *, inputs: list[Path], corpus: str) -> None:
+               plan: dict[str, int], t0: float, *, inputs: list[Path], corpus: str) -> Counter:
     from deepr.io import JsonlAppender, read_jsonl, write_meta
     from deepr.records import Reject, Tree
     from deepr.data.trees import abuild_trees, tree_summary
@@ -212,6 +242,7 @@ def _run_trees(todo: list[Any], retriever: Any, model: Any, judge: Any, cfg: Any
                           **({"search": retriever.summary()} if hasattr(retriever, "summary") else {})})
     summary_table(f"build-trees → {out}", [*plan.items(), *counts.items(), *stats.items(),
                                           ("rejects file", str(rejects) if counts["rejected"] else "-")])
+    return counts
 
 
 def _describe(retriever: Any) -> Any:
@@ -219,7 +250,7 @@ def _describe(retriever: Any) -> Any:
     return d() if callable(d) else type(retriever).__name__
 
 
-@app.command("synthesize-rubrics")
+@app.command("synthesize-rubrics", epilog=F.EXIT_HELP)
 def synthesize_rubrics_command(
     trees: Path = typer.Argument(..., help="trees.jsonl written by build-trees."),
     out: Path = typer.Option(..., "--out", "-o", help="Output pairs.jsonl (appended; re-runs resume)."),
@@ -229,26 +260,33 @@ def synthesize_rubrics_command(
     base_url: str | None = C["base_url"], api_key: str | None = C["api_key"], no_cache: bool = C["no_cache"],
     timeout: float = C["timeout"], concurrency: int = C["concurrency"], limit: int | None = C["limit"],
     dry_run: bool = C["dry_run"], shard: str | None = C["shard"], retry_rejects: bool = C["retry_rejects"],
+    deadline: float | None = C["deadline"], allow_fallback: bool = C["allow_fallback"],
+    max_tokens: int | None = C["max_tokens"], temperature: float | None = C["temperature"],
+    top_p: float | None = C["top_p"], seed: int | None = C["gen_seed"],
 ) -> None:
     """Co-generate one research question and ≥ 5 typed, weighted, leaf-grounded rubrics per tree,
     every SPEC §2 constraint checked in code (violations re-asked, then rejected)."""
-    from deepr.io import read_jsonl, rejects_path
+    from deepr.io import read_jsonl, rejects_path, require_records
     from deepr.records import Tree
     from deepr.data.rubric_checks import RubricLimits
     from deepr.data.rubrics import SynthConfig, pair_id
 
     t0 = time.perf_counter()
     with user_errors():
+        F.check_budget(timeout, deadline, concurrency, limit)
+        gen = F.gen_defaults(max_tokens, temperature, top_p, seed)
         cfg = SynthConfig(n_select=n_select, concurrency=concurrency, limits=RubricLimits(min_rubrics=min_rubrics))
-        items = list(read_jsonl(trees, Tree))
+        _guard([("TREES", trees)], out)
+        items = require_records(list(read_jsonl(trees, Tree)), trees, what="trees")
         rejects = rejects_path(out)
         done = _done(out, [], rejects, retry_rejects, {pair_id(t.id) for t in items})
         todo, plan = _pending(items, lambda t: t.id, shard, done, lambda t: pair_id(t.id), limit)
         if dry_run:
             summary_table("synthesize-rubrics --dry-run (nothing run)", [*plan.items(), ("llm", llm)])
             return
-        model, _ = _models(llm, None, base_url, api_key, no_cache, timeout, concurrency)
-        _run_synth(todo, model, cfg, trees, out, rejects, plan, t0)
+        model, _ = _models(llm, None, base_url, api_key, no_cache, timeout, concurrency, gen, deadline)
+        counts = _run_synth(todo, model, cfg, trees, out, rejects, plan, t0)
+    finish(_outcome(counts, ["pairs written"], [model], allow_fallback))
 
 
 def _embed_fn() -> Any:
@@ -258,7 +296,7 @@ def _embed_fn() -> Any:
 
 
 def _run_synth(todo: list[Any], model: Any, cfg: Any, trees: Path, out: Path, rejects: Path,
-               plan: dict[str, int], t0: float) -> None:
+               plan: dict[str, int], t0: float) -> Counter:
     from deepr.io import JsonlAppender, read_jsonl, write_meta
     from deepr.records import QRPair, Reject
     from deepr.data.rubrics import asynthesize_rubrics, pair_summary
@@ -282,6 +320,7 @@ def _run_synth(todo: list[Any], model: Any, cfg: Any, trees: Path, out: Path, re
                    extra={"llm": model.describe(), "usage": model.usage.as_dict(), "summary": stats})
     summary_table(f"synthesize-rubrics → {out}", [*plan.items(), *counts.items(), *stats.items(),
                                                  ("rejects file", str(rejects) if counts["rejected"] else "-")])
+    return counts
 
 
 def dropped_path(out: Path) -> Path:
@@ -290,7 +329,7 @@ def dropped_path(out: Path) -> Path:
     return out.with_name("dropped.jsonl" if stem == "verified" else f"{stem}.dropped.jsonl")
 
 
-@app.command("verify")
+@app.command("verify", epilog=F.EXIT_HELP)
 def verify_command(
     pairs: Path = typer.Argument(..., help="pairs.jsonl written by synthesize-rubrics."),
     out: Path = typer.Option(..., "--out", "-o", help="Output verified.jsonl (KEEP and REVISE; appended, resumable)."),
@@ -302,30 +341,37 @@ def verify_command(
     base_url: str | None = C["base_url"], api_key: str | None = C["api_key"], no_cache: bool = C["no_cache"],
     timeout: float = C["timeout"], concurrency: int = C["concurrency"], limit: int | None = C["limit"],
     dry_run: bool = C["dry_run"], shard: str | None = C["shard"], retry_rejects: bool = C["retry_rejects"],
+    deadline: float | None = C["deadline"], allow_fallback: bool = C["allow_fallback"],
+    max_tokens: int | None = C["max_tokens"], temperature: float | None = C["temperature"],
+    top_p: float | None = C["top_p"], seed: int | None = C["gen_seed"],
 ) -> None:
     """Audit each pair on six dimensions and KEEP / REVISE / DROP it; revisions must stay grounded
     in the selected leaves (checked in code)."""
-    from deepr.io import read_jsonl, rejects_path
+    from deepr.io import read_jsonl, rejects_path, require_records
     from deepr.records import QRPair, Tree
     from deepr.data.verify import VerifyConfig
 
     t0 = time.perf_counter()
     with user_errors():
+        F.check_budget(timeout, deadline, concurrency, limit)
+        gen = F.gen_defaults(max_tokens, temperature, top_p, seed)
         cfg = VerifyConfig(concurrency=concurrency)
-        items = list(read_jsonl(pairs, QRPair))
-        tree_map = {t.id: t for t in read_jsonl(trees, Tree)} if trees else None
         drop_to, rejects = dropped or dropped_path(out), rejects_path(out)
+        _guard([("PAIRS", pairs), ("--trees", trees)], out, ("--dropped", drop_to))
+        items = require_records(list(read_jsonl(pairs, QRPair)), pairs, what="pairs")
+        tree_map = {t.id: t for t in read_jsonl(trees, Tree)} if trees else None
         done = _done(out, [drop_to], rejects, retry_rejects, {p.id for p in items})
         todo, plan = _pending(items, lambda p: p.tree_id, shard, done, lambda p: p.id, limit)
         if dry_run:
             summary_table("verify --dry-run (nothing run)", [*plan.items(), ("judge", judge_llm or llm)])
             return
-        _, judge = _models(llm, judge_llm or llm, base_url, api_key, no_cache, timeout, concurrency)
-        _run_verify(todo, judge, cfg, tree_map, pairs, out, drop_to, rejects, plan, t0)
+        _, judge = _models(llm, judge_llm or llm, base_url, api_key, no_cache, timeout, concurrency, gen, deadline)
+        counts = _run_verify(todo, judge, cfg, tree_map, pairs, out, drop_to, rejects, plan, t0)
+    finish(_outcome(counts, ["verified", "dropped"], [judge], allow_fallback))
 
 
 def _run_verify(todo: list[Any], judge: Any, cfg: Any, tree_map: Any, pairs: Path, out: Path, drop_to: Path,
-                rejects: Path, plan: dict[str, int], t0: float) -> None:
+                rejects: Path, plan: dict[str, int], t0: float) -> Counter:
     from deepr.io import JsonlAppender, read_jsonl, write_meta
     from deepr.records import QRPair
     from deepr.data.verify import Verdict, averify, verify_summary
@@ -352,3 +398,4 @@ def _run_verify(todo: list[Any], judge: Any, cfg: Any, tree_map: Any, pairs: Pat
     summary_table(f"verify → {out}", [*plan.items(), *counts.items(), *rates.items(),
                                      ("dropped file", str(drop_to))])
     summary_table("error tags (all audited pairs)", list(tags.items()) or [("none", 0)])
+    return counts

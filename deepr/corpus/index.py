@@ -23,7 +23,8 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -221,21 +222,45 @@ def open_retriever(corpus: str | Sequence[Document] = "wiki", *, retriever: Mode
         raise ValueError(f"corpus {name!r}: every document is blank, nothing to index")
     target = cache_root(cache_dir) / "index" / index_key(name, passages, emb.name, chunking)
     built, seconds = False, 0.0
-    if not _usable(target, passages):
-        shutil.rmtree(target, ignore_errors=True)
-        meta = {"config": {"corpus": name, "limit": limit, "chunking": chunking.model_dump()},
-                "counts": {"documents": len(docs), "documents_without_text":
-                           len(docs) - len({p.doc_id for p in passages})}, "inputs": _input_files(corpus)}
-        bar = _progress_fn(progress, name)
-        try:
-            seconds = build_index(passages, emb, target, bar, meta)
-        finally:
-            getattr(bar, "close", lambda: None)()
-        built = True
+    with _build_lock(target):  # a second process waits, then finds the index built
+        if not _usable(target, passages):
+            built, seconds = _build(corpus, name, docs, passages, emb, chunking, limit, target, progress)
     r = Retriever.load(target, name=name, documents=docs, passages=passages, embedder=emb,
                        mode=retriever, fusion=fusion or FusionConfig())
     r.built, r.build_seconds = built, seconds
     return r
+
+
+@contextmanager
+def _build_lock(target: Path) -> Iterator[None]:
+    """One builder per index key across processes (they share the ``.partial`` resume folder)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - no flock on this platform
+        yield
+        return
+    locks = target.parent.parent / "locks"  # beside index/, whose listing is the set of indexes
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{target.name}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _build(corpus: Any, name: str, docs: Sequence[Document], passages: Sequence[Passage], emb: Embedder,
+           chunking: ChunkConfig, limit: int | None, target: Path, progress: bool | Progress) -> tuple[bool, float]:
+    shutil.rmtree(target, ignore_errors=True)
+    meta = {"config": {"corpus": name, "limit": limit, "chunking": chunking.model_dump()},
+            "counts": {"documents": len(docs), "documents_without_text":
+                       len(docs) - len({p.doc_id for p in passages})}, "inputs": _input_files(corpus)}
+    bar = _progress_fn(progress, name)
+    try:
+        seconds = build_index(passages, emb, target, bar, meta)
+    finally:
+        getattr(bar, "close", lambda: None)()
+    return True, seconds
 
 
 def _usable(target: Path, passages: Sequence[Passage]) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Coroutine, Sequence
 from dataclasses import asdict, dataclass, field
@@ -21,6 +22,9 @@ T = TypeVar("T")
 
 class LLMError(RuntimeError):
     """A call that failed for good (after the bounded retries), with the reason."""
+
+
+AUTH_STATUSES = (401, 403)
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,11 @@ class LLM(ABC):
 
     name: str = "llm"
     is_extractive: bool = False
+    # Set once, then every later call fails at once: the --deadline passed, or the endpoint
+    # refused the credentials (retrying with the same key cannot help).
+    stopped: str | None = None
+    auth_failed: bool = False
+    _deadline: tuple[float, float] | None = None  # (monotonic end, the budget in seconds)
 
     def __init__(self, max_concurrency: int = 8, gen: GenDefaults | None = None):
         self.max_concurrency = max_concurrency
@@ -128,10 +137,41 @@ class LLM(ABC):
         temperature = g.temperature if g.temperature is not None and temperature is None else temperature
         top_p = g.top_p if top_p is None else top_p
         seed = g.seed if seed is None else seed
-        async with self._sem():
-            out = await self._achat(list(messages), role=role, temperature=temperature, max_tokens=max_tokens,
-                                    stop=stop, top_p=top_p, seed=seed, fmt=fmt)
+        if self.stopped:
+            raise LLMError(self.stopped)
+        left = self._left()
+        call = self._bounded(list(messages), role=role, temperature=temperature, max_tokens=max_tokens,
+                             stop=stop, top_p=top_p, seed=seed, fmt=fmt)
+        try:
+            out = await (call if self._deadline is None else asyncio.wait_for(call, left))
+        except TimeoutError:
+            if self._deadline is None or time.monotonic() < self._deadline[0]:
+                raise
+            raise LLMError(self._deadline_reached()) from None
+        except LLMError as e:
+            if getattr(e, "status", None) in AUTH_STATUSES:
+                self.auth_failed = True
+                self.stopped = f"stopped: the endpoint refused the credentials earlier ({e})"
+            raise
         return out if isinstance(out, Reply) else Reply(out)
+
+    async def _bounded(self, messages: list[Message], **kw: Any) -> str | Reply:
+        async with self._sem():
+            return await self._achat(messages, **kw)
+
+    def set_deadline(self, seconds: float | None) -> None:
+        """Give every later call a shared wall-clock budget (``--deadline``); None: no budget."""
+        self._deadline = None if seconds is None else (time.monotonic() + seconds, seconds)
+
+    def _left(self) -> float:
+        left = self._deadline[0] - time.monotonic() if self._deadline else float("inf")
+        if left <= 0:
+            raise LLMError(self._deadline_reached())
+        return left
+
+    def _deadline_reached(self) -> str:
+        self.stopped = f"deadline of {self._deadline[1]:g} s reached"
+        return self.stopped
 
     @abstractmethod
     async def _achat(self, messages: list[Message], *, role: str | None, temperature: float | None,

@@ -174,7 +174,22 @@ def check_out(out: Path, resume: bool, data_fp: str) -> bool:
         raise ValueError(f"{out}: the training data changed since this run began (fingerprint "
                          f"{meta['data_fingerprint']} -> {data_fp}); resume with the same --data and --role, "
                          "or choose another --out")
+    set_aside_incomplete_checkpoints(out)
     return get_last_checkpoint(str(out)) is not None
+
+
+def set_aside_incomplete_checkpoints(out: Path) -> list[Path]:
+    """A kill mid-save leaves ``checkpoint-N`` without its trainer state (written last); rename
+    it so that resuming starts from the last complete checkpoint instead of failing on it."""
+    moved = []
+    for ckpt in sorted(out.glob("checkpoint-*")):
+        try:
+            json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            dest = ckpt.with_name(f"incomplete-{ckpt.name}-{int(time.time())}")
+            ckpt.rename(dest)
+            moved.append(dest)
+    return moved
 
 
 def _make_stop_callback() -> Any:
