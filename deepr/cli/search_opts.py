@@ -105,22 +105,23 @@ def attach(result: Any, retriever: Any, before: dict[str, Any] | None = None) ->
 
 
 def check_usable(retriever: Any) -> None:
-    """Fail (exit 1 with the reasons) when web searches ran and every one of them failed,
-    so a run never ends with an empty report and exit status 0."""
+    """Fail (exit 4, "nothing succeeded", with the reasons) when web searches ran and none gave a
+    readable page, so a run never ends with an empty report and exit status 0."""
     summary = search_summary(retriever)
     if not summary or summary["searches"] == 0:
         return
     from deepr.cli.app import console
+    from deepr.cli.exit_codes import NOTHING
 
     if summary["failed_searches"] >= summary["searches"]:
         reasons = sorted({f["reason"] for f in summary["failures"] if f["kind"] == "search"})[:3]
         console.print(f"[red]error[/]: every web search failed ({summary['failed_searches']}): " + "; ".join(reasons))
-        raise typer.Exit(1)
+        raise typer.Exit(NOTHING)
     if summary["results"] == 0:
         reasons = sorted({f["reason"] for f in summary["failures"]})[:3]
         console.print(f"[red]error[/]: no search returned a readable page ({summary['failed']} failures"
                       + (": " + "; ".join(reasons) if reasons else "") + ")")
-        raise typer.Exit(1)
+        raise typer.Exit(NOTHING)
 
 
 @contextlib.contextmanager
