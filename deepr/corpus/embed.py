@@ -79,6 +79,7 @@ class Embedder:
             raise ValueError(f"embedder precision {precision!r}: expected auto, fp32, bf16 or int8")
         self._max_seq = max_seq_length
         self._model: Any = None
+        self._lite: Any = None  # NumpyBert for short batches, or False once found unusable
         self._cache: dict[str, np.ndarray] = {}
         self._lock = threading.RLock()
         self._model_lock = threading.Lock()
@@ -106,6 +107,9 @@ class Embedder:
 
     @property
     def dim(self) -> int:
+        lite = self._lite_encoder() if self._model is None else None
+        if lite is not None:
+            return lite.dim
         m = self.model
         get = getattr(m, "get_embedding_dimension", None) or m.get_sentence_embedding_dimension
         return int(get())
@@ -131,6 +135,25 @@ class Embedder:
                 warnings.simplefilter("ignore")
                 model = quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig})
         return model
+
+    def _lite_encoder(self) -> Any:
+        """The numpy encoder for this model, or None (int8, or not a mean-pooled BERT folder).
+
+        Queries are a few texts each: for them this skips the ~7 s torch/sentence-transformers
+        import and gives the fp32 vectors (cosine >= 0.9999 to sentence-transformers').
+        """
+        with self._lock:
+            if self._lite is None:
+                self._lite = False
+                if self.precision != "int8" and os.environ.get("DEEPR_NUMPY_QUERIES", "1") != "0":
+                    from deepr.corpus.npbert import NumpyBert, Unsupported
+
+                    ref = default_model_path() if self.model_ref == DEFAULT_MODEL else self.model_ref
+                    try:
+                        self._lite = NumpyBert.load(ref, self._max_seq) if Path(ref).is_dir() else False
+                    except (Unsupported, OSError, ValueError, KeyError):
+                        self._lite = False
+            return self._lite or None
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.precision != "bf16":
@@ -165,6 +188,12 @@ class Embedder:
         return out
 
     def _encode_model(self, texts: list[str], *, progress: bool) -> np.ndarray:
+        if len(texts) < SMALL_BATCH and self._model is None:
+            lite = self._lite_encoder()
+            if lite is not None:
+                vecs = lite.encode(texts)
+                self.encoded += len(texts)
+                return vecs
         model = self.model
         # one batch at a time: callers in worker threads would otherwise fight over the
         # process-wide torch thread count (and two cores gain nothing from overlap)
