@@ -30,20 +30,21 @@ NPROBE = 32
 TRAIN_PER_LIST = 64  # k-means training points per cell (faiss warns below 39)
 
 
-def resolve_kind(n: int, kind: DenseKind = "auto", threshold: int = ANN_THRESHOLD) -> str:
+def resolve_kind(n: int, kind: DenseKind = "auto", threshold: int | None = None) -> str:
     if kind not in DENSE_KINDS:
         raise ValueError(f"--dense {kind!r}: expected one of {', '.join(DENSE_KINDS)}")
     if kind == "auto":
-        return "ivf" if n >= threshold else "flat"
+        return "ivf" if n >= (ANN_THRESHOLD if threshold is None else threshold) else "flat"
     return kind
 
 
 def ivf_lists(n: int) -> int:
-    """Number of k-means cells: about 4 sqrt(n), and never fewer than 39 points per cell."""
-    return max(1, min(int(4 * math.sqrt(n)), n // 39))
+    """Number of k-means cells: about 2 sqrt(n) (so training stays cheap on a CPU), and never
+    fewer than 39 points per cell."""
+    return max(1, min(int(2 * math.sqrt(n)), n // 39))
 
 
-def build_dense(vecs: np.ndarray, *, kind: DenseKind = "auto", threshold: int = ANN_THRESHOLD,
+def build_dense(vecs: np.ndarray, *, kind: DenseKind = "auto", threshold: int | None = None,
                 nprobe: int = NPROBE, seed: int = 0) -> Any:
     import faiss
 

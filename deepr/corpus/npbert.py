@@ -102,6 +102,21 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + _erf(x * np.float32(0.7071067811865476)))
 
 
+def _one_blas_thread(active: bool):
+    """One BLAS thread for multi-text batches: OpenBLAS workers spin while waiting, and on a
+    busy machine that made a 100-passage batch ~5x slower than one thread. A single query's
+    matrices are too small for OpenBLAS to thread, so it skips the threadpoolctl import."""
+    import contextlib
+
+    if not active:
+        return contextlib.nullcontext()
+    try:
+        from threadpoolctl import threadpool_limits  # installed with sentence-transformers' scikit-learn
+    except ImportError:
+        return contextlib.nullcontext()
+    return threadpool_limits(1, user_api="blas")
+
+
 class NumpyBert:
     """Tokenise, run the BERT layers, mean-pool, L2-normalise: all on the CPU in float32."""
 
@@ -184,9 +199,10 @@ class NumpyBert:
         """Vectors in input order; batches are formed from length-sorted texts to limit padding."""
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        for s in range(0, len(order), batch_size):
-            rows = order[s: s + batch_size]
-            ids, mask = self.tokenize([texts[i] for i in rows])
-            out[rows] = self.forward(ids, mask)
+        with _one_blas_thread(len(texts) > 1):
+            for s in range(0, len(order), batch_size):
+                rows = order[s: s + batch_size]
+                ids, mask = self.tokenize([texts[i] for i in rows])
+                out[rows] = self.forward(ids, mask)
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         return out / np.maximum(norms, 1e-12)
