@@ -324,8 +324,9 @@ def test_shards_then_merge_equal_a_single_build(tiny_corpus: Path, tmp_path: Pat
     emb = get_embedder()
     single = open_retriever(str(tiny_corpus), cache_dir=tmp_path / "one", progress=False)
     sizes = [build_shard(str(tiny_corpus), k, 3, embedder=emb, cache_dir=tmp_path / f"w{k}",
-                         shard_dir=tmp_path / "shards")[1] for k in range(3)]
-    assert sum(sizes) == 6 and sorted(shard_of(p.id, 3) for p in single.passages) != [0] * 6
+                         shard_dir=tmp_path / "shards")[1] for k in (1, 2, 3)]
+    assert sizes == [sum(shard_of(p.id, 3) == k for p in single.passages) for k in (1, 2, 3)]
+    assert sum(sizes) == 6 and max(sizes) < 6  # a real partition, not one machine doing it all
     before = emb.encoded
     merged = merge_shards(str(tiny_corpus), embedder=emb, cache_dir=tmp_path / "merge", shard_dir=tmp_path / "shards")
     assert emb.encoded == before  # the merge embedded nothing
@@ -342,12 +343,12 @@ def test_merge_with_a_missing_shard_is_a_clear_error(tiny_corpus: Path, tmp_path
 
     runner = CliRunner()
     base = ["index", "--corpus", str(tiny_corpus), "--cache-dir", str(tmp_path), "--shard-dir", str(tmp_path / "s")]
-    assert runner.invoke(app, base + ["--shard", "0/2"]).exit_code == 0
-    res = runner.invoke(app, base + ["--merge"])
-    assert res.exit_code == 2 and "shard(s) 1/2 missing" in res.output and "Traceback" not in res.output
-    res = runner.invoke(app, base + ["--shard", "2/2"])
-    assert res.exit_code == 2 and "0 <= K < N" in res.output
     assert runner.invoke(app, base + ["--shard", "1/2"]).exit_code == 0
+    res = runner.invoke(app, base + ["--merge"])
+    assert res.exit_code == 2 and "shard(s) 2/2 missing" in res.output and "Traceback" not in res.output
+    res = runner.invoke(app, base + ["--shard", "3/2"])
+    assert res.exit_code == 2 and "1 <= K <= N" in res.output
+    assert runner.invoke(app, base + ["--shard", "2/2"]).exit_code == 0
     res = runner.invoke(app, base + ["--merge"])
     assert res.exit_code == 0 and "built now" in res.output, res.output
 

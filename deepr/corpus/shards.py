@@ -1,17 +1,18 @@
 """Index a corpus on many machines: embed hash-partitioned shards, then merge them.
 
-Inputs: a corpus spec, ``K/N`` (this worker's shard, K counted from 0); outputs: one
+Inputs: a corpus spec, ``K/N`` (this worker's shard, 1 <= K <= N); outputs: one
 ``shard-K-of-N.npz`` per worker (passage ids, text hashes, vectors, the embedder's name)
 in ``<cache>/shards/<index key>/`` or ``--shard-dir``; ``merge`` then loads every shard into
 the embedding cache and builds the ordinary index from it without embedding anything, so a
 merged index equals a single-machine build (tests/test_retrieval.py checks it).
 
-A passage belongs to shard ``sha1(passage id) mod N``: stable across runs and machines, and
-balanced whatever the corpus order. Every worker reads the whole corpus (to chunk it and to
+A passage belongs to shard ``sha1(passage id) mod N`` (deepr.io.in_shard, the split that
+build-trees and the other stages use): stable across runs and machines, and balanced
+whatever the corpus order. Every worker reads the whole corpus (to chunk it and to
 agree on the index key) but embeds only its part; all workers must use the same embedder
 name, so pass ``--precision`` explicitly when the machines differ (bf16 vs fp32).
 
-Example (4 workers, e.g. a SLURM array ``--array=0-3``, then one merge)::
+Example (4 workers, e.g. a SLURM array ``--array=1-4``, then one merge)::
 
     deepr index --corpus big.jsonl --shard $SLURM_ARRAY_TASK_ID/4 --precision fp32
     deepr index --corpus big.jsonl --merge --precision fp32
@@ -19,7 +20,6 @@ Example (4 workers, e.g. a SLURM array ``--array=0-3``, then one merge)::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -38,15 +38,20 @@ _NAME = re.compile(r"shard-(\d+)-of-(\d+)\.npz$")
 
 
 def parse_shard(spec: str) -> tuple[int, int]:
-    """``"K/N"`` -> (K, N) with 0 <= K < N."""
-    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", spec or "")
-    if not m or int(m.group(2)) < 1 or int(m.group(1)) >= int(m.group(2)):
-        raise ValueError(f"--shard {spec!r}: expected K/N with 0 <= K < N, e.g. 0/4 (K counts from 0)")
-    return int(m.group(1)), int(m.group(2))
+    """``"K/N"`` -> (K, N) with 1 <= K <= N, as ``--shard`` in every other deepr stage."""
+    from deepr.io import parse_shard as parse
+
+    part = parse(spec)
+    if part is None:
+        raise ValueError("--shard: expected K/N, e.g. 2/8")
+    return part
 
 
 def shard_of(passage_id: str, n: int) -> int:
-    return int(hashlib.sha1(passage_id.encode("utf-8")).hexdigest()[:12], 16) % n
+    """The shard (1..n) a passage belongs to: deepr.io.in_shard's hash split of its id."""
+    from deepr.io import in_shard
+
+    return next(k for k in range(1, n + 1) if in_shard(passage_id, (k, n)))
 
 
 def default_shard_dir(cache_dir: str | Path | None, key: str) -> Path:
@@ -60,7 +65,9 @@ def build_shard(corpus: str, k: int, n: int, *, embedder: Embedder, chunking: Ch
     chunking = chunking or ChunkConfig()
     name, _, passages = load_corpus(corpus, chunking, limit)
     folder = shard_dir or default_shard_dir(cache_dir, index_key(name, passages, embedder.name, chunking))
-    mine = [p for p in passages if shard_of(p.id, n) == k]
+    from deepr.io import in_shard
+
+    mine = [p for p in passages if in_shard(p.id, (k, n))]
     cache = EmbeddingCache(cache_root(cache_dir), embedder.name)
     try:
         vecs = embed_passages(mine, embedder, cache, progress)
@@ -87,7 +94,7 @@ def _read_shard(path: Path) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
 
 
 def find_shards(folder: Path) -> list[Path]:
-    """All shard files of one complete set ``0..N-1`` in ``folder``, or a clear error."""
+    """All shard files of one complete set ``1..N`` in ``folder``, or a clear error."""
     found: dict[int, dict[int, Path]] = {}
     for p in folder.glob("shard-*-of-*.npz"):
         m = _NAME.search(p.name)
@@ -98,10 +105,10 @@ def find_shards(folder: Path) -> list[Path]:
     if len(found) > 1:
         raise ValueError(f"{folder} holds shards of different splits (N = {sorted(found)}); keep one set")
     (n, parts), = found.items()
-    missing = [k for k in range(n) if k not in parts]
+    missing = [k for k in range(1, n + 1) if k not in parts]
     if missing:
         raise FileNotFoundError(f"{folder}: shard(s) {', '.join(f'{k}/{n}' for k in missing)} missing")
-    return [parts[k] for k in range(n)]
+    return [parts[k] for k in range(1, n + 1)]
 
 
 def merge_shards(corpus: str, *, embedder: Embedder, chunking: ChunkConfig | None = None,
