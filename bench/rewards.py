@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import importlib.util
 import json
+import os
 import random
 import sys
 import time
@@ -120,6 +121,12 @@ def bench_answers(groups, emb: Embedder) -> Result:
     return res
 
 
+def summary(n: int, res: Result) -> dict:
+    base = res["uncached"][0]
+    return {mode: {"seconds": secs, "items_per_s": n / secs, "speedup_vs_uncached": base / secs,
+                   "texts_encoded": encoded} for mode, (secs, _, encoded) in res.items()}
+
+
 def report(title: str, unit: str, n: int, res: Result) -> None:
     base = res["uncached"][0]
     ref = res["uncached"][1]
@@ -141,11 +148,20 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     emb = Embedder()
-    emb.encode(["warm-up"])  # model load is not part of any mode
+    emb.model  # noqa: B018  torch model load is not part of any mode (GRPO has it loaded)
+    emb.encode(["warm-up"])
+    out: dict = {"load_avg_start": os.getloadavg(), "args": vars(args)}
     plan_groups = build(args.plans, args.rollouts, args.seed)
-    report("R_plan", "plans", sum(len(ps) for _, ps in plan_groups), bench_plans(plan_groups, emb))
+    n, res = sum(len(ps) for _, ps in plan_groups), bench_plans(plan_groups, emb)
+    report("R_plan", "plans", n, res)
+    out["R_plan"] = summary(n, res)
     ans_groups = build(args.answers, args.rollouts, args.seed + 1)
-    report("R_ans (extractive J_rub)", "answers", sum(len(ps) for _, ps in ans_groups), bench_answers(ans_groups, emb))
+    n, res = sum(len(ps) for _, ps in ans_groups), bench_answers(ans_groups, emb)
+    report("R_ans (extractive J_rub)", "answers", n, res)
+    out["R_ans"] = summary(n, res)
+    out["load_avg_end"] = os.getloadavg()
+    path = Path(__file__).parent / "results" / "rewards.json"
+    path.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -254,3 +254,119 @@ def test_cli_help_explains_every_flag() -> None:
         for flag in flags:
             line = next(ln for ln in res.output.splitlines() if flag in ln)
             assert len(line.split(flag, 1)[1].strip(" │")) > 20, f"{cmd} {flag} has no help text"
+
+
+# --- cold start: the numpy query encoder ---------------------------------------------------
+
+
+def test_numpy_encoder_gives_sentence_transformers_vectors(mini_corpus: Path) -> None:
+    """Queries skip torch by running BERT in numpy; the vectors must be the same."""
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    from deepr.corpus import ChunkConfig
+    from deepr.corpus.embed import default_model_path
+    from deepr.corpus.index import embed_text, load_corpus
+    from deepr.corpus.npbert import NumpyBert
+
+    _, _, passages = load_corpus(str(mini_corpus), ChunkConfig())
+    # 48 passages (and a text past the 256-token limit) keep this quick on a shared 2-core
+    # machine; bench/cold_start.py checks 1,000
+    texts = [embed_text(p) for p in passages[:48]] + ["a cat", "Who designed the Eiffel Tower?", "x " * 400]
+    ours = NumpyBert.load(default_model_path()).encode(texts)
+    ref = SentenceTransformer(default_model_path(), device="cpu").encode(texts, normalize_embeddings=True)
+    cos = (ours * ref).sum(1)
+    assert ours.dtype == np.float32 and ours.shape == ref.shape
+    assert float(cos.min()) >= 0.999, f"lowest cosine {cos.min():.5f} at text {int(cos.argmin())}"
+
+
+def test_search_process_never_imports_torch(tiny_corpus: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False)  # build here (uses torch)
+    code = ("import sys; from deepr.corpus import open_retriever; "
+            f"r = open_retriever({str(tiny_corpus)!r}, cache_dir={str(tmp_path)!r}, progress=False); "
+            "assert not r.built; h = r.search('planet with rings', k=1, mode='dense'); "
+            "heavy = [m for m in ('torch', 'sentence_transformers', 'transformers') if m in sys.modules]; "
+            "print(h[0].doc_id, heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["saturn", "[]"]
+
+
+# --- incremental rebuilds, shards, approximate index ---------------------------------------
+
+
+def test_rebuild_after_edit_embeds_only_new_or_changed_passages(tiny_corpus: Path, tmp_path: Path) -> None:
+    emb = get_embedder()
+    open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False)
+    docs = [Document(id=i, title=t, text=x) for i, t, x in TINY]
+    docs[1] = Document(id="violin", title="Violin", text="The violin has four strings tuned in fifths.")
+    docs.append(Document(id="comet", title="Comet", text="A comet is an icy body that grows a tail near the Sun."))
+    before = emb.encoded
+    r = open_retriever(docs, cache_dir=tmp_path, progress=False)
+    assert r.built and emb.encoded - before == 2  # the edited violin and the new comet only
+    assert r.search("icy body with a tail", k=1, mode="dense")[0].doc_id == "comet"
+    assert r.search("strings tuned in fifths", k=1, mode="dense")[0].doc_id == "violin"
+
+
+def _vectors(r) -> "np.ndarray":  # noqa: F821
+    return r._dense.reconstruct_n(0, r._dense.ntotal)
+
+
+def test_shards_then_merge_equal_a_single_build(tiny_corpus: Path, tmp_path: Path) -> None:
+    import numpy as np
+
+    from deepr.corpus.shards import build_shard, merge_shards, shard_of
+
+    emb = get_embedder()
+    single = open_retriever(str(tiny_corpus), cache_dir=tmp_path / "one", progress=False)
+    sizes = [build_shard(str(tiny_corpus), k, 3, embedder=emb, cache_dir=tmp_path / f"w{k}",
+                         shard_dir=tmp_path / "shards")[1] for k in (1, 2, 3)]
+    assert sizes == [sum(shard_of(p.id, 3) == k for p in single.passages) for k in (1, 2, 3)]
+    assert sum(sizes) == 6 and max(sizes) < 6  # a real partition, not one machine doing it all
+    before = emb.encoded
+    merged = merge_shards(str(tiny_corpus), embedder=emb, cache_dir=tmp_path / "merge", shard_dir=tmp_path / "shards")
+    assert emb.encoded == before  # the merge embedded nothing
+    assert [p.id for p in merged.passages] == [p.id for p in single.passages]
+    assert np.abs(_vectors(merged) - _vectors(single)).max() < 1e-3
+    for q in ("bow and strings", "baked dough", "lava"):
+        assert [h.id for h in merged.search(q, k=3)] == [h.id for h in single.search(q, k=3)]
+
+
+def test_merge_with_a_missing_shard_is_a_clear_error(tiny_corpus: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from deepr.cli import app
+
+    runner = CliRunner()
+    base = ["index", "--corpus", str(tiny_corpus), "--cache-dir", str(tmp_path), "--shard-dir", str(tmp_path / "s")]
+    assert runner.invoke(app, base + ["--shard", "1/2"]).exit_code == 0
+    res = runner.invoke(app, base + ["--merge"])
+    assert res.exit_code == 2 and "shard(s) 2/2 missing" in res.output and "Traceback" not in res.output
+    res = runner.invoke(app, base + ["--shard", "3/2"])
+    assert res.exit_code == 2 and "1 <= K <= N" in res.output
+    assert runner.invoke(app, base + ["--shard", "2/2"]).exit_code == 0
+    res = runner.invoke(app, base + ["--merge"])
+    assert res.exit_code == 0 and "built now" in res.output, res.output
+
+
+def test_dense_index_turns_approximate_above_the_threshold(mini_corpus: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from deepr.corpus import dense
+
+    exact = open_retriever(str(mini_corpus), cache_dir=tmp_path, progress=False, retriever="dense")
+    assert exact.describe()["dense_index"]["kind"] == "flat"
+    monkeypatch.setattr(dense, "ANN_THRESHOLD", len(exact.passages))  # this corpus is now "large"
+    approx = open_retriever(str(mini_corpus), cache_dir=tmp_path, progress=False, retriever="dense")
+    info = approx.describe()["dense_index"]
+    assert approx.path != exact.path and info["kind"] == "ivf" and info["nlist"] > 1
+    assert info["vectors"] == len(exact.passages)
+    queries = [d.title for d in exact.documents[::6]]
+    agree = [len({h.id for h in a} & {h.id for h in b}) / 5
+             for a, b in zip(exact.search_many(queries, k=5), approx.search_many(queries, k=5))]
+    assert sum(agree) / len(agree) >= 0.8  # recall of the approximate top-5 against exact search
+    monkeypatch.setattr(dense, "ANN_THRESHOLD", len(exact.passages) + 1)
+    assert open_retriever(str(mini_corpus), cache_dir=tmp_path, progress=False).path == exact.path

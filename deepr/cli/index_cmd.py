@@ -4,6 +4,8 @@ Examples::
 
     deepr index --corpus wiki
     deepr search "who painted the Mona Lisa" --corpus wiki -k 3 --json
+    deepr index --corpus big.jsonl --shard 1/4 --precision fp32   # one of 4 workers
+    deepr index --corpus big.jsonl --merge --precision fp32       # after all 4
 """
 
 from __future__ import annotations
@@ -23,17 +25,45 @@ RETRIEVER_HELP = "Ranking: dense (embeddings), bm25 (keywords) or hybrid (both, 
 CACHE_HELP = "Where indexes are cached (default: $DEEPR_CACHE or ~/.cache/deepr)."
 LIMIT_HELP = "Use only the first N documents (wiki: spread over its topics) for a quick look."
 EMBEDDER_HELP = "Sentence-transformers model: a local folder or cached name (default all-MiniLM-L6-v2)."
+DENSE_HELP = ("Dense index: flat (exact), ivf (approximate, memory-mapped) or auto (ivf from "
+              "250,000 passages up; see docs/scaling.md).")
+SHARD_HELP = ("Embed only shard K of N (1 <= K <= N; passages hash-partitioned by id) and write "
+              "shard-K-of-N.npz; run `--merge` after all N.")
+MERGE_HELP = "Build the index from the shard files of `--shard` runs, embedding nothing."
+SHARD_DIR_HELP = "Folder of shard files (default: <cache>/shards/<index key>/)."
 PRECISION_HELP = ("Embedding arithmetic: auto (bf16 on CPUs with native bfloat16, else fp32), fp32, bf16, "
                   "or int8 (fastest, lower recall).")
 
 
 def _open(corpus: str, retriever: str, cache_dir: Path | None, limit: int | None, embedder: str | None,
-          precision: str, max_words: int, overlap: int):
+          precision: str, max_words: int, overlap: int, dense: str = "auto"):
     from deepr.corpus import ChunkConfig, get_embedder, open_retriever
 
     return open_retriever(corpus, retriever=retriever, cache_dir=cache_dir, limit=limit,
                           embedder=get_embedder(embedder, precision=precision),
-                          chunking=ChunkConfig(max_words=max_words, overlap=overlap), progress=True)
+                          chunking=ChunkConfig(max_words=max_words, overlap=overlap), progress=True,
+                          dense=dense)
+
+
+def _shard(corpus: str, shard: str, cache_dir: Path | None, limit: int | None, embedder: str | None,
+           precision: str, max_words: int, overlap: int, shard_dir: Path | None) -> None:
+    from deepr.corpus import ChunkConfig, get_embedder
+    from deepr.corpus.index import RichProgress
+    from deepr.corpus.shards import build_shard, parse_shard
+
+    t0 = time.perf_counter()
+    k, n = parse_shard(shard)
+    emb = get_embedder(embedder, precision=precision)
+    bar = RichProgress(f"embedding shard {k}/{n}")
+    try:
+        path, count = build_shard(corpus, k, n, embedder=emb, chunking=ChunkConfig(max_words=max_words, overlap=overlap),
+                                  cache_dir=cache_dir, limit=limit, shard_dir=shard_dir, progress=bar)
+    finally:
+        bar.close()
+    summary_table(f"deepr index — shard {k}/{n}", [
+        ("passages in this shard", count), ("embedder", emb.name),
+        ("seconds", round(time.perf_counter() - t0, 2)), ("shard file", str(path)),
+    ])
 
 
 @app.command("index")
@@ -46,17 +76,35 @@ def index_command(
     precision: str = typer.Option("auto", "--precision", help=PRECISION_HELP),
     max_words: int = typer.Option(120, "--max-words", help="Most words per passage."),
     overlap: int = typer.Option(20, "--overlap", help="Words shared by consecutive passages of a document."),
+    dense: str = typer.Option("auto", "--dense", help=DENSE_HELP),
+    shard: str | None = typer.Option(None, "--shard", help=SHARD_HELP),
+    merge: bool = typer.Option(False, "--merge", help=MERGE_HELP),
+    shard_dir: Path | None = typer.Option(None, "--shard-dir", help=SHARD_DIR_HELP),
 ) -> None:
     """Build the dense + BM25 index of a corpus once and cache it (re-runs reuse the cache;
-    an interrupted build resumes)."""
+    an interrupted build resumes; after a corpus edit only new or changed passages are embedded)."""
     t0 = time.perf_counter()
     with user_errors():
-        r = _open(corpus, retriever, cache_dir, limit, embedder, precision, max_words, overlap)
+        if shard is not None and merge:
+            raise ValueError("--shard and --merge: pick one (embed a shard, or merge all shards)")
+        if shard is not None:
+            _shard(corpus, shard, cache_dir, limit, embedder, precision, max_words, overlap, shard_dir)
+            return
+        if merge:
+            from deepr.corpus import ChunkConfig, get_embedder
+            from deepr.corpus.shards import merge_shards
+
+            r = merge_shards(corpus, embedder=get_embedder(embedder, precision=precision), cache_dir=cache_dir,
+                             chunking=ChunkConfig(max_words=max_words, overlap=overlap), limit=limit,
+                             shard_dir=shard_dir, dense=dense, retriever=retriever)
+        else:
+            r = _open(corpus, retriever, cache_dir, limit, embedder, precision, max_words, overlap, dense)
     info = r.describe()
     summary_table(f"deepr index — {r.corpus_name}", [
         ("documents", info["documents"]), ("passages", info["passages"]),
         ("documents without text (not indexed)", info["documents_without_text"]),
         ("embedder", info["embedder"]), ("index", "built now" if r.built else "reused from cache"),
+        ("dense index", info["dense_index"]["kind"]),
         ("build seconds", round(r.build_seconds, 2)), ("total seconds", round(time.perf_counter() - t0, 2)),
         ("cache path", info["index"]),
     ])
@@ -76,13 +124,15 @@ def search_command(
     max_words: int = typer.Option(120, "--max-words", help="Most words per passage (must match the index)."),
     overlap: int = typer.Option(20, "--overlap", help="Passage overlap in words (must match the index)."),
     search: str = SEARCH_OPT, allow_host: list[str] | None = ALLOW_OPT, search_cache: str = CACHE_OPT,
+    dense: str = typer.Option("auto", "--dense", help=DENSE_HELP + " Must match the index."),
 ) -> None:
     """Print ranked snippets for a query, each with its stable id (builds the index if needed)."""
     from deepr.cli.search_opts import check_usable, open_search, search_errors
 
     with user_errors():
         r = open_search(search, allow_host, search_cache, cache_dir,
-                        lambda: _open(corpus, retriever, cache_dir, limit, embedder, precision, max_words, overlap))
+                        lambda: _open(corpus, retriever, cache_dir, limit, embedder, precision, max_words, overlap,
+                                     dense))
         with search_errors(r):
             hits = r.search(query, k=k)
             check_usable(r)

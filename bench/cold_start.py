@@ -1,0 +1,134 @@
+"""Cold-start benchmark: what a user waits for when typing `deepr search` / `deepr run`.
+
+    python bench/cold_start.py [--repeats 3] [--passages 1000] [--limit N]
+
+Every command runs in a fresh Python process against an index built beforehand (the wiki by
+default, cached in ``--cache-dir``), so the timings are imports + corpus load + index load +
+one query. Reported as medians and as ratios to cold ``deepr search --retriever bm25`` measured
+in the same run (the machine may be shared; the load average is recorded):
+
+- bm25 search (the baseline), hybrid search, hybrid search with the numpy query encoder
+  switched off (``DEEPR_NUMPY_QUERIES=0``: the old torch / sentence-transformers path),
+  a cold offline ``deepr run`` (extractive, no LLM), and ``import sentence_transformers``;
+- which heavy modules each process imported (``-X importtime`` of the hybrid search);
+- equality: cosine of the numpy encoder's vectors against sentence-transformers' on
+  ``--passages`` wiki passages (goal >= 0.999 each).
+
+Writes bench/results/cold_start.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+QUERY = "who designed the Eiffel Tower"
+HEAVY = ("torch", "sentence_transformers", "transformers", "faiss", "bm25s", "tokenizers")
+
+
+def env(extra: dict | None = None) -> dict:
+    e = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+             HF_DATASETS_OFFLINE="1")
+    e.update(extra or {})
+    return e
+
+
+def deepr_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-c", "from deepr.cli import main; main()", *args]
+
+
+def timed_run(cmd: list[str], extra_env: dict | None = None) -> float:
+    t = time.perf_counter()
+    out = subprocess.run(cmd, env=env(extra_env), capture_output=True, text=True, cwd=ROOT)
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stderr[-2000:]}")
+    return time.perf_counter() - t
+
+
+def imported(cmd: list[str], extra_env: dict | None = None) -> dict:
+    """Heavy top-level modules the command imported, with their cumulative import seconds."""
+    out = subprocess.run([cmd[0], "-X", "importtime", *cmd[1:]], env=env(extra_env), capture_output=True,
+                         text=True, cwd=ROOT)
+    found = {}
+    for line in out.stderr.splitlines():
+        parts = [p.strip() for p in line.split("|")]
+        if len(parts) == 3 and parts[2] in HEAVY:
+            found[parts[2]] = int(parts[1]) / 1e6
+    return found
+
+
+def equality(n: int, limit: int | None) -> dict:
+    from sentence_transformers import SentenceTransformer
+
+    from deepr.corpus import ChunkConfig, chunk_documents, load_documents
+    from deepr.corpus.embed import default_model_path
+    from deepr.corpus.index import embed_text
+    from deepr.corpus.npbert import NumpyBert
+
+    texts = [embed_text(p) for p in chunk_documents(load_documents("wiki", limit=limit or n), ChunkConfig())][:n]
+    ours = NumpyBert.load(default_model_path()).encode(texts)
+    ref = SentenceTransformer(default_model_path(), device="cpu").encode(texts, normalize_embeddings=True)
+    cos = (ours * ref).sum(1)
+    return {"passages": len(texts), "cos_min": float(cos.min()), "cos_mean": float(cos.mean()),
+            "goal_min": 0.999, "ok": bool(cos.min() >= 0.999)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--passages", type=int, default=1000, help="passages for the equality check")
+    ap.add_argument("--limit", type=int, default=None, help="wiki documents to index (default: all)")
+    ap.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "deepr-bench-cold"))
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "cold_start.json"))
+    args = ap.parse_args()
+
+    lim = ["--limit", str(args.limit)] if args.limit else []
+    common = ["--corpus", "wiki", "--cache-dir", args.cache_dir, *lim]
+    res: dict = {"load_avg_start": os.getloadavg(), "cores": len(os.sched_getaffinity(0)), "query": QUERY}
+    print("building / reusing the index ...", file=sys.stderr)
+    res["index_s"] = timed_run(deepr_cmd("index", *common))
+    report_dir = Path(tempfile.mkdtemp(prefix="deepr-cold-"))
+    cases = {
+        "search bm25": (deepr_cmd("search", QUERY, "--retriever", "bm25", *common), None),
+        "search hybrid": (deepr_cmd("search", QUERY, "--retriever", "hybrid", *common), None),
+        "search hybrid, torch query path": (deepr_cmd("search", QUERY, "--retriever", "hybrid", *common),
+                                            {"DEEPR_NUMPY_QUERIES": "0"}),
+        "run offline (extractive)": (deepr_cmd("run", QUERY, "--llm", "extractive", "--out",
+                                               str(report_dir / "r.md"), *common), None),
+        "import sentence_transformers": ([sys.executable, "-c", "import sentence_transformers"], None),
+    }
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    for r in range(args.repeats):  # interleaved, so a burst of load hits every case alike
+        for name, (cmd, extra) in cases.items():
+            times[name].append(timed_run(cmd, extra))
+            print(f"  {name} #{r + 1}: {times[name][-1]:.2f} s", file=sys.stderr)
+    base = statistics.median(times["search bm25"])
+    res["cold_s"] = {k: {"median": statistics.median(v), "runs": v, "ratio_to_bm25": statistics.median(v) / base}
+                     for k, v in times.items()}
+    res["goals"] = {"hybrid / bm25 <= 1.6": res["cold_s"]["search hybrid"]["ratio_to_bm25"],
+                    "run / bm25 <= 4": res["cold_s"]["run offline (extractive)"]["ratio_to_bm25"]}
+    res["imports"] = {k: imported(cases[k][0], cases[k][1]) for k in
+                      ("search bm25", "search hybrid", "run offline (extractive)")}
+    print("equality check ...", file=sys.stderr)
+    res["equality"] = equality(args.passages, args.limit)
+    res["load_avg_end"] = os.getloadavg()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
+    for k, v in res["cold_s"].items():
+        print(f"{k:36s} {v['median']:6.2f} s  x{v['ratio_to_bm25']:.2f}")
+    print("imports:", json.dumps(res["imports"]))
+    print("equality:", res["equality"])
+    print("load average", res["load_avg_start"], "->", res["load_avg_end"])
+
+
+if __name__ == "__main__":
+    main()
