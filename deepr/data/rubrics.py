@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -159,12 +159,20 @@ def _synth_extractive(a: SynthAsk) -> dict[str, Any]:
     return value
 
 
+def _synth_shrink(a: SynthAsk, step: int) -> SynthAsk | None:
+    # A tree over the model's context shows fewer statements per leaf (its evidence) first.
+    shown = max((len(leaf["statements"]) for leaf in a.compact["leaves"]), default=0)
+    if shown <= 1:
+        return None
+    return replace(a, compact=serialize_tree(a.tree, shown // 2))
+
+
 SYNTHESIZE = Role(
     name="synthesize", action="pair", output=JSONReply(SynthReply), check=_synth_check,
     messages=lambda a: [{"role": "system", "content": _system(a.cfg)},
                         {"role": "user", "content": json.dumps(a.compact, ensure_ascii=False, separators=(",", ":"))}],
     extractive=_synth_extractive, result=lambda a, v: SynthReply.model_validate(v), fallback=None,
-    max_tokens=4096, accept=(no_placeholder,))
+    max_tokens=4096, accept=(no_placeholder,), shrink=_synth_shrink)
 
 
 async def synthesize_one(tree: Tree, llm: LLM, cfg: SynthConfig, embed: Callable[[list[str]], Any] | None
