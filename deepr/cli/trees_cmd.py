@@ -112,6 +112,20 @@ def _drive(coro_fn: Callable[[Callable[[Any], None]], Any], total: int, label: s
         run_sync(coro_fn(on_result))
 
 
+def _fallback_opt() -> Any:
+    return typer.Option("none", "--fallback", help=(
+        "extractive: a record the model cannot produce is made by the extractive engine instead "
+        "(marked in the record and counted in the sidecar); none: it is rejected."))
+
+
+def _finish(tally: Any) -> None:
+    """Exit non-zero, with the commonest reason, when every record of the stage failed."""
+    message = tally.verdict()
+    if message:
+        console.print(f"[red]{message}[/red]")
+        raise typer.Exit(1)
+
+
 def _parse_branching(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
@@ -140,6 +154,7 @@ def build_trees_command(
     base_url: str | None = C["base_url"], api_key: str | None = C["api_key"], no_cache: bool = C["no_cache"],
     timeout: float = C["timeout"], concurrency: int = C["concurrency"], limit: int | None = C["limit"],
     dry_run: bool = C["dry_run"], shard: str | None = C["shard"], retry_rejects: bool = C["retry_rejects"],
+    fallback: str = _fallback_opt(),
 ) -> None:
     """Grow evidence trees: seed topic → root query → breadth-first sub-queries, each grounded in
     retrieved documents with extracted statements (SPEC §1)."""
@@ -150,7 +165,7 @@ def build_trees_command(
     t0 = time.perf_counter()
     with user_errors():
         cfg = TreeConfig(max_depth=max_depth, branching=_parse_branching(branching), retrieve_k=retrieve_k,
-                         concurrency=concurrency, seed=seed)
+                         concurrency=concurrency, seed=seed, fallback=fallback)
         rejects = rejects_path(out)
         retriever_obj = None
         if topics is not None:
@@ -182,14 +197,16 @@ def _run_trees(todo: list[Any], retriever: Any, model: Any, judge: Any, cfg: Any
                plan: dict[str, int], t0: float, *, inputs: list[Path], corpus: str) -> None:
     from deepr.io import JsonlAppender, read_jsonl, write_meta
     from deepr.records import Reject, Tree
+    from deepr.data.outcomes import StageTally
     from deepr.data.trees import abuild_trees, tree_summary
 
-    counts = Counter()
+    counts, tally = Counter(), StageTally("build-trees")
     try:
         with JsonlAppender(out) as sink, JsonlAppender(rejects) as rej:
             def write(r: Any) -> None:
                 (rej if isinstance(r, Reject) else sink).write(r)
                 counts["rejected" if isinstance(r, Reject) else "built"] += 1
+                tally.add(r)
 
             _drive(lambda cb: abuild_trees(todo, retriever, model, cfg, judge=judge, on_result=cb),
                    len(todo), "building trees", write)
@@ -197,12 +214,13 @@ def _run_trees(todo: list[Any], retriever: Any, model: Any, judge: Any, cfg: Any
         trees = list(read_jsonl(out, Tree, tolerate_torn_tail=True)) if out.exists() else []
         stats = tree_summary(trees)
         write_meta(out, stage="build-trees", config=cfg, inputs=inputs,
-                   counts={**plan, **counts, "trees in output": len(trees)},
+                   counts={**plan, **counts, "trees in output": len(trees), **tally.counts()},
                    timings={"seconds": round(time.perf_counter() - t0, 2)},
                    extra={"corpus": corpus, "llm": model.describe(), "judge": judge.describe(),
                           "usage": model.usage.as_dict(), "retriever": _describe(retriever), "summary": stats})
-    summary_table(f"build-trees → {out}", [*plan.items(), *counts.items(), *stats.items(),
+    summary_table(f"build-trees → {out}", [*plan.items(), *counts.items(), *stats.items(), *tally.rows(),
                                           ("rejects file", str(rejects) if counts["rejected"] else "-")])
+    _finish(tally)
 
 
 def _describe(retriever: Any) -> Any:
@@ -220,6 +238,7 @@ def synthesize_rubrics_command(
     base_url: str | None = C["base_url"], api_key: str | None = C["api_key"], no_cache: bool = C["no_cache"],
     timeout: float = C["timeout"], concurrency: int = C["concurrency"], limit: int | None = C["limit"],
     dry_run: bool = C["dry_run"], shard: str | None = C["shard"], retry_rejects: bool = C["retry_rejects"],
+    fallback: str = _fallback_opt(),
 ) -> None:
     """Co-generate one research question and ≥ 5 typed, weighted, leaf-grounded rubrics per tree,
     every SPEC §2 constraint checked in code (violations re-asked, then rejected)."""
@@ -230,7 +249,8 @@ def synthesize_rubrics_command(
 
     t0 = time.perf_counter()
     with user_errors():
-        cfg = SynthConfig(n_select=n_select, concurrency=concurrency, limits=RubricLimits(min_rubrics=min_rubrics))
+        cfg = SynthConfig(n_select=n_select, concurrency=concurrency, limits=RubricLimits(min_rubrics=min_rubrics),
+                          fallback=fallback)
         items = list(read_jsonl(trees, Tree))
         rejects = rejects_path(out)
         done = _done(out, [], rejects, retry_rejects, {pair_id(t.id) for t in items})
@@ -252,15 +272,17 @@ def _run_synth(todo: list[Any], model: Any, cfg: Any, trees: Path, out: Path, re
                plan: dict[str, int], t0: float) -> None:
     from deepr.io import JsonlAppender, read_jsonl, write_meta
     from deepr.records import QRPair, Reject
+    from deepr.data.outcomes import StageTally
     from deepr.data.rubrics import asynthesize_rubrics, pair_summary
 
     embed = _embed_fn() if model.is_extractive else None
-    counts = Counter()
+    counts, tally = Counter(), StageTally("synthesize-rubrics")
     try:
         with JsonlAppender(out) as sink, JsonlAppender(rejects) as rej:
             def write(r: Any) -> None:
                 (rej if isinstance(r, Reject) else sink).write(r)
                 counts["rejected" if isinstance(r, Reject) else "pairs written"] += 1
+                tally.add(r)
 
             _drive(lambda cb: asynthesize_rubrics(todo, model, cfg, embed=embed, on_result=cb),
                    len(todo), "synthesising rubrics", write)
@@ -268,11 +290,12 @@ def _run_synth(todo: list[Any], model: Any, cfg: Any, trees: Path, out: Path, re
         pairs = list(read_jsonl(out, QRPair, tolerate_torn_tail=True)) if out.exists() else []
         stats = pair_summary(pairs)
         write_meta(out, stage="synthesize-rubrics", config=cfg, inputs=[trees],
-                   counts={**plan, **counts, "pairs in output": len(pairs)},
+                   counts={**plan, **counts, "pairs in output": len(pairs), **tally.counts()},
                    timings={"seconds": round(time.perf_counter() - t0, 2)},
                    extra={"llm": model.describe(), "usage": model.usage.as_dict(), "summary": stats})
-    summary_table(f"synthesize-rubrics → {out}", [*plan.items(), *counts.items(), *stats.items(),
+    summary_table(f"synthesize-rubrics → {out}", [*plan.items(), *counts.items(), *stats.items(), *tally.rows(),
                                                  ("rejects file", str(rejects) if counts["rejected"] else "-")])
+    _finish(tally)
 
 
 def dropped_path(out: Path) -> Path:
@@ -293,6 +316,7 @@ def verify_command(
     base_url: str | None = C["base_url"], api_key: str | None = C["api_key"], no_cache: bool = C["no_cache"],
     timeout: float = C["timeout"], concurrency: int = C["concurrency"], limit: int | None = C["limit"],
     dry_run: bool = C["dry_run"], shard: str | None = C["shard"], retry_rejects: bool = C["retry_rejects"],
+    fallback: str = _fallback_opt(),
 ) -> None:
     """Audit each pair on six dimensions and KEEP / REVISE / DROP it; revisions must stay grounded
     in the selected leaves (checked in code)."""
@@ -302,7 +326,7 @@ def verify_command(
 
     t0 = time.perf_counter()
     with user_errors():
-        cfg = VerifyConfig(concurrency=concurrency)
+        cfg = VerifyConfig(concurrency=concurrency, fallback=fallback)
         items = list(read_jsonl(pairs, QRPair))
         tree_map = {t.id: t for t in read_jsonl(trees, Tree)} if trees else None
         drop_to, rejects = dropped or dropped_path(out), rejects_path(out)
@@ -319,9 +343,10 @@ def _run_verify(todo: list[Any], judge: Any, cfg: Any, tree_map: Any, pairs: Pat
                 rejects: Path, plan: dict[str, int], t0: float) -> None:
     from deepr.io import JsonlAppender, read_jsonl, write_meta
     from deepr.records import QRPair
+    from deepr.data.outcomes import StageTally
     from deepr.data.verify import Verdict, averify, verify_summary
 
-    counts = Counter()
+    counts, tally = Counter(), StageTally("verify")
     try:
         with JsonlAppender(out) as ok, JsonlAppender(drop_to) as gone, JsonlAppender(rejects) as rej:
             sinks = {"verified": ok, "dropped": gone, "reject": rej}
@@ -329,6 +354,7 @@ def _run_verify(todo: list[Any], judge: Any, cfg: Any, tree_map: Any, pairs: Pat
             def write(v: Any) -> None:
                 sinks[v.kind].write(v.record)
                 counts[v.kind] += 1
+                tally.add(v)
 
             _drive(lambda cb: averify(todo, judge, cfg, embed=_embed_fn(), trees=tree_map, on_result=cb),
                    len(todo), "verifying pairs", write)
@@ -337,9 +363,11 @@ def _run_verify(todo: list[Any], judge: Any, cfg: Any, tree_map: Any, pairs: Pat
                 if path.exists() for r in read_jsonl(path, QRPair, tolerate_torn_tail=True)]
         rates, tags = verify_summary(seen)
         write_meta(out, stage="verify", config=cfg, inputs=[pairs],
-                   counts={**plan, **counts, **rates}, timings={"seconds": round(time.perf_counter() - t0, 2)},
+                   counts={**plan, **counts, **rates, **tally.counts()}, timings={"seconds": round(time.perf_counter() - t0, 2)},
                    extra={"judge": judge.describe(), "usage": judge.usage.as_dict(), "dropped_file": str(drop_to),
                           "error_tags": tags})
     summary_table(f"verify → {out}", [*plan.items(), *counts.items(), *rates.items(),
                                      ("dropped file", str(drop_to))])
     summary_table("error tags (all audited pairs)", list(tags.items()) or [("none", 0)])
+    summary_table("verify: records", tally.rows())
+    _finish(tally)

@@ -29,6 +29,7 @@ from deepr.llm.base import LLM, run_sync
 from deepr.records import MergeStep, QRPair, Reject, RubricItem, Tree
 from deepr.acceptance import no_placeholder
 from deepr.roles import JSONReply, Recorder, Role, RoleFailed, perform
+from deepr.data.outcomes import Fallback, mark_fallback
 from deepr.data.rubric_checks import RubricLimits, leaf_statements, pair_problems
 from deepr.data.rubrics_extractive import synthesize as synthesize_extractive
 
@@ -76,6 +77,9 @@ class SynthConfig(BaseModel):
     concurrency: int = Field(8, ge=1, le=512, description="Trees synthesised at the same time.")
     max_tokens: int | None = Field(None, ge=64, description=(
         "Reply length limit sent to the model (None: backend default)."))
+    fallback: Fallback = Field("none", description=(
+        "extractive: a tree whose model synthesis fails is synthesised by the extractive engine "
+        "(recorded in the pair's 'fallback' field); none: it is rejected."))
 
 
 class _Selection(BaseModel):
@@ -209,16 +213,36 @@ async def asynthesize_rubrics(trees: Sequence[Tree], llm: LLM, config: SynthConf
     """All trees, ``config.concurrency`` at once; ``on_result`` sees each result as it ends."""
     sem = asyncio.Semaphore(config.concurrency)
     results: list[QRPair | Reject] = []
+    rescue = config.fallback == "extractive" and not llm.is_extractive
 
     async def one(tree: Tree) -> None:
+        nonlocal embed
         async with sem:
             result = await synthesize_one(tree, llm, config, embed)
+            if isinstance(result, Reject) and rescue:
+                if embed is None:
+                    from deepr.corpus.embed import get_embedder
+
+                    embed = get_embedder().encode
+                result = await _rescue(tree, result, config, embed)
         results.append(result)
         if on_result is not None:
             on_result(result)
 
     await asyncio.gather(*(one(t) for t in trees))
     return results
+
+
+async def _rescue(tree: Tree, failed: Reject, cfg: SynthConfig, embed: Callable[[list[str]], Any]
+                  ) -> QRPair | Reject:
+    """``--fallback extractive``: the extractive synthesiser makes the pair the model could not."""
+    from deepr.llm.extractive import ExtractiveLLM
+
+    again = await synthesize_one(tree, ExtractiveLLM(), cfg, embed)
+    if isinstance(again, Reject):
+        return failed.model_copy(update={"reason": f"{failed.reason}; the extractive fallback failed too: "
+                                                   f"{again.reason}"})
+    return mark_fallback(again, f"model path: {failed.reason}")
 
 
 def synthesize_rubrics(trees: Sequence[Tree], llm: LLM, config: SynthConfig, **kw: Any) -> list[QRPair | Reject]:
