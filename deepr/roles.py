@@ -408,7 +408,13 @@ async def _ask(role: Role, inp: Any, messages: list[Message], llm: LLM, rec: Rec
     out = _Attempts()
     convo, fmt = list(messages), role.output.fmt(f"{role.name}.{role.action}")
     wrapped = rec.llm(llm, role.name, role.action)
+    limit = context_length(llm)
     for n in range(max_reasks + 1):
+        room = min(max_tokens, llm.gen.max_tokens) if llm.gen.max_tokens is not None else max_tokens
+        if n and limit is not None and prompt_tokens(llm, convo) + room > limit:
+            # The re-ask repeats the whole exchange; past the context the backend would refuse it.
+            out.error = f"{out.error}; a re-ask would not fit the model's context of {limit} tokens"
+            break
         out.attempts += 1
         temp = temperature if n == 0 else max(temperature or 0.0, REASK_TEMPERATURE)
         try:

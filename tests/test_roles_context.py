@@ -97,3 +97,11 @@ def test_a_backend_tokenizer_is_used_when_it_has_one():
     llm = Small(None)
     llm.count_tokens = lambda messages: 7
     assert prompt_tokens(llm, _msgs(Ask([LONG]))) == 7
+
+
+def test_a_reask_that_would_overflow_the_context_is_not_sent():
+    whole = prompt_tokens(Small(None), _msgs(Ask(["short evidence about lava"])))
+    llm, rec = Small(whole + 100 + 10, reply=""), Recorder()  # the first ask fits, the re-ask would not
+    out = run_sync(perform(WRITE, Ask(["short evidence about lava"]), llm=llm, rec=rec))
+    assert len(llm.sent) == 1 and out.by == "failed"
+    assert "empty" in out.error and "re-ask would not fit the model's context" in out.error

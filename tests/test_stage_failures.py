@@ -60,7 +60,9 @@ def test_build_trees_with_a_failing_model_rejects_every_tree_and_says_why(volc, 
     t = tally(results)
     assert (t.ok, t.fallback, t.failed) == (0, 0, 2) and t.every_failed
     top, n = t.top(1)[0]
-    assert n >= 2 and "root_query" in top or "root query failed" in top
+    assert n == 2 and top.startswith("record: root query failed: gave up after N attempts: no JSON object")
+    assert ("root_query/write: gave up after N attempts: no JSON object found in the reply; it starts with '…'"
+            in dict(t.top(3)))  # the turn-level reason, from each tree's Recorder failures
     assert "all 2 record(s) failed" in t.verdict() and "--fallback extractive" in t.verdict()
     # the turns' own failures travel with the reject
     assert all(f["where"].startswith("root_query") for f in results[0].record["failures"])
