@@ -101,3 +101,15 @@ def test_a_run_trace_reports_citation_support(retriever, tmp_path):
     # the extractive writer quotes its evidence: its claims are backed
     assert support["support"] >= 0.9, support["unsupported_claims"]
     assert all(set(row["ids"]) <= set(result.trace.citations) for row in support["rows"])
+
+
+def test_the_offline_citation_metric_gives_an_invented_claim_no_support(embedder):
+    from deepr.rewards.rubric_reward import citation_reward
+
+    store = {"N1-R1": PRINTING}
+    claims = ["In 1507, Johannes Gutenberg invented the printing press [N1-R1].",
+              "Movable type made of metal was introduced in Europe in the fifteenth century [N1-R1]."]
+    r = asyncio.run(citation_reward("Who printed first?", " ".join(claims), store, Judge(None, embedder.encode)))
+    rows = {c["text"][:8]: c for c in r.claims}
+    assert rows["In 1507,"]["recall"] == 0.0 and rows["In 1507,"]["f1"] == 0.0
+    assert rows["Movable "]["recall"] == 1.0

@@ -68,6 +68,16 @@ def _key(word: str) -> str:
     return word if any(c.isdigit() for c in word) or len(word) <= 5 else word[:5]
 
 
+def invented(claim: str, source: str) -> list[str]:
+    """Numbers and names of ``claim`` (lower-cased) that ``source`` never mentions."""
+    plain = set(words(source))
+    have = {_key(w) for w in plain}
+    numbers = [w for w in tok(claim) if any(c.isdigit() for c in w) and w not in plain]
+    names = [n for n in dict.fromkeys(m.group(1).lower() for m in _NAME.finditer(claim))
+             if n not in STOP_WORDS and _key(n) not in have]
+    return numbers + [n for n in names if n not in numbers]
+
+
 def overlap_verdict(claim: str, source: str) -> Verdict:
     """The no-model check: content-word overlap, and no number or name missing from the source."""
     have = {_key(w) for w in words(source)}
@@ -75,13 +85,10 @@ def overlap_verdict(claim: str, source: str) -> Verdict:
     if not content:
         return {"verdict": "supported", "reason": "", "overlap": 1.0}
     share = sum(_key(w) in have for w in content) / len(content)
-    numbers = [w for w in content if any(c.isdigit() for c in w) and w not in set(words(source))]
-    names = [n for n in dict.fromkeys(m.group(1).lower() for m in _NAME.finditer(claim))
-             if n not in STOP_WORDS and _key(n) not in have]
-    invented = numbers + [n for n in names if n not in numbers]
-    if invented:
+    found = invented(claim, source)
+    if found:
         return {"verdict": "unsupported", "overlap": round(share, 3),
-                "reason": f"not in the cited source: {', '.join(invented[:6])}"}
+                "reason": f"not in the cited source: {', '.join(found[:6])}"}
     if share >= SUPPORTED:
         return {"verdict": "supported", "reason": "", "overlap": round(share, 3)}
     verdict = "partial" if share >= PARTIAL else "unsupported"
