@@ -16,6 +16,7 @@ from deepr.data.trees import TreeConfig, build_trees
 from deepr.data.verify import VerifyConfig, verify
 from deepr.io import read_jsonl
 from deepr.llm.base import LLM
+from deepr.llm.replay import ReplayLLM
 from deepr.records import QRPair, Reject, Tree
 from tree_helpers import LexicalRetriever, good_synthesis, small_tree, volcano_docs
 
@@ -115,3 +116,21 @@ def test_cli_exits_non_zero_when_every_record_failed_and_the_fallback_is_counted
     assert meta["counts"]["fallback"] == 2 and meta["counts"]["ok"] == 0
     r = CliRunner().invoke(app, [*args, "--fallback", "sometimes"])
     assert r.exit_code != 0 and "fallback" in r.output and "Traceback" not in r.output
+
+
+def test_verify_cli_exits_non_zero_when_every_audit_failed(tmp_path, embedder):
+    pairs = tmp_path / "pairs.jsonl"
+    [pair] = synthesize_rubrics([small_tree()], ReplayLLM([json.dumps(good_synthesis())]), SynthConfig())
+    pairs.write_text(pair.model_dump_json() + "\n")
+    replies = tmp_path / "judge.jsonl"
+    replies.write_text(json.dumps({"reply": "I think it is fine."}) + "\n")
+    out = tmp_path / "verified.jsonl"
+    args = ["verify", str(pairs), "--out", str(out), "--llm", f"replay:{replies}"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 1, r.output
+    assert "verify: all 1 record(s) failed" in r.output and "audit failed" in r.output
+    r = CliRunner().invoke(app, [*args, "--retry-rejects", "--fallback", "extractive"])
+    assert r.exit_code == 0, r.output
+    [kept] = read_jsonl(out, QRPair)
+    assert kept.model_dump()["fallback"]["engine"] == "extractive"
+    assert json.loads((tmp_path / "verified.jsonl.meta.json").read_text())["counts"]["fallback"] == 1
