@@ -113,3 +113,12 @@ def test_the_offline_citation_metric_gives_an_invented_claim_no_support(embedder
     rows = {c["text"][:8]: c for c in r.claims}
     assert rows["In 1507,"]["recall"] == 0.0 and rows["In 1507,"]["f1"] == 0.0
     assert rows["Movable "]["recall"] == 1.0
+
+
+def test_a_marker_written_after_the_full_stop_cites_the_sentence_before_it():
+    report = ("Paper was first made in China from mulberry bark. [N1-R2] In 1507, Johannes Gutenberg invented "
+              "the printing press. [N1-R1]\n[N1-R2] Papermaking reached Samarkand by 751.")
+    rows = {r["text"][:8]: r for r in check(report).rows}
+    assert rows["Paper wa"]["ids"] == ["N1-R2"] and rows["Paper wa"]["verdict"] == "supported"
+    assert rows["In 1507,"]["ids"] == ["N1-R1"] and rows["In 1507,"]["verdict"] == "unsupported"
+    assert rows["Papermak"]["ids"] == ["N1-R2"] and rows["Papermak"]["verdict"] == "supported"

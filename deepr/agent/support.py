@@ -46,20 +46,35 @@ class Claim:
     ids: list[str]
 
 
+def _leading(sent: str, known: Sequence[str]) -> tuple[list[str], str]:
+    """Markers that open a sentence ("… Parthenon. [N1-R1] They …" splits after the full stop,
+    so the marker lands on the next sentence although it cites the one before) and the rest."""
+    ids: list[str] = []
+    rest = sent.strip()
+    while (marks := find_markers(rest, known)) and marks[0][0] == 0:
+        ids += marks[0][2]
+        rest = rest[marks[0][1]:].lstrip()
+    return ids, rest
+
+
 def cited_claims(report: str, known: Sequence[str] = ()) -> list[Claim]:
     """Sentences that carry citation markers (reference-list entries excluded), markers removed."""
-    out = []
+    out: list[Claim] = []
     for line in normalize(report or "").splitlines():
         if _REFERENCE.match(line):
             continue
+        line_claims: list[Claim] = []
         for sent in split_sentences(line):
-            marks = find_markers(sent, known)
-            if not marks:
-                continue
-            ids = list(dict.fromkeys(i for _, _, found in marks for i in found))
-            text = strip_citations(sent).strip()
+            lead, rest = _leading(sent, known)
+            if lead and line_claims:
+                line_claims[-1].ids = list(dict.fromkeys([*line_claims[-1].ids, *lead]))
+            elif lead:
+                rest = sent  # a line that opens with a marker: it belongs to this sentence
+            marks = find_markers(rest, known)
+            text = strip_citations(rest).strip()
             if tok(text):
-                out.append(Claim(text, ids))
+                line_claims.append(Claim(text, list(dict.fromkeys(i for _, _, found in marks for i in found))))
+        out += [c for c in line_claims if c.ids]
     return out
 
 
