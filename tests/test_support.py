@@ -122,3 +122,20 @@ def test_a_marker_written_after_the_full_stop_cites_the_sentence_before_it():
     assert rows["Paper wa"]["ids"] == ["N1-R2"] and rows["Paper wa"]["verdict"] == "supported"
     assert rows["In 1507,"]["ids"] == ["N1-R1"] and rows["In 1507,"]["verdict"] == "unsupported"
     assert rows["Papermak"]["ids"] == ["N1-R2"] and rows["Papermak"]["verdict"] == "supported"
+
+
+def test_a_replayed_model_answer_that_invents_a_fact_behind_a_real_id_is_flagged_in_report_json(retriever):
+    from test_agent_dag import PLAN_G0, PLAN_G1, QUERY, good_wave
+
+    from deepr.agent import RunConfig, run_agent
+    from deepr.corpus import ResearchTools
+
+    final = ("<answer>In 1507, Johannes Gutenberg invented the printing press in Mainz [N1-R1]. "
+             "Roman builders carried Greek temple forms on to later buildings [N5-R1].</answer>")
+    llm = ReplayLLM({"planner": [json.dumps(PLAN_G0), json.dumps(PLAN_G1)], "answerer": [good_wave(), final]})
+    result = run_agent(QUERY, tools=ResearchTools(retriever, k=5), llm=llm, config=RunConfig())
+    assert "Gutenberg" in result.answer  # the model's answer was accepted: its ids are real
+    support = result.trace.model_extra["support"]
+    bad = [c for c in support["unsupported_claims"] if "Gutenberg" in c["text"]]
+    assert bad and bad[0]["ids"] == ["N1-R1"] and "1507" in bad[0]["reason"]
+    assert any("citation support" in d["what"] for d in result.trace.model_extra["decisions"])
