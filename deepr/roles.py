@@ -156,6 +156,9 @@ class Role(Generic[I, T]):
     turn_action: Callable[[Any], str] | None = None
     direct: bool = False  # extractive() returns the result itself (a judge's local score), not a reply
     accept: tuple[Callable[[Any, Sequence[Message], Sequence[str]], list[str]], ...] = ()  # deepr.acceptance
+    # A smaller input for a prompt over the model's context (step 1, 2, …; None: nothing left to
+    # cut). It should drop evidence first; the executor then trims evidence lines itself.
+    shrink: Callable[[I, int], I | None] | None = None
 
 
 @dataclass
@@ -276,6 +279,108 @@ def offload_cpu(llm: LLM) -> bool:
     return not llm.is_extractive
 
 
+# --- the context budget -------------------------------------------------------------------
+
+CHARS_PER_TOKEN = 3  # an estimate that errs high for English and code, so a trimmed prompt fits
+_PER_MESSAGE = 8  # chat-template tokens around each message
+# An evidence item as the prompts show it: "[N1-R3] title: text" or "[2] title — text".
+_EVIDENCE_LINE = re.compile(r"^\[[^\]\n]{1,40}\] \S.*$", re.M)
+_MIN_EVIDENCE_CHARS = 80
+
+
+def context_length(llm: LLM) -> int | None:
+    """The model's context in tokens when the backend reports it (``llm.context_length``), else None."""
+    for obj in (llm, getattr(llm, "inner", None)):
+        n = getattr(obj, "context_length", None)
+        if isinstance(n, int) and n > 0:
+            return n
+    return None
+
+
+def prompt_tokens(llm: LLM, messages: Sequence[Message]) -> int:
+    """Tokens of ``messages``: the backend's own count (``llm.count_tokens``) when it has one,
+    else a character estimate."""
+    count = getattr(llm, "count_tokens", None)
+    if callable(count):
+        try:
+            return int(count(list(messages)))
+        except Exception:  # a tokenizer that cannot count this prompt: estimate instead
+            pass
+    return sum(len(str(m.get("content", ""))) // CHARS_PER_TOKEN + _PER_MESSAGE for m in messages)
+
+
+def trim_evidence(messages: list[Message], over_chars: int) -> list[Message] | None:
+    """Messages with about ``over_chars`` fewer characters of evidence: long evidence lines are
+    shortened first (every item keeps its id), then the last items are dropped. None when the
+    prompt has no evidence left to cut."""
+    lines = [(i, m.start(), m.end()) for i, msg in enumerate(messages) if msg.get("role") != "system"
+             for m in _EVIDENCE_LINE.finditer(str(msg.get("content", "")))]
+    texts = [messages[i]["content"][a:b] for i, a, b in lines]
+    if not lines:
+        return None
+    new = list(texts)
+    longest = max(len(t) for t in texts)
+    cap, cut = longest, 0
+    while cut < over_chars and cap > _MIN_EVIDENCE_CHARS:
+        cap = max(_MIN_EVIDENCE_CHARS, cap * 3 // 4)
+        new = [t if len(t) <= cap else t[:cap].rsplit(" ", 1)[0] + " …" for t in texts]
+        cut = sum(len(a) - len(b) for a, b in zip(texts, new))
+    k = len(new)
+    while cut < over_chars and k > 0:  # the lowest-ranked items go last in every prompt
+        k -= 1
+        cut += len(new[k]) + 1
+        new[k] = None  # type: ignore[call-overload]
+    if cut == 0:
+        return None
+    out = [dict(m) for m in messages]
+    for (i, a, b), t in reversed(list(zip(lines, new))):
+        body = out[i]["content"]
+        out[i]["content"] = body[:a] + t + body[b:] if t is not None else body[:a] + body[b + 1:]
+    return out
+
+
+@dataclass
+class _Fit:
+    messages: list[Message]
+    inp: Any
+    error: str | None = None
+
+
+def fit_context(role: Role, inp: Any, llm: LLM, max_tokens: int, rec: Recorder) -> _Fit:
+    """The role's messages made to fit the model's context with room for ``max_tokens``: the
+    role's ``shrink`` first, then evidence lines trimmed; else a clear error, before any call."""
+    messages = role.messages(inp)
+    limit = context_length(llm)
+    if limit is None:
+        return _Fit(messages, inp)
+    if llm.gen.max_tokens is not None:
+        max_tokens = min(max_tokens, llm.gen.max_tokens)
+    budget = limit - max_tokens
+    first = need = prompt_tokens(llm, messages)
+    step = 0
+    while need > budget and role.shrink is not None:
+        step += 1
+        smaller = role.shrink(inp, step)
+        if smaller is None:
+            break
+        inp, messages = smaller, role.messages(smaller)
+        need = prompt_tokens(llm, messages)
+    while need > budget:
+        trimmed = trim_evidence(messages, (need - budget) * CHARS_PER_TOKEN)
+        if trimmed is None:
+            break
+        messages, need = trimmed, prompt_tokens(llm, trimmed)
+    if need > budget:
+        return _Fit(messages, inp, f"{role.name}/{role.action}: the prompt needs about {need} tokens "
+                    f"(from {first} before trimming evidence) plus max_tokens {max_tokens}, more than the "
+                    f"model's context of {limit} tokens; lower --max-tokens, give less evidence or use a "
+                    "model with a longer context")
+    if need != first:
+        rec.decide(f"{role.name}/{role.action}: prompt trimmed to fit the model's context",
+                   tokens_before=first, tokens_after=need, context=limit, max_tokens=max_tokens)
+    return _Fit(messages, inp)
+
+
 # --- the executor -------------------------------------------------------------------------
 
 
@@ -303,7 +408,13 @@ async def _ask(role: Role, inp: Any, messages: list[Message], llm: LLM, rec: Rec
     out = _Attempts()
     convo, fmt = list(messages), role.output.fmt(f"{role.name}.{role.action}")
     wrapped = rec.llm(llm, role.name, role.action)
+    limit = context_length(llm)
     for n in range(max_reasks + 1):
+        room = min(max_tokens, llm.gen.max_tokens) if llm.gen.max_tokens is not None else max_tokens
+        if n and limit is not None and prompt_tokens(llm, convo) + room > limit:
+            # The re-ask repeats the whole exchange; past the context the backend would refuse it.
+            out.error = f"{out.error}; a re-ask would not fit the model's context of {limit} tokens"
+            break
         out.attempts += 1
         temp = temperature if n == 0 else max(temperature or 0.0, REASK_TEMPERATURE)
         try:
@@ -336,8 +447,8 @@ async def perform(role: Role[I, T], inp: I, *, llm: LLM, rec: Recorder, max_reas
 
     ``temperature`` / ``max_tokens`` override the role's defaults (the user's settings).
     """
-    messages = role.messages(inp)
     if llm.is_extractive:  # the one place that chooses the engine
+        messages = role.messages(inp)
         try:
             value = role.extractive(inp)
         except RoleFailed as e:
@@ -349,8 +460,13 @@ async def perform(role: Role[I, T], inp: I, *, llm: LLM, rec: Recorder, max_reas
         rec.turn(role.name, action, messages, shown, ok=True, attempts=1, extractive=True, **extra)
         rec.engines["extractive"] += 1
         return Outcome(value if role.direct else role.result(inp, value), "extractive", attempts=0)
-    got = await _ask(role, inp, messages, llm, rec, max_reasks,
-                     role.temperature if temperature is None else temperature, max_tokens or role.max_tokens)
+    fit = fit_context(role, inp, llm, max_tokens or role.max_tokens, rec)
+    messages = fit.messages
+    if fit.error is not None:
+        got = _Attempts(error=fit.error)  # nothing is sent: the backend would refuse or truncate it
+    else:
+        got = await _ask(role, fit.inp, messages, llm, rec, max_reasks,
+                         role.temperature if temperature is None else temperature, max_tokens or role.max_tokens)
     last = got.replies[-1] if got.replies else None
     action = role.turn_action(got.value) if (role.turn_action and got.ok) else role.action
     rec.turn(role.name, action, messages, last or "", ok=got.ok, attempts=got.attempts,

@@ -180,3 +180,20 @@ def test_cli_with_recorded_replies_writes_pairs_rejects_and_resumes(tmp_path):
     r = CliRunner().invoke(app, args)  # everything is done: no model call, nothing appended
     assert r.exit_code == 0 and len(out.read_text().splitlines()) == 1
     assert len((tmp_path / "pairs.rejects.jsonl").read_text().splitlines()) == 1
+
+
+def test_a_tree_over_the_models_context_is_sent_with_fewer_statements_per_leaf():
+    from deepr.roles import prompt_tokens
+
+    full = ReplayLLM({"synthesize": [json.dumps(good_synthesis())]})
+    synthesize_rubrics([small_tree()], full, SynthConfig(max_tokens=200))
+    whole = prompt_tokens(full, full.calls[0][1])
+    llm = ReplayLLM({"synthesize": [json.dumps(good_synthesis())]})
+    llm.context_length = whole + 200 - 1  # one token too small for every statement
+    [out] = synthesize_rubrics([small_tree()], llm, SynthConfig(max_tokens=200))
+    sent = json.loads(llm.calls[0][1][1]["content"])
+    assert isinstance(out, QRPair)
+    assert max(len(leaf["statements"]) for leaf in sent["leaves"]) < max(
+        len(leaf["statements"]) for leaf in json.loads(full.calls[0][1][1]["content"])["leaves"])
+    # every statement travels with the pair even though the prompt showed fewer
+    assert all(leaf["statements"] == LEAF_STATEMENTS[leaf["id"]] for leaf in out.selected_leaves)

@@ -28,6 +28,7 @@ from deepr.agent.env import Ctx, RunConfig
 from deepr.agent.extract import shorten
 from deepr.agent.render import (EXTRACTIVE_NOTE, GNode, Graph, ReportDoc, Section, plan_graph, render_html,
                                 render_markdown)
+from deepr.agent.support import check_support
 from deepr.agent.trace import Tracer
 from deepr.agent.warp import WarpOutcome, run_warp
 
@@ -122,8 +123,12 @@ async def arun_agent(query: str, *, tools: Any, llm: LLM, config: RunConfig, que
         if dropped:
             tracer.fail("render", f"removed citations of unknown ids {dropped}")
         page = render_html(md, doc, citations) if html else None
+    support = await check_support(md, {k: c.text for k, c in citations.items()}, question=query)
+    if support.count("unsupported"):
+        tracer.decide(f"citation support: {support.count('unsupported')} of {len(support.rows)} cited claims "
+                      "are not backed by the text they cite (listed under support in report.json)")
     trace = tracer.run_trace(md, citations, query_id=query_id, answer=answer, backend=llm.describe(),
-                             config=config.model_dump(), catalog_size=len(ctx.catalog))
+                             config=config.model_dump(), catalog_size=len(ctx.catalog), support=support.as_dict())
     traj = tracer.trajectory(trajectory_id(query, config.mode, query_id), md, rubrics, query_id=query_id,
                              backend=llm.describe().get("backend"))
     return RunResult(query, config.mode, md, page, answer, trace, traj, tracer.seconds())

@@ -72,11 +72,17 @@ def _models(llm: str, judge: str | None, base_url: str | None, api_key: str | No
     return main, other
 
 
-def _outcome(counts: Counter, ok_keys: Sequence[str], models: Sequence[Any], allow_fallback: bool) -> int:
+def _outcome(tally: Any, models: Sequence[Any], allow_fallback: bool) -> int:
+    """Exit status from the stage's record tally (see deepr/cli/exit_codes.py); when every record
+    failed, say so with the commonest reason first. ``--fallback extractive`` is the user accepting
+    rebuilt records, so it counts as ``--allow-fallback``."""
     from deepr.cli.exit_codes import exit_code
 
-    return exit_code(sum(counts[k] for k in ok_keys), failed=counts["rejected"] + counts["reject"],
-                     allow_fallback=allow_fallback, auth=any(m.auth_failed for m in models))
+    message = tally.verdict()
+    if message:
+        console.print(f"[red]{message}[/red]")
+    return exit_code(tally.ok, tally.fallback, tally.failed, allow_fallback=allow_fallback,
+                     auth=any(m.auth_failed for m in models))
 
 
 def _guard(flag_in: Sequence[tuple[str, Path | None]], out: Path, *others: tuple[str, Path]) -> None:
@@ -132,6 +138,13 @@ def _drive(coro_fn: Callable[[Callable[[Any], None]], Any], total: int, label: s
         run_sync(coro_fn(on_result))
 
 
+def _fallback_opt() -> Any:
+    return typer.Option("none", "--fallback", help=(
+        "extractive: a record the model cannot produce is made by the extractive engine instead "
+        "(marked in the record and counted in the sidecar); none: it is rejected."))
+
+
+
 def _parse_branching(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
@@ -165,6 +178,7 @@ def build_trees_command(
     deadline: float | None = C["deadline"], allow_fallback: bool = C["allow_fallback"],
     max_tokens: int | None = C["max_tokens"], temperature: float | None = C["temperature"],
     top_p: float | None = C["top_p"],
+    fallback: str = _fallback_opt(),
 ) -> None:
     """Grow evidence trees: seed topic → root query → breadth-first sub-queries, each grounded in
     retrieved documents with extracted statements (SPEC §1)."""
@@ -177,7 +191,7 @@ def build_trees_command(
         F.check_budget(timeout, deadline, concurrency, limit)
         gen = F.gen_defaults(max_tokens, temperature, top_p, seed)
         cfg = TreeConfig(max_depth=max_depth, branching=_parse_branching(branching), retrieve_k=retrieve_k,
-                         concurrency=concurrency, seed=seed or 0)
+                         concurrency=concurrency, seed=seed or 0, fallback=fallback)
         corpus_file = Path(corpus) if Path(corpus).is_file() else None
         _guard([("--topics", topics), ("--corpus", corpus_file)], out)
         seed = seed or 0
@@ -211,23 +225,25 @@ def build_trees_command(
         from deepr.cli.search_opts import search_errors
 
         with search_errors(retriever_obj):
-            counts = _run_trees(todo, retriever_obj, model, judge, cfg, out, rejects, plan, t0, inputs=inputs,
+            tally = _run_trees(todo, retriever_obj, model, judge, cfg, out, rejects, plan, t0, inputs=inputs,
                                 corpus=corpus)
-    finish(_outcome(counts, ["built"], [model, judge], allow_fallback))
+    finish(_outcome(tally, [model, judge], allow_fallback or fallback == "extractive"))
 
 
 def _run_trees(todo: list[Any], retriever: Any, model: Any, judge: Any, cfg: Any, out: Path, rejects: Path,
-               plan: dict[str, int], t0: float, *, inputs: list[Path], corpus: str) -> Counter:
+               plan: dict[str, int], t0: float, *, inputs: list[Path], corpus: str) -> Any:
     from deepr.io import JsonlAppender, read_jsonl, write_meta
     from deepr.records import Reject, Tree
+    from deepr.data.outcomes import StageTally
     from deepr.data.trees import abuild_trees, tree_summary
 
-    counts = Counter()
+    counts, tally = Counter(), StageTally("build-trees")
     try:
         with JsonlAppender(out) as sink, JsonlAppender(rejects) as rej:
             def write(r: Any) -> None:
                 (rej if isinstance(r, Reject) else sink).write(r)
                 counts["rejected" if isinstance(r, Reject) else "built"] += 1
+                tally.add(r)
 
             _drive(lambda cb: abuild_trees(todo, retriever, model, cfg, judge=judge, on_result=cb),
                    len(todo), "building trees", write)
@@ -235,14 +251,14 @@ def _run_trees(todo: list[Any], retriever: Any, model: Any, judge: Any, cfg: Any
         trees = list(read_jsonl(out, Tree, tolerate_torn_tail=True)) if out.exists() else []
         stats = tree_summary(trees)
         write_meta(out, stage="build-trees", config=cfg, inputs=inputs,
-                   counts={**plan, **counts, "trees in output": len(trees)},
+                   counts={**plan, **counts, "trees in output": len(trees), **tally.counts()},
                    timings={"seconds": round(time.perf_counter() - t0, 2)},
                    extra={"corpus": corpus, "llm": model.describe(), "judge": judge.describe(),
                           "usage": model.usage.as_dict(), "retriever": _describe(retriever), "summary": stats,
                           **({"search": retriever.summary()} if hasattr(retriever, "summary") else {})})
-    summary_table(f"build-trees → {out}", [*plan.items(), *counts.items(), *stats.items(),
+    summary_table(f"build-trees → {out}", [*plan.items(), *counts.items(), *stats.items(), *tally.rows(),
                                           ("rejects file", str(rejects) if counts["rejected"] else "-")])
-    return counts
+    return tally
 
 
 def _describe(retriever: Any) -> Any:
@@ -263,6 +279,7 @@ def synthesize_rubrics_command(
     deadline: float | None = C["deadline"], allow_fallback: bool = C["allow_fallback"],
     max_tokens: int | None = C["max_tokens"], temperature: float | None = C["temperature"],
     top_p: float | None = C["top_p"], seed: int | None = C["gen_seed"],
+    fallback: str = _fallback_opt(),
 ) -> None:
     """Co-generate one research question and ≥ 5 typed, weighted, leaf-grounded rubrics per tree,
     every SPEC §2 constraint checked in code (violations re-asked, then rejected)."""
@@ -275,7 +292,8 @@ def synthesize_rubrics_command(
     with user_errors():
         F.check_budget(timeout, deadline, concurrency, limit)
         gen = F.gen_defaults(max_tokens, temperature, top_p, seed)
-        cfg = SynthConfig(n_select=n_select, concurrency=concurrency, limits=RubricLimits(min_rubrics=min_rubrics))
+        cfg = SynthConfig(n_select=n_select, concurrency=concurrency, limits=RubricLimits(min_rubrics=min_rubrics),
+                          fallback=fallback)
         _guard([("TREES", trees)], out)
         items = require_records(list(read_jsonl(trees, Tree)), trees, what="trees")
         rejects = rejects_path(out)
@@ -285,8 +303,8 @@ def synthesize_rubrics_command(
             summary_table("synthesize-rubrics --dry-run (nothing run)", [*plan.items(), ("llm", llm)])
             return
         model, _ = _models(llm, None, base_url, api_key, no_cache, timeout, concurrency, gen, deadline)
-        counts = _run_synth(todo, model, cfg, trees, out, rejects, plan, t0)
-    finish(_outcome(counts, ["pairs written"], [model], allow_fallback))
+        tally = _run_synth(todo, model, cfg, trees, out, rejects, plan, t0)
+    finish(_outcome(tally, [model], allow_fallback or fallback == "extractive"))
 
 
 def _embed_fn() -> Any:
@@ -296,18 +314,20 @@ def _embed_fn() -> Any:
 
 
 def _run_synth(todo: list[Any], model: Any, cfg: Any, trees: Path, out: Path, rejects: Path,
-               plan: dict[str, int], t0: float) -> Counter:
+               plan: dict[str, int], t0: float) -> Any:
     from deepr.io import JsonlAppender, read_jsonl, write_meta
     from deepr.records import QRPair, Reject
+    from deepr.data.outcomes import StageTally
     from deepr.data.rubrics import asynthesize_rubrics, pair_summary
 
     embed = _embed_fn() if model.is_extractive else None
-    counts = Counter()
+    counts, tally = Counter(), StageTally("synthesize-rubrics")
     try:
         with JsonlAppender(out) as sink, JsonlAppender(rejects) as rej:
             def write(r: Any) -> None:
                 (rej if isinstance(r, Reject) else sink).write(r)
                 counts["rejected" if isinstance(r, Reject) else "pairs written"] += 1
+                tally.add(r)
 
             _drive(lambda cb: asynthesize_rubrics(todo, model, cfg, embed=embed, on_result=cb),
                    len(todo), "synthesising rubrics", write)
@@ -315,12 +335,12 @@ def _run_synth(todo: list[Any], model: Any, cfg: Any, trees: Path, out: Path, re
         pairs = list(read_jsonl(out, QRPair, tolerate_torn_tail=True)) if out.exists() else []
         stats = pair_summary(pairs)
         write_meta(out, stage="synthesize-rubrics", config=cfg, inputs=[trees],
-                   counts={**plan, **counts, "pairs in output": len(pairs)},
+                   counts={**plan, **counts, "pairs in output": len(pairs), **tally.counts()},
                    timings={"seconds": round(time.perf_counter() - t0, 2)},
                    extra={"llm": model.describe(), "usage": model.usage.as_dict(), "summary": stats})
-    summary_table(f"synthesize-rubrics → {out}", [*plan.items(), *counts.items(), *stats.items(),
+    summary_table(f"synthesize-rubrics → {out}", [*plan.items(), *counts.items(), *stats.items(), *tally.rows(),
                                                  ("rejects file", str(rejects) if counts["rejected"] else "-")])
-    return counts
+    return tally
 
 
 def dropped_path(out: Path) -> Path:
@@ -344,6 +364,7 @@ def verify_command(
     deadline: float | None = C["deadline"], allow_fallback: bool = C["allow_fallback"],
     max_tokens: int | None = C["max_tokens"], temperature: float | None = C["temperature"],
     top_p: float | None = C["top_p"], seed: int | None = C["gen_seed"],
+    fallback: str = _fallback_opt(),
 ) -> None:
     """Audit each pair on six dimensions and KEEP / REVISE / DROP it; revisions must stay grounded
     in the selected leaves (checked in code)."""
@@ -355,7 +376,7 @@ def verify_command(
     with user_errors():
         F.check_budget(timeout, deadline, concurrency, limit)
         gen = F.gen_defaults(max_tokens, temperature, top_p, seed)
-        cfg = VerifyConfig(concurrency=concurrency)
+        cfg = VerifyConfig(concurrency=concurrency, fallback=fallback)
         drop_to, rejects = dropped or dropped_path(out), rejects_path(out)
         _guard([("PAIRS", pairs), ("--trees", trees)], out, ("--dropped", drop_to))
         items = require_records(list(read_jsonl(pairs, QRPair)), pairs, what="pairs")
@@ -366,17 +387,18 @@ def verify_command(
             summary_table("verify --dry-run (nothing run)", [*plan.items(), ("judge", judge_llm or llm)])
             return
         _, judge = _models(llm, judge_llm or llm, base_url, api_key, no_cache, timeout, concurrency, gen, deadline)
-        counts = _run_verify(todo, judge, cfg, tree_map, pairs, out, drop_to, rejects, plan, t0)
-    finish(_outcome(counts, ["verified", "dropped"], [judge], allow_fallback))
+        tally = _run_verify(todo, judge, cfg, tree_map, pairs, out, drop_to, rejects, plan, t0)
+    finish(_outcome(tally, [judge], allow_fallback or fallback == "extractive"))
 
 
 def _run_verify(todo: list[Any], judge: Any, cfg: Any, tree_map: Any, pairs: Path, out: Path, drop_to: Path,
-                rejects: Path, plan: dict[str, int], t0: float) -> Counter:
+                rejects: Path, plan: dict[str, int], t0: float) -> Any:
     from deepr.io import JsonlAppender, read_jsonl, write_meta
     from deepr.records import QRPair
+    from deepr.data.outcomes import StageTally
     from deepr.data.verify import Verdict, averify, verify_summary
 
-    counts = Counter()
+    counts, tally = Counter(), StageTally("verify")
     try:
         with JsonlAppender(out) as ok, JsonlAppender(drop_to) as gone, JsonlAppender(rejects) as rej:
             sinks = {"verified": ok, "dropped": gone, "reject": rej}
@@ -384,6 +406,7 @@ def _run_verify(todo: list[Any], judge: Any, cfg: Any, tree_map: Any, pairs: Pat
             def write(v: Any) -> None:
                 sinks[v.kind].write(v.record)
                 counts[v.kind] += 1
+                tally.add(v)
 
             _drive(lambda cb: averify(todo, judge, cfg, embed=_embed_fn(), trees=tree_map, on_result=cb),
                    len(todo), "verifying pairs", write)
@@ -392,10 +415,11 @@ def _run_verify(todo: list[Any], judge: Any, cfg: Any, tree_map: Any, pairs: Pat
                 if path.exists() for r in read_jsonl(path, QRPair, tolerate_torn_tail=True)]
         rates, tags = verify_summary(seen)
         write_meta(out, stage="verify", config=cfg, inputs=[pairs],
-                   counts={**plan, **counts, **rates}, timings={"seconds": round(time.perf_counter() - t0, 2)},
+                   counts={**plan, **counts, **rates, **tally.counts()}, timings={"seconds": round(time.perf_counter() - t0, 2)},
                    extra={"judge": judge.describe(), "usage": judge.usage.as_dict(), "dropped_file": str(drop_to),
                           "error_tags": tags})
     summary_table(f"verify → {out}", [*plan.items(), *counts.items(), *rates.items(),
                                      ("dropped file", str(drop_to))])
     summary_table("error tags (all audited pairs)", list(tags.items()) or [("none", 0)])
-    return counts
+    summary_table("verify: records", tally.rows())
+    return tally

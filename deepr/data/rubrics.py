@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -29,6 +29,7 @@ from deepr.llm.base import LLM, run_sync
 from deepr.records import MergeStep, QRPair, Reject, RubricItem, Tree
 from deepr.acceptance import no_placeholder
 from deepr.roles import JSONReply, Recorder, Role, RoleFailed, perform
+from deepr.data.outcomes import Fallback, mark_fallback
 from deepr.data.rubric_checks import RubricLimits, leaf_statements, pair_problems
 from deepr.data.rubrics_extractive import synthesize as synthesize_extractive
 
@@ -76,6 +77,9 @@ class SynthConfig(BaseModel):
     concurrency: int = Field(8, ge=1, le=512, description="Trees synthesised at the same time.")
     max_tokens: int | None = Field(None, ge=64, description=(
         "Reply length limit sent to the model (None: backend default)."))
+    fallback: Fallback = Field("none", description=(
+        "extractive: a tree whose model synthesis fails is synthesised by the extractive engine "
+        "(recorded in the pair's 'fallback' field); none: it is rejected."))
 
 
 class _Selection(BaseModel):
@@ -159,12 +163,20 @@ def _synth_extractive(a: SynthAsk) -> dict[str, Any]:
     return value
 
 
+def _synth_shrink(a: SynthAsk, step: int) -> SynthAsk | None:
+    # A tree over the model's context shows fewer statements per leaf (its evidence) first.
+    shown = max((len(leaf["statements"]) for leaf in a.compact["leaves"]), default=0)
+    if shown <= 1:
+        return None
+    return replace(a, compact=serialize_tree(a.tree, shown // 2))
+
+
 SYNTHESIZE = Role(
     name="synthesize", action="pair", output=JSONReply(SynthReply), check=_synth_check,
     messages=lambda a: [{"role": "system", "content": _system(a.cfg)},
                         {"role": "user", "content": json.dumps(a.compact, ensure_ascii=False, separators=(",", ":"))}],
     extractive=_synth_extractive, result=lambda a, v: SynthReply.model_validate(v), fallback=None,
-    max_tokens=4096, accept=(no_placeholder,))
+    max_tokens=4096, accept=(no_placeholder,), shrink=_synth_shrink)
 
 
 async def synthesize_one(tree: Tree, llm: LLM, cfg: SynthConfig, embed: Callable[[list[str]], Any] | None
@@ -201,16 +213,36 @@ async def asynthesize_rubrics(trees: Sequence[Tree], llm: LLM, config: SynthConf
     """All trees, ``config.concurrency`` at once; ``on_result`` sees each result as it ends."""
     sem = asyncio.Semaphore(config.concurrency)
     results: list[QRPair | Reject] = []
+    rescue = config.fallback == "extractive" and not llm.is_extractive
 
     async def one(tree: Tree) -> None:
+        nonlocal embed
         async with sem:
             result = await synthesize_one(tree, llm, config, embed)
+            if isinstance(result, Reject) and rescue:
+                if embed is None:
+                    from deepr.corpus.embed import get_embedder
+
+                    embed = get_embedder().encode
+                result = await _rescue(tree, result, config, embed)
         results.append(result)
         if on_result is not None:
             on_result(result)
 
     await asyncio.gather(*(one(t) for t in trees))
     return results
+
+
+async def _rescue(tree: Tree, failed: Reject, cfg: SynthConfig, embed: Callable[[list[str]], Any]
+                  ) -> QRPair | Reject:
+    """``--fallback extractive``: the extractive synthesiser makes the pair the model could not."""
+    from deepr.llm.extractive import ExtractiveLLM
+
+    again = await synthesize_one(tree, ExtractiveLLM(), cfg, embed)
+    if isinstance(again, Reject):
+        return failed.model_copy(update={"reason": f"{failed.reason}; the extractive fallback failed too: "
+                                                   f"{again.reason}"})
+    return mark_fallback(again, f"model path: {failed.reason}")
 
 
 def synthesize_rubrics(trees: Sequence[Tree], llm: LLM, config: SynthConfig, **kw: Any) -> list[QRPair | Reject]:

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from deepr.llm.base import LLM, run_sync
 from deepr.records import Hit, Reject, SupportingDoc, Tree, TreeNode, TreeStats
+from deepr.data.outcomes import Fallback, mark_fallback
 from deepr.data.topics import SeedTopic
 from deepr.data.tree_extractive import NodeCtx, Proposal, dedup
 from deepr.data.tree_roles import TreeRoles
@@ -68,6 +69,9 @@ class TreeConfig(BaseModel):
         "Trees built at the same time (model calls are bounded by the LLM backend)."))
     max_reasks: int = Field(2, ge=0, le=5, description="Re-asks after an unusable model reply, per call.")
     seed: int = Field(0, description="Seed of topic sampling; part of every tree id.")
+    fallback: Fallback = Field("none", description=(
+        "extractive: a tree the model path cannot build is rebuilt by the extractive engine (recorded "
+        "in the tree's 'fallback' field); none: it is rejected."))
 
     @field_validator("branching")
     @classmethod
@@ -297,13 +301,17 @@ async def abuild_trees(topics: Sequence[SeedTopic], retriever: Any, llm: LLM, co
 
     sem = asyncio.Semaphore(config.concurrency)
     results: list[Tree | Reject] = []
+    backup = None
+    if config.fallback == "extractive" and not llm.is_extractive:
+        from deepr.llm.extractive import ExtractiveLLM
+
+        backup = make_roles(ExtractiveLLM(), embed, config)
 
     async def one(seed: SeedTopic) -> None:
         async with sem:
-            try:
-                result: Tree | Reject = await _TreeBuilder(seed, retriever, roles, config, cpu).build()
-            except TreeFailed as e:
-                result = Reject(id=seed.id, stage="build-trees", reason=str(e), record=seed.model_dump())
+            result = await _build_one(seed, retriever, roles, config, cpu)
+            if isinstance(result, Reject) and backup is not None:
+                result = await _rebuild(seed, result, retriever, backup, config, cpu)
         results.append(result)
         if on_result is not None:
             on_result(result)
@@ -314,6 +322,27 @@ async def abuild_trees(topics: Sequence[SeedTopic], retriever: Any, llm: LLM, co
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
     return results
+
+
+async def _build_one(seed: SeedTopic, retriever: Any, roles: TreeRoles, config: TreeConfig,
+                     cpu: Callable[..., Any]) -> Tree | Reject:
+    builder = _TreeBuilder(seed, retriever, roles, config, cpu)
+    try:
+        return await builder.build()
+    except TreeFailed as e:  # the turns' own failures travel with the reject: they say why
+        return Reject(id=seed.id, stage="build-trees", reason=str(e),
+                      record={**seed.model_dump(), "failures": builder.rec.failures})
+
+
+async def _rebuild(seed: SeedTopic, failed: Reject, retriever: Any, roles: TreeRoles, config: TreeConfig,
+                   cpu: Callable[..., Any]) -> Tree | Reject:
+    """``--fallback extractive``: the extractive engine builds the tree the model path could not."""
+    again = await _build_one(seed, retriever, roles, config, cpu)
+    model_failures = (failed.record or {}).get("failures", [])
+    if isinstance(again, Reject):
+        return failed.model_copy(update={"reason": f"{failed.reason}; the extractive fallback failed too: "
+                                                   f"{again.reason}"})
+    return mark_fallback(again, f"model path: {failed.reason}", model_failures)
 
 
 def build_trees(topics: Sequence[SeedTopic], retriever: Any, llm: LLM, config: TreeConfig, **kw: Any

@@ -32,6 +32,7 @@ from deepr.llm.parse import parse_reply
 from deepr.records import QRPair, Reject, RubricItem
 from deepr.acceptance import no_placeholder
 from deepr.roles import JSONReply, Recorder, Role, perform
+from deepr.data.outcomes import Fallback, mark_fallback
 from deepr.data.rubric_checks import RubricLimits, question_problems, rubric_problems
 from deepr.data.verify_checks import Embed, Finding, findings, leaves_of, repair
 
@@ -84,6 +85,9 @@ class VerifyConfig(BaseModel):
     concurrency: int = Field(8, ge=1, le=512, description="Pairs audited at the same time.")
     max_tokens: int | None = Field(None, ge=64, description=(
         "Reply length limit sent to the judge (None: backend default)."))
+    fallback: Fallback = Field("none", description=(
+        "extractive: a pair whose model audit fails is audited by the extractive engine (recorded in "
+        "the record's 'fallback' field); none: it is rejected."))
 
 
 class AuditReply(BaseModel):
@@ -231,15 +235,31 @@ async def averify(pairs: Sequence[QRPair], judge: LLM, config: VerifyConfig, *, 
     sem = asyncio.Semaphore(config.concurrency)
     out: list[Verdict] = []
 
+    rescue = config.fallback == "extractive" and not judge.is_extractive
+
     async def one(pair: QRPair) -> None:
         async with sem:
             v = await verify_one(pair, judge, config, embed, trees)
+            if v.kind == "reject" and rescue:
+                v = await _rescue(pair, v, config, embed, trees)
         out.append(v)
         if on_result is not None:
             on_result(v)
 
     await asyncio.gather(*(one(p) for p in pairs))
     return out
+
+
+async def _rescue(pair: QRPair, failed: Verdict, cfg: VerifyConfig, embed: Embed,
+                  trees: Mapping[str, Any] | None) -> Verdict:
+    """``--fallback extractive``: the extractive audit decides a pair whose model audit failed."""
+    from deepr.llm.extractive import ExtractiveLLM
+
+    again = await verify_one(pair, ExtractiveLLM(), cfg, embed, trees)
+    if again.kind == "reject":
+        return Verdict("reject", failed.record.model_copy(update={
+            "reason": f"{failed.record.reason}; the extractive fallback failed too: {again.record.reason}"}))
+    return Verdict(again.kind, mark_fallback(again.record, f"model path: {failed.record.reason}"))
 
 
 def verify(pairs: Sequence[QRPair], judge: LLM, config: VerifyConfig, **kw: Any) -> list[Verdict]:

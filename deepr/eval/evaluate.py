@@ -11,7 +11,11 @@ References: ``--rubrics`` (QRPair-like rows, joined by id, else by question text
 Output: one records.Score per item (every component as a flat field, failures with
 reasons), a summary (mean, std, n, failures per metric) and an optional HTML page.
 
+``support`` checks every cited claim against the text it cites (deepr.agent.support):
+entailment by the ``--judge-llm`` model when one is given, word overlap otherwise.
+
     deepr eval reports.jsonl --metric rubric,citation --rubrics verified.jsonl --out scores.jsonl
+    deepr eval runs/ --metric support --out support.jsonl
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from deepr.rewards import rubric_reward as rr
 from deepr.text import Embed, squad_normalize
 
 METRICS = ("rubric", "citation", "format", "search", "composite", "plan_reward", "answer_reward",
-           "em", "f1", "lj", "team", "structure", "race", "fact")
+           "em", "f1", "lj", "team", "structure", "race", "fact", "support")
 # The fields the summary table and the HTML page report for each metric (first = headline).
 SUMMARY_FIELDS = {
     "rubric": ["rubric"], "citation": ["R_cite", "F1_mean", "R_fmt", "cite_v", "cite_m", "cite_d", "cite_n"],
@@ -48,8 +52,10 @@ SUMMARY_FIELDS = {
     "race": ["race", "race_comprehensiveness", "race_insight", "race_instruction_following",
              "race_readability"],
     "fact": ["fact_accuracy", "fact_supported", "fact_unsupported"],
+    "support": ["support", "support_unsupported", "support_partial", "support_claims"],
 }
-JUDGED = {"rubric", "citation", "composite", "answer_reward", "lj", "team", "race", "fact"}
+JUDGED = {"rubric", "citation", "composite", "answer_reward", "lj", "team", "race", "fact", "support"}
+OVERLAP_ONLY = {"support"}  # with the extractive judge these need no embedder
 EMBEDDED = {"plan_reward", "answer_reward"}
 
 
@@ -355,10 +361,39 @@ async def _fact(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
             **({"fact_unfetched": r.unfetched} if r.unfetched else {})}
 
 
+def _support_judge(judge: Judge) -> Any:
+    """Entailment by the judge model through the judge's cache; None: the overlap check."""
+    from deepr.agent import support as sp
+
+    if judge.llm.is_extractive:
+        return None
+
+    async def ask(question: str, claim: str, sources: str) -> tuple[dict | None, str | None]:
+        v = await judge.run("support", [question, claim, sources], prompt=sp.PROMPT.format(
+            question=question or "(not given)", claim=claim, sources=sources), schema=sp.SupportReply,
+            local=lambda: sp.overlap_verdict(claim, sources),
+            convert=lambda r: {"verdict": r.verdict, "reason": r.unsupported_part}, max_tokens=160)
+        return (v.value, None) if v.ok else (None, v.reason)
+
+    return ask
+
+
+async def _support(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
+    from deepr.agent.support import check_support
+
+    judge = _support_judge(ctx.judge) if ctx.judge is not None else None
+    r = await check_support(_report(item), store_texts(item.citations), question=item.query, judge=judge,
+                            judge_name=ctx.judge.name if judge else "")
+    d = r.as_dict()
+    return {"support": d["support"], "support_unsupported": d["unsupported"], "support_partial": d["partial"],
+            "support_unchecked": d["unchecked"], "support_claims": d["claims"], "support_by": d["checked_by"],
+            "support_unsupported_claims": d["unsupported_claims"]}
+
+
 METRIC_FUNCS = {"rubric": _rubric, "citation": _citation, "format": _format, "search": _search,
                 "composite": _composite, "plan_reward": _plan_reward, "answer_reward": _answer_reward,
                 "em": _em, "f1": _f1, "lj": _lj, "team": _team, "structure": _structure, "race": _race,
-                "fact": _fact}
+                "fact": _fact, "support": _support}
 
 
 async def score_item(item: EvalItem, metrics: Sequence[str], ctx: EvalContext) -> Score:
@@ -434,4 +469,4 @@ def benchmark_totals(scores: Sequence[Mapping[str, Any]], metrics: Sequence[str]
 
 def needs(metrics: Sequence[str], extractive_judge: bool) -> bool:
     """Whether this run needs the sentence embedder."""
-    return bool(EMBEDDED & set(metrics)) or (extractive_judge and bool(JUDGED & set(metrics)))
+    return bool(EMBEDDED & set(metrics)) or (extractive_judge and bool((JUDGED - OVERLAP_ONLY) & set(metrics)))

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, field_validator
 
+from deepr.agent.support import invented
 from deepr.rewards.judges import Judge, Verdict, coerce_rubrics
 from deepr.text import find_markers, split_sentences, strip_citations, tok
 
@@ -218,7 +219,9 @@ async def judge_claim(judge: Judge, question: str, statement: str, sources: str)
     """[recall ∈ {1, .5, 0}, precision ∈ {1, 0}] of a cited claim against its sources."""
     def local() -> list[float]:
         s = judge.support(statement, sources)
-        return [1.0 if s >= 0.7 else 0.5 if s >= 0.45 else 0.0, 1.0 if s >= 0.3 else 0.0]
+        # A date or name the sources never mention is invented, however close the embedding is.
+        backed = 0.0 if invented(statement, sources) else 1.0 if s >= 0.7 else 0.5 if s >= 0.45 else 0.0
+        return [backed, 1.0 if s >= 0.3 else 0.0]
 
     return await judge.run(
         "claim", [question, statement, sources], local=local,
