@@ -10,8 +10,8 @@ TRL measures the whole batch, so the share is 1.0 only when every reward of the 
 which still means every group is constant). Output: ``zero_advantage_frac`` added to the same
 log row (so metrics.jsonl has it per step), and, after ``patience`` consecutive steps with
 fraction 1.0 before any step had signal, a warning on stderr (``mode="warn"``) or the end of
-training with ``zero_advantage_stop`` = 1 in the row (``mode="stop"``, the default). Set
-``zero_advantage: warn`` (or ``off``) in the ``deepr grpo --config`` file to change it.
+training with ``zero_advantage_stop`` = 1 in the row (``mode="stop"``, the default). Put
+``zero_advantage = "warn"`` (or ``"off"``) in the ``deepr grpo --config`` TOML/JSON file to change it.
 
     deepr grpo --stage planner --model M --data verified.jsonl --out runs/rl-planner
 """
@@ -65,7 +65,7 @@ def zero_advantage_callback(mode: Mode = "stop", patience: int = 2, stage: str =
             if mode == "stop":
                 logs[STOP_KEY] = 1.0
                 control.should_training_stop = True
-                message += "; stopping (set zero_advantage: warn in the --config file to train on anyway)"
+                message += "; stopping (zero_advantage = "warn" in a --config file trains on anyway)"
             if state.is_world_process_zero:
                 print(f"warning: {message}", file=sys.stderr, flush=True)
             return control
