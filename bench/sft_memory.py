@@ -3,8 +3,9 @@
 Each measurement runs one SFT in a fresh child process (so nothing the parent imported counts)
 and reads the child's peak resident set size from the kernel (``ru_maxrss`` of the reaped
 child, cross-checked with ``VmHWM`` sampled from /proc while it runs). Seconds per optimiser
-step come from a callback timing ``on_step_begin`` -> ``on_step_end``; the first step is
-reported apart because it pays for lazy initialisation.
+step come from a callback timing ``on_step_begin`` -> ``on_step_end`` (wall clock, and CPU time
+of all the child's threads, which stays comparable when other jobs share the cores); the first
+step is reported apart because it pays for lazy initialisation.
 
 Data: ``--data`` (an sft.jsonl from prune-trajectories), or by default 8 planner-shaped examples
 built from the offline wiki corpus (a system prompt, a question with 12 or ~30 evidence
@@ -47,13 +48,15 @@ from deepr.train.sft import SftConfig, train_sft
 
 opts = json.loads(sys.argv[1])
 class Timer(TrainerCallback):
-    times = []
-    def on_step_begin(self, *a, **k): self.t = time.perf_counter()
-    def on_step_end(self, *a, **k): self.times.append(time.perf_counter() - self.t)
+    times, cpu = [], []
+    def on_step_begin(self, *a, **k): self.t, self.c = time.perf_counter(), time.process_time()
+    def on_step_end(self, *a, **k):
+        self.times.append(time.perf_counter() - self.t)
+        self.cpu.append(time.process_time() - self.c)
 examples = list(read_jsonl(Path(opts.pop("data")), ChatExample))
 timer = Timer()
 res = train_sft(examples, SftConfig(**opts), callbacks=[timer])
-print("RESULT " + json.dumps({"step_seconds": timer.times, "examples": res.examples, "steps": res.steps,
+print("RESULT " + json.dumps({"step_seconds": timer.times, "step_cpu_seconds": timer.cpu, "examples": res.examples, "steps": res.steps,
                               "rejected": len(res.rejects), "losses": res.losses}))
 """
 
@@ -95,12 +98,14 @@ def measure(code: Path, opts: dict) -> dict:
     peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     # ru_maxrss of children is the max over all reaped children: only trust it when it grew.
     peak = max(peak_kb if peak_kb > before else 0, sampled[0])
-    steps = res.pop("step_seconds")
-    later = steps[1:] or steps
+    steps, cpu = res.pop("step_seconds"), res.pop("step_cpu_seconds")
+    later, cpu_later = steps[1:] or steps, cpu[1:] or cpu
     return {"peak_rss_mb": round(peak / 1024, 1), "wall_seconds": round(wall, 1),
             "first_step_seconds": round(steps[0], 2) if steps else None,
             "seconds_per_step": round(sum(later) / len(later), 2) if later else None,
-            "step_seconds": [round(s, 2) for s in steps], **res}
+            "step_seconds": [round(s, 2) for s in steps],
+            # CPU seconds (all threads) per step: comparable across runs when other jobs share the cores
+            "cpu_seconds_per_step": round(sum(cpu_later) / len(cpu_later), 2) if cpu_later else None, **res}
 
 
 def synthetic_data(path: Path, n: int = 8) -> Path:

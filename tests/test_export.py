@@ -60,6 +60,8 @@ def test_export_reloads_with_the_adapter_models_logits(tiny: Path, adapter: Path
     assert res.exit_code == 0, res.output
     assert not (out / "adapter_config.json").exists() and (out / "config.json").is_file()
     assert (out / "model.safetensors").is_file() and (out / "chat_template.jinja").is_file()
+    cfg = json.loads((out / "config.json").read_text())  # servers on transformers 4 read the old names
+    assert cfg["torch_dtype"] == "float32" and cfg["rope_theta"] == cfg["rope_parameters"]["rope_theta"]
     info = json.loads((out / "deepr_export.json").read_text())
     assert info["chain"] == [str(tiny), str(adapter)] and info["status"] == "done"
     assert info["check"]["max_abs_logit_diff"] <= 1e-3

@@ -164,6 +164,22 @@ def _target_dtype(model: Any, name: str) -> Any:
     return declared if declared in (torch.float32, torch.bfloat16, torch.float16) else torch.float32
 
 
+def add_legacy_config_keys(folder: Path) -> None:
+    """transformers 5 writes ``dtype`` and ``rope_parameters``; servers built on transformers 4 (many
+    vLLM installs) read ``torch_dtype`` and ``rope_theta`` / ``rope_scaling`` and would otherwise
+    fall back to a default rope base silently. Write both spellings; transformers 5 reads its own."""
+    path = folder / "config.json"
+    cfg = _read_json(path)
+    if "dtype" in cfg:
+        cfg.setdefault("torch_dtype", cfg["dtype"])
+    rope = cfg.get("rope_parameters")
+    if isinstance(rope, dict) and "rope_theta" in rope:
+        cfg.setdefault("rope_theta", rope["rope_theta"])
+        if rope.get("rope_type", "default") != "default":
+            cfg.setdefault("rope_scaling", {k: v for k, v in rope.items() if k != "rope_theta"})
+    path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
 def export_model(config: ExportConfig) -> dict[str, Any]:
     """Merge, write, self-check and (optionally) convert to GGUF; returns what deepr_export.json holds."""
     t0 = time.perf_counter()
@@ -177,6 +193,7 @@ def export_model(config: ExportConfig) -> dict[str, Any]:
     model.config.use_cache = True  # training switches it off; servers want it on
     config.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(config.out))
+    add_legacy_config_keys(config.out)
     tokenizer.save_pretrained(str(config.out))
     del model
     dtype_name = str(dtype).removeprefix("torch.")
