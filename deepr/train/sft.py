@@ -291,9 +291,31 @@ def load_tokenizer(model: str) -> Any:
     return tok
 
 
+def return_freed_memory_to_os() -> bool:
+    """Make glibc hand freed activation buffers back to the OS (Linux; a no-op elsewhere).
+
+    glibc serves blocks under its dynamic mmap threshold (which climbs to 32 MB) from its heaps.
+    A CPU training step allocates and frees per-layer buffers of a few MB; the heaps fragment and
+    resident memory grows to several times the live tensors (SmolLM2-135M, one LoRA step at 1.4k
+    tokens: 2.9 GB resident after the backward pass, 1.4 GB with this). A fixed threshold of
+    256 KiB puts such buffers in their own mappings, which free() unmaps. The environment's
+    MALLOC_MMAP_THRESHOLD_ wins when set."""
+    if sys.platform != "linux" or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (e.g. musl)
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(libc.mallopt(m_mmap_threshold, 256 * 1024)) and bool(libc.mallopt(m_trim_threshold, 1 << 20))
+
+
 def train_sft(examples: Sequence[ChatExample], config: SftConfig, *, callbacks: Sequence[Any] = ()) -> SftResult:
     """Train ``config.role``'s adapter on ``examples``; returns losses, steps and rejects."""
     t0 = time.perf_counter()
+    return_freed_memory_to_os()
     chosen, rejects = select_examples(examples, config.role)
     tokenizer = load_tokenizer(config.model)
     chosen, too_long = drop_too_long(chosen, tokenizer, config.max_length)
