@@ -206,10 +206,15 @@ def export_model(config: ExportConfig) -> dict[str, Any]:
             write_json(config.out / EXPORT_META, {**info, "status": "check_failed"})
             raise ValueError(f"{config.out}: the written checkpoint's logits differ from base+adapter by {diff:.3g} "
                              f"(> {_TOLERANCE[dtype_name]} for {dtype_name}); the merge is not faithful")
-    if converter is not None:
-        info["gguf"] = str(write_gguf(config.out, config.gguf_outtype, converter))
     info["seconds"] = round(time.perf_counter() - t0, 3)
     write_json(config.out / EXPORT_META, {**info, "status": "done"})
+    if converter is not None:
+        try:
+            info["gguf"] = str(write_gguf(config.out, config.gguf_outtype, converter))
+        except RuntimeError as e:  # the checkpoint stands; say what the GGUF step lacked
+            write_json(config.out / EXPORT_META, {**info, "status": "done", "gguf_error": str(e)})
+            raise
+        write_json(config.out / EXPORT_META, {**info, "status": "done"})
     return info
 
 
