@@ -65,7 +65,7 @@ def zero_advantage_callback(mode: Mode = "stop", patience: int = 2, stage: str =
             if mode == "stop":
                 logs[STOP_KEY] = 1.0
                 control.should_training_stop = True
-                message += "; stopping (zero_advantage = "warn" in a --config file trains on anyway)"
+                message += '; stopping (zero_advantage = "warn" in a --config file trains on anyway)'
             if state.is_world_process_zero:
                 print(f"warning: {message}", file=sys.stderr, flush=True)
             return control
