@@ -246,8 +246,8 @@ def _trl_args(config: SftConfig, on_gpu: bool, bf16_ok: bool) -> Any:
         warmup_steps=config.warmup_ratio, weight_decay=config.weight_decay,
         optim=config.optim or ("adamw_torch_fused" if on_gpu else "adamw_torch"),
         bf16=bf16_ok if config.bf16 is None else config.bf16,
-        # Stored activations, not weights, were what filled memory on CPU (a 135M model at ~3.5k tokens:
-        # 15 GB without checkpointing, see bench/sft_memory.py); recomputing them costs ~30 % more time.
+        # Stored activations filled memory on CPU (SmolLM2-135M at ~3.5k tokens peaked at 11.4 GB without
+        # checkpointing, see bench/sft_memory.py); recomputing them costs ~30 % more time.
         **{ckpt_field: config.gradient_checkpointing is not False, ckpt_field + "_kwargs": {"use_reentrant": False}},
         max_length=config.max_length, completion_only_loss=config.loss == "completion",
         assistant_only_loss=config.loss == "assistant", save_strategy="steps", save_steps=config.save_steps,
