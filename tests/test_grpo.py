@@ -223,7 +223,7 @@ def test_answerer_waves_are_separate_calls_under_the_run_prompts(tok, prepared):
                                      {n: v[1] for n, v in shown.items()}))
         assert ep.calls[t].prompt_ids == prompt_ids(tok, want)
         outputs = {**outputs, **json.loads(_wave_reply(wave, cid))}
-    ans, ids = final_inputs(env.ctx, plan, outputs)
+    ans, ids = final_inputs(env.ctx, plan, outputs, rec.get("dropped") or {})
     assert ep.calls[-1].prompt_ids == prompt_ids(tok, FINAL.messages(FinalAsk(env.ctx, rec["query"], plan, outputs,
                                                                              [], ans, ids)))
     page = next(e for e in rec["catalog"].values() if e["kind"] == "fetch")

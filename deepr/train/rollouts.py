@@ -283,7 +283,7 @@ class AnswererEnvironment:
                                      allowed))
 
     def final_messages(self, outputs: dict[str, str]) -> list[dict[str, str]]:
-        ans, ids = final_inputs(self.ctx, self.plan, outputs)
+        ans, ids = final_inputs(self.ctx, self.plan, outputs, self.record.get("dropped") or {})
         return FINAL.messages(FinalAsk(self.ctx, self.record["query"], self.plan, dict(outputs), [], ans, ids))
 
     def first_messages(self) -> list[dict[str, str]]:
