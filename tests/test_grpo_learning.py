@@ -2,11 +2,11 @@
 start on the extractive planner's two turns, planner GRPO raises the mean R_plan on CPU.
 
 Cold start: full SFT of the random tiny model (LoRA alone cannot move frozen random embeddings)
-until it reproduces turn 1 and, in the same context, two revisions: the extractive planner's and
+until it reproduces turn 1 and, under the revision prompt `deepr run` sends, two revisions: the extractive planner's and
 the same plan with one error (an input that names no node). The model then writes either
 revision with about equal chance; GRPO (LoRA r 16) must learn from R_plan alone to prefer the
-valid one. Key points are shortened and one search result is shown per node, so a rollout is
-~420 model tokens and a step takes seconds with one torch thread. The (step, reward) and
+valid one. Key points are shortened and one search result is shown per node, so an episode is
+two short calls and a step takes seconds with one torch thread. The (step, reward) and
 (step, validity) curves are printed and written to ``grpo_learning_curve.json`` in the test's folder.
 """
 
