@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from deepr.records import QRPair
-from grpo_helpers import capture_batches as _capture_masks, scripted, segments as _segments
+from grpo_helpers import capture_batches as _capture_masks, scripted
 
 PLAN = {"nodes": [
     {"id": "N1", "type": "search", "query": "causes of earthquakes plate tectonics", "key_points": ["faults"]},
@@ -219,8 +219,8 @@ def test_answerer_waves_are_separate_calls_under_the_run_prompts(tok, prepared):
     by_id = {n.id: n for n in plan.nodes}
     for t, wave in enumerate(rec["waves"]):
         shown = {n: node_evidence(env.ctx, plan, by_id[n], env.results, outputs) for n in wave}
-        want = WAVE.messages(WaveAsk(env.ctx, rec["query"], plan, wave, outputs, [], {n: v[0] for n, v in shown.items()},
-                                     {n: v[1] for n, v in shown.items()}))
+        want = WAVE.messages(WaveAsk(env.ctx, rec["query"], plan, wave, outputs, [],
+                                     {n: v[0] for n, v in shown.items()}, {n: v[1] for n, v in shown.items()}))
         assert ep.calls[t].prompt_ids == prompt_ids(tok, want)
         outputs = {**outputs, **json.loads(_wave_reply(wave, cid))}
     ans, ids = final_inputs(env.ctx, plan, outputs, rec.get("dropped") or {})

@@ -44,7 +44,8 @@ Current draft:
 
 Instruction: {instruction}
 
-Look for what the draft does not cover yet. Give 1 to 5 search keywords or short queries for this instruction, each of two or more words.
+Look for what the draft does not cover yet.
+Give 1 to 5 search keywords or short queries for this instruction, each of two or more words.
 Reply with the action as JSON: {{"name": "search", "keywords": ["...", "..."]}}"""
 
 INIT_USER = """User question:

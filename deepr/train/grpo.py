@@ -10,9 +10,9 @@ The rollouts are :mod:`deepr.train.rollouts` passed as TRL's ``rollout_func``; e
 turn is sampled under the prompt ``deepr run`` gives it and trained as its own sample with the
 episode's advantage (:mod:`deepr.train.warp_calls`, the trainer TRL's GRPOTrainer becomes); the
 rewards are :mod:`deepr.rewards.trl_adapters` (dataset column ``rubrics``; ``plan`` /
-``node_outputs`` / ``answer`` come from the rollout). The answerer stage starts from the base with the planner adapter merged
-(saved in ``<out>/base``), so ``hf:<out>/base,adapter=answerer:<out>`` runs the trained
-planner (no adapter) and the trained answerer (adapter) from one model.
+``node_outputs`` / ``answer`` come from the rollout). The answerer stage starts from the base with
+the planner adapter merged (saved in ``<out>/base``), so ``hf:<out>/base,adapter=answerer:<out>``
+runs the trained planner (no adapter) and the trained answerer (adapter) from one model.
 
 Table 5 defaults: LoRA r 64 / α 128, lr 4e-6 constant, β 0.001 (planner) / 0.005 (answerer),
 8 (planner) / 4 (answerer) prompts × 6 rollouts per step, 2 optimiser updates per batch,
