@@ -264,6 +264,54 @@ def test_replay_scaffold_gaps_drive_replanning_and_search_agent_reasks(tools):
     answer_prompt = [m for role, m in llm.calls if role == "answerer"][0][-1]["content"]
     assert "cite the temples" in answer_prompt  # the persistent rubric conditions the writer
     resolves_to_trace(result)
+    # issue 15.10 (DuMate §2.2.3): re-planning sees the persistent rubric as well as the gaps, and the
+    # search agents of that cycle get both as guidance; cycle 1 had no rubric yet
+    assert "cite the temples" in replan[-1]["content"] and "Persistent criteria" in replan[-1]["content"]
+    cycle1, cycle2 = [s_[-1]["content"] for s_ in searcher[:3]], [s_[-1]["content"] for s_ in searcher[3:]]
+    assert all("cite the temples" in c and "Roman link" in c for c in cycle2)
+    assert not any("cite the temples" in c or "Roman link" in c for c in cycle1)
+
+
+def test_evidence_of_a_dropped_search_node_stays_citable_in_the_final_answer(tools):
+    """Issue 15.10: a revision that drops a search node keeps its evidence: the final answer is shown
+    it and may cite it (before, citing it was an unknown id and re-asked)."""
+    from deepr.agent.answerer import FINAL, FinalAsk, final_inputs
+    from deepr.agent.dag import apply_revision, execute_searches
+    from deepr.agent.env import Ctx
+    from deepr.agent.trace import Tracer
+    from deepr.llm.base import run_sync
+
+    ctx = Ctx(ExtractiveLLM(), tools, RunConfig(), Tracer(QUERY, "dag"))
+    old = validate_plan({k: v for k, v in PLAN_G0.items()})[0]
+    new = validate_plan({"nodes": [PLAN_G0["nodes"][0],
+                                   {**PLAN_G0["nodes"][2], "inputs": ["N1"]}, PLAN_G0["nodes"][3]]})[0]
+    results: dict = {}
+    run_sync(execute_searches(ctx, old, results, only=None))
+    n2 = list(results["N2"])
+    dropped: dict = {}
+    run_sync(apply_revision(ctx, old, new, [], results, cycle=1, dropped=dropped))
+    assert set(results) == {"N1"} and dropped == {"N2": n2} and n2
+    outputs = {"N3": f"The Parthenon stands on the Acropolis [{results['N1'][0]}]."}
+    reply = f"Greek forms spread [{results['N1'][0]}] and came back in a revival [{n2[0]}]."
+    ans, ids = final_inputs(ctx, new, outputs, dropped)
+    ask = FinalAsk(ctx, QUERY, new, outputs, [], ans, ids)
+    assert set(n2) <= set(ids) and FINAL.check(ask, reply) == []
+    shown = FINAL.messages(ask)[-1]["content"]
+    assert f"[{n2[0]}]" in shown and " ".join(ctx.catalog[n2[0]].text.split())[:30] in " ".join(shown.split())
+    _, without = final_inputs(ctx, new, outputs)  # what the answer saw before: the id was unknown
+    assert FINAL.check(FinalAsk(ctx, QUERY, new, outputs, [], ans, without), reply)
+
+
+def test_a_dag_run_records_the_dropped_evidence_and_cites_it(tools):
+    llm = ReplayLLM({"planner": [json.dumps(PLAN_G0), json.dumps({"nodes": [
+        PLAN_G0["nodes"][0], {**PLAN_G0["nodes"][2], "inputs": ["N1"]}, PLAN_G0["nodes"][3]], "fetch": []})],
+        "answerer": [json.dumps({"N3": "The Acropolis holds the Parthenon [N1-R1]."}),
+                     "<answer>The Parthenon [N1-R1] inspired the neoclassical revival [N2-R1].</answer>"]})
+    result = run_agent(QUERY, tools=tools, llm=llm, config=RunConfig())
+    assert result.trace.model_extra["dropped"]["N2"][0] == "N2-R1"
+    assert "[N2-R1]" in llm.calls[-1][1][-1]["content"] and llm.remaining("answerer") == 0  # accepted first time
+    assert "N2-R1" in result.trace.citations
+    resolves_to_trace(result)
 
 
 def test_extractive_dag_with_no_search_results_plans_and_finishes(tools, monkeypatch):

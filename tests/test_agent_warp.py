@@ -127,3 +127,35 @@ def test_long_multi_part_question_makes_a_section_per_part(tools):
                                                 "How do airports and air traffic control keep flights safe?"]
     assert result.trace.model_extra["expansions"] <= 1
     check_citations(result)
+
+
+def test_search_and_write_are_conditioned_on_the_whole_current_draft(replay_run):
+    """Issue 15.10: the state of every WARP action holds the current draft D (003 §2.2), so a later
+    section's search and write see what earlier sections already say, in full."""
+    turns = replay_run[0].trajectory.turns
+    first_body = "Airplanes are powered fixed-wing aircraft [S2-R1]."
+    at = next(k for k, t in enumerate(turns) if t.action == "write")
+    before = [t.messages[-1]["content"] for t in turns[:at + 1] if t.action in ("search", "write")]
+    after = [t.messages[-1]["content"] for t in turns[at + 1:] if t.action in ("search", "write")]
+    assert len(after) == 6 and all("Current draft:" in m and first_body in m for m in after)
+    assert not any(first_body in m for m in before)  # nothing leaks in before it was written
+    engines = next(t for t in turns if t.action == "write" and "Engines" in t.messages[-1]["content"])
+    assert "Airports serve airlines [S3-R1], guided by controllers [S3-R2]." in engines.messages[-1]["content"]
+
+
+def test_deepen_asks_for_two_to_seven_subsections_and_accepts_them(tools):
+    """Issue 15.10: the deepen prompt and its check agree with the outline reward's 2–7 range."""
+    from deepr.agent.env import Ctx
+    from deepr.agent.trace import Tracer
+    from deepr.agent.warp import DEEPEN, DeepenAction, Item, WarpAsk, WarpRun
+
+    run = WarpRun(Ctx(ExtractiveLLM(), tools, RunConfig(mode="warp"), Tracer(QUERY, "warp")), QUERY)
+    run.outline.add_sections([{"title": "Aircraft", "plan": "a"}, {"title": "Airports", "plan": "b"}])
+    assert "into 2 to 7 subsections" in DEEPEN.messages(WarpAsk(run))[-1]["content"]
+
+    def expand(n: int) -> list[str]:
+        subs = [Item(title=f"Part {i}", plan="p") for i in range(n)]
+        return run.deepen_check(DeepenAction(name="expand", position="section-1", subsections=subs), False)
+
+    assert expand(6) == [] and expand(7) == []
+    assert expand(8) == ["give 2 to 7 subsections, not 8"] and expand(1) == ["give 2 to 7 subsections, not 1"]

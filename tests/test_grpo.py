@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from deepr.records import QRPair
-from grpo_helpers import capture_batches as _capture_masks, scripted, segments as _segments
+from grpo_helpers import capture_batches as _capture_masks, scripted
 
 PLAN = {"nodes": [
     {"id": "N1", "type": "search", "query": "causes of earthquakes plate tectonics", "key_points": ["faults"]},
@@ -81,49 +81,94 @@ def test_env_turn_tokens_match_the_chat_template(tok):
     assert open_turn[0] == tok.eos_token_id and open_turn[1:] == env_turn_ids(tok, env, closed=True)
 
 
-def test_planner_rollout_masks_search_results(tok, retriever):
+def test_planner_turns_are_separate_calls_under_their_own_prompts(tok, retriever):
     from deepr.train.grpo import planner_dataset
-    from deepr.train.rollouts import PlannerEnvironment, planner_rollouts
+    from deepr.train.rollouts import PlannerEnvironment, planner_prompt, planner_rollouts, prompt_ids
 
     rows, lookup = planner_dataset(_pairs(2))
     env = PlannerEnvironment(retriever, k=2)
     gen = scripted(tok, [json.dumps(PLAN), json.dumps(REVISED)])
-    rollouts, extra = planner_rollouts([r["prompt"] for r in rows], lookup, env, gen, tok, budget=4000,
-                                       eos_ids=[tok.eos_token_id])
-    for r in rollouts:
-        assert len(r.env_mask) == len(r.completion_ids) and len(r.texts) == 2
-        segs = _segments(r)
-        assert [m for m, _ in segs] == [1, 0, 1]  # turn 1, search results, turn 2
-        env_text = tok.decode(segs[1][1])
-        assert "N1-R1" in env_text and "N2-R2" in env_text  # every search node's results are in the masked part
-        assert tok.decode(segs[0][1], skip_special_tokens=True) == json.dumps(PLAN)
-        assert tok.decode(segs[2][1], skip_special_tokens=True) == json.dumps(REVISED)
+    eps, extra = planner_rollouts([r["prompt"] for r in rows], lookup, env, gen, tok, budget=4000,
+                                  eos_ids=[tok.eos_token_id])
+    for ep, row in zip(eps, rows):
+        t1, t2 = ep.calls
+        assert t1.prompt_ids == prompt_ids(tok, planner_prompt(row["query"]))
+        assert tok.decode(t1.completion_ids, skip_special_tokens=True) == json.dumps(PLAN)
+        assert tok.decode(t2.completion_ids, skip_special_tokens=True) == json.dumps(REVISED)
+        # turn 2 is sampled under the revision prompt alone: the search results, not turn 1's prompt or reply
+        shown = tok.decode(t2.prompt_ids)
+        assert "N1-R1" in shown and "N2-R2" in shown and "Revise the plan" in shown
+        assert "Write the initial plan" not in shown and ep.prompts[1][-1]["role"] == "user"
+        assert len(ep.prompts[1]) == 2  # system + user: a fresh prompt, not a continuation
         hit_titles = [h.title for h in retriever.search(PLAN["nodes"][0]["query"], k=2)]
-        assert any(t in env_text for t in hit_titles)
-        assert not any(t in tok.decode(segs[0][1] + segs[2][1]) for t in hit_titles)
+        assert any(t in shown for t in hit_titles)
+        assert not any(t in tok.decode(t1.completion_ids + t2.completion_ids) for t in hit_titles)
     assert extra["plan"] == [REVISED, REVISED] and extra["initial_valid"] == [1.0, 1.0]
 
 
-def test_planner_rollout_invalid_first_plan_and_budget(tok, retriever):
+def test_planner_invalid_first_plan_is_reasked_and_budget_bounds_model_tokens(tok, retriever):
+    from deepr.agent.planner import INITIAL
     from deepr.train.grpo import planner_dataset
     from deepr.train.rollouts import PlannerEnvironment, planner_rollouts
 
     rows, lookup = planner_dataset(_pairs(1))
     env = PlannerEnvironment(retriever, k=2)
-    bad = scripted(tok, ['{"nodes": [{"id": "N1", "type": "search"}]}', "not json at all"])
-    (r,), extra = planner_rollouts([rows[0]["prompt"]], lookup, env, bad, tok, budget=4000,
-                                   eos_ids=[tok.eos_token_id])
-    env_text = tok.decode(_segments(r)[1][1])
-    assert "not a valid graph" in env_text and "N1-R1" not in env_text  # nothing was searched
+    bad_g0 = '{"nodes": [{"id": "N1", "type": "search"}]}'
+    bad = scripted(tok, [bad_g0, "not json at all"])
+    (ep,), extra = planner_rollouts([rows[0]["prompt"]], lookup, env, bad, tok, budget=4000,
+                                    eos_ids=[tok.eos_token_id])
+    # an invalid G0 is re-asked in its own conversation, as the executor does in `deepr run`
+    assert [m["role"] for m in ep.prompts[1]] == ["system", "user", "assistant", "user"]
+    assert ep.prompts[1][:2] == rows[0]["prompt"] and ep.prompts[1][2]["content"] == bad_g0
+    assert ep.prompts[1][3]["content"].startswith(INITIAL.output.reask("")[:30]) and "N1-R1" not in str(ep.prompts)
     assert extra["initial_valid"] == [0.0] and extra["plan"] == ["not json at all"]
     small = scripted(tok, [json.dumps(PLAN), json.dumps(REVISED)])
-    (r,), extra = planner_rollouts([rows[0]["prompt"]], lookup, env, small, tok, budget=60,
-                                   eos_ids=[tok.eos_token_id])
-    assert len(r.completion_ids) == len(r.env_mask) <= 60 and r.truncated and extra["plan"] == [""]
+    (ep,), extra = planner_rollouts([rows[0]["prompt"]], lookup, env, small, tok, budget=20,
+                                    eos_ids=[tok.eos_token_id])
+    assert ep.used() <= 20 and ep.truncated and len(ep.calls) == 1 and extra["plan"] == [""]
     capped = scripted(tok, [json.dumps(PLAN), json.dumps(REVISED)])
-    (r,), extra = planner_rollouts([rows[0]["prompt"]], lookup, env, capped, tok, budget=4000,
-                                   eos_ids=[tok.eos_token_id], turn_cap=10)
-    assert r.env_mask == [1] * 10 and r.truncated and extra["plan"] == [""]  # a cut turn ends the rollout
+    (ep,), extra = planner_rollouts([rows[0]["prompt"]], lookup, env, capped, tok, budget=4000,
+                                    eos_ids=[tok.eos_token_id], turn_cap=10)
+    assert [len(c.completion_ids) for c in ep.calls] == [10] and ep.truncated and extra["plan"] == [""]
+
+
+def test_planner_turn2_has_the_same_token_ids_in_run_sft_and_rl(tok, retriever):
+    """Issue 15.6: the revision turn renders to the same ids through `deepr run` (recorded turn),
+    the SFT example built from that record, and the GRPO rollout."""
+    from deepr.agent.dag import execute_searches
+    from deepr.agent.env import Ctx, RunConfig
+    from deepr.agent.planner import initial_plan, revise_plan
+    from deepr.agent.trace import Tracer
+    from deepr.corpus.tools import ResearchTools
+    from deepr.llm.base import run_sync
+    from deepr.train.grpo import planner_dataset
+    from deepr.train.rollouts import PlannerEnvironment, planner_rollouts, prompt_ids
+    from deepr.train.sft import to_row
+    from deepr.train.trajectories import turn_examples
+    from tree_helpers import ScriptedLLM
+
+    pair = _pairs(1)[0]
+    llm = ScriptedLLM(lambda m: json.dumps(REVISED) if "Revise the plan" in m[-1]["content"] else json.dumps(PLAN))
+    ctx = Ctx(llm, ResearchTools(retriever, k=2), RunConfig(k=2, fetch_limit=4), Tracer(pair.question, "dag"))
+
+    async def plan_phase():  # `deepr run --mode dag`'s planning turns
+        results: dict = {}
+        g0 = await initial_plan(ctx, pair.question)
+        await execute_searches(ctx, g0, results, only=None)
+        await revise_plan(ctx, pair.question, g0, results, cycle=1)
+
+    run_sync(plan_phase())
+    run_turn = ctx.tracer.turns[1]
+    assert run_turn.action == "revise"
+    example = turn_examples(ctx.tracer.trajectory("t1", report="r"))[1]
+    rows, lookup = planner_dataset([pair])
+    (ep,), _ = planner_rollouts([rows[0]["prompt"]], lookup, PlannerEnvironment(retriever, k=2, fetch_limit=4),
+                                scripted(tok, [json.dumps(PLAN), json.dumps(REVISED)]), tok, budget=8000,
+                                eos_ids=[tok.eos_token_id])
+    run_ids = prompt_ids(tok, run_turn.messages)
+    sft_ids = prompt_ids(tok, to_row(example, "completion")["prompt"])
+    assert run_ids == sft_ids == ep.calls[1].prompt_ids
+    assert prompt_ids(tok, ctx.tracer.turns[0].messages) == ep.calls[0].prompt_ids  # turn 1 too
 
 
 @pytest.fixture(scope="module")
@@ -155,25 +200,37 @@ def _wave_reply(wave: list[str], cid: str) -> str:
     return json.dumps({nid: f"Plates move and cause damage [{cid}]." for nid in wave})
 
 
-def test_answerer_rollout_masks_evidence_and_pages(tok, prepared):
+def test_answerer_waves_are_separate_calls_under_the_run_prompts(tok, prepared):
+    from deepr.agent.answerer import FINAL, WAVE, FinalAsk, WaveAsk, final_inputs, node_evidence
+    from deepr.agent.plan import validate_plan
     from deepr.train.grpo import answerer_dataset
-    from deepr.train.rollouts import answerer_rollouts
+    from deepr.train.rollouts import AnswererEnvironment, answerer_rollouts, prompt_ids
 
     rec = prepared[0].model_dump()
     rows, lookup = answerer_dataset([prepared[0]])
     cid = next(iter(next(iter(rec["results"].values()))))
     replies = [_wave_reply(w, cid) for w in rec["waves"]] + [f"<answer>Plates move [{cid}].</answer>"]
-    (r,), extra = answerer_rollouts([rows[0]["prompt"]], lookup, scripted(tok, replies), tok, budget=20000,
-                                    eos_ids=[tok.eos_token_id])
-    segs = _segments(r)
-    assert len(r.env_mask) == len(r.completion_ids)
-    assert [m for m, _ in segs] == [1, 0] * len(rec["waves"]) + [1]
-    masked = " ".join(tok.decode(ids) for m, ids in segs if m == 0)
-    model = " ".join(tok.decode(ids) for m, ids in segs if m == 1)
+    (ep,), extra = answerer_rollouts([rows[0]["prompt"]], lookup, scripted(tok, replies), tok, budget=20000,
+                                     eos_ids=[tok.eos_token_id])
+    assert len(ep.calls) == len(rec["waves"]) + 1 and all(len(p) == 2 for p in ep.prompts)
+    # each prompt is exactly what the WAVE / FINAL role sends in `deepr run` given the same outputs
+    env = AnswererEnvironment(rec)
+    plan, outputs = validate_plan(rec["plan"])[0], {}
+    by_id = {n.id: n for n in plan.nodes}
+    for t, wave in enumerate(rec["waves"]):
+        shown = {n: node_evidence(env.ctx, plan, by_id[n], env.results, outputs) for n in wave}
+        want = WAVE.messages(WaveAsk(env.ctx, rec["query"], plan, wave, outputs, [],
+                                     {n: v[0] for n, v in shown.items()}, {n: v[1] for n, v in shown.items()}))
+        assert ep.calls[t].prompt_ids == prompt_ids(tok, want)
+        outputs = {**outputs, **json.loads(_wave_reply(wave, cid))}
+    ans, ids = final_inputs(env.ctx, plan, outputs, rec.get("dropped") or {})
+    assert ep.calls[-1].prompt_ids == prompt_ids(tok, FINAL.messages(FinalAsk(env.ctx, rec["query"], plan, outputs,
+                                                                             [], ans, ids)))
     page = next(e for e in rec["catalog"].values() if e["kind"] == "fetch")
-    assert "Research question" in masked and "Write the final report" in masked
     snippet = " ".join(page["text"].split())[:40]
-    assert snippet in masked and snippet not in model  # the fetched page is shown, with zero loss weight
+    prompts_text = " ".join(tok.decode(c.prompt_ids) for c in ep.calls)
+    replies_text = " ".join(tok.decode(c.completion_ids) for c in ep.calls)
+    assert snippet in prompts_text and snippet not in replies_text  # the page is shown, never trained on
     aggs = [n for w in rec["waves"] for n in w]
     assert extra["node_outputs"][0].keys() == set(aggs) and extra["answer"] == [f"Plates move [{cid}]."]
 
@@ -183,9 +240,9 @@ def test_answerer_rollout_stops_at_a_failed_wave(tok, prepared):
     from deepr.train.rollouts import answerer_rollouts
 
     rows, lookup = answerer_dataset([prepared[0]])
-    (r,), extra = answerer_rollouts([rows[0]["prompt"]], lookup, scripted(tok, ["no json here"]), tok,
-                                    budget=20000, eos_ids=[tok.eos_token_id])
-    assert len(r.texts) == 1 and r.env_mask == [1] * len(r.completion_ids)
+    (ep,), extra = answerer_rollouts([rows[0]["prompt"]], lookup, scripted(tok, ["no json here"]), tok,
+                                     budget=20000, eos_ids=[tok.eos_token_id])
+    assert len(ep.calls) == 1 and not ep.truncated
     assert extra["answer"] == [None] and extra["node_outputs"] == [{}]
 
 
@@ -229,16 +286,23 @@ def test_planner_stage_trains_masks_and_saves_a_loadable_adapter(planner_run, to
 
     res, batch = planner_run
     assert res.steps == 1 and res.rewards and res.rewards[0][0] == 1
-    loss_mask = batch["completion_mask"] * batch["tool_mask"]
-    for row, full, ids in zip(loss_mask, batch["completion_mask"], batch["completion_ids"]):
-        assert 0 < int(row.sum()) < int(full.sum())  # model tokens count, the search results do not
-        text = tok.decode(ids[row.bool()], skip_special_tokens=True)
-        assert text.startswith(json.dumps(PLAN)) and "N1-R1" not in text
-        assert "N1-R1" in tok.decode(ids[full.bool() & ~row.bool()])
+    # one row per model turn (2 rollouts x 2 turns), each under the prompt it was sampled from
+    live = [i for i, m in enumerate(batch["completion_mask"]) if int(m.sum()) > 0]
+    assert len(live) == 4 and "tool_mask" not in batch
+    prompts = [tok.decode(batch["prompt_ids"][i][batch["prompt_mask"][i].bool()]) for i in live]
+    replies = [tok.decode(batch["completion_ids"][i][batch["completion_mask"][i].bool()], skip_special_tokens=True)
+               for i in live]
+    first = [i for i, p in enumerate(prompts) if "Write the initial plan" in p]
+    assert len(first) == 2 and all(replies[i].startswith(json.dumps(PLAN)) for i in first)
+    second = [i for i in range(4) if i not in first]
+    assert all("N1-R1" in prompts[i] and "Write the initial plan" not in prompts[i] for i in second)
+    assert not any("N1-R1" in r for r in replies)  # search results are prompt, never trained on
+    adv = batch["advantages"].tolist()
+    assert sorted(round(adv[live[i]], 6) for i in first) == sorted(round(adv[live[i]], 6) for i in second)
     log = [json.loads(x) for x in (res.out / "metrics.jsonl").read_text().splitlines()]
-    assert {"plan/C_rub", "plan/valid", "rollout/masked_token_share", "rollout/initial_plan_valid",
-            "rewards/plan_reward/mean", "completions/mean_length"} <= set(log[0])
-    assert log[0]["rollout/initial_plan_valid"] == 1.0 and 0 < log[0]["rollout/masked_token_share"] < 1
+    assert {"plan/C_rub", "plan/valid", "rollout/trained_tokens_per_episode", "rollout/initial_plan_valid",
+            "rollout/calls_per_episode", "rewards/plan_reward/mean"} <= set(log[0])
+    assert log[0]["rollout/initial_plan_valid"] == 1.0 and log[0]["rollout/calls_per_episode"] == 2.0
     meta = json.loads((res.out / "deepr_meta.json").read_text())
     assert meta["role"] == "planner" and meta["status"] == "done"
     llm = get_llm(meta["llm_spec"])

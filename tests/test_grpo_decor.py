@@ -9,7 +9,6 @@ import math
 import pytest
 
 from deepr.train.decor_stage import QARecord
-from grpo_helpers import segments as _segments
 
 Q = "What causes earthquakes?"
 GOOD = {"planner": "<think>need the cause</think><search>earthquake tectonic plates</search>",
@@ -80,22 +79,55 @@ def test_format_gate_and_hybrid_reward_by_hand(embedder):
     assert adv == pytest.approx([1.352455, -1.034226, -0.318223], abs=1e-5)
 
 
-def test_episodes_mask_other_roles_and_observations(tok, retriever):
+def test_each_role_step_is_its_own_call_under_its_own_prompt(tok, retriever):
     from deepr.train.decor_stage import context_factory, decor_dataset, decor_rollouts
 
     rows, lookup = decor_dataset([QARecord(id="q", question=Q, answers=["tectonic plates"])])
-    rollouts, extra = decor_rollouts([r["prompt"] for r in rows], lookup, context_factory(retriever, 2),
-                                     role_aware(tok), tok, budget=6000, eos_ids=[tok.eos_token_id])
-    planner, filt, answerer = rollouts
-    assert [m for m, _ in _segments(planner)] == [1, 0, 1]  # query, (memory + past searches), STOP
-    masked = tok.decode(_segments(planner)[1][1])
-    assert "Earthquakes come from tectonic plates" in masked and "Searches made: earthquake" in masked
-    assert tok.decode(_segments(planner)[2][1], skip_special_tokens=True) == GOOD["stop"]
-    assert filt.env_mask == [1] * len(filt.completion_ids)  # one filter turn, no other role's text in it
-    assert "[S1-R1]" in tok.decode(filt.prompt_ids) and "<search>" not in tok.decode(filt.completion_ids)
-    assert tok.decode(answerer.completion_ids, skip_special_tokens=True) == GOOD["answerer"]
+    played, extra = decor_rollouts([r["prompt"] for r in rows], lookup, context_factory(retriever, 2),
+                                   role_aware(tok), tok, budget=6000, eos_ids=[tok.eos_token_id])
+    planner, filt, answerer = played
+    assert len(planner.calls) == 2 and all(len(p) == 2 for p in planner.prompts)  # fresh prompts, no continuation
+    second = planner.prompts[1][-1]["content"]
+    assert "Earthquakes come from tectonic plates" in second and "Searches made: earthquake" in second
+    assert planner.texts == [GOOD["planner"], GOOD["stop"]]
+    assert GOOD["planner"] not in tok.decode(planner.calls[1].prompt_ids)  # its own earlier reply is not context
+    assert len(filt.calls) == 1 and "[S1-R1]" in tok.decode(filt.calls[0].prompt_ids)
+    assert "<search>" not in tok.decode(filt.calls[0].completion_ids)  # no other role's text is trained
+    assert answerer.texts == [GOOD["answerer"]]
     assert extra["team_answer"] == ["tectonic plates [S1-R1]"] * 3 and all(extra["format_valid"])
     assert [len(s) for s in extra["role_steps"]] == [2, 1, 1] and extra["spoke"] == [True] * 3
+
+
+def test_decor_steps_have_the_same_token_ids_in_run_sft_and_rl(tok, retriever):
+    """Issue 15.6: every DECOR role step renders to the same ids through `deepr run --mode decor`,
+    the SFT example built from its record, and the GRPO rollout."""
+    from deepr.agent.decor import run_decor
+    from deepr.agent.env import Ctx, RunConfig
+    from deepr.agent.trace import Tracer
+    from deepr.corpus.tools import ResearchTools
+    from deepr.llm.base import run_sync
+    from deepr.train.decor_stage import context_factory, decor_dataset, decor_rollouts
+    from deepr.train.rollouts import prompt_ids
+    from deepr.train.sft import to_row
+    from deepr.train.trajectories import turn_examples
+    from tree_helpers import ScriptedLLM
+
+    def reply(messages):
+        text = " ".join(m["content"] for m in messages)
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        return tok.decode(role_aware(tok)([ids], False, 999)[0][0], skip_special_tokens=True)
+
+    ctx = Ctx(ScriptedLLM(reply), ResearchTools(retriever, k=2), RunConfig(mode="decor", k=2), Tracer(Q, "decor"))
+    run_sync(run_decor(ctx, Q))
+    run_turns = ctx.tracer.turns
+    assert [t.role for t in run_turns] == ["decor_planner", "decor_filter", "decor_planner", "decor_answerer"]
+    examples = turn_examples(ctx.tracer.trajectory("d1", report="r"))
+    rows, lookup = decor_dataset([QARecord(id="q", question=Q, answers=["tectonic plates"])])
+    (planner, filt, answerer), _ = decor_rollouts([r["prompt"] for r in rows], lookup, context_factory(retriever, 2),
+                                                  role_aware(tok), tok, budget=6000, eos_ids=[tok.eos_token_id])
+    rl = [planner.calls[0], filt.calls[0], planner.calls[1], answerer.calls[0]]
+    for turn, ex, call in zip(run_turns, examples, rl):
+        assert prompt_ids(tok, turn.messages) == prompt_ids(tok, to_row(ex, "completion")["prompt"]) == call.prompt_ids
 
 
 def test_a_broken_planner_truncates_and_silences_later_roles(tok, retriever):
@@ -107,12 +139,12 @@ def test_a_broken_planner_truncates_and_silences_later_roles(tok, retriever):
                                    gen, tok, budget=6000, eos_ids=[tok.eos_token_id])
     # the planner row's own turn broke: format gate, no answer; the filter row's team was fine
     assert extra["format_valid"][0] is False and extra["team_answer"][0] == "" and "planner" in extra["broken"][0]
-    assert extra["spoke"] == [True, True] and p.env_mask == [1] * len(p.completion_ids)
-    # a batch in which no row's role got to speak (the planner broke first) is all masked, no reward
+    assert extra["spoke"] == [True, True] and len(p.calls) == 1
+    # a batch in which no row's role got to speak (the planner broke first) has no samples, no reward
     (f,), extra = decor_rollouts([rows[1]["prompt"]], lookup, context_factory(retriever, 2),
                                  lambda seqs, first, n: ([tok("junk")["input_ids"]] * len(seqs), None), tok,
                                  budget=6000, eos_ids=[tok.eos_token_id])
-    assert extra["spoke"] == [False] and f.env_mask == [0] and f.completion_ids == [tok.eos_token_id]
+    assert extra["spoke"] == [False] and f.calls == []
 
 
 def test_decor_stage_trains_with_role_wise_advantages(tiny, tok, retriever, tmp_path):
@@ -153,7 +185,9 @@ def test_decor_stage_trains_with_role_wise_advantages(tiny, tok, retriever, tmp_
     rewards, keys = seen[0]
     assert rewards[1] == -1.0 and rewards[0] > -1.0  # the second rollout broke its format
     want = ds.role_group_advantages(rewards, keys)
-    assert store[1]["advantages"].tolist() == pytest.approx(want, abs=1e-5)
+    assert store[0]._decor_advantages == pytest.approx(want, abs=1e-5)
+    live = store[1]["completion_mask"].sum(dim=1) > 0  # one row per call, with its episode's advantage
+    assert set(round(a, 5) for a in store[1]["advantages"][live].tolist()) <= {round(a, 5) for a in want}
     assert want == pytest.approx([1.0, -1.0], abs=1e-5)  # TRL's own (unbiased σ) would give ±0.707
     log = [json.loads(x) for x in (res.out / "metrics.jsonl").read_text().splitlines()]
     assert {"decor/R_total", "decor/format_ok", "rewards/decor_reward/mean"} <= set(log[0])

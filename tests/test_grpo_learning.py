@@ -2,11 +2,11 @@
 start on the extractive planner's two turns, planner GRPO raises the mean R_plan on CPU.
 
 Cold start: full SFT of the random tiny model (LoRA alone cannot move frozen random embeddings)
-until it reproduces turn 1 and, in the same context, two revisions: the extractive planner's and
+until it reproduces turn 1 and, under the revision prompt `deepr run` sends, two revisions: the extractive planner's and
 the same plan with one error (an input that names no node). The model then writes either
 revision with about equal chance; GRPO (LoRA r 16) must learn from R_plan alone to prefer the
-valid one. Key points are shortened and one search result is shown per node, so a rollout is
-~420 model tokens and a step takes seconds with one torch thread. The (step, reward) and
+valid one. Key points are shortened and one search result is shown per node, so an episode is
+two short calls and a step takes seconds with one torch thread. The (step, reward) and
 (step, validity) curves are printed and written to ``grpo_learning_curve.json`` in the test's folder.
 """
 
@@ -64,8 +64,8 @@ def with_error(plan):
 
 
 def cold_start(pairs: list[QRPair], env) -> list[ChatExample]:
-    """Both planner turns of the extractive planner, as `deepr run` would prompt them, plus the
-    revision with one error (:func:`with_error`) in the same context."""
+    """Both planner turns of the extractive planner, as `deepr run` prompts them, plus the
+    revision with one error (:func:`with_error`) under the same revision prompt."""
     from deepr.agent.planner import initial_plan, plan_json, revise_plan
     from deepr.llm.base import run_sync
     from deepr.agent.plan import validate_plan
@@ -80,11 +80,11 @@ def cold_start(pairs: list[QRPair], env) -> list[ChatExample]:
         g1 = compact(g1)
         g1_texts = [json.dumps({**json.loads(plan_json(g)), "fetch": fetch}) for g in (g1, with_error(g1))]
         assert [validate_plan(t)[0] is not None for t in g1_texts] == [True, False]
-        msg, _ = env.feedback(p.question, g0_text)
+        revision, _ = env.next_messages(p.question, g0_text)  # turn 2's own prompt, as in `deepr run`
         first = env_prompt(p.question) + [{"role": "assistant", "content": g0_text}]
         out.append(ChatExample(id=f"{p.id}-1", role="planner", action="plan", messages=first))
         out.extend(ChatExample(id=f"{p.id}-2{tag}", role="planner", action="revise",
-                               messages=first + [{"role": "user", "content": msg}, {"role": "assistant", "content": t}])
+                               messages=revision + [{"role": "assistant", "content": t}])
                    for tag, t in zip("ab", g1_texts))
     return out
 
@@ -183,12 +183,9 @@ def test_planner_grpo_raises_mean_reward(retriever, tmp_path: Path, one_thread):
     print("\nSFT losses:", [round(x, 4) for x in res.losses], f"({time.perf_counter() - t0:.0f} s)")
     rows, lookup = grpo.planner_dataset(pairs)
     tok = AutoTokenizer.from_pretrained(str(sft))
-    # room for turn 1, the environment turn and turn 2 of the cold-start conversation, plus slack
-    lengths = max(len(tok.apply_chat_template(e.messages, tokenize=True, return_dict=False))
-                  - len(tok.apply_chat_template(e.messages[:2], tokenize=True, add_generation_prompt=True,
-                                                return_dict=False)) for e in examples)
+    # each turn is its own call: the budget covers the model tokens of both turns, plus slack
     turn = max(len(tok(m["content"])["input_ids"]) for e in examples for m in e.messages if m["role"] == "assistant")
-    budget, cap = lengths + 64, turn + 16
+    budget, cap = 2 * (turn + 16) + 64, turn + 16
     print("rollout budget (tokens):", budget, "turn cap:", cap)
     # precondition: the cold start reproduces turn 1 (greedy), so rollouts reach the revision choice
     greedy = rollout_valid(sft, env, rows, lookup, budget, cap, 0.0)

@@ -195,8 +195,9 @@ def test_decor_completions_pair_with_their_own_observations_under_server_mode_ge
                                      budget=6000, eos_ids=[tok.eos_token_id])
     seen = []
     for r in rollouts:
-        asked = re.findall(r"Search query: (.*)", tok.decode(r.prompt_ids, skip_special_tokens=True))[-1].strip()
-        wrote = tok.decode(r.parts[0][0], skip_special_tokens=True)
+        call = r.calls[0]
+        asked = re.findall(r"Search query: (.*)", tok.decode(call.prompt_ids, skip_special_tokens=True))[-1].strip()
+        wrote = tok.decode(call.completion_ids, skip_special_tokens=True)
         assert f"Facts for {asked}" in wrote, (asked, wrote)
         seen.append(asked)
     assert len(set(seen)) == G  # the two rows really saw different observations
@@ -222,22 +223,12 @@ def test_a_protocol_break_anywhere_gives_every_role_of_the_episode_minus_one(emb
 
 
 def test_flat_groups_and_merging_two_generation_batches():
-    import torch
-
-    from deepr.train.decor_stage import flat_groups, merge_batches
+    from deepr.train.decor_stage import flat_groups, merge_rows
 
     keys = [("q1", "planner")] * 2 + [("q1", "filter")] * 2 + [("q2", "planner")] * 2
     assert flat_groups([1.0, 1.0, 0.2, 0.8, float("nan"), 0.5], keys) == {("q1", "planner"), ("q2", "planner")}
-    a = {"prompt_ids": torch.tensor([[9, 1], [9, 2]]), "completion_ids": torch.tensor([[5], [6]]),
-         "completion_mask": torch.tensor([[1], [1]]), "advantages": torch.tensor([0.0, 0.0]),
-         "num_items_in_batch": torch.tensor(2)}
-    b = {"prompt_ids": torch.tensor([[1, 2, 3], [4, 5, 6]]), "completion_ids": torch.tensor([[7, 7], [8, 8]]),
-         "completion_mask": torch.tensor([[1, 1], [1, 0]]), "advantages": torch.tensor([1.0, -1.0]),
-         "num_items_in_batch": torch.tensor(3)}
-    m = merge_batches(a, b, [False, True], pad_id=0)
-    assert m["prompt_ids"].tolist() == [[0, 9, 1], [4, 5, 6]]  # prompts pad on the left
-    assert m["completion_ids"].tolist() == [[5, 0], [8, 8]] and m["completion_mask"].tolist() == [[1, 0], [1, 0]]
-    assert m["advantages"].tolist() == [0.0, -1.0]
+    assert merge_rows([["a1"], ["a2"]], [["b1"], ["b2", "b3"]], [False, True]) == [["a1"], ["b2", "b3"]]
+    assert merge_rows([0.0, 0.0], [1.0, -1.0], [False, True]) == [0.0, -1.0]
 
 
 def test_decor_dynamic_sampling_replaces_a_flat_group(tiny, tok, retriever, tmp_path):
@@ -276,7 +267,7 @@ def test_decor_dynamic_sampling_replaces_a_flat_group(tiny, tok, retriever, tmp_
         res = ds.train_decor(cfg, [ds.QARecord(id="q", question=Q, answers=["tectonic plates"])], retriever,
                              generate_for=gen_for, callbacks=[Capture()])
     assert res.steps == 1 and len(batches) == 2  # sampled again once
-    assert store[1]["advantages"].tolist() == pytest.approx([1.0, -1.0], abs=1e-5)
+    assert store[0]._decor_advantages == pytest.approx([1.0, -1.0], abs=1e-5)
     assert int(store[1]["completion_mask"].sum()) > 0
     log = [json.loads(x) for x in (res.out / "metrics.jsonl").read_text().splitlines()]
     assert log[0]["decor/flat_groups_sampled"] == 1.0 and log[0]["decor/flat_groups_kept_out"] == 0.0

@@ -152,3 +152,43 @@ def test_cli_run_mode_tools_offline(retriever, tmp_path, monkeypatch, llm_kind):
     ids = cited_ids(out.read_text())
     assert trace["mode"] == "tools" and ids and set(ids) <= set(trace["citations"])
     assert "agent tool calls" in r.output
+
+
+def test_system_prompt_carries_the_long_form_requirements_and_is_shared_by_run_and_rl(retriever):
+    """Issue 15.10: 002 App. D's system prompt (multi-round search with gap analysis and cross-source
+    checks, a deep structured answer, grounded citations, the think -> one action workflow) is the
+    prompt `deepr run --mode tools` sends and the prompt `deepr grpo --stage rubric` trains under."""
+    import re
+
+    from deepr.agent.tools_agent import STEP_REGEX, system_prompt
+    from deepr.llm.base import run_sync
+    from deepr.llm.extractive import ExtractiveLLM
+    from deepr.records import QRPair, RubricItem
+    from deepr.train.rubric_stage import rubric_dataset
+
+    text = " ".join(system_prompt(10).split())
+    requirements = {
+        "several rounds": r"several rounds .* 2 to 4",
+        "gap analysis after each result": r"After every result, work out what is still missing",
+        "cross-source verification": r"check important facts across sources\. One source or one perspective",
+        "depth and mechanisms": r"comprehensive, detailed and in depth.*explains the mechanisms",
+        "comparison and synthesis": r"compares perspectives.*coherent narrative",
+        "structure": r"markdown headers; write paragraphs of 5 to 8 sentences",
+        "uncertainty": r"evidence is thin or sources disagree",
+        "grounded cites only": r"<cite id=\"S1-R2\">the claim</cite>.*only ids that tool responses showed",
+        "browse only returned documents": r"Only documents an earlier search returned can be opened",
+        "workflow": r"<think>\.\.\.</think>, followed by exactly one of",
+        "turn limit": r"at most 10 tool calls",
+    }
+    missing = [name for name, pat in requirements.items() if not re.search(pat, text)]
+    assert not missing, missing
+    # the workflow the prompt asks for is the one the decoder constrains and the parser reads
+    step = '<think>need more</think>\n<tool_call>{"name": "search", "arguments": {"query": "quake faults"}}</tool_call>'
+    assert re.fullmatch(STEP_REGEX, step) and parse_step(step).kind == "tool"
+    ctx = _ctx(retriever, ExtractiveLLM())
+    out = run_sync(run_tools(ctx, "What causes earthquakes?"))
+    run_prompt = out.transcript[0]
+    pair = QRPair(id="q", tree_id="t", question="What causes earthquakes?", selected_leaf_ids=[],
+                  rubrics=[RubricItem(id="R1", type="factual", description="plates move", weight=1.0)])
+    (row,), _ = rubric_dataset([pair], tool_turns=10)
+    assert run_prompt == row["prompt"][0] and run_prompt["content"] == system_prompt(10)

@@ -164,10 +164,13 @@ async def write_wave(ctx: Ctx, query: str, plan: Plan, wave: list[str], results:
     return out.value
 
 
-def final_inputs(ctx: Ctx, plan: Plan, outputs: dict[str, str]) -> tuple[PlanNode, list[str]]:
-    """The answer node and the cumulative cited evidence (ids cited by any aggregate)."""
+def final_inputs(ctx: Ctx, plan: Plan, outputs: dict[str, str],
+                 dropped: dict[str, list[str]] | None = None) -> tuple[PlanNode, list[str]]:
+    """The answer node and the cumulative cited evidence: ids cited by any aggregate, then the
+    evidence of search nodes a revision dropped (kept, DuMate's audit trail: still citable)."""
     ans = answer_node(plan)
     ids = [c for n in plan.nodes if n.type == "aggregate" for c in cited_ids(outputs.get(n.id, ""))]
+    ids += [c for nid in sorted(dropped or {}) for c in dropped[nid]]
     return ans, [c for c in dict.fromkeys(ids) if c in ctx.catalog]
 
 
@@ -208,7 +211,8 @@ FINAL = Role(
 
 
 async def write_final(ctx: Ctx, query: str, plan: Plan, outputs: dict[str, str],
-                      rubric: Sequence[dict[str, Any]] = ()) -> str:
-    """The answer node: integrated report text from the branches and cumulative evidence."""
-    ans, ids = final_inputs(ctx, plan, outputs)
+                      rubric: Sequence[dict[str, Any]] = (), *, dropped: dict[str, list[str]] | None = None) -> str:
+    """The answer node: integrated report text from the branches and cumulative evidence
+    (including the evidence of dropped search nodes)."""
+    ans, ids = final_inputs(ctx, plan, outputs, dropped)
     return (await ctx.perform(FINAL, FinalAsk(ctx, query, plan, outputs, rubric, ans, ids))).value

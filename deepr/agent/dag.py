@@ -5,13 +5,16 @@ Flow (DecomposeR §3.2; DuMate §2.2): planner turn 1 emits G0 → every search 
 and emits G1 plus a fetch list → only new or modified search nodes re-run (unchanged ones
 reuse their results) and the listed pages are fetched → with ``--rubric-scaffold`` a
 persistent rubric conditions the writer and ephemeral gap rubrics trigger further planning
-cycles up to ``--max-cycles`` → the answerer writes aggregate nodes by ready frontier (one
+cycles up to ``--max-cycles`` (each re-planning turn sees both rubrics, each inner search agent
+their guidance; the evidence of a dropped search node stays citable in the final answer) → the
+answerer writes aggregate nodes by ready frontier (one
 model turn per wave) and finally the answer node.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,29 +60,39 @@ def changed_search_nodes(old: Plan, new: Plan, *, key_points_matter: bool = Fals
     return run, reuse
 
 
-async def execute_searches(ctx: Ctx, plan: Plan, results: dict[str, list[str]], only: list[str] | None) -> None:
-    """Run the ready search nodes (all of them, or ``only`` these) concurrently."""
+async def execute_searches(ctx: Ctx, plan: Plan, results: dict[str, list[str]], only: list[str] | None,
+                           guidance: Sequence[dict[str, Any]] = ()) -> None:
+    """Run the ready search nodes (all of them, or ``only`` these) concurrently; ``guidance`` (the
+    rubric scaffold's criteria and gaps) goes to their inner search agents."""
     frontier = [nid for nid in ready_frontier(plan, set(), ("search",)) if only is None or nid in only]
     nodes = {n.id: n for n in plan.nodes}
-    found = await asyncio.gather(*(run_search_node(ctx, nodes[nid]) for nid in frontier))
+    found = await asyncio.gather(*(run_search_node(ctx, nodes[nid], guidance) for nid in frontier))
     results.update(zip(frontier, found))
 
 
 async def apply_revision(ctx: Ctx, old: Plan, new: Plan, fetch: list[str], results: dict[str, list[str]],
-                         cycle: int) -> None:
+                         cycle: int, *, dropped: dict[str, list[str]] | None = None,
+                         guidance: Sequence[dict[str, Any]] = ()) -> None:
+    """Re-run new or modified search nodes, fetch the listed pages. The evidence of a search node
+    the revision dropped moves to ``dropped``: still catalogued and citable in the final answer."""
     run, reuse = changed_search_nodes(old, new, key_points_matter=ctx.config.search_rounds > 1)
-    dropped = [nid for nid in results if nid not in run + reuse]
-    for nid in dropped + run:
+    gone = [nid for nid in results if nid not in run + reuse]
+    for nid in gone:
+        ids = results.pop(nid)
+        if dropped is not None and ids:
+            dropped[nid] = [*dropped.get(nid, []), *(i for i in ids if i not in dropped.get(nid, []))]
+    for nid in run:
         results.pop(nid, None)
     ctx.tracer.decide(f"cycle {cycle}: re-run {len(run)} new or modified search nodes, reuse {len(reuse)}",
-                      rerun=run, reused=reuse, dropped=dropped)
-    await execute_searches(ctx, new, results, only=run)
+                      rerun=run, reused=reuse, dropped=gone)
+    await execute_searches(ctx, new, results, only=run, guidance=guidance)
     for ref in fetch[: ctx.config.fetch_limit]:
         ctx.fetch(ref)
 
 
 async def answer_plan(ctx: Ctx, query: str, plan: Plan, results: dict[str, list[str]],
-                      rubric: list[dict[str, Any]]) -> tuple[dict[str, str], list[list[str]], str]:
+                      rubric: list[dict[str, Any]], dropped: dict[str, list[str]] | None = None
+                      ) -> tuple[dict[str, str], list[list[str]], str]:
     """Write aggregates wave by wave (ready frontier), then the answer node."""
     done = {n.id for n in plan.nodes if n.type == "search"}
     outputs: dict[str, str] = {}
@@ -89,7 +102,7 @@ async def answer_plan(ctx: Ctx, query: str, plan: Plan, results: dict[str, list[
         outputs.update(await write_wave(ctx, query, plan, frontier, results, outputs, rubric,
                                         wave_no=len(executed)))
         done.update(frontier)
-    answer = await write_final(ctx, query, plan, outputs, rubric)
+    answer = await write_final(ctx, query, plan, outputs, rubric, dropped=dropped)
     return outputs, executed, answer
 
 
@@ -100,9 +113,10 @@ async def run_dag(ctx: Ctx, query: str) -> DagOutcome:
         plan = await initial_plan(ctx, query)
     with tr.phase("search"):
         await execute_searches(ctx, plan, results, only=None)
+    dropped: dict[str, list[str]] = {}
     with tr.phase("revise"):
         revised, fetch = await revise_plan(ctx, query, plan, results, cycle=1)
-        await apply_revision(ctx, plan, revised, fetch, results, cycle=1)
+        await apply_revision(ctx, plan, revised, fetch, results, cycle=1, dropped=dropped)
     plan, rubric, cycle = revised, [], 1
     if cfg.rubric_scaffold:
         with tr.phase("rubric"):
@@ -119,10 +133,11 @@ async def run_dag(ctx: Ctx, query: str) -> DagOutcome:
                 break
             cycle += 1
             with tr.phase("revise"):
-                revised, fetch = await revise_plan(ctx, query, plan, results, gaps=gaps, cycle=cycle)
-                await apply_revision(ctx, plan, revised, fetch, results, cycle=cycle)
+                revised, fetch = await revise_plan(ctx, query, plan, results, gaps=gaps, rubric=rubric, cycle=cycle)
+                await apply_revision(ctx, plan, revised, fetch, results, cycle=cycle, dropped=dropped,
+                                     guidance=[*rubric, *gaps])
             plan = revised
     with tr.phase("answer"):
-        outputs, executed, answer = await answer_plan(ctx, query, plan, results, rubric)
-    tr.extra.update(waves=executed, cycles=cycle, results=results, node_outputs=outputs)
+        outputs, executed, answer = await answer_plan(ctx, query, plan, results, rubric, dropped)
+    tr.extra.update(waves=executed, cycles=cycle, results=results, node_outputs=outputs, dropped=dropped)
     return DagOutcome(plan, outputs, answer, executed, rubric)

@@ -36,12 +36,12 @@ Reply exactly as: <think>which fact is missing</think><search>the query</search>
 FILTER_SYSTEM = """You filter search results. Keep every statement that helps answer the search query and \
 drop everything else; keep names, dates, numbers and titles exactly as written; add no commentary. Write \
 one paragraph and put the id of the result each statement comes from in brackets after it, e.g. [S1-R2].
-Reply exactly as: <filter>the paragraph</filter>"""
+Reply exactly as: <think>what matters</think><filter>the paragraph</filter>"""
 
 ANSWER_SYSTEM = """You answer a question strictly from the facts given. Give a short, direct answer (a \
 name, date, number or short phrase, then at most one sentence of support) and cite the ids of the facts \
 you used in brackets, e.g. [S1-R2].
-Reply exactly as: <answer>the answer</answer>"""
+Reply exactly as: <think>your reasoning</think><answer>the answer</answer>"""
 
 CONDENSE_SYSTEM = """You condense a memory of search findings into short atomic facts, one fact per item, \
 without adding reasoning. Keep the bracketed source ids of each fact. Reply with the JSON object only: \

@@ -77,8 +77,13 @@ def initial_messages(query: str) -> list[dict[str, str]]:
             {"role": "user", "content": INITIAL_USER.format(query=query)}]
 
 
+def criteria_lines(items: Sequence[dict[str, Any]]) -> str:
+    return "\n".join(f"- {g.get('name', '')}: {g.get('guidance') or g.get('description', '')}" for g in items)
+
+
 def revision_messages(ctx: Ctx, query: str, plan: Plan, results: dict[str, list[str]],
-                      gaps: Sequence[dict[str, Any]] = ()) -> list[dict[str, str]]:
+                      gaps: Sequence[dict[str, Any]] = (),
+                      rubric: Sequence[dict[str, Any]] = ()) -> list[dict[str, str]]:
     blocks = []
     for n in plan.nodes:
         if n.type == "search":
@@ -86,10 +91,12 @@ def revision_messages(ctx: Ctx, query: str, plan: Plan, results: dict[str, list[
             body = ctx.catalog.evidence(ids, max_chars=300) if ids else "(no results)"
             blocks.append(f"### {n.id}: {n.query}\n{body}")
     gap_text = ""
+    if rubric:  # DuMate §2.2.3: the persistent rubric stays in view while the ephemeral one names gaps
+        gap_text += ("\nPersistent criteria the final report must meet; keep a search node for each:\n"
+                     + criteria_lines(rubric) + "\n")
     if gaps:
-        gap_text = ("\nEvidence gaps found after the last cycle; close them with new or rewritten search "
-                    "nodes:\n" + "\n".join(f"- {g.get('name', '')}: {g.get('guidance') or g.get('description', '')}"
-                                           for g in gaps) + "\n")
+        gap_text += ("\nEvidence gaps found after the last cycle; close them with new or rewritten search "
+                     "nodes:\n" + criteria_lines(gaps) + "\n")
     user = REVISION_USER.format(query=query, plan=plan_json(plan), results="\n\n".join(blocks), gaps=gap_text,
                                 fetch_limit=ctx.config.fetch_limit)
     return [{"role": "system", "content": PLANNER_SYSTEM}, {"role": "user", "content": user}]
@@ -128,6 +135,7 @@ class PlanAsk:
     plan: Plan | None = None
     results: dict[str, list[str]] = field(default_factory=dict)
     gaps: Sequence[dict[str, Any]] = ()
+    rubric: Sequence[dict[str, Any]] = ()
 
 
 def _as_value(plan: Plan, fetch: list[str] | None = None) -> dict[str, Any]:
@@ -155,7 +163,7 @@ INITIAL = Role(
 
 REVISE = Role(
     name="planner", action="revise",
-    messages=lambda a: revision_messages(a.ctx, a.query, a.plan, a.results, a.gaps),
+    messages=lambda a: revision_messages(a.ctx, a.query, a.plan, a.results, a.gaps, a.rubric),
     output=JSONReply(shape=_RevisionShape), check=lambda a, v: _plan_check(v) or _fetch_check(a.ctx, v),
     extractive=lambda a: _as_value(*extractive_revision(a.ctx, a.query, a.plan, a.results, a.gaps)),
     fallback=lambda a: _as_value(a.plan, []), result=_revised, max_tokens=2048, accept=STRICT,
@@ -173,9 +181,11 @@ async def initial_plan(ctx: Ctx, query: str, *, cycle: int = 1) -> Plan:
 
 
 async def revise_plan(ctx: Ctx, query: str, plan: Plan, results: dict[str, list[str]], *,
-                      gaps: Sequence[dict[str, Any]] = (), cycle: int = 1) -> tuple[Plan, list[str]]:
-    """Planner turn 2 (and gap-driven re-planning): revised plan plus the fetch list."""
-    out = await ctx.perform(REVISE, PlanAsk(ctx, query, plan, results, gaps))
+                      gaps: Sequence[dict[str, Any]] = (), rubric: Sequence[dict[str, Any]] = (),
+                      cycle: int = 1) -> tuple[Plan, list[str]]:
+    """Planner turn 2 (and gap-driven re-planning): revised plan plus the fetch list; a re-planning
+    cycle sees both the persistent ``rubric`` and the ephemeral ``gaps``."""
+    out = await ctx.perform(REVISE, PlanAsk(ctx, query, plan, results, gaps, rubric))
     revised, fetch = out.value
     by = {"fallback": "previous-plan"}.get(out.by, out.by)
     ctx.tracer.plan(revised, cycle=cycle, turn="revised", fetch=fetch, by=by,

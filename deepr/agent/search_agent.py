@@ -37,7 +37,7 @@ Points to establish:
 {points}
 Queries run so far: {queries}
 Found so far:
-{found}"""
+{found}{guidance}"""
 
 
 class Reformulation(BaseModel):
@@ -71,6 +71,7 @@ class SearchAsk:
     node: PlanNode
     hits: Sequence[Hit]
     asked: list[str]
+    guidance: Sequence[dict[str, Any]] = ()  # rubric criteria and gaps of the current planning cycle
 
 
 def _messages(a: SearchAsk) -> list[dict[str, str]]:
@@ -79,7 +80,14 @@ def _messages(a: SearchAsk) -> list[dict[str, str]]:
     return [{"role": "system", "content": SEARCHER_SYSTEM},
             {"role": "user", "content": SEARCHER_USER.format(
                 nid=node.id, query=node.query, points="\n".join(f"- {p}" for p in node.key_points) or "- (none)",
-                queries="; ".join(a.asked), found=found)}]
+                queries="; ".join(a.asked), found=found, guidance=_guidance(a.guidance))}]
+
+
+def _guidance(items: Sequence[dict[str, Any]]) -> str:
+    if not items:
+        return ""
+    lines = "\n".join(f"- {g.get('name', '')}: {g.get('guidance') or g.get('description', '')}" for g in items)
+    return "\nThe report's quality criteria and open evidence gaps (search for what serves them):\n" + lines
 
 
 def _extractive(a: SearchAsk) -> dict[str, Any]:
@@ -97,8 +105,9 @@ REFORMULATE = Role(
 
 
 async def _reformulate(ctx: Ctx, node: PlanNode, hits: Sequence[Hit], asked: list[str],
-                       round_no: int) -> list[str]:
-    out = await ctx.perform(REFORMULATE, SearchAsk(ctx, node, hits, asked), node=node.id, round=round_no)
+                       round_no: int, guidance: Sequence[dict[str, Any]] = ()) -> list[str]:
+    out = await ctx.perform(REFORMULATE, SearchAsk(ctx, node, hits, asked, guidance), node=node.id,
+                            round=round_no)
     return out.value
 
 
@@ -109,8 +118,9 @@ def _consolidate(ctx: Ctx, node: PlanNode, pool: list[Hit], keep: int) -> list[H
     return [pool[i] for i in np.argsort(-score, kind="stable")[:keep]]
 
 
-async def run_search_node(ctx: Ctx, node: PlanNode) -> list[str]:
-    """Evidence ids of one search node after up to ``search_rounds`` rounds."""
+async def run_search_node(ctx: Ctx, node: PlanNode, guidance: Sequence[dict[str, Any]] = ()) -> list[str]:
+    """Evidence ids of one search node after up to ``search_rounds`` rounds; ``guidance`` (the
+    rubric scaffold's criteria and gaps, DuMate §2.2.3) is shown to the inner search agent."""
     rounds, k = ctx.config.search_rounds, ctx.config.k
     if rounds == 1:
         return ctx.search(node.id, node.query or "", round=1)
@@ -120,7 +130,7 @@ async def run_search_node(ctx: Ctx, node: PlanNode) -> list[str]:
     pool.update((h.id, h) for h in hits)
     used = 1
     for r in range(2, rounds + 1):
-        queries = await _reformulate(ctx, node, list(pool.values()), asked, r)
+        queries = await _reformulate(ctx, node, list(pool.values()), asked, r, guidance)
         if not queries:
             break
         used = r

@@ -1,8 +1,9 @@
 """warp mode: AgentCPM-Report's Writing As Reasoning Policy (003 §2.2, App. A.1).
 
 initialize (search keywords → retrieve → sparse level-1 outline with a plan per section)
-→ evidence-based drafting (per section: search from the query, the section plan and the
-draft so far, then write with citations) → reasoning-driven deepening (given the whole
+→ evidence-based drafting (per section: search from the query, the outline, the section plan
+and the current draft, then write with citations, again seeing the whole current draft: the
+state (Q, O, D, C) of 003 §2.2) → reasoning-driven deepening (given the whole
 draft: expand exactly one section into subsections, or terminate) → draft the new
 subsections → ... at most ``max_levels`` levels and ``max_expansions`` expansions.
 ``force_expand N`` expands exactly N times, never terminating earlier: the over-expanded
@@ -38,8 +39,12 @@ SEARCH_USER = """User question:
 Current outline:
 {outline}
 
+Current draft:
+{draft}
+
 Instruction: {instruction}
 
+Look for what the draft does not cover yet.
 Give 1 to 5 search keywords or short queries for this instruction, each of two or more words.
 Reply with the action as JSON: {{"name": "search", "keywords": ["...", "..."]}}"""
 
@@ -56,7 +61,10 @@ writing plan. Reply with the action as JSON: {{"name": "initialize", "title": ".
 WRITE_USER = """User question:
 {query}
 
-Report so far (outline with the start of each written section):
+Current outline:
+{outline}
+
+Current draft:
 {draft}
 
 Instruction: write section-{pos} "{title}": {plan}
@@ -66,7 +74,7 @@ Retrieved information:
 
 Write only this section's body (no heading) in markdown: analysis and comparison, not a list of facts. \
 Every claim must be supported by the retrieved information and cite its id in brackets, e.g. [{example}]. \
-Do not repeat other sections. Put the body inside <content>...</content>."""
+Build on the draft and do not repeat what it already says. Put the body inside <content>...</content>."""
 
 DEEPEN_USER = """User question:
 {query}
@@ -77,7 +85,7 @@ Current full report:
 Sections that may be expanded: {expandable}
 
 Decide whether one section should be split into subsections to make the report deeper or more complete. \
-Expand only one section, one level down, into 2 to 5 subsections that do not repeat other sections. {force}
+Expand only one section, one level down, into 2 to 7 subsections that do not repeat other sections. {force}
 Reply with the action as JSON: {{"name": "expand", "position": "section-2", "subsections": \
 [{{"title": "...", "plan": "..."}}]}} or {{"name": "terminate"}}"""
 
@@ -126,6 +134,7 @@ class WarpAsk:
 def _search_messages(a: WarpAsk) -> list[dict[str, str]]:
     return [{"role": "system", "content": WARP_SYSTEM},
             {"role": "user", "content": SEARCH_USER.format(query=a.run.query, outline=a.run.outline.listing(),
+                                                           draft=a.run.outline.markdown(),
                                                            instruction=a.instruction)}]
 
 
@@ -139,7 +148,8 @@ def _write_messages(a: WarpAsk) -> list[dict[str, str]]:
     sec, run = a.sec, a.run
     return [{"role": "system", "content": WARP_SYSTEM},
             {"role": "user", "content": WRITE_USER.format(
-                query=run.query, draft=run.outline.listing(with_content=40), pos=sec.pos, title=sec.title,
+                query=run.query, outline=run.outline.listing(), draft=run.outline.markdown(), pos=sec.pos,
+                title=sec.title,
                 plan=sec.plan, evidence=run.ctx.catalog.evidence(sec.ids) or "(none)",
                 example=sec.ids[0] if sec.ids else "S1-R1")}]
 

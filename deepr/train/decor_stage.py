@@ -4,9 +4,10 @@ App. C; SPEC §6, §8).
 Input: question–answer JSONL ``{"id", "question", "answers": [str]}``. Every question becomes
 three rows, one per role u; each row's G rollouts are whole team episodes of 001 Alg. 1
 (planner → retrieve top-k → filter → memory, at most T_max steps, then the answerer), every
-role written by the policy. A row's completion is role u's turns of its episode: the first
-turn after u's first observation, later observations of u as (masked) environment turns,
-so the sequence-level ratio of the loss is ρ_i^u of Eq. 5. Reward (Eq. 2–3): R_total^u = −1
+role written by the policy. A row's samples are role u's steps of its episode, each under the
+prompt ``deepr run --mode decor`` sends that role (its role declaration's messages: the same
+context as inference and SFT), all with the row's advantage; the sequence-level ratio of Eq. 5
+is taken per step. Reward (Eq. 2–3): R_total^u = −1
 when any output of the episode breaks its role's block protocol (the episode stops there), else
 α R_team + (1 − α) R_role^u with R_team = λ F1 + (1 − λ) LJ of the team's answer and R_role^u
 the role judge's majority verdict over u's steps. Advantages are normalised per (question,
@@ -28,18 +29,17 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from deepr.agent.decor import ANSWER_SYSTEM, FILTER_SYSTEM, PLANNER_SYSTEM, MemoryItem, _STOP, memory_text
+from deepr.agent.decor import ANSWER, ANSWER_SYSTEM, FILTER, FILTER_SYSTEM, PLAN, PLANNER_SYSTEM, DecorAsk, \
+    MemoryItem, _STOP, memory_text
 from deepr.rewards.decor import ALPHA, LAMBDA, format_ok, role_advantages, role_content
 from deepr.rewards.judges import LazyJudge
 from deepr.train.stage import StageConfig, log_means, lookup_row, train_stage
 
 ROLES = ("planner", "filter", "answerer")
-# The reward's protocol (001 App. B) wants reasoning in <think> from every role.
-SYSTEMS = {"planner": PLANNER_SYSTEM,
-           "filter": FILTER_SYSTEM.replace("Reply exactly as: <filter>", "Reply exactly as: <think>what matters"
-                                           "</think><filter>"),
-           "answerer": ANSWER_SYSTEM.replace("Reply exactly as: <answer>", "Reply exactly as: <think>your "
-                                             "reasoning</think><answer>")}
+# The system prompts of `deepr run --mode decor`; each asks for reasoning in <think> first, the
+# protocol the reward checks (001 App. B).
+SYSTEMS = {"planner": PLANNER_SYSTEM, "filter": FILTER_SYSTEM, "answerer": ANSWER_SYSTEM}
+DECLARED = {"planner": PLAN, "filter": FILTER, "answerer": ANSWER}
 
 
 class QARecord(BaseModel):
@@ -96,14 +96,15 @@ def decor_dataset(records: Sequence[QARecord]) -> tuple[list[dict[str, Any]], di
     return rows, lookup
 
 
-def observation(role: str, question: str, ep: Episode, ids: Sequence[str] = (), q: str = "") -> str:
-    """What ``role`` sees: the same user messages as ``deepr run --mode decor``."""
+def observation(role: str, question: str, ep: Episode, ids: Sequence[str] = (), q: str = "") -> list[dict[str, str]]:
+    """What ``role`` is sent: its role declaration's messages, exactly as ``deepr run --mode decor``."""
     if role == "planner":
-        return (f"Question: {question}\nFacts so far:\n{memory_text(ep.memory)}\nSearches made: "
-                f"{'; '.join(ep.past) or '(none)'}")
-    if role == "filter":
-        return f"Search query: {q}\nResults:\n{ep.ctx.catalog.evidence(list(ids)) or '(none)'}"
-    return f"Question: {question}\nFacts:\n{memory_text(ep.memory)}"
+        ask = DecorAsk(ep.ctx, question, list(ep.memory), list(ep.past))
+    elif role == "filter":
+        ask = DecorAsk(ep.ctx, q, list(ep.memory), ids=list(ids))
+    else:
+        ask = DecorAsk(ep.ctx, question, list(ep.memory))
+    return DECLARED[role].messages(ask)
 
 
 @dataclass
@@ -137,15 +138,15 @@ class TeamDriver:
             return None
         return role_content(role, out)
 
-    def _turn(self, role: str, obs: str, context: str) -> Generator[str, str, str | None]:
+    def _turn(self, role: str, msgs: list[dict[str, str]], context: str) -> Generator[Any, str, str | None]:
         if role == self.ep.role:
-            out = yield obs
+            out = yield msgs
             self.ep.steps.append({"context": context, "output": out})
         else:
-            out = self.say(role, [{"role": "system", "content": SYSTEMS[role]}, {"role": "user", "content": obs}])
+            out = self.say(role, msgs)
         return self._check(role, out)
 
-    def play(self) -> Generator[str, str, None]:
+    def play(self) -> Generator[list[dict[str, str]], str, None]:
         from deepr.agent import decor as ex
         from deepr.agent.citations import normalize
         from deepr.agent.extract import approx_tokens
@@ -161,7 +162,7 @@ class TeamDriver:
             ep.past.append(q)
             ids = ep.ctx.search(f"S{t}", q)
             obs = observation("filter", question, ep, ids, q)
-            ev = yield from self._turn("filter", obs, obs)
+            ev = yield from self._turn("filter", obs, obs[-1]["content"])
             if ev is None:
                 return
             if ep.memory and approx_tokens(memory_text(ep.memory)) + approx_tokens(ev) > self.limit:
@@ -172,8 +173,8 @@ class TeamDriver:
         ep.answer = normalize(answer or "").strip()
 
 
-def _send(gen: Generator[str, str, None], reply: str | None) -> str | None:
-    """Advance an episode; its next observation for the trained role, or None when it ended."""
+def _send(gen: Generator[Any, str, None], reply: str | None) -> list[dict[str, str]] | None:
+    """Advance an episode; the trained role's next prompt, or None when the episode ended."""
     try:
         return next(gen) if reply is None else gen.send(reply)
     except StopIteration:
@@ -183,10 +184,10 @@ def _send(gen: Generator[str, str, None], reply: str | None) -> str | None:
 def decor_rollouts(prompts: Sequence[Any], lookup: dict[tuple[str, str], QARecord], make_ctx: Callable[[str], Any],
                    generate: Any, tokenizer: Any, *, budget: int, eos_ids: Sequence[int], steps: int = 4,
                    memory_limit: int = 4096, turn_cap: int | None = None) -> tuple[list[Any], dict[str, list]]:
-    """One team episode per row; the sample is the row's role's turns (observations masked).
-    A row whose role never got to speak (the team stopped first) is one masked end token and
-    no reward (advantage 0)."""
-    from deepr.train.rollouts import Rollout, prompt_ids, run_turns
+    """One team episode per row; its samples are the row's role's steps, each under the prompt that
+    role is sent in ``deepr run --mode decor``. A row whose role never got to speak (the team
+    stopped first) has no samples (an empty :class:`~deepr.train.rollouts.Episode`)."""
+    from deepr.train.rollouts import Episode as Played, play_calls, prompt_ids
 
     def say(role: str, messages: list[dict[str, str]]) -> str:
         ids, _ = generate([prompt_ids(tokenizer, messages)], False, turn_cap or budget)
@@ -200,53 +201,41 @@ def decor_rollouts(prompts: Sequence[Any], lookup: dict[tuple[str, str], QARecor
         gen = TeamDriver(ep, say, steps, memory_limit).play()
         eps.append(ep), gens.append(gen), firsts.append(_send(gen, None))
     live = [i for i, f in enumerate(firsts) if f is not None]
-    msgs = [[{"role": "system", "content": SYSTEMS[eps[i].role]}, {"role": "user", "content": firsts[i]}]
-            for i in live]
-
-    def one_per_prompt(seqs: list[list[int]], first: bool, max_new: int) -> Any:
-        # Every row's first observation is its own episode's (filter / answerer rows differ within a
-        # group, and silent rows drop out), so no turn may be generated as G samples of one prompt:
-        # vLLM server mode would keep every G-th prompt and pair completions with the wrong rows.
-        return generate(seqs, False, max_new)
-
-    done = run_turns([prompt_ids(tokenizer, m) for m in msgs], one_per_prompt,
-                     lambda j, r: _send(gens[live[j]], r.texts[-1]), tokenizer, budget=budget, eos_ids=eos_ids,
-                     max_turns=steps + 1, turn_cap=turn_cap) if live else []
-    rollouts: list[Any] = []
+    # Every row's first prompt is its own episode's (filter / answerer rows differ within a group, and
+    # silent rows drop out), so no call is generated as G samples of one prompt (group_first=False):
+    # vLLM server mode would keep every G-th prompt and pair completions with the wrong rows.
+    done = play_calls([firsts[i] for i in live], generate, lambda j, e: _send(gens[live[j]], e.texts[-1]),
+                      tokenizer, budget=budget, eos_ids=eos_ids, max_turns=steps + 1, turn_cap=turn_cap,
+                      group_first=False) if live else []
+    played: list[Any] = []
     for i, ep in enumerate(eps):
         if i in live:
-            r = done[live.index(i)]
-            if len(ep.steps) < len(r.texts):  # the last turn (cut or at the turn limit) still counts
-                _send(gens[i], r.texts[-1])
-            rollouts.append(r)
+            e = done[live.index(i)]
+            if len(ep.steps) < len(e.texts):  # the last call (cut or at the turn limit) still counts
+                _send(gens[i], e.texts[-1])
+            played.append(e)
         else:
-            silent = Rollout(prompt_ids(tokenizer, prompts[i]))
-            silent.parts.append(([eos_ids[0]], False, None))
-            rollouts.append(silent)
+            played.append(Played())
     extra = {"team_answer": [ep.answer for ep in eps], "role_steps": [ep.steps for ep in eps],
              "format_valid": [ep.format_ok for ep in eps], "broken": [ep.broken for ep in eps],
              "spoke": [i in live for i in range(len(eps))]}
-    return rollouts, extra
+    return played, extra
 
 
 def make_decor_rollout_func(lookup: dict[tuple[str, str], QARecord], make_ctx: Callable[[str], Any], *,
                             budget: int, steps: int = 4, memory_limit: int = 4096, turn_cap: int | None = None,
                             generate_for: Callable[[Any], Any] | None = None) -> Callable[[list[Any], Any], dict]:
-    from deepr.train.rollouts import _log, _mask_stats, trainer_generate
+    from deepr.train.rollouts import _log, placeholders, trainer_generate
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
         tok = trainer.processing_class
         eos_ids = list(getattr(trainer, "eos_token_ids", None) or [tok.eos_token_id])
-        rollouts, extra = decor_rollouts(prompts, lookup, make_ctx, (generate_for or trainer_generate)(trainer), tok,
-                                         budget=budget, eos_ids=eos_ids, steps=steps, memory_limit=memory_limit,
-                                         turn_cap=turn_cap)
-        _mask_stats(trainer, rollouts)
+        played, extra = decor_rollouts(prompts, lookup, make_ctx, (generate_for or trainer_generate)(trainer), tok,
+                                       budget=budget, eos_ids=eos_ids, steps=steps, memory_limit=memory_limit,
+                                       turn_cap=turn_cap)
         _log(trainer, "rollout/role_spoke", [float(s) for s in extra["spoke"]])
         _log(trainer, "rollout/episode_broken", [float(bool(b)) for b in extra["broken"]])
-        lps = [r.logprobs for r in rollouts]
-        return {"prompt_ids": [r.prompt_ids for r in rollouts], "completion_ids": [r.completion_ids for r in rollouts],
-                "logprobs": None if any(lp is None for lp in lps) else lps,
-                "env_mask": [r.env_mask for r in rollouts], **extra}
+        return {**placeholders(trainer, prompts, played), **extra}
 
     return rollout_func
 
@@ -316,48 +305,22 @@ def flat_groups(rewards: Sequence[float], keys: Sequence[tuple[Hashable, str]]) 
     return {k for k, v in by.items() if len(v) < 2 or max(v) - min(v) < 1e-9}
 
 
-def _repad(a: Any, b: Any, take_b: Sequence[bool], left: bool, pad: float) -> Any:
-    """Rows of ``a`` or (where ``take_b``) of ``b``, padded to the wider of the two on one side."""
-    import torch
-
-    width = max(a.shape[1], b.shape[1])
-
-    def fit(t: Any) -> Any:
-        extra = width - t.shape[1]
-        if not extra:
-            return t
-        filler = torch.full((t.shape[0], extra, *t.shape[2:]), pad, dtype=t.dtype, device=t.device)
-        return torch.cat([filler, t] if left else [t, filler], dim=1)
-
-    a, b = fit(a), fit(b)
-    mask = torch.tensor(list(take_b), device=a.device).view(-1, *([1] * (a.dim() - 1)))
-    return torch.where(mask, b, a)
-
-
-def merge_batches(a: dict[str, Any], b: dict[str, Any], take_b: Sequence[bool], pad_id: int) -> dict[str, Any]:
-    """One generation batch from two over the same inputs: row i from ``b`` where ``take_b[i]``."""
-    import torch
-
-    out = {}
-    for key, t in a.items():
-        other = b.get(key)
-        if not isinstance(t, torch.Tensor) or other is None or t.dim() == 0:
-            out[key] = t
-        elif t.dim() == 1:
-            out[key] = torch.where(torch.tensor(list(take_b), device=t.device), other, t)
-        else:
-            left = key.startswith("prompt")
-            out[key] = _repad(t, other, take_b, left, pad_id if key.endswith("_ids") else 0)
-    return out
+def merge_rows(a: Sequence[Any], b: Sequence[Any], take_b: Sequence[bool]) -> list[Any]:
+    """Row i of ``b`` where ``take_b[i]``, else of ``a`` (two samplings of the same inputs)."""
+    return [y if t else x for x, y, t in zip(a, b, take_b)]
 
 
 def _decor_trainer_cls(dynamic_sampling: int = 0) -> type:
     from trl import GRPOTrainer
 
+    from deepr.train.warp_calls import call_batch
+
     class DecorTrainer(GRPOTrainer):
         """GRPOTrainer whose advantages are Eq. 6: normalised within each (question, role) group,
         with the population σ, whatever the batch layout (TRL's own is per prompt, unbiased σ);
-        with dynamic sampling, flat groups are sampled again and, if still flat, masked out."""
+        it trains on each row's role steps, one sample per step under its own prompt
+        (:func:`~deepr.train.warp_calls.call_batch`); with dynamic sampling, flat groups are
+        sampled again and, if still flat, left out."""
 
         def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
             from accelerate.utils import gather_object
@@ -371,36 +334,33 @@ def _decor_trainer_cls(dynamic_sampling: int = 0) -> type:
             import torch
 
             out = super()._generate_and_score_completions(inputs)
+            episodes, self._warp_calls = self._warp_calls, None
             w = self.reward_weights.to(self._decor_rewards.device)
             per = self._decor_rewards * w.unsqueeze(0)
             total = torch.where(torch.isnan(self._decor_rewards).all(dim=1), torch.nan, per.nansum(dim=1))
             adv = role_group_advantages(total.tolist(), self._decor_keys)
             n = len(out["advantages"])
             start = self.accelerator.process_index * n
-            out["advantages"] = torch.tensor(adv[start:start + n], dtype=out["advantages"].dtype,
-                                             device=out["advantages"].device)
             local = [tuple(k) for k in self._decor_keys[start:start + n]]
-            return out, flat_groups(total.tolist(), self._decor_keys), local
+            return episodes, adv[start:start + n], flat_groups(total.tolist(), self._decor_keys), local
 
         def _generate_and_score_completions(self, inputs):
-            out, flat, local = self._role_scored(inputs)
+            episodes, adv, flat, local = self._role_scored(inputs)
             first = len(flat)
             for _ in range(dynamic_sampling if self.model.training else 0):
                 if not flat:
                     break
-                again, flat2, _ = self._role_scored(inputs)
+                again, adv2, flat2, _ = self._role_scored(inputs)
                 take = [k in flat and k not in flat2 for k in local]
-                out = merge_batches(out, again, take, self._tokenizer.pad_token_id)
+                episodes, adv = merge_rows(episodes, again, take), merge_rows(adv, adv2, take)
                 flat = flat & flat2
             if dynamic_sampling and self.model.training:
                 self._metrics["train"]["decor/flat_groups_sampled"].append(float(first))
                 self._metrics["train"]["decor/flat_groups_kept_out"].append(float(len(flat)))
-                keep = [k not in flat for k in local]
-                mask = out["completion_mask"] * out["completion_mask"].new_tensor(keep).unsqueeze(1)
-                out["completion_mask"] = mask  # zero-gradient groups neither count nor dilute the loss
-                loss_mask = mask if out.get("tool_mask") is None else mask * out["tool_mask"]
-                out["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
-            return out
+                # zero-gradient groups neither count nor dilute the loss
+                episodes = [[] if k in flat else calls for calls, k in zip(episodes, local)]
+            self._decor_advantages = list(adv)
+            return call_batch(self, episodes, adv)
 
     return DecorTrainer
 

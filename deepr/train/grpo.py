@@ -6,17 +6,18 @@ records of ``deepr grpo prepare`` for ``stage="answerer"``. Output folder: the L
 loads it), ``metrics.jsonl`` (one row per logged step: every reward sub-term, initial-plan
 validity, lengths, masked-token share), checkpoints for ``--resume``.
 
-The rollouts are :mod:`deepr.train.rollouts` passed as TRL's ``rollout_func`` with an
-``env_mask``; the rewards are :mod:`deepr.rewards.trl_adapters` (dataset column
-``rubrics``; ``plan`` / ``node_outputs`` / ``answer`` come from the rollout). Nothing is
-subclassed. The answerer stage starts from the base with the planner adapter merged
-(saved in ``<out>/base``), so ``hf:<out>/base,adapter=answerer:<out>`` runs the trained
-planner (no adapter) and the trained answerer (adapter) from one model.
+The rollouts are :mod:`deepr.train.rollouts` passed as TRL's ``rollout_func``; every model
+turn is sampled under the prompt ``deepr run`` gives it and trained as its own sample with the
+episode's advantage (:mod:`deepr.train.warp_calls`, the trainer TRL's GRPOTrainer becomes); the
+rewards are :mod:`deepr.rewards.trl_adapters` (dataset column ``rubrics``; ``plan`` /
+``node_outputs`` / ``answer`` come from the rollout). The answerer stage starts from the base with
+the planner adapter merged (saved in ``<out>/base``), so ``hf:<out>/base,adapter=answerer:<out>``
+runs the trained planner (no adapter) and the trained answerer (adapter) from one model.
 
 Table 5 defaults: LoRA r 64 / α 128, lr 4e-6 constant, β 0.001 (planner) / 0.005 (answerer),
 8 (planner) / 4 (answerer) prompts × 6 rollouts per step, 2 optimiser updates per batch,
-temperature 1.0, completions of 8192 / 16384 tokens; loss aggregated as Eq. 16 (per-rollout token
-mean, then the group mean: TRL ``loss_type="grpo"``).
+temperature 1.0, completions of 8192 / 16384 tokens; loss aggregated as Eq. 16 (per-sequence token
+mean, then the mean over sequences: TRL ``loss_type="grpo"``; each model turn is a sequence).
 
     deepr grpo --stage planner --model runs/sft-planner-merged --data verified.jsonl --out runs/rl-planner
     accelerate launch -m deepr grpo --stage planner ... --use-vllm --vllm-mode colocate   # GPUs
@@ -310,9 +311,9 @@ def build_trainer(config: GrpoConfig, model_path: str, rows: Sequence[dict[str, 
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
-    from trl import GRPOTrainer
 
     from deepr.train.sft import load_tokenizer
+    from deepr.train.warp_calls import warp_trainer_cls
 
     args = trl_args(config)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16 if args.bf16 else torch.float32)
@@ -322,9 +323,9 @@ def build_trainer(config: GrpoConfig, model_path: str, rows: Sequence[dict[str, 
 
         peft_config = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                                  target_modules=config.target_modules, task_type="CAUSAL_LM")
-    return GRPOTrainer(model=model, reward_funcs=[reward_fn], args=args, train_dataset=Dataset.from_list(list(rows)),
-                       processing_class=load_tokenizer(model_path), peft_config=peft_config,
-                       callbacks=list(callbacks), rollout_func=rollout_func)
+    return warp_trainer_cls()(model=model, reward_funcs=[reward_fn], args=args,
+                              train_dataset=Dataset.from_list(list(rows)), processing_class=load_tokenizer(model_path),
+                              peft_config=peft_config, callbacks=list(callbacks), rollout_func=rollout_func)
 
 
 def default_reward(config: GrpoConfig, embed: Any = None) -> Any:

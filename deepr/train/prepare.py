@@ -51,6 +51,8 @@ class Prepared(BaseModel):
     results: dict[str, list[str]] = Field(description="Catalog ids of each search node's results.")
     catalog: dict[str, dict[str, Any]] = Field(description="Every snippet and fetched page by catalog id.")
     waves: list[list[str]]
+    dropped: dict[str, list[str]] = Field(default_factory=dict, description="Evidence ids of search nodes "
+                                          "the revision dropped (shown to and citable by the final answer).")
     planner: str = Field(description="Who wrote each plan turn, e.g. llm/llm, llm/previous-plan, "
                          "extractive/extractive.")
 
@@ -91,14 +93,15 @@ async def prepare_one(pair: QRPair, llm: Any, retriever: Any, config: PrepareCon
                     temperature=config.temperature, max_tokens=config.max_tokens)
     ctx = Ctx(llm, ResearchTools(retriever, k=config.k), run, Tracer(pair.question, "dag"))
     results: dict[str, list[str]] = {}
+    dropped: dict[str, list[str]] = {}
     plan = await initial_plan(ctx, pair.question)
     await execute_searches(ctx, plan, results, only=None)
     revised, fetch = await revise_plan(ctx, pair.question, plan, results, cycle=1)
-    await apply_revision(ctx, plan, revised, fetch, results, cycle=1)
+    await apply_revision(ctx, plan, revised, fetch, results, cycle=1, dropped=dropped)
     by = "/".join(str(p.get("by", "")) for p in ctx.tracer.plans)  # e.g. llm/llm or llm/previous-plan
     return Prepared(id=pair.id, query=pair.question, rubrics=[r.model_dump(mode="json") for r in pair.rubrics],
                     plan={**json.loads(plan_json(revised)), "fetch": fetch}, results=results,
-                    catalog=catalog_dump(ctx.catalog), waves=waves(revised), planner=by)
+                    catalog=catalog_dump(ctx.catalog), waves=waves(revised), planner=by, dropped=dropped)
 
 
 def prepare_records(pairs: Iterable[QRPair], llm: Any, retriever: Any,

@@ -1,20 +1,25 @@
-"""Multi-turn rollouts for `deepr grpo` (DecomposeR §3.4.2–3.4.3) as TRL ``rollout_func`` s.
+"""Rollouts of `deepr grpo` (DecomposeR §3.4.2–3.4.3) as TRL ``rollout_func`` s.
 
 Planner stage: planner turn 1 writes G0 → the environment runs every search node of G0 on
-the retriever and shows the results (the same revision prompt ``deepr run`` uses) →
-planner turn 2 writes the revised G1. Answerer stage: over a prepared record (plan, search
-results, fetched pages, citation catalog) the model writes one wave of aggregate nodes per
-turn, the environment shows the next wave's evidence and earlier findings, and a last turn
-writes the ``<answer>``.
+the retriever → planner turn 2 writes the revised G1 under the revision prompt. Answerer stage:
+over a prepared record (plan, search results, fetched pages, citation catalog) the model writes
+one wave of aggregate nodes per turn, then a last turn writes the ``<answer>``.
 
-Every rollout is one completion: model turns and environment turns concatenated. The
-environment's tokens get 0 in ``env_mask`` (TRL multiplies it into the loss mask), model
-tokens 1, so the loss covers only what the model wrote. The mask always has the length of
-the completion; the whole completion is cut at ``budget`` tokens (TRL's
-``max_completion_length``), environment turns included.
+Every model turn is sampled under a fresh prompt built by its role declaration
+(:mod:`deepr.agent.planner` ``INITIAL`` / ``REVISE``, :mod:`deepr.agent.answerer` ``WAVE`` /
+``FINAL``): the same messages ``deepr run`` sends and the SFT examples of ``prune-trajectories``
+hold, so RL, SFT and inference train and run the model on one context per turn. Only an invalid
+G0 continues its conversation, with the executor's re-ask, as ``deepr run`` does. Each turn is
+trained as its own sample under the prompt it was sampled from, with its sampling log-probs and
+the episode's advantage (:mod:`deepr.train.warp_calls`); TRL scores one placeholder per episode.
+``budget`` (TRL's ``max_completion_length``) bounds the model tokens of one episode.
 
-    rollout = make_rollout_func(PlannerEnvironment(retriever), lookup, budget=8192)
-    GRPOTrainer(..., rollout_func=rollout)
+:func:`run_turns` keeps the continuation format (model and environment turns in one completion,
+the environment's tokens masked) for the tool-calling agent, which is multi-turn in ``deepr run``
+too.
+
+    rollout = make_rollout_func("planner", lookup, budget=8192, env=PlannerEnvironment(retriever))
+    warp_trainer_cls()(..., rollout_func=rollout)
 """
 
 from __future__ import annotations
@@ -23,13 +28,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from deepr.agent.answerer import ANSWER_SYSTEM, FINAL_USER, WAVE_USER, _node_block, final_inputs, node_evidence
+from deepr.agent.answerer import FINAL, WAVE, FinalAsk, WaveAsk, final_inputs, node_evidence
 from deepr.agent.citations import Catalog, Entry, normalize
 from deepr.agent.env import Ctx, RunConfig
-from deepr.agent.planner import initial_messages, revision_messages
+from deepr.agent.planner import INITIAL, REVISE, PlanAsk, initial_messages
 from deepr.agent.trace import Tracer
 from deepr.agent.plan import validate_plan, waves
 from deepr.rewards.trl_adapters import json_objects, last_plan, parse_answerer
+from deepr.train.warp_calls import Call
 
 # generate(token-id sequences, first_turn, max_new_tokens) -> (new ids per sequence, logprobs or None)
 Generate = Callable[[list[list[int]], bool, int], tuple[list[list[int]], list[list[float]] | None]]
@@ -155,16 +161,67 @@ def trainer_generate(trainer: Any) -> Generate:
     return generate
 
 
+# --- turns as separate calls --------------------------------------------------------------------
+
+
+@dataclass
+class Episode:
+    """One rollout played as calls: every model turn sampled under its own prompt (``prompts``)."""
+
+    calls: list[Call] = field(default_factory=list)
+    prompts: list[list[dict[str, str]]] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    truncated: bool = False
+
+    def used(self) -> int:
+        return sum(len(c.completion_ids) for c in self.calls)
+
+
+NextPrompt = Callable[[int, Episode], "list[dict[str, str]] | None"]
+
+
+def play_calls(first: Sequence[Sequence[dict[str, str]]], generate: Generate, next_prompt: NextPrompt,
+               tokenizer: Any, *, budget: int, eos_ids: Sequence[int], max_turns: int,
+               turn_cap: int | None = None, group_first: bool = True) -> list[Episode]:
+    """Drive all episodes turn by turn, one batched generation per turn. ``next_prompt(i, episode)``
+    gives the messages of episode ``i``'s next call, or None when it is finished. ``budget`` bounds
+    an episode's model tokens, ``turn_cap`` one call's (a call cut without its end token ends the
+    episode, truncated). ``group_first``: the first call samples the group (identical prompts)."""
+    eps = [Episode() for _ in first]
+    pending = {i: [dict(m) for m in msgs] for i, msgs in enumerate(first)}
+    cap = turn_cap or budget
+    for turn in range(max_turns):
+        if not pending:
+            break
+        order = list(pending)
+        seqs = [prompt_ids(tokenizer, pending[i]) for i in order]
+        rooms = [min(cap, budget - eps[i].used()) for i in order]
+        new_ids, new_lps = generate(seqs, turn == 0 and group_first, max(rooms))
+        after: dict[int, list[dict[str, str]]] = {}
+        for j, i in enumerate(order):
+            ep, room = eps[i], rooms[j]
+            ids = list(new_ids[j])[:room]
+            lp = list(new_lps[j])[:room] if new_lps is not None and new_lps[j] is not None else None
+            ep.calls.append(Call(seqs[j], ids, lp))
+            ep.prompts.append(pending[i])
+            ep.texts.append(tokenizer.decode(ids, skip_special_tokens=True))
+            ep.truncated = len(new_ids[j]) > room or (len(ids) == room and (not ids or ids[-1] not in eos_ids))
+            if ep.truncated or turn == max_turns - 1:
+                continue
+            msgs = next_prompt(i, ep)
+            if msgs is not None and ep.used() >= budget:  # no room left for the model to answer
+                ep.truncated = True
+            elif msgs is not None:
+                after[i] = msgs
+        pending = after
+    return eps
+
+
 # --- environments -----------------------------------------------------------------------------
 
 
-INVALID_USER = """Your plan is not a valid graph:
-{errors}
-Nothing was searched. Write a corrected plan as {{"nodes": [...]}}, following the node rules."""
-
-
 class PlannerEnvironment:
-    """Runs G0's search nodes on the retriever and writes the revision turn's message."""
+    """Runs G0's search nodes on the retriever and builds planner turn 2's prompt."""
 
     def __init__(self, retriever: Any, *, k: int = 5, fetch_limit: int = 4):
         self.retriever, self.config = retriever, RunConfig(k=k, fetch_limit=fetch_limit)
@@ -176,20 +233,24 @@ class PlannerEnvironment:
         return Ctx(ExtractiveLLM(), ResearchTools(self.retriever, k=self.config.k), self.config,
                    Tracer(query, "dag"))
 
-    def feedback(self, query: str, turn1: str) -> tuple[str, dict[str, Any]]:
-        """The environment's reply to planner turn 1 and what it did (for metrics)."""
+    def next_messages(self, query: str, turn1: str) -> tuple[list[dict[str, str]], dict[str, Any]]:
+        """Turn 2's prompt after turn 1 and what the environment did (for metrics): the REVISE
+        role's messages over G0's search results, or, for an invalid G0, the INITIAL role's
+        conversation with the executor's re-ask naming the validator's errors (as ``deepr run``)."""
         plan, errors = validate_plan(last_plan(turn1))
         if plan is None:
-            return INVALID_USER.format(errors="\n".join(f"- {e}" for e in errors[:8])), {"valid0": 0.0, "searches": 0}
+            reask = INITIAL.output.reask("constraint violations: " + "; ".join(errors[:8]))
+            msgs = [*initial_messages(query), {"role": "assistant", "content": turn1},
+                    {"role": "user", "content": reask}]
+            return msgs, {"valid0": 0.0, "searches": 0}
         ctx = self.context(query)
         results = {n.id: ctx.search(n.id, n.query or "") for n in plan.nodes if n.type == "search"}
-        msg = revision_messages(ctx, query, plan, results)[-1]["content"]
-        return msg, {"valid0": 1.0, "searches": float(len(results))}
+        return REVISE.messages(PlanAsk(ctx, query, plan, results)), {"valid0": 1.0, "searches": float(len(results))}
 
 
 def planner_prompt(query: str) -> list[dict[str, str]]:
-    """The planner's turn-1 prompt: the same messages ``deepr run`` sends."""
-    return initial_messages(query)
+    """The planner's turn-1 prompt: the INITIAL role's messages, as ``deepr run`` sends them."""
+    return INITIAL.messages(PlanAsk(None, query))  # type: ignore[arg-type]
 
 
 def rebuild_catalog(entries: dict[str, dict[str, Any]]) -> Catalog:
@@ -200,7 +261,8 @@ def rebuild_catalog(entries: dict[str, dict[str, Any]]) -> Catalog:
 
 
 class AnswererEnvironment:
-    """Serves one prepared record's waves: evidence per wave, earlier findings, the final turn."""
+    """Serves one prepared record: each wave's and the final turn's prompt, built by the WAVE and
+    FINAL roles over the record's catalog (the same messages ``deepr run`` sends)."""
 
     def __init__(self, record: dict[str, Any]):
         self.record = record
@@ -212,27 +274,20 @@ class AnswererEnvironment:
                        catalog=rebuild_catalog(record["catalog"]))
         self.results = {k: list(v) for k, v in record["results"].items()}
 
-    def wave_message(self, wave: list[str], outputs: dict[str, str]) -> str:
+    def wave_messages(self, wave: list[str], outputs: dict[str, str]) -> list[dict[str, str]]:
         by_id = {n.id: n for n in self.plan.nodes}
-        blocks = []
+        shown, allowed = {}, {}
         for nid in wave:
-            shown, _ = node_evidence(self.ctx, self.plan, by_id[nid], self.results, outputs)
-            blocks.append(_node_block(self.ctx, self.plan, by_id[nid], shown, outputs))
-        example = ", ".join(f'"{nid}": "..."' for nid in wave)
-        return WAVE_USER.format(query=self.record["query"], rubric="", nodes="\n\n".join(blocks), example=example)
+            shown[nid], allowed[nid] = node_evidence(self.ctx, self.plan, by_id[nid], self.results, outputs)
+        return WAVE.messages(WaveAsk(self.ctx, self.record["query"], self.plan, wave, dict(outputs), [], shown,
+                                     allowed))
+
+    def final_messages(self, outputs: dict[str, str]) -> list[dict[str, str]]:
+        ans, ids = final_inputs(self.ctx, self.plan, outputs, self.record.get("dropped") or {})
+        return FINAL.messages(FinalAsk(self.ctx, self.record["query"], self.plan, dict(outputs), [], ans, ids))
 
     def first_messages(self) -> list[dict[str, str]]:
-        first = self.waves[0] if self.waves else []
-        content = self.wave_message(first, {}) if first else self.final_message({})
-        return [{"role": "system", "content": ANSWER_SYSTEM}, {"role": "user", "content": content}]
-
-    def final_message(self, outputs: dict[str, str]) -> str:
-        ans, ids = final_inputs(self.ctx, self.plan, outputs)
-        by_id = {n.id: n for n in self.plan.nodes}
-        branches = "\n\n".join(f"### {s}: {by_id[s].need}\n{outputs.get(s, '')}" for s in ans.inputs)
-        points = ("Key points:\n" + "\n".join(f"- {p}" for p in ans.key_points)) if ans.key_points else ""
-        return FINAL_USER.format(query=self.record["query"], rubric="", nid=ans.id, need=ans.need, points=points,
-                                 branches=branches, evidence=self.ctx.catalog.evidence(ids) or "(none)")
+        return self.wave_messages(self.waves[0], {}) if self.waves else self.final_messages({})
 
     def parse_wave(self, wave: list[str], text: str) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -261,63 +316,80 @@ def _mask_stats(trainer: Any, rollouts: Sequence[Rollout]) -> None:
     _log(trainer, "rollout/model_turns", [float(len(r.texts)) for r in rollouts])
 
 
+def call_stats(trainer: Any, episodes: Sequence[Episode]) -> None:
+    _log(trainer, "rollout/calls_per_episode", [float(len(e.calls)) for e in episodes])
+    _log(trainer, "rollout/trained_tokens_per_episode", [float(e.used()) for e in episodes])
+    _log(trainer, "rollout/truncated", [float(e.truncated) for e in episodes])
+
+
 def planner_rollouts(prompts: Sequence[Any], queries: dict[str, str], env: PlannerEnvironment, generate: Generate,
                      tokenizer: Any, *, budget: int, eos_ids: Sequence[int],
-                     turn_cap: int | None = None) -> tuple[list[Rollout], dict]:
-    """Turn 1 → search → turn 2 for every prompt; returns rollouts and per-rollout extra columns."""
+                     turn_cap: int | None = None) -> tuple[list[Episode], dict]:
+    """Turn 1 → search → turn 2 for every prompt; returns episodes and per-episode extra columns."""
     infos: dict[int, dict[str, Any]] = {}
 
-    def reply(i: int, r: Rollout) -> str | None:
+    def reply(i: int, ep: Episode) -> list[dict[str, str]]:
         text = _user_text(prompts[i])
         if text not in queries:
             raise KeyError("a prompt the planner stage did not build reached the rollout; build the dataset with "
                            "deepr.train.grpo.planner_dataset")
-        msg, infos[i] = env.feedback(queries[text], r.texts[0])
-        return msg
+        msgs, infos[i] = env.next_messages(queries[text], ep.texts[0])
+        return msgs
 
-    rollouts = run_turns([prompt_ids(tokenizer, p) for p in prompts], generate, reply, tokenizer,
-                         budget=budget, eos_ids=eos_ids, max_turns=2, turn_cap=turn_cap)
+    eps = play_calls(list(prompts), generate, reply, tokenizer, budget=budget, eos_ids=eos_ids, max_turns=2,
+                     turn_cap=turn_cap)
     # No second turn (turn 1 ran out of budget) means no revised graph: "" fails validation and scores 0.
-    plans = [last_plan(r.texts[1]) if len(r.texts) > 1 else "" for r in rollouts]
+    plans = [last_plan(e.texts[1]) if len(e.texts) > 1 else "" for e in eps]
     extra = {"plan": [p if isinstance(p, dict) else str(p) for p in plans],
-             "initial_valid": [infos.get(i, {"valid0": float(validate_plan(last_plan(r.texts[0]))[0] is not None)})
-                               ["valid0"] for i, r in enumerate(rollouts)],
-             "turns": [len(r.texts) for r in rollouts]}
-    return rollouts, extra
+             "initial_valid": [infos.get(i, {"valid0": float(validate_plan(last_plan(e.texts[0]))[0] is not None)})
+                               ["valid0"] for i, e in enumerate(eps)],
+             "turns": [len(e.texts) for e in eps]}
+    return eps, extra
 
 
 def answerer_rollouts(prompts: Sequence[Any], records: dict[str, dict[str, Any]], generate: Generate,
                       tokenizer: Any, *, budget: int, eos_ids: Sequence[int],
-                      turn_cap: int | None = None) -> tuple[list[Rollout], dict]:
+                      turn_cap: int | None = None) -> tuple[list[Episode], dict]:
     """Waves then the final turn over prepared records; a wave that yields no node stops the
-    rollout (later nodes score 0, no answer: the partial credit of SPEC §6)."""
+    episode (later nodes score 0, no answer: the partial credit of SPEC §6)."""
     envs = [AnswererEnvironment(records[_user_text(p)]) for p in prompts]
     outputs: list[dict[str, str]] = [{} for _ in prompts]
     failed = [False] * len(prompts)
 
-    def reply(i: int, r: Rollout) -> str | None:
-        env, t = envs[i], len(r.texts) - 1
+    def reply(i: int, ep: Episode) -> list[dict[str, str]] | None:
+        env, t = envs[i], len(ep.texts) - 1
         if t < len(env.waves):
-            got = env.parse_wave(env.waves[t], r.texts[-1])
+            got = env.parse_wave(env.waves[t], ep.texts[-1])
             outputs[i].update(got)
             if not got:
                 failed[i] = True
                 return None
         if t + 1 < len(env.waves):
-            return env.wave_message(env.waves[t + 1], outputs[i])
-        return env.final_message(outputs[i]) if t + 1 == len(env.waves) else None
+            return env.wave_messages(env.waves[t + 1], outputs[i])
+        return env.final_messages(outputs[i]) if t + 1 == len(env.waves) else None
 
     max_turns = max(len(e.waves) for e in envs) + 1
-    rollouts = run_turns([prompt_ids(tokenizer, p) for p in prompts], generate, reply, tokenizer,
-                         budget=budget, eos_ids=eos_ids, max_turns=max_turns, turn_cap=turn_cap)
+    eps = play_calls(list(prompts), generate, reply, tokenizer, budget=budget, eos_ids=eos_ids,
+                     max_turns=max_turns, turn_cap=turn_cap)
     answers: list[str | None] = []
-    for i, r in enumerate(rollouts):
-        final = len(r.texts) == len(envs[i].waves) + 1 and not failed[i]
-        answers.append(parse_answerer(r.texts[-1], envs[i].record["plan"])[1] if final else None)
+    for i, ep in enumerate(eps):
+        final = len(ep.texts) == len(envs[i].waves) + 1 and not failed[i]
+        answers.append(parse_answerer(ep.texts[-1], envs[i].record["plan"])[1] if final else None)
     extra = {"plan": [e.record["plan"] for e in envs], "node_outputs": outputs, "answer": answers,
              "waves_done": [sum(1 for w in e.waves if all(n in o for n in w)) / max(len(e.waves), 1)
                             for e, o in zip(envs, outputs)]}
-    return rollouts, extra
+    return eps, extra
+
+
+def placeholders(trainer: Any, prompts: Sequence[Any], episodes: Sequence[Episode]) -> dict[str, Any]:
+    """What TRL scores: one masked end token per episode; the episodes' calls are what trains
+    (``trainer._warp_calls``, read by :func:`deepr.train.warp_calls.call_batch`)."""
+    tok = trainer.processing_class
+    eos = (list(getattr(trainer, "eos_token_ids", None) or []) or [tok.eos_token_id])[0]
+    trainer._warp_calls = [e.calls for e in episodes]
+    call_stats(trainer, episodes)
+    return {"prompt_ids": [prompt_ids(tok, p) for p in prompts], "completion_ids": [[eos] for _ in prompts],
+            "logprobs": [[0.0] for _ in prompts], "env_mask": [[0] for _ in prompts]}
 
 
 def make_rollout_func(stage: str, lookup: dict[str, Any], *, budget: int, env: PlannerEnvironment | None = None,
@@ -325,7 +397,8 @@ def make_rollout_func(stage: str, lookup: dict[str, Any], *, budget: int, env: P
                       turn_cap: int | None = None) -> Callable[[list[Any], Any], dict]:
     """A TRL ``rollout_func`` for ``stage``; ``lookup`` maps a prompt's last user message to its
     query (planner) or prepared record (answerer), since TRL hands the function prompts only.
-    ``generate_for(trainer)`` swaps the generator (default: the trainer's own backend)."""
+    ``generate_for(trainer)`` swaps the generator (default: the trainer's own backend). Train with
+    :func:`deepr.train.warp_calls.warp_trainer_cls`."""
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
         tok = trainer.processing_class
@@ -334,17 +407,13 @@ def make_rollout_func(stage: str, lookup: dict[str, Any], *, budget: int, env: P
         if stage == "planner":
             if env is None:
                 raise ValueError("the planner stage needs a PlannerEnvironment (env=...)")
-            rollouts, extra = planner_rollouts(prompts, lookup, env, gen, tok, budget=budget, eos_ids=eos_ids,
-                                               turn_cap=turn_cap)
+            eps, extra = planner_rollouts(prompts, lookup, env, gen, tok, budget=budget, eos_ids=eos_ids,
+                                          turn_cap=turn_cap)
             _log(trainer, "rollout/initial_plan_valid", extra["initial_valid"])
         else:
-            rollouts, extra = answerer_rollouts(prompts, lookup, gen, tok, budget=budget, eos_ids=eos_ids,
-                                                turn_cap=turn_cap)
+            eps, extra = answerer_rollouts(prompts, lookup, gen, tok, budget=budget, eos_ids=eos_ids,
+                                           turn_cap=turn_cap)
             _log(trainer, "rollout/waves_done", extra["waves_done"])
-        _mask_stats(trainer, rollouts)
-        lps = [r.logprobs for r in rollouts]
-        return {"prompt_ids": [r.prompt_ids for r in rollouts], "completion_ids": [r.completion_ids for r in rollouts],
-                "logprobs": None if any(lp is None for lp in lps) else lps,
-                "env_mask": [r.env_mask for r in rollouts], **extra}
+        return {**placeholders(trainer, prompts, eps), **extra}
 
     return rollout_func

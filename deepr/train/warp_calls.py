@@ -1,4 +1,7 @@
-"""warp-report samples: every policy call of a WARP episode is its own training sample (003 §2.3.2).
+"""Call samples: every policy call of an episode is its own training sample (003 §2.3.2).
+
+Used by warp-report, and by the planner, answerer and DECOR stages, whose turns are sampled under
+the prompts ``deepr run`` sends (:mod:`deepr.train.rollouts`).
 
 A WARP episode is many short calls (search, initialize, write, deepen), each sampled under its
 own prompt. Training them as one long conversation would condition later replies on text they
