@@ -45,7 +45,10 @@ class Constrainer:
                     self._compiler = xgr.GrammarCompiler(info)
                 try:
                     if fmt.json_schema is not None:
-                        grammar = self._compiler.compile_json_schema(json.dumps(fmt.json_schema))
+                        # Compact JSON: free whitespace lets a small model pad with spaces
+                        # until max_tokens runs out (seen with SmolLM2 and random models).
+                        grammar = self._compiler.compile_json_schema(
+                            json.dumps(fmt.json_schema), any_whitespace=False)
                     else:
                         grammar = self._compiler.compile_regex(fmt.regex)
                 except (RuntimeError, ValueError) as e:
