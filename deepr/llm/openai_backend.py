@@ -17,10 +17,11 @@ A reply cut at ``max_tokens`` (``finish_reason == "length"``) comes back flagged
 characters a token) fails before it is sent.
 
 Structured outputs: a call with a JSON-schema :class:`OutputFormat` sends
-``response_format={"type": "json_schema", ...}`` (vLLM, SGLang, llama.cpp server, Ollama
-and OpenAI accept it). A server that refuses it (HTTP 400/422 naming response_format or
-an unsupported feature) is asked again without it, and every later call of the run goes
-unconstrained, with one warning. Regex formats are not sent (no common field exists);
+``response_format={"type": "json_schema", ...}`` (vLLM, SGLang, llama.cpp's llama-server,
+Ollama and OpenAI accept it). A server that refuses it (HTTP 400/422 naming response_format
+or an unsupported feature) is asked again with ``{"type": "json_object", "schema": ...}``
+(llama-cpp-python's server), and if that is refused too, without it: every later call of
+the run then goes unconstrained, with one warning. Regex formats are not sent (no common field exists);
 those replies are unconstrained. ``Reply.constrained`` says what happened per call: it is
 False when the format was not sent, or when a "constrained" reply is not JSON (a server
 that silently ignores the field).
@@ -92,6 +93,10 @@ class _BadReply(Exception):
         super().__init__(reason)
         self.retryable = retryable
 
+
+# response_format styles, tried in order: OpenAI's (vLLM, SGLang, llama-server, Ollama),
+# then {"type": "json_object", "schema": ...} (llama-cpp-python's server).
+_STYLES = ("json_schema", "json_object")
 
 # Words in a 400/422 body that mean "this server does not do structured outputs".
 _FORMAT_REFUSAL = re.compile(r"response_format|json_schema|structured|grammar|not supported|unsupported",
@@ -178,7 +183,8 @@ class OpenAIBackend(LLM):
         self._key = _Secret(key)  # used only to build clients and to scrub messages
         self._io: _IOLoop | None = None
         self._io_lock = threading.Lock()
-        self._structured = config.structured_outputs  # False once the server refused response_format
+        # How JSON schemas are sent; the next style once a server refuses one, None at the end.
+        self._style: str | None = _STYLES[0] if config.structured_outputs else None
         self._warned: set[str] = set()
 
     # -- plumbing ----------------------------------------------------------------------
@@ -241,11 +247,14 @@ class OpenAIBackend(LLM):
             if request[field] is not None:
                 kw[field] = request[field]
         fmt = request["fmt"]
-        sent = bool(fmt and "json_schema" in fmt and self._structured)
-        if sent:
+        style = self._style
+        sent = bool(fmt and "json_schema" in fmt and style)
+        if sent and style == "json_schema":
             kw["response_format"] = {"type": "json_schema", "json_schema": {
                 "name": re.sub(r"[^A-Za-z0-9_-]", "_", fmt["name"])[:64] or "reply",
                 "schema": fmt["json_schema"], "strict": self.config.strict_schema}}
+        elif sent:  # llama-cpp-python's server (and Anyscale-style APIs) take the schema this way
+            kw["response_format"] = {"type": "json_object", "schema": fmt["json_schema"]}
         if self.config.extra_body:
             kw["extra_body"] = self.config.extra_body
         resp = await self._loop().client.chat.completions.create(**kw)
@@ -298,10 +307,12 @@ class OpenAIBackend(LLM):
             if not isinstance(outcome, _Failure):
                 return outcome
             reason, status = outcome.reason, outcome.status
-            if outcome.format_refused and self._structured:
-                self._structured = False  # the same request again, without response_format
-                self._warn_once("refused", f"the server refused structured outputs ({reason}); this run "
-                                "continues without constrained decoding (replies are parsed and re-asked)")
+            if outcome.format_refused and self._style:
+                # The same request again, in the next style or without response_format.
+                self._style = _STYLES[_STYLES.index(self._style) + 1] if self._style != _STYLES[-1] else None
+                if self._style is None:
+                    self._warn_once("refused", f"the server refused structured outputs ({reason}); this run "
+                                    "continues without constrained decoding (replies are parsed and re-asked)")
                 continue
             if not outcome.retryable:
                 self.usage.failures += 1
@@ -334,9 +345,12 @@ class OpenAIBackend(LLM):
             return _Failure(f"connection error ({type(e).__name__}: {e})", None, True)
         except openai.APIStatusError as e:
             retryable = e.status_code == 429 or e.status_code >= 500
-            refused = (e.status_code in (400, 422) and request["fmt"] is not None and self._structured
-                       and bool(_FORMAT_REFUSAL.search(str(e.message))))
-            return _Failure(f"HTTP {e.status_code}: {e.message}", e.status_code, retryable, _retry_after(e),
+            message = str(e.message)
+            if e.body is not None and str(e.body) not in message:  # e.g. FastAPI's 422 {"detail": [...]}
+                message = f"{message} {json.dumps(e.body, default=str)[:300]}"
+            refused = (e.status_code in (400, 422) and request["fmt"] is not None and self._style is not None
+                       and bool(_FORMAT_REFUSAL.search(message)))
+            return _Failure(f"HTTP {e.status_code}: {message}", e.status_code, retryable, _retry_after(e),
                             format_refused=refused)
         except openai.APIError as e:  # a reply the client cannot read: retrying will not fix it
             return _Failure(f"unreadable reply ({type(e).__name__}: {e})", None, False)
