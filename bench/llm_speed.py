@@ -203,13 +203,13 @@ def bench_llamacpp(url: str, n: int, rounds: int) -> float:
 
 # -- JSON validity ----------------------------------------------------------------------------
 
-def validity(llm: Any, max_tokens: int) -> dict[str, Any]:
+def validity(llm: Any, max_tokens: int, n_tasks: int) -> dict[str, Any]:
     from deepr.llm.parse import parse_reply
 
     out: dict[str, Any] = {}
     for mode in ("unconstrained", "constrained"):
         strict = lenient = constrained = truncated = 0
-        for model, system, user in TASKS:
+        for model, system, user in TASKS[:n_tasks]:
             fmt = OutputFormat(model.__name__.lower(), json_schema=model.model_json_schema())
             reply = llm.chat([{"role": "system", "content": system}, {"role": "user", "content": user}],
                              max_tokens=max_tokens, temperature=0.0, fmt=fmt if mode == "constrained" else None)
@@ -221,7 +221,7 @@ def validity(llm: Any, max_tokens: int) -> dict[str, Any]:
             lenient += parse_reply(reply, model)[1] is None
             constrained += bool(getattr(reply, "constrained", False))
             truncated += bool(getattr(reply, "truncated", False))
-        out[mode] = {"calls": len(TASKS), "strict_valid": strict, "lenient_valid": lenient,
+        out[mode] = {"calls": len(TASKS[:n_tasks]), "strict_valid": strict, "lenient_valid": lenient,
                      "flagged_constrained": constrained, "truncated": truncated}
         print(f"  {mode}: {out[mode]}", flush=True)
     return out
@@ -238,6 +238,7 @@ def main() -> None:
     ap.add_argument("--no-llamacpp", action="store_true")
     ap.add_argument("--no-validity", action="store_true")
     ap.add_argument("--max-tokens", type=int, default=160, help="reply budget of the validity prompts")
+    ap.add_argument("--tasks", type=int, default=len(TASKS), help="how many of the validity prompts to run")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "llm_speed.json")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -260,8 +261,10 @@ def main() -> None:
     print(f"conversion: {converted['seconds']} s (this run: {took:.1f} s)", flush=True)
     print("hf variants:", flush=True)
     result["hf"] = bench_hf(folder, args.tokens, args.rounds, args.compile)
+    result["hf_tokens_per_s_baseline"] = result["hf"]["fp32 (baseline)"]["tokens_per_s"]
     result["hf_backend_tokens_per_s"] = bench_backend(folder, args.tokens, args.rounds)
     print(f"hf backend as shipped: {result['hf_backend_tokens_per_s']} tokens/s", flush=True)
+    save(args.out, result)  # each finished section is kept, even if a later one is interrupted
     server = None
     try:
         import importlib.util
@@ -270,23 +273,31 @@ def main() -> None:
             server, url = start_llamacpp(gguf_path())
             result["llamacpp_tokens_per_s"] = bench_llamacpp(url, args.tokens, args.rounds)
             print(f"llama.cpp server: {result['llamacpp_tokens_per_s']} tokens/s", flush=True)
-        if not args.no_validity:
+            save(args.out, result)
+        if not args.no_validity:  # the fast server first, so a cut-short run still has it
             from deepr.llm import get_llm
 
             result["json_validity"] = {}
-            print("JSON validity, hf:", flush=True)
-            result["json_validity"]["hf"] = validity(get_llm(f"hf:{folder}"), args.max_tokens)
             if server is not None:
                 print("JSON validity, llama.cpp server:", flush=True)
                 llm = get_llm("openai:smollm2", base_url=url, cache=False, timeout=300)
-                result["json_validity"]["llamacpp"] = validity(llm, args.max_tokens)
+                result["json_validity"]["llamacpp"] = validity(llm, args.max_tokens, args.tasks)
+                save(args.out, result)
+            print("JSON validity, hf:", flush=True)
+            result["json_validity"]["hf"] = validity(get_llm(f"hf:{folder}"), args.max_tokens, args.tasks)
     finally:
         if server is not None:
             server.terminate()
             server.wait(timeout=30)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    save(args.out, result)
     print(f"wrote {args.out}")
+
+
+def save(out: Path, result: dict[str, Any]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(out)
 
 
 if __name__ == "__main__":

@@ -80,14 +80,14 @@ def test_max_tokens_cut_is_flagged(llm):
     out = llm.chat(ASK, max_tokens=5)
     assert out.truncated and not out.constrained
     assert len(llm.tokenizer(out, add_special_tokens=False)["input_ids"]) <= 6
-    whole = llm.chat([{"role": "user", "content": "Say hi."}], max_tokens=60)
+    whole = llm.chat([{"role": "user", "content": "Reply with one word: hello."}], max_tokens=40)
     assert not whole.truncated
 
 
 def test_seeds_make_sampling_reproducible(llm):
-    a = llm.chat(ASK, temperature=1.0, max_tokens=16, seed=1)
-    b = llm.chat(ASK, temperature=1.0, max_tokens=16, seed=2)
-    assert llm.chat(ASK, temperature=1.0, max_tokens=16, seed=1) == a
+    a = llm.chat(ASK, temperature=1.0, max_tokens=10, seed=1)
+    b = llm.chat(ASK, temperature=1.0, max_tokens=10, seed=2)
+    assert llm.chat(ASK, temperature=1.0, max_tokens=10, seed=1) == a
     assert a != b
 
 
