@@ -55,7 +55,12 @@ class HFConfig(BaseModel):
     max_concurrency: int = Field(8, ge=1, description="Calls admitted at once; generation itself is serialised.")
     constrain: bool = Field(True, description="Constrain replies to the caller's OutputFormat with xgrammar "
                             "when it is installed (otherwise replies are unconstrained and flagged so).")
-    threads: int | None = Field(None, ge=1, description="torch CPU threads; None keeps torch's default.")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads while generating; None: 1 on CPU for "
+                                "models under 500M parameters (thread syncs cost more than they save on such "
+                                "small matmuls: 20x faster on a loaded 2-core machine, bench/llm_speed.py), "
+                                "else torch's default.")
+    kv_cache: str | None = Field(None, description="transformers cache_implementation for generate, e.g. "
+                                 "'static'; None keeps the dynamic cache (see bench/llm_speed.py).")
 
 
 def _check_folder(path: str, what: str, marker: str) -> Path:
@@ -77,6 +82,7 @@ class HFLLM(LLM):
         self._lock = threading.Lock()
         self._constrainer: Any = None
         self._warned = False
+        self._gen_threads: int | None = None
         self.tokenizer = self._load_tokenizer()
         self.model, self.device = self._load_model()
 
@@ -108,8 +114,6 @@ class HFLLM(LLM):
         dtype = cfg.dtype if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
         if cfg.seed is not None:
             torch.manual_seed(cfg.seed)
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
         model = AutoModelForCausalLM.from_pretrained(cfg.path, local_files_only=True, dtype=dtype)
         if cfg.adapters:
             from peft import PeftModel
@@ -122,6 +126,10 @@ class HFLLM(LLM):
             for r in roles[1:]:
                 model.load_adapter(str(folders[r]), adapter_name=names[r])
         model.to(device).eval()
+        if cfg.threads is None and device.type == "cpu" and sum(p.numel() for p in model.parameters()) < 5e8:
+            self._gen_threads = 1
+        else:
+            self._gen_threads = cfg.threads
         return model, device
 
     # -- generation --------------------------------------------------------------------
@@ -151,6 +159,8 @@ class HFLLM(LLM):
             kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         if stop:
             kw.update(stop_strings=list(stop), tokenizer=tok)
+        if self.config.kv_cache:
+            kw["cache_implementation"] = self.config.kv_cache
         return kw
 
     def _check_context(self, n_prompt: int, max_new: int) -> None:
@@ -186,7 +196,7 @@ class HFLLM(LLM):
         n_prompt = int(enc["input_ids"].shape[1])
         self._check_context(n_prompt, kw["max_new_tokens"])
         processors, constrained = self._processors(fmt)
-        with self._lock, torch.inference_mode(), self._adapter_for(role):
+        with self._lock, torch.inference_mode(), self._adapter_for(role), _threads(self._gen_threads):
             if seed is not None:
                 torch.manual_seed(seed)
             out = self.model.generate(**enc, **kw, logits_processor=processors or None)
@@ -219,7 +229,8 @@ class HFLLM(LLM):
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "model": self.config.path, "adapters": dict(self.config.adapters),
-                "device": str(self.device), "dtype": self.config.dtype, "seed": self.config.seed}
+                "device": str(self.device), "dtype": self.config.dtype, "seed": self.config.seed,
+                "threads": self._gen_threads}
 
     def __repr__(self) -> str:
         return f"HFLLM({self.config.path!r}, adapters={self.config.adapters!r})"
@@ -233,6 +244,22 @@ class HFLLM(LLM):
                 torch.cuda.empty_cache()
         except ImportError:
             pass
+
+
+@contextlib.contextmanager
+def _threads(n: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to ``n`` for one generation, restored afterwards."""
+    if not n:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _as_list(x: Any) -> list[int]:
