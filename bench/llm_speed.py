@@ -237,6 +237,7 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="also time torch.compile (slow to warm up on CPU)")
     ap.add_argument("--no-llamacpp", action="store_true")
     ap.add_argument("--no-validity", action="store_true")
+    ap.add_argument("--validity-only", action="store_true", help="keep the speed figures already in --out")
     ap.add_argument("--max-tokens", type=int, default=160, help="reply budget of the validity prompts")
     ap.add_argument("--tasks", type=int, default=len(TASKS), help="how many of the validity prompts to run")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "llm_speed.json")
@@ -259,21 +260,28 @@ def main() -> None:
         "new_tokens": args.tokens, "rounds": args.rounds,
     }
     print(f"conversion: {converted['seconds']} s (this run: {took:.1f} s)", flush=True)
-    print("hf variants:", flush=True)
-    result["hf"] = bench_hf(folder, args.tokens, args.rounds, args.compile)
-    result["hf_tokens_per_s_baseline"] = result["hf"]["fp32 (baseline)"]["tokens_per_s"]
-    result["hf_backend_tokens_per_s"] = bench_backend(folder, args.tokens, args.rounds)
-    print(f"hf backend as shipped: {result['hf_backend_tokens_per_s']} tokens/s", flush=True)
-    save(args.out, result)  # each finished section is kept, even if a later one is interrupted
+    if args.validity_only and args.out.is_file():
+        kept = json.loads(args.out.read_text())
+        result.update({k: v for k, v in kept.items() if k not in ("json_validity", "command")})
+        result["validity_command"] = result["command"]
+        result["command"] = kept.get("command", result["command"])
+    else:
+        print("hf variants:", flush=True)
+        result["hf"] = bench_hf(folder, args.tokens, args.rounds, args.compile)
+        result["hf_tokens_per_s_baseline"] = result["hf"]["fp32 (baseline)"]["tokens_per_s"]
+        result["hf_backend_tokens_per_s"] = bench_backend(folder, args.tokens, args.rounds)
+        print(f"hf backend as shipped: {result['hf_backend_tokens_per_s']} tokens/s", flush=True)
+        save(args.out, result)  # each finished section is kept, even if a later one is interrupted
     server = None
     try:
         import importlib.util
 
         if not args.no_llamacpp and importlib.util.find_spec("llama_cpp") is not None:
             server, url = start_llamacpp(gguf_path())
-            result["llamacpp_tokens_per_s"] = bench_llamacpp(url, args.tokens, args.rounds)
-            print(f"llama.cpp server: {result['llamacpp_tokens_per_s']} tokens/s", flush=True)
-            save(args.out, result)
+            if not args.validity_only:
+                result["llamacpp_tokens_per_s"] = bench_llamacpp(url, args.tokens, args.rounds)
+                print(f"llama.cpp server: {result['llamacpp_tokens_per_s']} tokens/s", flush=True)
+                save(args.out, result)
         if not args.no_validity:  # the fast server first, so a cut-short run still has it
             from deepr.llm import get_llm
 

@@ -404,18 +404,19 @@ def test_refused_structured_outputs_fall_back_once_for_the_rest_of_the_run(caplo
 
 
 def test_the_llama_cpp_python_schema_style_is_used_when_json_schema_is_refused():
-    def reply(body):  # llama-cpp-python's server validates the type and knows only json_object
+    def reply(body):  # llama-cpp-python's server knows only json_object, and says so with a 500
         if body.get("response_format", {}).get("type") == "json_schema":
-            return Raw(json.dumps({"detail": [{"loc": ["body", "response_format", "type"],
-                                               "msg": "Input should be 'text' or 'json_object'"}]}), status=422)
+            return Raw(json.dumps({"message": "1 validation error: {'loc': ('body', 'response_format', 'type'), "
+                                              "'msg': \"Input should be 'text' or 'json_object'\"}"}), status=500)
         return '{"q": "styled"}'
 
     with StubServer(reply=reply) as srv:
         llm = openai_llm(srv)
         outs = [llm.chat(USER, fmt=PLAN), llm.chat(USER, fmt=PLAN, seed=5)]
         formats = [b.get("response_format") for b in srv.requests]
-    assert [f["type"] for f in formats] == ["json_schema", "json_object", "json_object"]
+    assert [f["type"] for f in formats] == ["json_schema", "json_object", "json_object"]  # no retries of the 500
     assert formats[1]["schema"] == PLAN.json_schema and all(o.constrained for o in outs)
+    assert llm.usage.retries == 0 and llm.usage.failures == 0
 
 
 def test_a_plain_400_with_a_format_is_still_an_error():

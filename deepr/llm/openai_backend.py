@@ -348,8 +348,10 @@ class OpenAIBackend(LLM):
             message = str(e.message)
             if e.body is not None and str(e.body) not in message:  # e.g. FastAPI's 422 {"detail": [...]}
                 message = f"{message} {json.dumps(e.body, default=str)[:300]}"
-            refused = (e.status_code in (400, 422) and request["fmt"] is not None and self._style is not None
-                       and bool(_FORMAT_REFUSAL.search(message)))
+            # llama-cpp-python's server answers an unknown response_format type with a 500.
+            refused = request["fmt"] is not None and self._style is not None and (
+                (e.status_code in (400, 422) and bool(_FORMAT_REFUSAL.search(message)))
+                or (e.status_code >= 500 and bool(re.search(r"response_format|json_schema", message))))
             return _Failure(f"HTTP {e.status_code}: {message}", e.status_code, retryable, _retry_after(e),
                             format_refused=refused)
         except openai.APIError as e:  # a reply the client cannot read: retrying will not fix it
