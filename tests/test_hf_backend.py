@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -146,3 +149,70 @@ def test_generation_errors_are_llm_errors(tiny_dir):
     with pytest.raises(LLMError, match="exceeds the model's context of 4096"):
         llm.chat([{"role": "user", "content": "word " * 5000}], max_tokens=2)
     assert llm.usage.failures == 1
+
+
+# -- formats, generation controls, adapter folders ------------------------------------------
+
+def test_constrained_formats_hold_even_for_a_random_model(tiny_dir):
+    """An untrained model writes noise; the grammar still forces the requested shape."""
+    pytest.importorskip("xgrammar")
+    from deepr.llm import OutputFormat
+
+    llm = HFLLM(tiny_dir)
+    schema = {"type": "object", "properties": {"q": {"type": "string", "maxLength": 12}},
+              "required": ["q"], "additionalProperties": False}
+    out = llm.chat(PROMPT, max_tokens=60, fmt=OutputFormat("plan", json_schema=schema))
+    assert out.constrained and not out.truncated
+    assert set(json.loads(out)) == {"q"} and len(json.loads(out)["q"]) <= 12
+    tag = llm.chat(PROMPT, max_tokens=40, fmt=OutputFormat("search", regex=r"<search>[a-z]{2,8}</search>"))
+    assert tag.constrained and re.fullmatch(r"<search>[a-z]{2,8}</search>", tag)
+    free = llm.chat(PROMPT, max_tokens=8)
+    assert not free.constrained
+
+
+def test_budget_cut_is_flagged_truncated(tiny_dir):
+    llm = HFLLM(tiny_dir)
+    cut = llm.chat(PROMPT, max_tokens=3)
+    assert cut.truncated and llm.usage.completion_tokens <= 3
+
+
+def test_call_seed_makes_sampling_repeat_in_any_order(tiny_dir):
+    llm = HFLLM(tiny_dir)
+    a = llm.chat(PROMPT, temperature=1.0, max_tokens=10, seed=3)
+    b = llm.chat(PROMPT, temperature=1.0, max_tokens=10, seed=4)
+    assert llm.chat(PROMPT, temperature=1.0, max_tokens=10, seed=3) == a
+    assert a != b
+    # top_p near 0 keeps only the most likely token: sampling becomes greedy decoding.
+    assert llm.chat(PROMPT, temperature=1.0, top_p=1e-6, max_tokens=10, seed=3) == llm.chat(PROMPT, max_tokens=10)
+
+
+def test_adapter_folder_as_the_model(tiny_dir, adapters, tmp_path):
+    planner = adapters["planner"]
+    base = get_llm(f"hf:{tiny_dir}")
+    explicit = get_llm(f"hf:{tiny_dir},adapter=planner:{planner}")
+    # A plain peft folder (no deepr_meta.json): base from adapter_config.json, every role.
+    cfg = json.loads((Path(planner) / "adapter_config.json").read_text())
+    assert cfg.get("base_model_name_or_path")  # peft recorded where the base came from
+    plain = tmp_path / "plain"
+    shutil.copytree(planner, plain)
+    cfg["base_model_name_or_path"] = str(tiny_dir)
+    (plain / "adapter_config.json").write_text(json.dumps(cfg))
+    everywhere = get_llm(f"hf:{plain}")
+    assert everywhere.describe()["adapters"] == {"*": str(plain)}
+    want = explicit.chat(PROMPT, role="planner", max_tokens=10)
+    assert everywhere.chat(PROMPT, role="writer", max_tokens=10) == want
+    # With deepr_meta.json: the recorded base and only the recorded role.
+    meta_dir = tmp_path / "meta"
+    shutil.copytree(plain, meta_dir)
+    cfg["base_model_name_or_path"] = "/nowhere"
+    (meta_dir / "adapter_config.json").write_text(json.dumps(cfg))
+    (meta_dir / "deepr_meta.json").write_text(json.dumps({"role": "planner", "base_model": str(tiny_dir)}))
+    scoped = get_llm(f"hf:{meta_dir}")
+    assert scoped.describe()["adapters"] == {"planner": str(meta_dir)}
+    assert scoped.chat(PROMPT, role="planner", max_tokens=10) == want
+    assert scoped.chat(PROMPT, role="writer", max_tokens=10) == base.chat(PROMPT, role="writer", max_tokens=10)
+    orphan = tmp_path / "orphan"
+    orphan.mkdir()
+    (orphan / "adapter_config.json").write_text("{}")
+    with pytest.raises(ValueError, match="names no base model"):
+        get_llm(f"hf:{orphan}")

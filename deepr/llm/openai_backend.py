@@ -9,6 +9,27 @@ connection errors are retried a bounded number of times with exponential backoff
 jitter; any other error fails at once with :class:`LLMStatusError`. The client's own
 retries are off so ours are the only ones, and they are counted in ``usage.retries``.
 
+Every request carries ``max_tokens`` (the role's, else ``default_max_tokens``) and the
+call's temperature / top_p / seed. A timed-out request is cancelled, which closes its
+connection, before any retry, so a server that stops on disconnect stops generating.
+A reply cut at ``max_tokens`` (``finish_reason == "length"``) comes back flagged
+``truncated``. With ``context_length`` set, a prompt that cannot fit (estimated at 4
+characters a token) fails before it is sent.
+
+Structured outputs: a call with a JSON-schema :class:`OutputFormat` sends
+``response_format={"type": "json_schema", ...}`` (vLLM, SGLang, llama.cpp's llama-server,
+Ollama and OpenAI accept it). A server that refuses it (HTTP 400/422 naming response_format
+or an unsupported feature) is asked again with ``{"type": "json_object", "schema": ...}``
+(llama-cpp-python's server), and if that is refused too, without it: every later call of
+the run then goes unconstrained, with one warning. Regex formats are not sent (no common field exists);
+those replies are unconstrained. ``Reply.constrained`` says what happened per call: it is
+False when the format was not sent, or when a "constrained" reply is not JSON (a server
+that silently ignores the field).
+
+Malformed replies (a 200 that is HTML or not a chat completion, no ``choices``, empty
+``choices``, no message text, a body cut short) become :class:`LLMStatusError` with the
+reason; only a cut body or a passed-through upstream error is retried.
+
 The API key lives only inside the HTTP client: it is never logged, cached, described,
 put in an exception message or shown by ``repr``.
 """
@@ -16,9 +37,11 @@ put in an exception message or shown by ``repr``.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import random
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -28,8 +51,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from deepr.llm.base import LLM, LLMError, Message
+from deepr.llm.base import LLM, LLMError, Message, OutputFormat, Reply
 from deepr.llm.cache import LLMCache
+from deepr.llm.openai_reply import _FORMAT_REFUSAL, _STYLES, _BadReply, _fmt_dict, _read_completion, _Result
 
 log = logging.getLogger("deepr.llm")
 
@@ -51,10 +75,7 @@ class _Failure:
     status: int | None
     retryable: bool
     retry_after: float | None = None
-
-
-class _EmptyReply(Exception):
-    """A 200 reply without message text (e.g. only tool calls): not retried."""
+    format_refused: bool = False
 
 
 class _Secret:
@@ -92,6 +113,13 @@ class OpenAIConfig(BaseModel):
         "want max_completion_tokens).")
     extra_body: dict[str, Any] = Field(default_factory=dict, description="Extra JSON fields sent with "
                                        "every request (e.g. vLLM's top_k).")
+    default_max_tokens: int = Field(1024, ge=1, description="max_tokens sent when a call gives none: a server "
+                                    "without a limit may generate until its context is full.")
+    context_length: int | None = Field(None, ge=1, description="The served model's context in tokens; when set, "
+                                       "a prompt that cannot fit with its max_tokens fails before it is sent.")
+    structured_outputs: bool = Field(True, description="Send response_format for JSON-schema formats (turned "
+                                     "off for the rest of the run if the server refuses it).")
+    strict_schema: bool = Field(True, description="The json_schema 'strict' flag sent with response_format.")
 
 
 def safe_url(url: str | None) -> str | None:
@@ -130,6 +158,9 @@ class OpenAIBackend(LLM):
         self._key = _Secret(key)  # used only to build clients and to scrub messages
         self._io: _IOLoop | None = None
         self._io_lock = threading.Lock()
+        # How JSON schemas are sent; the next style once a server refuses one, None at the end.
+        self._style: str | None = _STYLES[0] if config.structured_outputs else None
+        self._warned: set[str] = set()
 
     # -- plumbing ----------------------------------------------------------------------
     def _loop(self) -> _IOLoop:
@@ -149,11 +180,32 @@ class OpenAIBackend(LLM):
         return text.replace(key, "***") if key != _NO_KEY else text
 
     def _request(self, messages: list[Message], temperature: float | None, max_tokens: int | None,
-                 stop: Sequence[str] | None) -> dict[str, Any]:
+                 stop: Sequence[str] | None, top_p: float | None = None, seed: int | None = None,
+                 fmt: OutputFormat | None = None) -> dict[str, Any]:
+        """Everything that shapes the reply: the body we send and the cache key."""
         return {"backend": self.name, "model": self.config.model, "base_url": safe_url(self.config.base_url),
-                "messages": messages, "temperature": temperature, "max_tokens": max_tokens,
-                "stop": list(stop) if stop else None, "seed": self.config.seed,
-                "extra_body": self.config.extra_body}
+                "messages": messages, "temperature": temperature,
+                "max_tokens": max_tokens or self.config.default_max_tokens,
+                "stop": list(stop) if stop else None, "top_p": top_p,
+                "seed": seed if seed is not None else self.config.seed,
+                "fmt": _fmt_dict(fmt), "extra_body": self.config.extra_body}
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("%s: %s", self._where(), self._scrub(message))
+
+    def _check_context(self, request: dict[str, Any]) -> None:
+        limit = self.config.context_length
+        if limit is None:
+            return
+        chars = sum(len(str(m.get("content") or "")) for m in request["messages"])
+        est = chars // 4 + 4 * len(request["messages"])
+        if est + request["max_tokens"] > limit:
+            self.usage.failures += 1
+            raise LLMStatusError(f"{self._where()}: prompt of about {est} tokens + max_tokens "
+                                 f"{request['max_tokens']} exceeds the context of {limit} tokens "
+                                 "(context_length); shorten the prompt or max_tokens")
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
         cap = min(self.config.backoff_max, self.config.backoff_base * (2 ** attempt))
@@ -163,66 +215,100 @@ class OpenAIBackend(LLM):
         return delay
 
     # -- one call ----------------------------------------------------------------------
-    async def _once(self, request: dict[str, Any]) -> tuple[str, int, int]:
-        kw: dict[str, Any] = {"model": self.config.model, "messages": request["messages"]}
-        if request["temperature"] is not None:
-            kw["temperature"] = request["temperature"]
-        if request["max_tokens"] is not None:
-            kw[self.config.max_tokens_field] = request["max_tokens"]
-        if request["stop"]:
-            kw["stop"] = request["stop"]
-        if self.config.seed is not None:
-            kw["seed"] = self.config.seed
+    async def _once(self, request: dict[str, Any]) -> _Result:
+        kw: dict[str, Any] = {"model": self.config.model, "messages": request["messages"],
+                              self.config.max_tokens_field: request["max_tokens"]}
+        for field in ("temperature", "top_p", "seed", "stop"):
+            if request[field] is not None:
+                kw[field] = request[field]
+        fmt = request["fmt"]
+        style = self._style
+        sent = bool(fmt and "json_schema" in fmt and style)
+        if sent and style == "json_schema":
+            kw["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": re.sub(r"[^A-Za-z0-9_-]", "_", fmt["name"])[:64] or "reply",
+                "schema": fmt["json_schema"], "strict": self.config.strict_schema}}
+        elif sent:  # llama-cpp-python's server (and Anyscale-style APIs) take the schema this way
+            kw["response_format"] = {"type": "json_object", "schema": fmt["json_schema"]}
         if self.config.extra_body:
             kw["extra_body"] = self.config.extra_body
         resp = await self._loop().client.chat.completions.create(**kw)
-        if not resp.choices or resp.choices[0].message.content is None:
-            reason = resp.choices[0].finish_reason if resp.choices else "no choices"
-            raise _EmptyReply(f"the endpoint returned no message text (finish_reason={reason})")
-        usage = resp.usage
-        return (resp.choices[0].message.content, getattr(usage, "prompt_tokens", 0) or 0,
-                getattr(usage, "completion_tokens", 0) or 0)
+        text, finish = _read_completion(resp)
+        usage = getattr(resp, "usage", None)
+        return _Result(text, getattr(usage, "prompt_tokens", 0) or 0, getattr(usage, "completion_tokens", 0) or 0,
+                       finish, sent)
 
     async def _achat(self, messages: list[Message], *, role: str | None, temperature: float | None,
-                     max_tokens: int | None, stop: Sequence[str] | None, **extra: Any) -> str:
-        request = self._request(messages, temperature, max_tokens, stop)
+                     max_tokens: int | None, stop: Sequence[str] | None, **extra: Any) -> Reply:
+        request = self._request(messages, temperature, max_tokens, stop, extra.get("top_p"), extra.get("seed"),
+                                extra.get("fmt"))
         if self.cache is not None:
             hit = self.cache.get(request)
             if hit is not None:
                 self.usage.add(role=role, cached=True)
-                return hit["reply"]
+                flags = hit.get("flags") or {}
+                return Reply(hit["reply"], constrained=bool(flags.get("constrained")),
+                             truncated=bool(flags.get("truncated")))
+        self._check_context(request)
         t0 = time.perf_counter()
-        text, pt, ct = await self._loop().run(self._with_retries(request))
-        self.usage.add(role=role, prompt_tokens=pt, completion_tokens=ct,
+        res = await self._loop().run(self._with_retries(request))
+        self.usage.add(role=role, prompt_tokens=res.prompt_tokens, completion_tokens=res.completion_tokens,
                        seconds=time.perf_counter() - t0)
+        reply = Reply(res.text, constrained=self._honoured(res), truncated=res.finish_reason == "length")
         if self.cache is not None:
-            self.cache.put(request, text, prompt_tokens=pt, completion_tokens=ct)
-        return text
+            self.cache.put(request, res.text, prompt_tokens=res.prompt_tokens, completion_tokens=res.completion_tokens,
+                           flags={"constrained": reply.constrained, "truncated": reply.truncated})
+        return reply
 
-    async def _with_retries(self, request: dict[str, Any]) -> tuple[str, int, int]:
+    def _honoured(self, res: _Result) -> bool:
+        """Was the reply really constrained? A server may accept response_format and ignore it."""
+        if not res.format_sent:
+            return False
+        if res.finish_reason == "length":
+            return True  # cut mid-JSON by the budget; the flag 'truncated' tells the caller
+        try:
+            json.loads(res.text)
+        except ValueError:
+            self._warn_once("ignored", "the server accepted response_format but replied with text that is not "
+                            "JSON; such replies are marked unconstrained")
+            return False
+        return True
+
+    async def _with_retries(self, request: dict[str, Any]) -> _Result:
         attempts = self.config.max_retries + 1
-        for attempt in range(attempts):
+        attempt = 0
+        while attempt < attempts:
             outcome = await self._attempt(request)
             if not isinstance(outcome, _Failure):
                 return outcome
             reason, status = outcome.reason, outcome.status
+            if outcome.format_refused and self._style:
+                # The same request again, in the next style or without response_format.
+                self._style = _STYLES[_STYLES.index(self._style) + 1] if self._style != _STYLES[-1] else None
+                if self._style is None:
+                    self._warn_once("refused", f"the server refused structured outputs ({reason}); this run "
+                                    "continues without constrained decoding (replies are parsed and re-asked)")
+                continue
             if not outcome.retryable:
                 self.usage.failures += 1
-                raise LLMStatusError(self._scrub(f"{self._where()} refused the request ({reason})"), status)
+                what = "sent an unusable reply" if status == 200 else "refused the request"
+                raise LLMStatusError(self._scrub(f"{self._where()} {what} ({reason})"), status)
             if attempt + 1 < attempts:
                 self.usage.retries += 1
                 delay = self._delay(attempt, outcome.retry_after)
                 log.warning("%s: %s; retry %d/%d in %.2fs", self.config.model, self._scrub(reason),
                             attempt + 1, self.config.max_retries, delay)
                 await asyncio.sleep(delay)
+            attempt += 1
         self.usage.failures += 1
         raise LLMStatusError(self._scrub(f"{self._where()} failed after {attempts} attempts: {reason}"), status)
 
-    async def _attempt(self, request: dict[str, Any]) -> tuple[str, int, int] | _Failure:
-        """One try: (reply, prompt tokens, completion tokens), or why it failed.
+    async def _attempt(self, request: dict[str, Any]) -> _Result | _Failure:
+        """One try: the reply, or why it failed.
 
         Errors are turned into plain values here so that no exception object holding the
-        HTTP request (and its Authorization header) outlives this frame.
+        HTTP request (and its Authorization header) outlives this frame. ``wait_for``
+        cancels a request that runs past the timeout, which closes its connection.
         """
         import openai
 
@@ -230,15 +316,25 @@ class OpenAIBackend(LLM):
             return await asyncio.wait_for(self._once(request), self.config.timeout)
         except (TimeoutError, openai.APITimeoutError):
             return _Failure(f"timed out after {self.config.timeout:g}s", None, True)
-        except openai.APIConnectionError as e:
+        except openai.APIConnectionError as e:  # includes a body cut short: the server may recover
             return _Failure(f"connection error ({type(e).__name__}: {e})", None, True)
         except openai.APIStatusError as e:
             retryable = e.status_code == 429 or e.status_code >= 500
-            return _Failure(f"HTTP {e.status_code}: {e.message}", e.status_code, retryable, _retry_after(e))
+            message = str(e.message)
+            if e.body is not None and str(e.body) not in message:  # e.g. FastAPI's 422 {"detail": [...]}
+                message = f"{message} {json.dumps(e.body, default=str)[:300]}"
+            # llama-cpp-python's server answers an unknown response_format type with a 500.
+            refused = request["fmt"] is not None and self._style is not None and (
+                (e.status_code in (400, 422) and bool(_FORMAT_REFUSAL.search(message)))
+                or (e.status_code >= 500 and bool(re.search(r"response_format|json_schema", message))))
+            return _Failure(f"HTTP {e.status_code}: {message}", e.status_code, retryable, _retry_after(e),
+                            format_refused=refused)
         except openai.APIError as e:  # a reply the client cannot read: retrying will not fix it
             return _Failure(f"unreadable reply ({type(e).__name__}: {e})", None, False)
-        except _EmptyReply as e:
-            return _Failure(str(e), 200, False)
+        except ValueError as e:  # JSON cut short with a correct length: a server that died mid-reply
+            return _Failure(f"the reply body is not complete JSON ({e})", 200, True)
+        except _BadReply as e:
+            return _Failure(str(e), 200, e.retryable)
 
     def _where(self) -> str:
         return f"{self.config.model} at {safe_url(self.config.base_url) or 'api.openai.com'}"

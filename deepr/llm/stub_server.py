@@ -11,6 +11,12 @@ and can inject failures: the first ``fail_first`` requests answer ``fail_status`
         srv.requests       # the JSON bodies received
         srv.max_in_flight  # the highest number of requests handled at once
 
+A reply script may also return a dict (sent verbatim as the JSON body, e.g. a completion
+without ``choices``) or a :class:`Raw` body (any status, content type, or a body cut short
+after ``cut_at`` bytes), to play a misbehaving endpoint. ``finish_reason`` sets the one the
+stub reports. While a request waits (latency or hang) the stub watches its socket:
+``srv.disconnects`` lists the requests whose client closed the connection first.
+
 Only the presence of an ``Authorization`` header is recorded (``srv.auth_seen``), never
 its value, so nothing a test captures can leak a key.
 """
@@ -18,13 +24,29 @@ its value, so nothing a test captures can leak a key.
 from __future__ import annotations
 
 import json
+import select
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
-Reply = str | Sequence[str] | Callable[[dict[str, Any]], str]
+
+
+@dataclass
+class Raw:
+    """A body sent as is: ``cut_at`` sends only that many bytes of it (the declared
+    Content-Length stays the full size) and then closes the connection."""
+
+    body: str | bytes
+    content_type: str = "application/json"
+    status: int = 200
+    cut_at: int | None = None
+
+
+Reply = str | Sequence[str] | Callable[[dict[str, Any]], "str | dict[str, Any] | Raw"]
 
 
 def _words(text: str) -> int:
@@ -36,12 +58,13 @@ class StubServer:
 
     def __init__(self, reply: Reply = "ok", *, latency: float = 0.0, fail_first: int = 0,
                  fail_status: int | Literal["hang"] = 500, hang_s: float = 30.0,
-                 model: str = "stub"):
-        self.reply, self.latency, self.model = reply, latency, model
+                 model: str = "stub", finish_reason: str = "stop"):
+        self.reply, self.latency, self.model, self.finish_reason = reply, latency, model, finish_reason
         self.fail_first, self.fail_status, self.hang_s = fail_first, fail_status, hang_s
         self.requests: list[dict[str, Any]] = []
         self.auth_seen: list[bool] = []
         self.statuses: list[int | str] = []
+        self.disconnects: list[int] = []
         self.in_flight = 0
         self.max_in_flight = 0
         self._lock = threading.Lock()
@@ -98,7 +121,11 @@ class StubServer:
             self.in_flight -= 1
             self.statuses.append(status)
 
-    def _script(self, body: dict[str, Any], index: int) -> str:
+    def _dropped(self, index: int) -> None:
+        with self._lock:
+            self.disconnects.append(index)
+
+    def _script(self, body: dict[str, Any], index: int) -> str | dict[str, Any] | Raw:
         if callable(self.reply):
             return self.reply(body)
         if isinstance(self.reply, str):
@@ -116,7 +143,7 @@ class StubServer:
             "object": "chat.completion",
             "created": int(time.time()),
             "model": body.get("model", self.model),
-            "choices": [{"index": 0, "finish_reason": "stop",
+            "choices": [{"index": 0, "finish_reason": self.finish_reason,
                          "message": {"role": "assistant", "content": text}}],
             "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c},
         }
@@ -143,6 +170,37 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _send_raw(self, raw: Raw) -> None:
+        data = raw.body.encode() if isinstance(raw.body, str) else raw.body
+        self.send_response(raw.status)
+        self.send_header("Content-Type", raw.content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data[: raw.cut_at] if raw.cut_at is not None else data)
+        if raw.cut_at is not None:
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _wait(self, seconds: float, index: int) -> bool:
+        """Wait ``seconds`` (or until the stub stops); True if the client hung up meanwhile."""
+        stub, end = self.stub, time.monotonic() + seconds
+        while not stub._stop.is_set():
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            ready, _, _ = select.select([self.connection], [], [], min(left, 0.05))
+            if ready:
+                try:
+                    gone = self.connection.recv(1, socket.MSG_PEEK) == b""
+                except OSError:
+                    gone = True
+                if gone:
+                    stub._dropped(index)
+                    return True
+                stub._stop.wait(min(left, 0.05))  # bytes of a pipelined request: keep waiting
+        return False
+
     def do_POST(self) -> None:  # noqa: N802
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
@@ -157,24 +215,31 @@ class _Handler(BaseHTTPRequestHandler):
         stub = self.stub
         index = stub._admit(body, has_auth=bool(self.headers.get("Authorization")))
         if index < stub.fail_first and stub.fail_status == "hang":
-            stub._stop.wait(stub.hang_s)
+            self._wait(stub.hang_s, index)
             stub._leave("hang")
             return
-        if stub.latency > 0:
-            stub._stop.wait(stub.latency)
+        if stub.latency > 0 and self._wait(stub.latency, index):
+            stub._leave("dropped")
+            return
         if index < stub.fail_first:
             status = int(stub.fail_status)
             payload = {"error": {"message": f"injected failure {status}", "type": "stub_error", "code": status}}
         else:
             try:
-                status, payload = 200, stub._completion(body, stub._script(body, index))
+                out = stub._script(body, index)
+                status, payload = 200, out if isinstance(out, (dict, Raw)) else stub._completion(body, out)
             except Exception as e:  # a broken test script shows up as a 500 with its reason
                 status, payload = 500, {"error": {"message": f"stub reply script failed: {e!r}",
                                                   "type": "stub_error"}}
+            if isinstance(payload, Raw):
+                status = payload.status
         # Leave before answering: once the client has the reply it may send its next request,
         # which must not be counted as overlapping with this one.
         stub._leave(status)
         try:
-            self._send(status, payload)
+            if isinstance(payload, Raw):
+                self._send_raw(payload)
+            else:
+                self._send(status, payload)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client timed out and closed the socket

@@ -1,0 +1,73 @@
+"""Reading an OpenAI-compatible reply: what counts as a usable chat completion, and why not.
+
+Used by openai_backend.py. A 200 reply can still be unusable (HTML from a proxy, JSON that is
+not a completion, no choices, no text); each case becomes a :class:`_BadReply` with its reason
+and whether a retry can help.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from deepr.llm.base import OutputFormat
+
+
+@dataclass
+class _Result:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str | None
+    format_sent: bool
+
+
+class _BadReply(Exception):
+    """A 200 reply that is not a usable chat completion; ``retryable`` per case."""
+
+    def __init__(self, reason: str, retryable: bool = False):
+        super().__init__(reason)
+        self.retryable = retryable
+
+
+# response_format styles, tried in order: OpenAI's (vLLM, SGLang, llama-server, Ollama),
+# then {"type": "json_object", "schema": ...} (llama-cpp-python's server).
+_STYLES = ("json_schema", "json_object")
+
+# Words in a 400/422 body that mean "this server does not do structured outputs".
+_FORMAT_REFUSAL = re.compile(r"response_format|json_schema|structured|grammar|not supported|unsupported",
+                             re.IGNORECASE)
+
+
+def _fmt_dict(fmt: OutputFormat | None) -> dict[str, Any] | None:
+    if fmt is None:
+        return None
+    return {"name": fmt.name, "json_schema": fmt.json_schema} if fmt.json_schema is not None else {
+        "name": fmt.name, "regex": fmt.regex}
+
+
+def _read_completion(resp: Any) -> tuple[str, str | None]:
+    """(text, finish_reason) of a chat completion, or :class:`_BadReply` saying what is wrong."""
+    if isinstance(resp, (str, bytes)):  # the client hands back bodies that are not JSON as text
+        head = " ".join(str(resp)[:80].split())
+        raise _BadReply(f"HTTP 200 with a body that is not JSON ({head!r}); is --base-url the API root "
+                        "(ending in /v1)?")
+    choices = getattr(resp, "choices", None)
+    if choices is None:
+        extra = getattr(resp, "model_extra", None) or {}
+        if isinstance(extra.get("error"), (dict, str)):  # an upstream failure passed on with status 200
+            err = extra["error"]
+            msg = err.get("message", err) if isinstance(err, dict) else err
+            raise _BadReply(f"HTTP 200 carrying an error: {str(msg)[:200]}", retryable=True)
+        raise _BadReply("HTTP 200 with JSON that is not a chat completion (no 'choices')")
+    if not isinstance(choices, list) or not choices:
+        raise _BadReply("the endpoint returned no choices")
+    choice = choices[0]
+    finish = getattr(choice, "finish_reason", None)
+    message = getattr(choice, "message", None)
+    content = getattr(message, "content", None)
+    if not isinstance(content, str):
+        why = "no message" if message is None else "no message text"
+        raise _BadReply(f"the endpoint returned {why} (finish_reason={finish})")
+    return content, finish
