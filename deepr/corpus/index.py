@@ -326,13 +326,13 @@ class RichProgress:
         self._task: Any = None
 
     def __call__(self, done: int, total: int) -> None:
+        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-        if self._bar is None:
-            from deepr.cli.app import console
-
+        if self._bar is None:  # its own stderr console: the corpus layer must not import the CLI
             self._bar = Progress("[progress.description]{task.description}", BarColumn(),
-                                 MofNCompleteColumn(), TimeRemainingColumn(), console=console, transient=False)
+                                 MofNCompleteColumn(), TimeRemainingColumn(), console=Console(stderr=True),
+                                 transient=False)
             self._bar.start()
             self._task = self._bar.add_task(self.label, total=total)
         self._bar.update(self._task, completed=done)
