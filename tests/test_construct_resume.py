@@ -267,3 +267,30 @@ def test_killed_sft_resumes_from_its_last_checkpoint(tmp_path: Path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert (out / "adapter_model.safetensors").is_file()
     assert json.loads((tmp_path / "run.meta.json").read_text())["counts"]["steps"] == 30
+
+
+def test_killed_grpo_resumes_from_its_last_checkpoint(tiny: Path, mini_corpus: Path, tmp_path: Path):
+    """kill -9 while a GRPO planner run is between checkpoints (or writing one): --resume starts
+    from the last complete checkpoint and finishes the planned steps."""
+    from deepr.records import QRPair, RubricItem
+
+    rubric = RubricItem(id="R1", type="factual", description="Plate boundaries cause earthquakes", weight=1.0,
+                        source_leaf_ids=["L1"], evidence=["Most earthquakes occur at plate boundaries."])
+    data = tmp_path / "verified.jsonl"
+    data.write_text("".join(QRPair(id=f"q{i}", tree_id="t", question=q, selected_leaf_ids=[], rubrics=[rubric])
+                            .model_dump_json() + "\n" for i, q in enumerate(
+                                ["What causes earthquakes?", "How do volcanoes affect the climate?"])))
+    config = tmp_path / "grpo.json"  # a random tiny model earns the same reward everywhere: keep going
+    config.write_text(json.dumps({"save_steps": 1, "zero_advantage": "off", "max_completion_length": 48,
+                                  "lora_r": 4, "lora_alpha": 8}))
+    out = tmp_path / "run"
+    cmd = _deepr("grpo", "--stage", "planner", "--model", tiny, "--data", data, "--out", out, "--config", config,
+                 "--max-steps", "6", "--num-generations", "2", "--prompts-per-step", "2", "--corpus", mini_corpus,
+                 "--retriever", "bm25", "--k", "2", "--lr", "1e-3")
+    _kill_midway(cmd, lambda: len(list(out.glob("checkpoint-*"))), after=2)
+    assert not (out / "adapter_model.safetensors").exists()
+    done = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, env=_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (out / "adapter_model.safetensors").is_file()
+    steps = [json.loads(line).get("step") for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert max(s for s in steps if s is not None) == 6
