@@ -178,7 +178,8 @@ def test_killed_verify_resumes_each_pair_once(tmp_path: Path):
 
 def test_killed_eval_resumes_each_item_once(tmp_path: Path):
     inp = tmp_path / "preds.jsonl"
-    inp.write_text("".join(json.dumps({"id": f"p{i}", "prediction": "Paris", "answers": ["Paris"]}) + "\n"
+    # distinct predictions: identical ones would be one judgement, cached, and all done before the kill
+    inp.write_text("".join(json.dumps({"id": f"p{i}", "prediction": f"Paris ({i})", "answers": ["Paris"]}) + "\n"
                            for i in range(N_ITEMS)))
     out = tmp_path / "scores.jsonl"
     with StubServer(reply='{"verdict": "YES"}', latency=0.3) as srv:
