@@ -8,6 +8,8 @@
 # Serve the teacher first, e.g. `vllm serve Qwen/Qwen3-32B --port 8000`. The judge may be another
 # endpoint: pass JUDGE_BASE_URL, and its key through OPENAI_API_KEY (never on the command line).
 set -euo pipefail
+# deepr exits 3 when a stage finished but rejected some records or fell back on some turns (see
+# README "Exit status"): this script then stops so you can look. To go on, append `|| [ $? -eq 3 ]`.
 D=${1:-runs/real}
 TEACHER=${TEACHER:?set TEACHER=openai:<model>}
 BASE_URL=${BASE_URL:?set BASE_URL=http://host:port/v1}
