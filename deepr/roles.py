@@ -420,6 +420,7 @@ async def _ask(role: Role, inp: Any, messages: list[Message], llm: LLM, rec: Rec
         try:
             reply = await wrapped.achat(convo, role=role.name, temperature=temp, max_tokens=max_tokens, fmt=fmt)
         except LLMError as e:
+            out.attempts += e.attempts - 1  # the backend's own retries were requests too
             out.error = f"model call failed: {e}"
             return out
         out.replies.append(reply)

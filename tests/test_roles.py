@@ -148,3 +148,19 @@ def test_format_regexes_match_the_replies_they_describe():
     regex = TaggedReply("search").fmt("decor_planner.plan").regex
     assert re.fullmatch(regex, "<think>which fact</think>\n<search>Adam Smith books</search>")
     assert not re.fullmatch(regex, "Adam Smith books")
+
+
+def test_a_backend_failure_records_every_request_it_sent_as_an_attempt():
+    """Issue 18.4: the failure entry counts the requests sent (the backend's retries included),
+    matching the "failed after N attempts" in its reason instead of saying 1."""
+    from deepr.llm import get_llm
+    from deepr.llm.stub_server import StubServer
+
+    with StubServer(reply="ok", fail_first=10, fail_status=500) as srv:
+        llm = get_llm("openai:stub-model", base_url=srv.base_url, cache=False, max_retries=3, timeout=5.0,
+                      backoff_base=0.01, backoff_max=0.05)
+        rec = Recorder()
+        out = run_sync(perform(ANSWER, Ask("tides"), llm=llm, rec=rec, max_reasks=2))
+        assert srv.n_requests == 4
+    assert out.by == "failed" and out.attempts == 4 and "after 4 attempts" in out.error
+    assert rec.failures[-1]["attempts"] == 4 and rec.turns[-1].model_extra["attempts"] == 4

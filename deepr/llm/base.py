@@ -21,7 +21,10 @@ T = TypeVar("T")
 
 
 class LLMError(RuntimeError):
-    """A call that failed for good (after the bounded retries), with the reason."""
+    """A call that failed for good (after the bounded retries), with the reason. ``attempts`` is
+    how many requests the backend sent for it (its retries included)."""
+
+    attempts: int = 1
 
 
 AUTH_STATUSES = (401, 403)

@@ -301,7 +301,9 @@ class OpenAIBackend(LLM):
                 await asyncio.sleep(delay)
             attempt += 1
         self.usage.failures += 1
-        raise LLMStatusError(self._scrub(f"{self._where()} failed after {attempts} attempts: {reason}"), status)
+        err = LLMStatusError(self._scrub(f"{self._where()} failed after {attempts} attempts: {reason}"), status)
+        err.attempts = attempts  # requests sent, so the failure record counts what the message says
+        raise err
 
     async def _attempt(self, request: dict[str, Any]) -> _Result | _Failure:
         """One try: the reply, or why it failed.
