@@ -52,8 +52,10 @@ step grpo-answerer  deepr grpo --stage answerer --model "$D/ckpt/planner-sft" \
                       --out "$D/ckpt/answerer" --max-steps 2 --num-generations 2 --prompts-per-step 1 \
                       --max-completion-length 256
 TRAINED=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['llm_spec'])" "$D/ckpt/answerer/deepr_meta.json")
+# The tiny model is trained for a few steps only: most of its turns fall back to the extractive
+# roles (recorded in each trace), so this step accepts fallback explicitly.
 step run-trained    deepr run --queries "$D/verified.jsonl" --limit 2 --out "$D/runs-trained" \
-                      --llm "$TRAINED" --timeout 600
+                      --llm "$TRAINED" --timeout 600 --allow-fallback
 step quickstart     deepr run "$Q" --out "$D/report.md" --html
 step eval-teacher   deepr eval "$D/runs-teacher" --metric rubric,citation,structure,plan_reward,answer_reward \
                       --rubrics "$D/verified.jsonl" --out "$D/scores-teacher.jsonl"
