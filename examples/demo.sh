@@ -41,16 +41,16 @@ step prune          deepr prune-trajectories "$D/trajectories.jsonl" --rubrics "
 step tiny-model     python -m deepr.train.tiny "$D/tiny-base"
 step sft            deepr sft --model "$D/tiny-base" --data "$D/data/sft.jsonl" --role planner \
                       --out "$D/ckpt/planner-sft" --full --lr 1e-3 --max-steps 20 --grad-accum 1 \
-                      --max-length 4096
+                      --max-length 4096 --resume
 step grpo-planner   deepr grpo --stage planner --model "$D/ckpt/planner-sft" --data "$D/verified.jsonl" \
                       --out "$D/ckpt/planner" --max-steps 2 --num-generations 2 --prompts-per-step 1 \
-                      --max-completion-length 256 --k 2
+                      --max-completion-length 256 --k 2 --resume
 step grpo-prepare   deepr grpo prepare --planner "$D/ckpt/planner" --data "$D/verified.jsonl" \
                       --out "$D/prepared.jsonl" --k 2
 step grpo-answerer  deepr grpo --stage answerer --model "$D/ckpt/planner-sft" \
                       --planner-adapter "$D/ckpt/planner" --data "$D/prepared.jsonl" \
                       --out "$D/ckpt/answerer" --max-steps 2 --num-generations 2 --prompts-per-step 1 \
-                      --max-completion-length 256
+                      --max-completion-length 256 --resume
 TRAINED=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['llm_spec'])" "$D/ckpt/answerer/deepr_meta.json")
 # The tiny model is trained for a few steps only: most of its turns fall back to the extractive
 # roles (recorded in each trace), so this step accepts fallback explicitly.
