@@ -134,3 +134,25 @@ def test_openai_compatible_backend_end_to_end(tmp_path, corpus_args):
     assert all(c["latency_s"] >= 0.05 and c["completion_tokens"] > 0 for c in side["calls"])
     assert side["answer"] == "Between Kobe and Awaji Island [S1-R1]."
     assert side["backend"]["backend"] == "openai" and "api_key" not in json.dumps(side["backend"]).lower()
+
+
+def test_an_endpoint_answering_html_ends_the_run_normally_with_its_trace(tmp_path, corpus_args):
+    """Issue 18.2, end to end: a 200 text/html body on every call is a recorded failure per turn;
+    `deepr run` writes its report and trace (every turn fell back) and says so in its exit status."""
+    import os
+    import subprocess
+    import sys
+
+    from deepr.llm.stub_server import Raw, StubServer
+
+    out = tmp_path / "r.md"
+    with StubServer(reply=[Raw("<html>this is not json</html>", "text/html")]) as srv:  # the last repeats
+        proc = subprocess.run([sys.executable, "-m", "deepr", "run", "How do volcanoes form?", "--out", str(out),
+                               "--llm", "openai:stub", "--base-url", srv.base_url, "--api-key", "k", "--no-cache",
+                               *corpus_args], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 4, proc.stderr[-2000:]  # nothing the model wrote was usable
+    trace = json.loads(out.with_suffix(".json").read_text())
+    assert out.is_file() and trace["calls"] and all(not c["ok"] for c in trace["calls"])
+    assert any("not JSON" in (c.get("error") or "") for c in trace["calls"])
