@@ -60,7 +60,7 @@ def test_provider_documented_shapes(provider: str) -> None:
 
 @pytest.mark.parametrize("body,match", [
     (b"<html><body>Bad gateway</body></html>", "HTML page"),
-    (b'{"organic": [{"link": "https://a.org", "tit', "invalid JSON"),
+    (b'{"organic": [{"link": "https://a.example.org", "tit', "invalid JSON"),
 ])
 def test_provider_malformed_bodies(body: bytes, match: str) -> None:
     with pytest.raises(ProviderError, match=match):
