@@ -7,10 +7,13 @@ can prove what was (or was not) contacted.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -224,3 +227,21 @@ def providers(site_url: str, fixtures: dict[str, Any] | None = None) -> Server:
         return 200, js, json.dumps(shape(provider, results_for(query, site_url))).encode()
 
     return Server(handle)
+
+
+@contextlib.contextmanager
+def fake_web() -> Iterator[dict[str, Any]]:
+    """The fake site, the fake providers pointing at it, and a trap listener on a loopback port
+    the runs never allow (a redirect there must not reach it)."""
+    trap = socket.socket()
+    trap.bind(("127.0.0.1", 0))
+    trap.listen(8)
+    trap.settimeout(0.2)
+    site_ = site(trap.getsockname()[1])
+    prov = providers(site_.url)
+    try:
+        yield {"site": site_, "prov": prov, "trap": trap}
+    finally:
+        site_.close()
+        prov.close()
+        trap.close()

@@ -125,16 +125,8 @@ def test_untrusted_text_cannot_forge_ids() -> None:
 
 @pytest.fixture(scope="module")
 def web():
-    trap = socket.socket()
-    trap.bind(("127.0.0.1", 0))
-    trap.listen(8)
-    trap.settimeout(0.2)
-    site = F.site(trap.getsockname()[1])
-    prov = F.providers(site.url)
-    yield {"site": site, "prov": prov, "trap": trap}
-    site.close()
-    prov.close()
-    trap.close()
+    with F.fake_web() as w:
+        yield w
 
 
 def _source(web, tmp_path, **kw) -> SourceRetriever:

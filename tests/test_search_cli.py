@@ -21,16 +21,8 @@ SENTINEL = "sk-SENTINEL-7f3a9c-DO-NOT-LEAK"
 
 @pytest.fixture(scope="module")
 def web():
-    trap = socket.socket()
-    trap.bind(("127.0.0.1", 0))
-    trap.listen(8)
-    trap.settimeout(0.2)
-    site = F.site(trap.getsockname()[1])
-    prov = F.providers(site.url)
-    yield {"site": site, "prov": prov, "trap": trap}
-    site.close()
-    prov.close()
-    trap.close()
+    with F.fake_web() as w:
+        yield w
 
 
 def run(args: list[str], env: dict | None = None):
