@@ -7,6 +7,7 @@ can prove what was (or was not) contacted.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -110,6 +111,74 @@ class Server:
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class AsyncServer:
+    """An asyncio HTTP/1.1 server on 127.0.0.1 (keep-alive, Content-Length bodies) in its own
+    thread: latency is an ``asyncio.sleep``, so hundreds of slow requests cost no threads and the
+    server adds almost nothing to a concurrency measurement. ``handle`` is as for :class:`Server`
+    (bytes payloads only); requests are logged the same way."""
+
+    def __init__(self, handle: Any, latency: float = 0.0):
+        self.requests: list[dict[str, Any]] = []
+        self.handle, self.latency = handle, latency
+        self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+
+        async def start() -> None:
+            self.server = await asyncio.start_server(self._conn, "127.0.0.1", 0, backlog=256)
+            started.set()
+
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        asyncio.run_coroutine_threadsafe(start(), self.loop)
+        started.wait(10)
+        self.port = self.server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    async def _conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method, path, _ = lines[0].split(" ", 2)
+                headers = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
+                n = int(next((v for k, v in headers.items() if k.lower() == "content-length"), 0) or 0)
+                body = await reader.readexactly(n) if n else b""
+                self.requests.append({"method": method, "path": path, "headers": headers, "body": body})
+                if self.latency:
+                    await asyncio.sleep(self.latency)
+                status, out_headers, payload = self.handle(method, path, headers, body)
+                reason = {200: "OK", 301: "Moved Permanently", 302: "Found", 404: "Not Found"}.get(status, "X")
+                head_out = "".join(f"{k}: {v}\r\n" for k, v in out_headers.items())
+                writer.write(f"HTTP/1.1 {status} {reason}\r\n{head_out}Content-Length: {len(payload)}\r\n\r\n"
+                             .encode("latin-1") + payload)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+            pass
+        finally:
+            writer.close()
+
+    def close(self) -> None:
+        async def stop() -> None:
+            self.server.close()
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def async_site(latency: float) -> AsyncServer:
+    """The fake website's article pages (``/page/<topic>`` and ``/page/n<i>``) on :class:`AsyncServer`,
+    each answered after ``latency`` seconds: the concurrency benchmark's server."""
+    def handle(method: str, path: str, headers: dict, body: bytes) -> tuple[int, dict, bytes]:
+        name = urlsplit(path).path.rsplit("/", 1)[-1]
+        html = {"Content-Type": "text/html; charset=utf-8"}
+        if name in TOPICS:
+            return 200, html, article(*TOPICS[name])
+        if name.startswith("n"):
+            return 200, html, article(f"Page {name}", TOPICS["volcano"][1])
+        return 404, html, b"<html><body>not here</body></html>"
+
+    return AsyncServer(handle, latency)
 
 
 def site(trap_port: int, latency: float = 0.0) -> Server:

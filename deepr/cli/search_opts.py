@@ -11,7 +11,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import typer
 
@@ -22,17 +22,41 @@ SEARCH_HELP = (
     "tool). Example: corpus+searxng:http://127.0.0.1:8888. Keys are read only from those environment "
     "variables and are never written to traces, caches or logs. Pages are read locally with trafilatura; "
     "set DEEPR_READER=jina to read them through the Jina reader (r.jina.ai, $JINA_API_KEY) instead. "
-    "Fetch limits: DEEPR_FETCH_TIMEOUT (s, 15), DEEPR_FETCH_MAX_BYTES (5000000), DEEPR_FETCH_TYPES "
-    "(comma-separated content types), DEEPR_FETCH_PER_HOST (4), DEEPR_FETCH_CONCURRENCY (8), "
-    "DEEPR_SEARCH_RATE (requests/s, unlimited), DEEPR_SEARCH_TTL_HOURS (168).")
-LIMIT_ENV = {"DEEPR_FETCH_TIMEOUT": ("timeout", float), "DEEPR_FETCH_MAX_BYTES": ("max_bytes", int),
-             "DEEPR_FETCH_PER_HOST": ("per_host", int), "DEEPR_FETCH_CONCURRENCY": ("concurrency", int),
-             "DEEPR_SEARCH_RATE": ("rate", float), "DEEPR_SEARCH_TTL_HOURS": ("ttl_hours", float),
-             "DEEPR_FETCH_TYPES": ("content_types", lambda v: tuple(t.strip().lower() for t in v.split(",") if t.strip()))}
+    "Fetch limits: see --fetch-timeout, --fetch-max-bytes, --fetch-types, --fetch-per-host, "
+    "--fetch-concurrency, --search-rate (each defaults to its environment variable, then to the built-in "
+    "value); DEEPR_SEARCH_TTL_HOURS (168) sets the cache lifetime.")
+
+
+def _types(v: str) -> tuple[str, ...]:
+    return tuple(t.strip().lower() for t in v.split(",") if t.strip())
+
+
+# flag -> (SearchConfig field, environment variable, type, built-in default shown in --help, help)
+LIMIT_FLAGS: dict[str, tuple[str, str, Any, str, str]] = {
+    "--fetch-timeout": ("timeout", "DEEPR_FETCH_TIMEOUT", float, "15",
+                        "Seconds one search or page request may take (each retry gets as long again)."),
+    "--fetch-max-bytes": ("max_bytes", "DEEPR_FETCH_MAX_BYTES", int, "5000000",
+                          "Size cap of one fetched page in bytes; a bigger page is a failed fetch."),
+    "--fetch-types": ("content_types", "DEEPR_FETCH_TYPES", str,
+                      "text/html,application/xhtml+xml,text/plain,application/pdf",
+                      "Content types a page may have, comma-separated; anything else is a failed fetch."),
+    "--fetch-per-host": ("per_host", "DEEPR_FETCH_PER_HOST", int, "4",
+                         "Most requests in flight to one host at a time."),
+    "--fetch-concurrency": ("concurrency", "DEEPR_FETCH_CONCURRENCY", int, "8",
+                            "Most requests in flight overall."),
+    "--search-rate": ("rate", "DEEPR_SEARCH_RATE", float, "unlimited",
+                      "Most request starts per second, all hosts together (a 429's Retry-After pauses its "
+                      "host on top of this)."),
+}
+LIMIT_ENV = {env: (field, _types if field == "content_types" else conv)
+             for field, env, conv, _, _ in LIMIT_FLAGS.values()}
+LIMIT_ENV["DEEPR_SEARCH_TTL_HOURS"] = ("ttl_hours", float)
+_FIELD_FLAG = {field: flag for flag, (field, *_rest) in LIMIT_FLAGS.items()}
+_cli_limits: dict[str, Any] = {}  # flag values of the command now running (set by fetch_limit_options)
 
 
 def _limits() -> dict[str, Any]:
-    """Fetch limits a user set through the environment (named in --search's help)."""
+    """Fetch limits: a command's flags first, then the environment variables named in --help."""
     out: dict[str, Any] = {}
     for env, (field, conv) in LIMIT_ENV.items():
         raw = os.environ.get(env, "").strip()
@@ -41,7 +65,71 @@ def _limits() -> dict[str, Any]:
                 out[field] = conv(raw)
             except ValueError:
                 raise ValueError(f"{env}={raw!r}: not a valid value") from None
+    out.update(_cli_limits)
     return out
+
+
+def _limit_error(err: dict[str, Any]) -> str | None:
+    """A validation error of a fetch limit, named by its flag and environment variable."""
+    field = str(err["loc"][0]) if err.get("loc") else ""
+    if field == "ttl_hours":
+        return f"DEEPR_SEARCH_TTL_HOURS: {err['msg']}"
+    flag = _FIELD_FLAG.get(field)
+    if flag is None:
+        return None
+    source = flag if field in _cli_limits else f"{LIMIT_FLAGS[flag][1]} (default of {flag})"
+    value = err.get("input")
+    shown = ",".join(value) if isinstance(value, (tuple, list)) else value
+    return f"{source} {shown}: {str(err['msg']).removeprefix('Value error, ')}"
+
+
+def fetch_limit_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Add the fetch-limit flags of :data:`LIMIT_FLAGS` to a typer command (put it under
+    ``@app.command``): their values are checked at once (a bad one is a one-line error naming the
+    flag, exit 2) and used by every :func:`search_config` the command makes."""
+    import functools
+    import inspect
+
+    # parameter names of their own (``limit_timeout``...): a command may have a ``timeout`` already
+    extra = [inspect.Parameter(
+        f"limit_{field}", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[conv],  # noqa: UP007 (typer reads it)
+        default=typer.Option(None, flag, help=f"{text} Default: ${env}, else {default}.",
+                             rich_help_panel="Fetch limits"))
+        for flag, (field, env, conv, default, text) in LIMIT_FLAGS.items()]
+    sig = inspect.signature(fn)
+    params = [p for p in sig.parameters.values() if p.kind != inspect.Parameter.VAR_KEYWORD]
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        given = {p.name.removeprefix("limit_"): kwargs[p.name] for p in extra if kwargs.get(p.name) is not None}
+        kwargs = {k: v for k, v in kwargs.items() if k not in {p.name for p in extra}}
+        if "content_types" in given:
+            given["content_types"] = _types(given["content_types"])
+        saved = dict(_cli_limits)
+        _cli_limits.clear()
+        _cli_limits.update(given)
+        try:
+            check_limits()
+            return fn(*args, **kwargs)
+        finally:
+            _cli_limits.clear()
+            _cli_limits.update(saved)
+
+    wrapper.__signature__ = sig.replace(parameters=[*params, *extra])  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {**getattr(fn, "__annotations__", {}), **{p.name: p.annotation for p in extra}}
+    return wrapper
+
+
+def check_limits() -> None:
+    """Validate the fetch limits now (flags and environment); a bad one exits 2 with one line."""
+    from deepr.cli.app import fail
+
+    try:
+        search_config("corpus", None, "use", None)
+    except ValueError as e:
+        raise fail(str(e)) from None
+
+
 ALLOW_HELP = ("Let page fetches reach this host (HOST or HOST:PORT) even though it resolves to a "
               "loopback, private or link-local address; repeatable. Without it such addresses are refused "
               "after every redirect.")
@@ -67,9 +155,9 @@ def search_config(search: str, allow_host: list[str] | None, search_cache: str, 
         err = e.errors()[0]
         if err["loc"] and err["loc"][0] == "reader":
             raise ValueError("DEEPR_READER: expected trafilatura or jina") from None
-        env = {f: e for e, (f, _) in LIMIT_ENV.items()}.get(str(err["loc"][0]) if err["loc"] else "")
-        if env:
-            raise ValueError(f"{env}: {err['msg']}") from None
+        named = _limit_error(err)
+        if named:
+            raise ValueError(named) from None
         raise ValueError(str(err["msg"]).removeprefix("Value error, ")) from None
 
 

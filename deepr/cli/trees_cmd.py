@@ -23,7 +23,7 @@ import typer
 
 from deepr.cli import flags as F
 from deepr.cli.app import app, console, finish, summary_table, user_errors
-from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT, SEARCH_OPT
+from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT, SEARCH_OPT, fetch_limit_options
 
 T = TypeVar("T")
 LLM_HELP = ("extractive (no LLM, the offline default), openai:<model>, hf:<path>[,adapter=<role>:<path>] "
@@ -153,6 +153,7 @@ def _parse_branching(text: str) -> list[int]:
 
 
 @app.command("build-trees", epilog=F.EXIT_HELP)
+@fetch_limit_options
 def build_trees_command(
     out: Path = typer.Option(..., "--out", "-o", help="Output trees.jsonl (appended; re-runs resume)."),
     corpus: str = typer.Option("wiki", "--corpus", "-c", help=(

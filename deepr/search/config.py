@@ -10,6 +10,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -86,6 +87,16 @@ class SearchConfig(BaseModel):
     def _cache(cls, v: str) -> str:
         if v not in MODES:
             raise ValueError(f"--search-cache {v!r}: expected one of {', '.join(MODES)}")
+        return v
+
+    @field_validator("content_types")
+    @classmethod
+    def _types(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError("name at least one content type, e.g. text/html")
+        bad = [t for t in v if not re.fullmatch(r"[a-z0-9][a-z0-9.+\-]*/[a-z0-9][a-z0-9.+\-]*", t)]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not a content type of the form type/subtype (e.g. text/html)")
         return v
 
     @field_validator("allow_hosts")

@@ -91,6 +91,22 @@ def check_address(ip: str, host: str, port: int, allow: set[tuple[str, int | Non
                          f"pass --allow-host {host}:{port} to permit it")
 
 
+def needs_resolution(url: str, allow: set[tuple[str, int | None]]) -> bool:
+    """Whether :func:`check_url` would look a name up (so callers keep the cheap cases, a bad
+    URL, an allowed host or an IP literal, off a worker thread); never raises."""
+    try:
+        _, host, port = url_parts(url)
+    except BlockedAddress:
+        return False
+    if host_allowed(host, port, allow):
+        return False
+    try:
+        ipaddress.ip_address(host.strip("[]").split("%", 1)[0])
+    except ValueError:
+        return True
+    return False
+
+
 def check_url(url: str, allow: set[tuple[str, int | None]]) -> None:
     """Check scheme and EVERY resolved address of ``url``'s host (before any request is sent)."""
     _, host, port = url_parts(url)

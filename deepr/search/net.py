@@ -23,7 +23,7 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 
-from deepr.search.guard import BlockedAddress, check_address, check_url, url_parts
+from deepr.search.guard import BlockedAddress, check_address, check_url, needs_resolution, url_parts
 from deepr.search.ratelimit import MAX_RETRY_AFTER, Limiter, retry_after_seconds
 
 USER_AGENT = "deepr-research-agent/0.1 (+https://github.com/deepr)"
@@ -66,8 +66,11 @@ def _peer_ok(resp: httpx.Response, url: str, allow: set[tuple[str, int | None]])
 
 async def _once(client: httpx.AsyncClient, method: str, url: str, cfg: NetConfig, guarded: bool,
                 **kw: Any) -> tuple[int, str, bytes, str | None, httpx.Headers]:
-    if guarded:
-        await asyncio.to_thread(check_url, url, cfg.allow)
+    if guarded:  # name resolution blocks, so only a real lookup goes to a worker thread
+        if needs_resolution(url, cfg.allow):
+            await asyncio.to_thread(check_url, url, cfg.allow)
+        else:
+            check_url(url, cfg.allow)
     async with client.stream(method, url, **kw) as resp:
         if guarded:
             _peer_ok(resp, url, cfg.allow)
@@ -93,8 +96,8 @@ async def request(client: httpx.AsyncClient, limiter: Limiter, method: str, url:
         host = urlsplit(url).netloc
         try:
             async with limiter.slot(host):
-                status, ctype, body, location, headers = await asyncio.wait_for(
-                    _once(client, method, url, cfg, guarded, **kw), cfg.timeout)
+                async with asyncio.timeout(cfg.timeout):  # no extra task per request, unlike wait_for
+                    status, ctype, body, location, headers = await _once(client, method, url, cfg, guarded, **kw)
         except BlockedAddress as e:
             raise FetchError(f"blocked: {e}") from None
         except (asyncio.TimeoutError, httpx.TimeoutException):
