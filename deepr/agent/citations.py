@@ -137,15 +137,16 @@ class Catalog:
             ids.append(self._by_key[key])
         return ids
 
-    def add_page(self, node: str, doc: Document) -> str:
-        """Register a fetched page under the node whose result led to it; returns its id."""
-        key = ("fetch", node, doc.id)
+    def add_page(self, node: str, doc: Document, passage_id: str | None = None) -> str:
+        """Register a fetched page (or one ``passage_id`` of it: each passage of a web page is
+        its own source) under the node whose result led to it; returns its id."""
+        key = ("fetch", node, passage_id or doc.id)
         if key not in self._by_key:
             self._next_f += 1
             cid = f"{node}-F{self._next_f}"
             self._by_key[key] = cid
-            self.entries[cid] = Entry(cid, "fetch", node, doc.id, doc.id, doc.title, doc.text, doc.url,
-                                      accessed=str(getattr(doc, "retrieved_at", "") or ""))
+            self.entries[cid] = Entry(cid, "fetch", node, doc.id, passage_id or doc.id, doc.title, doc.text,
+                                      doc.url, accessed=str(getattr(doc, "retrieved_at", "") or ""))
         return self._by_key[key]
 
     def resolve(self, ref: str) -> Entry | None:
@@ -201,9 +202,23 @@ class Catalog:
 
     def references(self, ids: Sequence[str]) -> str:
         """Markdown reference list for ``ids`` (callers pass exactly the cited ids)."""
-        lines = []
+        lines, pages = [], {}
+        for cid in ids:  # web sources: one line per URL with every cited snippet and passage of it
+            e = self.entries[cid]
+            if e.url and e.accessed:
+                pages.setdefault(e.url, []).append(e)
+        done: set[str] = set()
         for cid in ids:
             e = self.entries[cid]
+            group = pages.get(e.url or "\0")
+            if group and len(group) > 1:
+                if e.url not in done:
+                    done.add(e.url)
+                    kinds = ", ".join(f"{x.id} {'page passage' if x.kind == 'fetch' else 'search result'}"
+                                      for x in group)
+                    lines.append(f"- [{', '.join(x.id for x in group)}] {e.title or e.doc_id} <{e.url}>, "
+                                 f"accessed {min(x.accessed for x in group)[:10]} ({kinds})")
+                continue
             where = f" <{e.url}>" if e.url else ""
             where += f", accessed {e.accessed[:10]}" if e.accessed else ""
             kind = "full page" if e.kind == "fetch" else "snippet"

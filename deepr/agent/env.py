@@ -16,7 +16,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from deepr.llm.base import LLM
-from deepr.records import Hit
+from deepr.records import Document, Hit
 from deepr.roles import Outcome, Role, perform
 
 from deepr.agent.citations import Catalog
@@ -141,37 +141,53 @@ class Ctx:
                          doc_ids=[h.doc_id for h in hits], seconds=round(time.perf_counter() - t0, 4), **log)
         return hits, ids
 
-    def _browse(self, doc_id: str) -> str:
+    def _browse(self, doc_id: str, need: str = "") -> list[Hit] | str:
+        """The passages of a web page (a list) or the full text of a corpus document."""
         refusal: Exception | None = None
         for tools in [self.tools, *self._by_k.values()]:
             try:
-                return tools.browse(doc_id)
+                passages = tools.browse_passages(doc_id, need) if hasattr(tools, "browse_passages") else None
+                return tools.browse(doc_id) if passages is None else passages
             except PermissionError as e:  # BrowseRefused: this tools object never returned it
                 refusal = e
         raise refusal or PermissionError(f"browse refused: {doc_id!r}")
 
-    def fetch(self, ref: str, *, node: str | None = None) -> str | None:
-        """Open the full page behind ``ref`` (an id, doc id or URL a search returned).
+    def fetch(self, ref: str, *, node: str | None = None, need: str | None = None) -> str | None:
+        """Open the page behind ``ref``; its first catalog id, or None (see :meth:`fetch_all`)."""
+        ids = self.fetch_all(ref, node=node, need=need)
+        return ids[0] if ids else None
 
-        Returns the page's catalog id, or None (refusal recorded) when ``ref`` was never
+    def fetch_all(self, ref: str, *, node: str | None = None, need: str | None = None) -> list[str]:
+        """Open the page behind ``ref`` (an id, doc id or URL a search returned).
+
+        A web page is chunked and its passages most relevant to ``need`` (default: the search
+        that returned it) are catalogued, each with its own id; a corpus document gets one id.
+        Returns the ids, best passage first, or [] (refusal recorded) when ``ref`` was never
         returned by a search or the page cannot be opened.
         """
         entry = self.catalog.resolve(ref)
         if entry is None:
             self.tracer.tool("browse", requested=ref, refused=True,
                              reason="not returned by any search in this run")
-            return None
-        t0 = time.perf_counter()
+            return []
+        t0, node = time.perf_counter(), node or entry.node
+        need = need or entry.query or entry.title
         try:
-            text = self._browse(entry.doc_id)
-            doc = self.retriever.get_document(entry.doc_id)
+            got = self._browse(entry.doc_id, need)
+            if isinstance(got, str):
+                doc = self.retriever.get_document(entry.doc_id)
+                ids = [self.catalog.add_page(node, doc.model_copy(update={"text": got}))]
+            else:
+                ids = [self.catalog.add_page(node, Document(id=h.doc_id, title=h.title, text=h.text, url=h.url,
+                                                            retrieved_at=getattr(h, "retrieved_at", "")),
+                                             passage_id=h.id) for h in got]
         except (KeyError, ValueError, PermissionError) as e:
             self.tracer.tool("browse", requested=ref, doc_id=entry.doc_id, refused=True, reason=str(e))
-            return None
-        cid = self.catalog.add_page(node or entry.node, doc.model_copy(update={"text": text}))
-        self.tracer.tool("browse", requested=ref, doc_id=doc.id, id=cid, node=node or entry.node,
+            return []
+        self.tracer.tool("browse", requested=ref, doc_id=entry.doc_id, id=ids[0] if ids else None, ids=ids,
+                         passages=[] if isinstance(got, str) else [h.id for h in got], need=need, node=node,
                          seconds=round(time.perf_counter() - t0, 4))
-        return cid
+        return ids
 
     def sentences(self, cid: str) -> list[str]:
         """Sentences of one catalogued source (cached)."""

@@ -204,8 +204,10 @@ def markdown_html(md: str, anchors: set[str]) -> str:
                 out.append(f"<{kind}>")
                 lst = kind
             ref = re.match(r"^\[([^\]]+)\]", m.group(2))
-            rid = f' id="ref-{html.escape(ref.group(1))}"' if ref and ref.group(1) in anchors else ""
-            out.append(f"<li{rid}>{_inline(m.group(2), anchors)}</li>")
+            rids = [i.strip() for i in ref.group(1).split(",") if i.strip() in anchors] if ref else []
+            rid = f' id="ref-{html.escape(rids[0])}"' if rids else ""
+            more = "".join(f'<span id="ref-{html.escape(i)}"></span>' for i in rids[1:])  # grouped by URL
+            out.append(f"<li{rid}>{more}{_inline(m.group(2), anchors)}</li>")
         elif s.startswith(">"):
             flush()
             out.append(f"<blockquote>{_inline(s.lstrip('> '), anchors)}</blockquote>")

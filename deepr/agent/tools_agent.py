@@ -167,12 +167,12 @@ class ToolSession:
             ref = arguments.get("doc_id") or arguments.get("id") or arguments.get("url")
             if not isinstance(ref, str) or not ref.strip():
                 return 'browse needs {"doc_id": "an id from an earlier search result"}'
-            cid = self.ctx.fetch(ref.strip(), node=node)
-            if cid is None:
+            cids = self.ctx.fetch_all(ref.strip(), node=node)
+            if not cids:
                 return f"browse refused: {ref!r} was not returned by an earlier search in this run"
             self.valid += 1
-            self.shown.append(cid)
-            return self.ctx.catalog.evidence([cid], self.max_chars * 4)
+            self.shown.extend(cids)
+            return self.ctx.catalog.evidence(cids, self.max_chars * 4 // len(cids))
         return f"unknown tool {name!r}; use search, browse or scholar"
 
     def _search(self, name: str, node: str, query: str) -> list[str]:

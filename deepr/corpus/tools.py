@@ -76,6 +76,23 @@ class ResearchTools:
         self._record("browse", {"doc_id": doc_id}, [resolved], t0)
         return text
 
+    def browse_passages(self, doc_id: str, need: str = "", n: int | None = None) -> list[Hit] | None:
+        """The passages of a returned web page most relevant to ``need``, each with its own id
+        (``<url>#<chunk>``), best first; None when the retriever reads whole documents (the
+        corpus), so the caller uses :meth:`browse`. Refusals as for :meth:`browse`."""
+        t0 = time.perf_counter()
+        try:
+            resolved = self._resolve(doc_id)
+        except BrowseRefused as e:
+            self._record("browse", {"doc_id": doc_id}, [], t0, error=str(e))
+            raise
+        reader = getattr(self._seen_docs[resolved], "read_passages", None)
+        if reader is None or not resolved.startswith(("http://", "https://")):
+            return None
+        hits = reader(resolved, need or None, n)
+        self._record("browse", {"doc_id": doc_id, "need": need}, [h.id for h in hits], t0)
+        return hits
+
     def _resolve(self, ident: str) -> str:
         ident = (ident or "").strip()
         if ident in self._seen_docs:

@@ -32,6 +32,7 @@ from deepr.search.cache import CacheMiss, DiskCache
 from deepr.search.config import SearchConfig, parse_spec
 from deepr.search.guard import parse_allow
 from deepr.search.net import USER_AGENT, FetchError, NetConfig, request
+from deepr.search.passages import best_passages, page_chunks, rank_chunks, ranked_chunks  # noqa: F401
 from deepr.search.providers import COST_PER_QUERY, JINA_READ_COST, ProviderError, build_request, decode, \
     endpoint, parse
 from deepr.search.ratelimit import Limiter
@@ -269,11 +270,31 @@ class SourceRetriever:
         page = self.fetch_many([url])[0]
         if not page["ok"]:
             raise ValueError(f"fetch failed: {page['reason']}")
+        hits = self.read_passages(url, need)
+        text = "\n\n".join(h.text for h in sorted(hits, key=lambda h: int(h.id.rsplit("#", 1)[1])))
+        return Document(id=url, title=hits[0].title if hits else untrusted(page["title"])[:300], text=text,
+                        url=url, retrieved_at=page["retrieved_at"], final_url=page["final_url"])
+
+    def read_passages(self, url: str, need: str | None = None, n: int | None = None) -> list[WebHit]:
+        """The ``n`` (``--passages``) passages of a returned page most relevant to ``need`` (default:
+        the searches that returned it), best first, each with its own id ``<url>#<chunk>``; ranked
+        as the corpus retriever ranks (its mode and fusion; hybrid for the web alone). A page no
+        search returned raises PermissionError, a failed fetch ValueError with the reason."""
+        url = safe_url(url)
+        if url not in self._returned:
+            raise PermissionError(f"browse refused: {url!r} was not returned by a search in this run")
+        page = self.fetch_many([url])[0]
+        if not page["ok"]:
+            raise ValueError(f"fetch failed: {page['reason']}")
         need = need or " ".join(dict.fromkeys(self._returned[url]))
-        passages = best_passages(url, page["title"], page["text"], need, self.config.passages)
-        text = "\n\n".join(untrusted(p) for p in passages)
-        return Document(id=url, title=untrusted(page["title"])[:300], text=text, url=url,
-                        retrieved_at=page["retrieved_at"], final_url=page["final_url"])
+        mode = getattr(self.corpus, "mode", "hybrid")
+        emb = self.embedder if mode in ("dense", "hybrid") else None
+        chunks = page_chunks(url, page["title"], page["text"])
+        ranked = rank_chunks(chunks, need, mode, emb, getattr(self.corpus, "fusion", None))
+        title = untrusted(page["title"])[:300]
+        return [WebHit(id=f"{url}#{i}", doc_id=url, title=title, text=untrusted(chunks[i]), url=url, score=score,
+                       rank=r, provider="page", retrieved_at=page["retrieved_at"])
+                for r, (i, score) in enumerate(ranked[: n or self.config.passages], start=1)]
 
     def fetch_many(self, urls: list[str], *, miss_is_failure: bool = False) -> list[dict[str, Any]]:
         """Page records for ``urls`` fetched concurrently (within the limits), cached. In replay,
@@ -351,50 +372,6 @@ class SourceRetriever:
 
 async def _none() -> None:
     return None
-
-
-def best_passages(url: str, title: str, text: str, need: str, n: int) -> list[str]:
-    """The ``n`` chunks of a page that best match ``need`` (BM25), in page order."""
-    return [t for _, t in ranked_chunks(url, title, text, need, n, page_order=True)]
-
-
-def ranked_chunks(url: str, title: str, text: str, need: str, n: int, *,
-                  page_order: bool = False) -> list[tuple[int, str]]:
-    """(chunk index, text) of the ``n`` corpus-chunker chunks of a page that best match ``need``
-    (BM25; ties and no-match fall back to page order); best first unless ``page_order``."""
-    from deepr.corpus.chunking import chunk_documents
-
-    chunks = [p.text for p in chunk_documents([Document(id=url, title=title, text=text)])]
-    ranked = list(range(len(chunks)))
-    if len(chunks) > 1:
-        from deepr.corpus.index import tokenize
-
-        scores = bm25_scores(tokenize([need])[0], tokenize(chunks))
-        hit = sorted((i for i in ranked if scores[i] > 0), key=lambda i: (-scores[i], i))
-        ranked = hit + [i for i in ranked if i not in hit]
-    keep = ranked[:n]
-    return [(i, chunks[i]) for i in (sorted(keep) if page_order else keep)]
-
-
-def bm25_scores(query: list[str], docs: list[list[str]], k1: float = 1.5, b: float = 0.75) -> list[float]:
-    """Okapi BM25 of each tokenised chunk for the query tokens. A page has a handful of chunks,
-    so this plain loop is faster than building a bm25s index per page (about 5 ms each)."""
-    import math
-    from collections import Counter
-
-    n = len(docs)
-    avg = sum(len(d) for d in docs) / max(n, 1) or 1.0
-    df = Counter(t for d in docs for t in set(d))
-    out = []
-    for d in docs:
-        tf = Counter(d)
-        score = 0.0
-        for t in set(query):
-            if tf[t]:
-                idf = math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))
-                score += idf * tf[t] * (k1 + 1) / (tf[t] + k1 * (1 - b + b * len(d) / avg))
-        out.append(score)
-    return out
 
 
 def _default_cache_dir() -> Path:
