@@ -34,6 +34,28 @@ TOPICS = {
                "</script> into the report. Evacuation plans around active volcanoes save lives."),
 }
 
+# A long page whose sections are about different things: reading it must pick the passages
+# that match the need, each citable on its own.
+ATLAS = [
+    ("Deserts", "Deserts receive less than two hundred and fifty millimetres of rain a year. Dunes migrate as wind "
+     "moves sand grains. Cacti store water in thick stems and camels cross the dry dunes for days."),
+    ("Glacial valleys", "Glaciers grind their beds into wide U-shaped valleys. Moraines of rock debris mark where "
+     "the glacier ice once reached. Meltwater from the glacier snout feeds braided rivers."),
+    ("Reefs", "Coral polyps build reefs from calcium carbonate in warm shallow seas. Reef bleaching follows "
+     "marine heat waves, when corals expel the algae that feed them."),
+    ("Rivers", "Rivers carry silt to their deltas. Meanders widen on flood plains and oxbow lakes form when a "
+     "meander is cut off from the river channel."),
+    ("Caves", "Limestone caves form where slightly acidic groundwater dissolves rock. Stalactites hang from cave "
+     "ceilings and stalagmites rise from cave floors, growing a few millimetres a century."),
+]
+
+
+def atlas_page() -> bytes:
+    sections = "".join(f"<h2>{t}</h2>" + "".join(f"<p>{body} Section {t.lower()} note {i}.</p>" for i in range(3))
+                       for t, body in ATLAS)
+    return (f"<html><head><title>Earth atlas</title></head><body><article><h1>Earth atlas</h1>{sections}"
+            "</article></body></html>").encode()
+
 
 def article(title: str, body: str) -> bytes:
     paras = "".join(f"<p>{s.strip()}.</p>" for s in body.split(". ") if s.strip())
@@ -194,6 +216,8 @@ def site(trap_port: int, latency: float = 0.0) -> Server:
             name = p.rsplit("/", 1)[-1]
             if name in TOPICS:
                 return 200, html, article(*TOPICS[name])
+            if name == "atlas":
+                return 200, html, atlas_page()
             if name.startswith("n"):
                 return 200, html, article(f"Page {name}", TOPICS["volcano"][1])
         if p == "/redirect-private":

@@ -224,6 +224,8 @@ def search_errors(retriever: Any = None) -> Iterator[None]:
 
         console.print(f"[red]error[/]: {e}")
         raise typer.Exit(2) from None
+    except typer.Exit:  # already reported (e.g. by check_usable itself): say it once
+        raise
     except Exception:
         check_usable(retriever)  # an agent that found nothing at all: name the real cause
         raise
