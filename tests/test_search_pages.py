@@ -164,3 +164,67 @@ def test_fetch_limit_flags_apply_to_page_reads(web, tmp_path) -> None:
     assert ok.exit_code == 0, ok.output
     hits = json.loads(ok.stdout)
     assert hits and all(h["url"].startswith(web["site"].url + "/page/") for h in hits)
+
+
+# -- build-trees reads whole pages ------------------------------------------------------------
+
+def _norm(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_tree_nodes_rest_on_read_page_passages(web, tmp_path, embedder) -> None:
+    from deepr.data.topics import SeedTopic
+    from deepr.data.trees import TreeConfig, build_trees
+    from deepr.llm.extractive import ExtractiveLLM
+    from deepr.search import SearchConfig
+    from deepr.search.passages import page_chunks
+    from deepr.search.reading import PageReadingRetriever
+    from deepr.search.source import SourceRetriever
+
+    url = f"{web['site'].url}/page/atlas"
+    atlas = {"results": [{"url": url, "title": "Earth atlas", "content": "An atlas of landforms."}]}
+    prov = F.providers(web["site"].url, fixtures={"Earth atlas": atlas})
+    src = SourceRetriever(SearchConfig(spec=f"searxng:{prov.url}/searxng", cache_dir=tmp_path,
+                                       allow_hosts=[f"127.0.0.1:{web['site'].port}"]), embedder=embedder)
+    try:
+        [snippet] = src.search("Earth atlas", 3)
+        reading = PageReadingRetriever(src)
+        [read] = reading.search("Earth atlas", 3)
+        [tree] = build_trees([SeedTopic(id="t1", title="Earth atlas")], reading, ExtractiveLLM(),
+                             TreeConfig(max_depth=1, min_leaves=1))
+        page = src.pages[url]
+    finally:
+        src.close()
+        prov.close()
+    chunks = page_chunks(url, page["title"], page["text"])
+    # the search result alone carries one passage; read, it carries the page's best passages
+    assert sum(_norm(c) in _norm(snippet.text) for c in chunks) == 1
+    assert sum(_norm(c) in _norm(read.text) for c in chunks) == 4 and read.id.startswith(url + "#")
+    assert read.snippet == snippet.snippet == "An atlas of landforms."  # the provider's text is kept aside
+    root = tree.nodes[0]
+    assert root.supporting_docs and all(d.doc_id == url and d.snippet_id.startswith(url + "#")
+                                        for d in root.supporting_docs)
+    statements = [s for d in root.supporting_docs for s in d.statements]
+    assert statements and all(_norm(s) in _norm(page["text"]) for s in statements)  # from the fetched page
+    assert tree.stats.retrieval_calls >= 1 and src.stats["pages_read"] >= 1
+
+
+def test_build_trees_reads_result_pages_through_the_cache(web, tmp_path) -> None:
+    topics = tmp_path / "topics.txt"
+    topics.write_text("Volcano\nGlacier\n", encoding="utf-8")
+
+    def build(out: str, *extra: str):
+        r = CliRunner().invoke(app, ["build-trees", "--topics", str(topics), "--out", str(tmp_path / out),
+                                     "--max-depth", "1", "--search", f"searxng:{web['prov'].url}/searxng",
+                                     "--cache-dir", str(tmp_path), "--allow-host", f"127.0.0.1:{web['site'].port}",
+                                     *extra])
+        assert r.exit_code == 4, r.output  # the fake site is too small for a two-leaf tree
+        return json.loads((tmp_path / f"{out}.meta.json").read_text(encoding="utf-8"))["search"]
+
+    first = build("a.jsonl")
+    assert first["pages_read"] >= 2 and first["fetches"] >= 2 and first["network_requests"] >= 2
+    n = len(web["site"].requests), len(web["prov"].requests)
+    again = build("b.jsonl", "--search-cache", "replay")  # the same reads, from the cache only
+    assert again["pages_read"] == first["pages_read"] and again["network_requests"] == 0
+    assert (len(web["site"].requests), len(web["prov"].requests)) == n
+    assert "pages_read" not in build("c.jsonl", "--snippets-only")

@@ -176,6 +176,10 @@ def build_trees_command(
     timeout: float = C["timeout"], concurrency: int = C["concurrency"], limit: int | None = C["limit"],
     dry_run: bool = C["dry_run"], shard: str | None = C["shard"], retry_rejects: bool = C["retry_rejects"],
     search: str = SEARCH_OPT, allow_host: list[str] | None = ALLOW_OPT, search_cache: str = CACHE_OPT,
+    read_pages: bool = typer.Option(True, "--read-pages/--snippets-only", help=(
+        "With a web --search: read every result page (same reader, cache, guard and limits as browse) "
+        "so tree nodes rest on its passages most relevant to the query, as DeepRubric does; "
+        "--snippets-only keeps the search results' own text.")),
     deadline: float | None = C["deadline"], allow_fallback: bool = C["allow_fallback"],
     max_tokens: int | None = C["max_tokens"], temperature: float | None = C["temperature"],
     top_p: float | None = C["top_p"],
@@ -221,6 +225,10 @@ def build_trees_command(
             corpus_obj = retriever_obj
             retriever_obj = open_search(search, allow_host, search_cache, cache_dir, lambda: corpus_obj or open_retriever(
                 corpus, retriever=retriever, cache_dir=cache_dir, progress=True))
+            if read_pages and hasattr(retriever_obj, "read_passages"):
+                from deepr.search.reading import PageReadingRetriever
+
+                retriever_obj = PageReadingRetriever(retriever_obj)
         model, judge = _models(llm, judge_llm, base_url, api_key, no_cache, timeout, concurrency, gen, deadline)
         inputs = [p for p in (topics, Path(corpus)) if p is not None and p.is_file()]
         from deepr.cli.search_opts import search_errors
