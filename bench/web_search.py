@@ -10,6 +10,9 @@
    the ideal 50/8 × 200 ms (target ≤ 1.3×; 7 waves of 8 make 1.12× the floor), median of 5 runs,
    beside bare httpx against the same asyncio server in the same run.
 4. A cached search (fresh process state, disk cache only): median latency (target ≤ 5 ms).
+5. The hostile cases of the issue's item 6 through ``deepr run --search serper`` (key = a sentinel,
+   endpoint = the fake provider): no traceback, the key in no output or written file, no
+   connection to the unallowed loopback port, the expected exit status.
 
 Writes bench/results/web_search.json. The machine may be shared: the load average is recorded.
 """
@@ -50,7 +53,7 @@ def agent_runs(work: Path) -> dict:
         for mode in ("dag", "warp"):
             base = ["run", "How do volcanoes and glaciers shape the land?", "--mode", mode, "--search",
                     f"searxng:{prov.url}/searxng", "--allow-host", f"127.0.0.1:{site.port}",
-                    "--cache-dir", str(work / mode)]
+                    "--cache-dir", str(work / mode), "--seed", "7"]
             n0 = len(site.requests)
             t0 = time.perf_counter()
             r = CliRunner().invoke(app, [*base, "--out", str(work / mode / "a" / "report.md")])
@@ -66,7 +69,10 @@ def agent_runs(work: Path) -> dict:
             replay_s = time.perf_counter() - t0
             assert r2.exit_code == 0, r2.output
             md2 = (work / mode / "b" / "report.md").read_text(encoding="utf-8")
+            side = json.loads((work / mode / "a" / "report.json").read_text(encoding="utf-8"))
+            passages = [c for c in side["citations"].values() if c.get("kind") == "fetch"]
             out[mode] = {"references": len(refs), "references_fetched": sum(u in fetched for u in refs),
+                         "cited_page_passages": len(passages),
                          "every_reference_fetched": bool(refs) and all(u in fetched for u in refs),
                          "replay_requests": (len(site.requests) - n_site) + (len(prov.requests) - n_prov),
                          "replay_identical": md == md2, "live_run_s": round(live_s, 2),
@@ -145,6 +151,69 @@ def cached_search(work: Path, reps: int = 50) -> dict:
             "meets_target": statistics.median(times) <= 5.0}
 
 
+SENTINEL = "sk-bench-SENTINEL-7f3a"
+HOSTILE = ["/redirect-private", "/big", "/binary", "/captcha", "/js", "/forbidden", "/empty", "/slow", "/ratelimited"]
+MALFORMED = ["BREAK-html", "BREAK-missing", "BREAK-empty", "BREAK-truncated", "BREAK-500"]
+
+
+def hostile_cases(work: Path) -> dict:
+    """Issue item 6's cases through ``deepr run`` with a keyed provider (serper, key = a sentinel):
+    no traceback, the key in no output or file, no connection to the unallowed loopback port."""
+    from typer.testing import CliRunner
+
+    from deepr.cli import app
+
+    trap = socket.socket()
+    trap.bind(("127.0.0.1", 0))
+    trap.listen(8)
+    trap.settimeout(0.2)
+    site = F.site(trap.getsockname()[1])
+    good = f"{site.url}/page/volcano"
+
+    def serper(urls: list[str]) -> dict:
+        return {"organic": [{"title": u.rsplit("/", 1)[-1], "link": u, "snippet": "volcano page"} for u in urls]}
+
+    q_mixed, q_bad = "How do volcanoes erupt?", "What do volcano pages hide?"
+    prov = F.providers(site.url, fixtures={q_mixed: serper([site.url + h for h in HOSTILE] + [good]),
+                                           q_bad: serper([site.url + h for h in HOSTILE[:-1]])})
+    env = {"SERPER_API_KEY": SENTINEL, "DEEPR_SERPER_URL": f"{prov.url}/serper"}
+    cases = [("hostile pages + one good page", q_mixed, {0}), ("hostile pages only", q_bad, {4}),
+             *((f"provider reply {b}", f"volcano {b}", {4}) for b in MALFORMED)]
+    out = []
+    try:
+        for i, (name, query, codes) in enumerate(cases):
+            folder = work / "hostile" / str(i)
+            r = CliRunner().invoke(app, ["run", query, "--search", "serper", "--allow-host", f"127.0.0.1:{site.port}",
+                                         "--cache-dir", str(folder / "cache"), "--out", str(folder / "r.md"),
+                                         "--html", "--fetch-timeout", "1", "--seed", "7"], env=env)
+            files = [f for f in folder.rglob("*") if f.is_file()]
+            leaked = [str(f.relative_to(folder)) for f in files
+                      if SENTINEL in f.read_text(encoding="utf-8", errors="replace")]
+            try:
+                trap.accept()[0].close()
+                private = True
+            except OSError:
+                private = False
+            side = folder / "r.json"
+            failures = json.loads(side.read_text(encoding="utf-8"))["search"]["failures"] if side.exists() else []
+            md = (folder / "r.md").read_text(encoding="utf-8") if (folder / "r.md").exists() else ""
+            refs = re.findall(r"<(https?://[^>]+)>", md.split("## References", 1)[-1]) if md else []
+            out.append({"case": name, "exit_code": r.exit_code, "expected_exit": sorted(codes),
+                        "traceback": "Traceback" in r.output or not isinstance(r.exception, (SystemExit, type(None))),
+                        "key_in_output": SENTINEL in r.output, "key_in_files": leaked, "private_fetch": private,
+                        "references": refs, "recorded_failures": sorted({f["reason"][:70] for f in failures}),
+                        "error_line": next((ln.strip() for ln in r.output.splitlines() if "error" in ln.lower()), "")})
+    finally:
+        site.close()
+        prov.close()
+        trap.close()
+    ok = all(c["exit_code"] in c["expected_exit"] and not c["traceback"] and not c["key_in_output"]
+             and not c["key_in_files"] and not c["private_fetch"] for c in out)
+    ok = ok and out[0]["references"] and all(u.startswith(f"{site.url}/page/") or u.endswith("/ratelimited")
+                                             for u in out[0]["references"])
+    return {"cases": out, "meets_target": bool(ok)}
+
+
 async def _noop() -> None:
     return None
 
@@ -154,7 +223,8 @@ def main() -> None:
         work = Path(tmp)
         os.environ["DEEPR_CACHE"] = str(work / "deepr-cache")
         res = {"load_average": os.getloadavg(), "agent_runs": agent_runs(work),
-               "concurrent_fetch": concurrent_fetch(work), "cached_search": cached_search(work)}
+               "concurrent_fetch": concurrent_fetch(work), "cached_search": cached_search(work),
+               "hostile_cases": hostile_cases(work)}
     res["load_average_after"] = os.getloadavg()
     out = ROOT / "bench" / "results" / "web_search.json"
     out.write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")

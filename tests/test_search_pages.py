@@ -228,3 +228,16 @@ def test_build_trees_reads_result_pages_through_the_cache(web, tmp_path) -> None
     assert again["pages_read"] == first["pages_read"] and again["network_requests"] == 0
     assert (len(web["site"].requests), len(web["prov"].requests)) == n
     assert "pages_read" not in build("c.jsonl", "--snippets-only")
+
+
+@pytest.mark.parametrize("query", ["volcano BREAK-html", "volcano BREAK-500"])
+def test_web_run_citing_nothing_fails_instead_of_an_empty_report(web, tmp_path, query: str) -> None:
+    # The broken query's own searches fail; the planner's reworded searches find pages the writer
+    # cannot use. A report citing nothing must not be written with exit status 0.
+    r = CliRunner().invoke(app, ["run", query, "--out", str(tmp_path / "r.md"), "--search", "serper",
+                                 "--allow-host", f"127.0.0.1:{web['site'].port}", "--cache-dir", str(tmp_path)],
+                           env={"SERPER_API_KEY": "sk-test-key", "DEEPR_SERPER_URL": f"{web['prov'].url}/serper"})
+    said = " ".join(r.output.split())
+    assert r.exit_code == 4 and "the report cites no source" in said and "serper:" in said, said
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    assert not (tmp_path / "r.md").exists() and "sk-test-key" not in r.output

@@ -283,7 +283,7 @@ def run_command(
 
         with search_errors(source):
             res = _run_one(query, tools, model, config, html=html)
-            check_usable(source)
+            check_usable(source, res)
             attach(res, source)
         paths = write_report(res, out)
         if record:

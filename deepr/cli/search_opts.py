@@ -192,9 +192,10 @@ def attach(result: Any, retriever: Any, before: dict[str, Any] | None = None) ->
         cfg["search"] = {**retriever.config.public(), "counts": {k: v for k, v in summary.items() if k != "failures"}}
 
 
-def check_usable(retriever: Any) -> None:
+def check_usable(retriever: Any, result: Any = None) -> None:
     """Fail (exit 4, "nothing succeeded", with the reasons) when web searches ran and none gave a
-    readable page, so a run never ends with an empty report and exit status 0."""
+    readable page, or when ``result`` (a run) cites no source at all, so a run never ends with
+    an empty report and exit status 0."""
     summary = search_summary(retriever)
     if not summary or summary["searches"] == 0:
         return
@@ -209,6 +210,13 @@ def check_usable(retriever: Any) -> None:
         reasons = sorted({f["reason"] for f in summary["failures"]})[:3]
         console.print(f"[red]error[/]: no search returned a readable page ({summary['failed']} failures"
                       + (": " + "; ".join(reasons) if reasons else "") + ")")
+        raise typer.Exit(NOTHING)
+    trace = getattr(result, "trace", None)
+    if trace is not None and not getattr(trace, "citations", None):
+        reasons = sorted({f["reason"] for f in summary["failures"]})[:3]
+        console.print(f"[red]error[/]: the report cites no source: {summary['results']} web results, none used "
+                      f"({summary['failed']} failed searches or fetches" + (": " + "; ".join(reasons) if reasons
+                                                                            else "") + "); no report written")
         raise typer.Exit(NOTHING)
 
 
