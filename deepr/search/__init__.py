@@ -3,8 +3,10 @@
 Modules: ``config`` (``--search`` specs and limits), ``providers`` (each web API's request and
 response shape), ``mcp_client`` (any MCP search tool), ``net`` (requests with limits and
 retries), ``guard`` (which addresses a fetch may reach), ``ratelimit``, ``cache`` (disk cache
-and replay), ``reader`` (page fetch and main-text extraction), ``source`` (the combined
-retriever agents use), ``drb`` (DeepResearch Bench submission export).
+and replay), ``reader`` (page fetch and main-text extraction), ``passages`` (a read page's
+chunks ranked against a need), ``source`` (the combined retriever agents use), ``reading``
+(search results carrying their read page, for tree building), ``drb`` (DeepResearch Bench
+submission export).
 
 Example::
 
