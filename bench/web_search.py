@@ -119,6 +119,23 @@ def concurrent_fetch(work: Path, n: int = 50, latency: float = 0.2, conc: int = 
             "raw_httpx_ratio": round(raw / ideal, 3), "deepr_over_raw_httpx": round(wall / raw, 3)}
 
 
+async def _raw_httpx(urls: list[str], conc: int) -> float:
+    """The same GETs with bare httpx and a semaphore: what this machine and server allow."""
+    import httpx
+
+    sem = asyncio.Semaphore(conc)
+    async with httpx.AsyncClient() as client:
+        await client.get(urls[0])
+
+        async def one(u: str) -> None:
+            async with sem:
+                await client.get(u)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(u) for u in urls))
+        return time.perf_counter() - t0
+
+
 def cached_search(work: Path, reps: int = 50) -> dict:
     from deepr.search import SearchConfig
     from deepr.search.source import SourceRetriever

@@ -241,3 +241,15 @@ def test_web_run_citing_nothing_fails_instead_of_an_empty_report(web, tmp_path, 
     assert r.exit_code == 4 and "the report cites no source" in said and "serper:" in said, said
     assert r.exception is None or isinstance(r.exception, SystemExit)
     assert not (tmp_path / "r.md").exists() and "sk-test-key" not in r.output
+
+
+def test_only_real_name_lookups_leave_the_event_loop() -> None:
+    from deepr.search.guard import needs_resolution, parse_allow
+
+    allow = parse_allow(["intranet.example:8080"])
+    assert needs_resolution("https://example.org/a", set())  # a name: resolved on a worker thread
+    assert not needs_resolution("http://127.0.0.1:9/x", set())  # literals are checked in place
+    assert not needs_resolution("http://[::1]:9/x", set())
+    assert not needs_resolution("http://intranet.example:8080/", allow)  # allowed: nothing to resolve
+    assert needs_resolution("http://intranet.example:9090/", allow)
+    assert not needs_resolution("file:///etc/passwd", set())  # refused at once by check_url
