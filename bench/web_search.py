@@ -211,6 +211,7 @@ def hostile_cases(work: Path) -> dict:
                 private = True
             except OSError:
                 private = False
+            said = " ".join(r.output.split())  # the one-line error, unwrapped from the console width
             side = folder / "r.json"
             failures = json.loads(side.read_text(encoding="utf-8"))["search"]["failures"] if side.exists() else []
             md = (folder / "r.md").read_text(encoding="utf-8") if (folder / "r.md").exists() else ""
@@ -219,7 +220,7 @@ def hostile_cases(work: Path) -> dict:
                         "traceback": "Traceback" in r.output or not isinstance(r.exception, (SystemExit, type(None))),
                         "key_in_output": SENTINEL in r.output, "key_in_files": leaked, "private_fetch": private,
                         "references": refs, "recorded_failures": sorted({f["reason"][:70] for f in failures}),
-                        "error_line": next((ln.strip() for ln in r.output.splitlines() if "error" in ln.lower()), "")})
+                        "error": said[said.find("error"):][:400] if "error" in said else ""})
     finally:
         site.close()
         prov.close()
