@@ -3,10 +3,14 @@
 DeepRubric grows its evidence trees from pages it reads, not from the search engine's
 snippets. :class:`PageReadingRetriever` wraps a :class:`~deepr.search.source.SourceRetriever`:
 every web result of a search is read (the same reader, cache, address guard and limits as
-``browse``; the page was usually fetched already when the search verified it) and the hit's
-text becomes the page's passages most relevant to that query, in page order, its id the best
-passage's ``<url>#<chunk>``. Corpus results and pages that cannot be read keep their snippet.
-Everything else (``embedder``, ``summary``, ``close``...) is the wrapped source's.
+``browse``; the page was usually fetched already when the search verified it), cut with the
+corpus chunker, and the hit becomes the page's passage most relevant to that query, ranked
+as the run's retriever ranks (hybrid for the web alone), with that passage's id
+``<url>#<chunk>``. One passage, not several joined: a tree node records the hit's id as the
+``snippet_id`` of the statements it extracts from the hit's text, so the text must be exactly
+the passage the id names. Different queries of one tree pick different passages of the same
+page. Corpus results and pages that cannot be read keep their snippet. Everything else
+(``embedder``, ``summary``, ``close``...) is the wrapped source's.
 
 Example::
 
@@ -21,10 +25,10 @@ from deepr.records import Hit
 
 
 class PageReadingRetriever:
-    """``search``/``search_many`` of ``source`` with each web hit's text replaced by read passages."""
+    """``search``/``search_many`` of ``source`` with each web hit replaced by its page's best passage."""
 
-    def __init__(self, source: Any, passages: int | None = None):
-        self.source, self.passages = source, passages
+    def __init__(self, source: Any):
+        self.source = source
         self.source.stats.setdefault("pages_read", 0)
 
     def __getattr__(self, name: str) -> Any:
@@ -41,12 +45,11 @@ class PageReadingRetriever:
         if not hit.url or hit.doc_id != hit.url:  # a corpus passage or an MCP snippet: nothing to read
             return hit
         try:
-            best = self.source.read_passages(hit.url, query, self.passages)
+            best = self.source.read_passages(hit.url, query, 1)
         except (PermissionError, ValueError):  # recorded by the source; the snippet stays the evidence
             return hit
         if not best:
             return hit
         self.source.stats["pages_read"] += 1
-        ordered = sorted(best, key=lambda h: int(h.id.rsplit("#", 1)[1]))
-        return hit.model_copy(update={"id": best[0].id, "text": "\n\n".join(h.text for h in ordered),
+        return hit.model_copy(update={"id": best[0].id, "text": best[0].text,
                                       "snippet": getattr(hit, "snippet", "") or hit.text})
