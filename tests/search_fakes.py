@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -284,11 +285,14 @@ def shape(provider: str, hits: list[dict[str, str]]) -> dict[str, Any]:
     raise ValueError(provider)
 
 
-def providers(site_url: str, fixtures: dict[str, Any] | None = None) -> Server:
+def providers(site_url: str, fixtures: dict[str, Any] | None = None,
+              results: Callable[[str], list[dict[str, str]]] | None = None) -> Server:
     """The fake provider server: ``/<provider>/...`` answers in that provider's shape. A query
     containing BREAK-html / BREAK-missing / BREAK-empty / BREAK-truncated gets a malformed reply;
-    ``fixtures`` (query -> raw JSON) overrides the computed reply."""
+    ``fixtures`` (query -> raw JSON) overrides the computed reply; ``results`` (query -> hits)
+    replaces :func:`results_for` as the search engine."""
     fixtures = fixtures or {}
+    engine = results or (lambda q: results_for(q, site_url))
 
     def handle(method: str, path: str, headers: dict, body: bytes) -> tuple[int, dict, Any]:
         parts = urlsplit(path)
@@ -317,9 +321,52 @@ def providers(site_url: str, fixtures: dict[str, Any] | None = None) -> Server:
             return 200, js, json.dumps(shape(provider, results_for("volcano", site_url)))[:57].encode()
         if "BREAK-500" in query:
             return 500, js, b'{"error": "boom"}'
-        return 200, js, json.dumps(shape(provider, results_for(query, site_url))).encode()
+        return 200, js, json.dumps(shape(provider, engine(query))).encode()
 
     return Server(handle)
+
+
+# -- a topical website: pages the test writes, and a search engine over them ------------------
+
+_WORD_RE = re.compile(r"[a-z0-9]+")
+_COMMON = frozenset("the and for with that this from are was were its their they them than into "
+                    "about more most have has had which when where what who how compared".split())
+
+
+def _words(text: str) -> set[str]:
+    return {w for w in _WORD_RE.findall(text.lower()) if len(w) > 2 and w not in _COMMON}
+
+
+def page_html(title: str, paragraphs: list[str]) -> bytes:
+    body = "".join(f"<p>{p}</p>" for p in paragraphs)
+    return (f"<html><head><title>{title}</title></head><body><nav>Home | Topics | About</nav>"
+            f"<article><h1>{title}</h1>{body}</article><footer>(c) fake site</footer></body></html>").encode()
+
+
+def pages_site(pages: dict[str, tuple[str, list[str]]]) -> Server:
+    """A website serving ``/wiki/<name>`` for each ``name -> (title, paragraphs)`` of ``pages``."""
+    def handle(method: str, path: str, headers: dict, body: bytes) -> tuple[int, dict, Any]:
+        name = urlsplit(path).path.removeprefix("/wiki/")
+        html = {"Content-Type": "text/html; charset=utf-8"}
+        if name in pages:
+            return 200, html, page_html(*pages[name])
+        return 404, html, b"<html><body>not here</body></html>"
+
+    return Server(handle)
+
+
+def overlap_engine(pages: dict[str, tuple[str, list[str]]], site_url: str) -> Callable[[str], list[dict[str, str]]]:
+    """A search engine over ``pages`` for :func:`providers`: every page sharing a word with the
+    query, most shared words first (ties by name); the snippet is the page's first sentence."""
+    vocab = {n: _words(t + " " + " ".join(ps)) for n, (t, ps) in pages.items()}
+
+    def search(query: str) -> list[dict[str, str]]:
+        q = _words(query)
+        ranked = sorted((-len(q & w), n) for n, w in vocab.items() if q & w)
+        return [{"url": f"{site_url}/wiki/{n}", "title": pages[n][0], "snippet": pages[n][1][0][:160]}
+                for _, n in ranked]
+
+    return search
 
 
 @contextlib.contextmanager

@@ -183,13 +183,15 @@ def test_tree_nodes_rest_on_read_page_passages(web, tmp_path, embedder) -> None:
 
     url = f"{web['site'].url}/page/atlas"
     atlas = {"results": [{"url": url, "title": "Earth atlas", "content": "An atlas of landforms."}]}
-    prov = F.providers(web["site"].url, fixtures={"Earth atlas": atlas})
+    needs = ["limestone caves stalactites", "coral reef bleaching"]
+    prov = F.providers(web["site"].url, fixtures={q: atlas for q in ["Earth atlas", *needs]})
     src = SourceRetriever(SearchConfig(spec=f"searxng:{prov.url}/searxng", cache_dir=tmp_path,
                                        allow_hosts=[f"127.0.0.1:{web['site'].port}"]), embedder=embedder)
     try:
         [snippet] = src.search("Earth atlas", 3)
         reading = PageReadingRetriever(src)
         [read] = reading.search("Earth atlas", 3)
+        [[caves], [reefs]] = reading.search_many(needs, 3)
         [tree] = build_trees([SeedTopic(id="t1", title="Earth atlas")], reading, ExtractiveLLM(),
                              TreeConfig(max_depth=1, min_leaves=1))
         page = src.pages[url]
@@ -197,16 +199,23 @@ def test_tree_nodes_rest_on_read_page_passages(web, tmp_path, embedder) -> None:
         src.close()
         prov.close()
     chunks = page_chunks(url, page["title"], page["text"])
-    # the search result alone carries one passage; read, it carries the page's best passages
+
+    def chunk_of(passage_id: str) -> str:
+        assert passage_id.startswith(url + "#")
+        return _norm(chunks[int(passage_id.rsplit("#", 1)[1])])
+
+    # A read hit is the one passage of the page that best matches its query, under that passage's
+    # own id (several passages joined under one id left statements citing the wrong passage).
     assert sum(_norm(c) in _norm(snippet.text) for c in chunks) == 1
-    assert sum(_norm(c) in _norm(read.text) for c in chunks) == 4 and read.id.startswith(url + "#")
+    for hit, word in ((read, "atlas"), (caves, "Stalactites"), (reefs, "bleaching")):
+        assert _norm(hit.text) == chunk_of(hit.id) and word in hit.text and hit.doc_id == url
+    assert caves.id != reefs.id  # the same page answers each need with its own passage
     assert read.snippet == snippet.snippet == "An atlas of landforms."  # the provider's text is kept aside
     root = tree.nodes[0]
-    assert root.supporting_docs and all(d.doc_id == url and d.snippet_id.startswith(url + "#")
-                                        for d in root.supporting_docs)
-    statements = [s for d in root.supporting_docs for s in d.statements]
-    assert statements and all(_norm(s) in _norm(page["text"]) for s in statements)  # from the fetched page
-    assert tree.stats.retrieval_calls >= 1 and src.stats["pages_read"] >= 1
+    assert root.supporting_docs and all(d.doc_id == url for d in root.supporting_docs)
+    for d in root.supporting_docs:  # every statement lies in the fetched passage its id names
+        assert d.statements and all(_norm(s) in chunk_of(d.snippet_id) for s in d.statements)
+    assert tree.stats.retrieval_calls >= 1 and src.stats["pages_read"] >= 3
 
 
 def test_build_trees_reads_result_pages_through_the_cache(web, tmp_path) -> None:
