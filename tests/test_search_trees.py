@@ -136,6 +136,9 @@ def test_build_trees_grows_a_tree_from_read_pages_and_replays_it(bee_web, tmp_pa
         assert url == d["doc_id"] and url in fetched, d
         passage = _norm(_chunks(url)[int(k)])
         assert d["statements"] and all(_norm(s) in passage for s in d["statements"]), d
+        # ...and is one of the page's own sentences (or its heading), whole: no heading glued to a sentence
+        title, paragraphs = BEES[url.rsplit("/", 1)[1]]
+        assert set(d["statements"]) <= {*paragraphs, f"{title}."}, d
     assert len({d["doc_id"] for d in support}) >= 3  # the sub-topics come from several pages
     assert any(not d["snippet_id"].endswith("#0") for d in support)  # a page's passage chosen by the need
     assert first["pages_read"] >= len(nodes) and first["network_requests"] >= len(fetched) >= 3
@@ -160,3 +163,14 @@ def test_replay_of_an_uncached_web_tree_fails_clearly(bee_web, tmp_path) -> None
     assert r.exit_code == 2 and "--search-cache replay: no cached search for 'Honey bees'" in said, said
     assert "Traceback" not in r.output and not (tmp_path / "t.jsonl").read_text(encoding="utf-8").strip()
     assert (len(site.requests), len(prov.requests)) == seen
+
+
+def test_page_headings_stay_out_of_the_next_sentence() -> None:
+    from deepr.search.passages import page_chunks
+    from deepr.search.reader import extract
+    from deepr.text import split_sentences
+
+    title, text = extract(F.page_html("Queen bee", BEES["queen"][1][:2]), "text/html")
+    [passage] = page_chunks("http://127.0.0.1:9/wiki/queen", title, text)
+    # the chunker joins lines with spaces: the heading must end its own sentence first
+    assert split_sentences(passage) == ["Queen bee.", *BEES["queen"][1][:2]]

@@ -36,6 +36,7 @@ _NEEDS_JS = re.compile(r"enable javascript|javascript is (?:required|disabled)|t
                        r"requires javascript", re.I)
 MIN_CHARS = 40
 _TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.I | re.S)
+_BLOCK_END = re.compile(r"[.!?:;…][\"'’”)\]]*\s*$")
 
 
 def now_iso() -> str:
@@ -72,10 +73,20 @@ def extract(body: bytes, content_type: str) -> tuple[str, str]:
     m = _TITLE.search(html)
     title = re.sub(r"\s+", " ", m.group(1)).strip() if m else ""
     title = re.sub(r"<[^>]+>", "", title)
-    text = trafilatura.extract(html, include_comments=False, include_tables=True, favor_precision=True) or ""
+    text = _end_blocks(trafilatura.extract(html, include_comments=False, include_tables=True,
+                                           favor_precision=True) or "")
     if not text.strip():  # very short pages: take the visible text
         text = re.sub(r"\s+", " ", re.sub(r"<(script|style)[^>]*>.*?</\1>|<[^>]+>", " ", html, flags=re.S | re.I))
     return title, text.strip()
+
+
+def _end_blocks(text: str) -> str:
+    """trafilatura's text with a full stop after each block (heading, caption, list item) that
+    lacks an end mark. The corpus chunker joins lines with spaces, so a bare heading would open
+    the next paragraph's first sentence and reach a tree as the statement "Queen bee The queen
+    lays ..."."""
+    return "\n".join(line.rstrip() + "." if line.strip() and not _BLOCK_END.search(line) else line
+                     for line in text.splitlines())
 
 
 def _record(url: str, **kw: Any) -> dict[str, Any]:
