@@ -178,7 +178,8 @@ def build_trees_command(
     search: str = SEARCH_OPT, allow_host: list[str] | None = ALLOW_OPT, search_cache: str = CACHE_OPT,
     read_pages: bool = typer.Option(True, "--read-pages/--snippets-only", help=(
         "With a web --search: read every result page (same reader, cache, guard and limits as browse) "
-        "so tree nodes rest on its passages most relevant to the query, as DeepRubric does; "
+        "so each tree node rests on the page's passage that best matches its sub-query, cited by that "
+        "passage's id <url>#<chunk>, as DeepRubric grows trees from read pages; "
         "--snippets-only keeps the search results' own text.")),
     deadline: float | None = C["deadline"], allow_fallback: bool = C["allow_fallback"],
     max_tokens: int | None = C["max_tokens"], temperature: float | None = C["temperature"],
