@@ -20,6 +20,9 @@ how the "before" row is produced with the same script.
 
     python bench/sft_memory.py --model /tmp/smollm2-hf \
         --label before --code /tmp/before --label after --code . --out bench/results/sft_memory.json
+
+The result keeps rows of earlier runs under other labels; ``ratios`` compares each row of one run
+with that run's first row (peak RSS, CPU seconds per step, and the largest loss difference).
 """
 
 from __future__ import annotations
@@ -131,6 +134,26 @@ def synthetic_data(path: Path, n: int = 8) -> Path:
     return path
 
 
+def ratios(rows: dict) -> dict:
+    """Each later row against the first of this run: peak RSS and CPU time per step as ratios, and
+    how far its losses are from the first row's (same data, same seed: they should agree)."""
+    labels = list(rows)
+    if len(labels) < 2:
+        return {}
+    base, out = rows[labels[0]], {}
+    for label in labels[1:]:
+        row = rows[label]
+        cpu = (row["cpu_seconds_per_step"] / base["cpu_seconds_per_step"]
+               if row.get("cpu_seconds_per_step") and base.get("cpu_seconds_per_step") else None)
+        diffs = [abs(a - b) for a, b in zip(row["losses"], base["losses"])]
+        out[f"{label} / {labels[0]}"] = {
+            "peak_rss": round(row["peak_rss_mb"] / base["peak_rss_mb"], 3),
+            "cpu_seconds_per_step": round(cpu, 3) if cpu else None,
+            "losses_identical": row["losses"] == base["losses"],
+            "loss_max_abs_diff": max(diffs) if diffs else None}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="Model folder (e.g. SmolLM2-135M-Instruct converted to HF).")
@@ -161,6 +184,7 @@ def main() -> None:
               "machine": f"{os.cpu_count()} cpus; timings taken under load from other jobs", "runs": rows}
     existing = json.loads(args.out.read_text()) if args.out.is_file() else {}
     key = "lora" if args.lora else "full"
+    result["ratios"] = {**existing.get(key, {}).get("ratios", {}), **ratios(rows)}
     result["runs"] = {**existing.get(key, {}).get("runs", {}), **rows}  # rows of other labels stay
     existing[key] = result
     args.out.parent.mkdir(parents=True, exist_ok=True)
