@@ -152,6 +152,12 @@ def drop_too_long(examples: list[ChatExample], tokenizer: Any, max_length: int
     return keep, rejects
 
 
+def reject_counts(rejects: Sequence[Reject]) -> dict[str, int]:
+    """Rejects per reason code (too_long, bad_shape, template_error): the run's sidecar and
+    deepr_meta.json say how many examples --max-length dropped, not only how many were dropped."""
+    return dict(sorted(Counter(r.reason.split(":", 1)[0] for r in rejects).items()))
+
+
 def fingerprint(rows: Sequence[dict[str, Any]]) -> str:
     """Content hash of the training rows: a resumed run must see the same data."""
     return hashlib.sha256(json.dumps(list(rows), sort_keys=True).encode("utf-8")).hexdigest()[:16]
@@ -321,7 +327,7 @@ def train_sft(examples: Sequence[ChatExample], config: SftConfig, *, callbacks: 
                          f"(first: {rejects[0].reason if rejects else 'none'})")
     data_fp = fingerprint([to_row(e, config.loss) for e in chosen])
     resume_now = check_out(config.out, config.resume, data_fp)
-    counts = {"examples": len(chosen), "rejected": len(rejects),
+    counts = {"examples": len(chosen), "rejected": len(rejects), "rejected_by_reason": reject_counts(rejects),
               "by_action": dict(sorted(Counter(e.action for e in chosen).items()))}
     stop = _make_stop_callback()
     trainer = build_trainer(config, chosen, tokenizer, [stop, *callbacks])
