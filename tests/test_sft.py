@@ -233,3 +233,13 @@ def test_cli_sft_counts_examples_dropped_by_max_length(tiny: Path, tmp_path: Pat
     assert (sidecar["examples"], sidecar["rejected"]) == (2, 1)
     rejects = [json.loads(x) for x in (tmp_path / "p" / "sft.rejects.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rejects] == ["e9"] and "> max_length 400" in rejects[0]["reason"]
+
+
+def test_cli_sft_bad_seed_is_one_line_naming_the_flag(tiny: Path, tmp_path: Path) -> None:
+    from deepr.cli import app
+
+    data = tmp_path / "sft.jsonl"
+    data.write_text(planner_example(0).model_dump_json() + "\n")
+    res = CliRunner().invoke(app, ["sft", "--model", str(tiny), "--data", str(data), "--out", str(tmp_path / "o"),
+                                   "--seed", "-1"])
+    assert res.exit_code == 2 and "--seed -1: must be >= 0" in res.output and "Traceback" not in res.output

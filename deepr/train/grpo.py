@@ -109,7 +109,7 @@ class GrpoConfig(BaseModel):
     report_to: str = Field("none", description="Extra logging integration: none, tensorboard, wandb.")
     bf16: bool | None = Field(None, description="bf16; None: on when the GPU supports it.")
     gradient_checkpointing: bool | None = Field(None, description="None: on with a GPU.")
-    seed: int = Field(0, description="Seed of sampling, data order and LoRA initialisation.")
+    seed: int = Field(0, ge=0, lt=2**32, description="Seed of sampling, data order and LoRA initialisation.")
     resume: bool = Field(False, description="Continue from the last checkpoint in --out.")
     corpus: str = Field("wiki", description="planner: corpus the environment searches (as `deepr run --corpus`).")
     retriever: str = Field("hybrid", description="planner: dense, bm25 or hybrid.")

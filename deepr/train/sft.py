@@ -77,7 +77,7 @@ class SftConfig(BaseModel):
     save_steps: int = Field(200, ge=1, description="Checkpoint every this many steps (what --resume restarts from).")
     logging_steps: int = Field(10, ge=1, description="Log the loss every this many steps.")
     report_to: str = Field("none", description="Trainer logging integration: none, tensorboard, wandb, ...")
-    seed: int = Field(0, description="Seed of initialisation and data order.")
+    seed: int = Field(0, ge=0, lt=2**32, description="Seed of initialisation and data order.")
     resume: bool = Field(False, description="Continue from the last checkpoint in --out.")
 
 
