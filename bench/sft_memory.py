@@ -20,6 +20,9 @@ how the "before" row is produced with the same script.
 
     python bench/sft_memory.py --model /tmp/smollm2-hf \
         --label before --code /tmp/before --label after --code . --out bench/results/sft_memory.json
+
+The result keeps rows of earlier runs under other labels; ``ratios`` compares each row of one run
+with that run's first row (peak RSS, CPU seconds per step, and the largest loss difference).
 """
 
 from __future__ import annotations
@@ -61,6 +64,36 @@ print("RESULT " + json.dumps({"step_seconds": timer.times, "step_cpu_seconds": t
 """
 
 
+# The GRPO variant (--grpo): `deepr grpo --stage planner` at the demo's settings on QRPair rows.
+GRPO_CHILD = r"""
+import json, sys, time
+from pathlib import Path
+from transformers import TrainerCallback
+from deepr.corpus import open_retriever
+from deepr.io import read_jsonl
+from deepr.records import QRPair
+from deepr.train.grpo import GrpoConfig, planner_dataset, train_grpo
+from deepr.train.rollouts import PlannerEnvironment
+
+opts = json.loads(sys.argv[1])
+class Timer(TrainerCallback):
+    times, cpu = [], []
+    def on_step_begin(self, *a, **k): self.t, self.c = time.perf_counter(), time.process_time()
+    def on_step_end(self, *a, **k):
+        self.times.append(time.perf_counter() - self.t)
+        self.cpu.append(time.process_time() - self.c)
+pairs = [p for p in read_jsonl(Path(opts.pop("data")), QRPair) if p.decision in (None, "KEEP", "REVISE")]
+rows, lookup = planner_dataset(pairs)
+config = GrpoConfig(**opts)
+env = PlannerEnvironment(open_retriever(config.corpus, retriever=config.retriever), k=config.k,
+                         fetch_limit=config.fetch_limit)
+timer = Timer()
+res = train_grpo(config, rows, lookup, env=env, callbacks=[timer])
+print("RESULT " + json.dumps({"step_seconds": timer.times, "step_cpu_seconds": timer.cpu, "examples": len(rows),
+                              "steps": res.steps, "rewards": res.rewards}))
+"""
+
+
 def vm_hwm_kb(pid: int) -> int:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -71,14 +104,16 @@ def vm_hwm_kb(pid: int) -> int:
     return 0
 
 
-def measure(code: Path, opts: dict) -> dict:
-    """One sft run in a child process: peak RSS (MB) and seconds per step."""
+def measure(code: Path, opts: dict, child: str = CHILD) -> dict:
+    """One sft (or grpo) run in a child process: peak RSS (MB) and seconds per step."""
     env = {**os.environ, "PYTHONPATH": str(code.resolve()), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(opts)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    # `python -c` puts the working directory first on sys.path: run in `code` so that its deepr is the
+    # one imported, not the copy in whatever folder the bench was started from.
+    proc = subprocess.Popen([sys.executable, "-c", child, json.dumps(opts)], env=env, cwd=code.resolve(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     sampled = [0]
 
     def sample() -> None:  # the kernel keeps the high-water mark; sampling only guards against a reused pid
@@ -131,6 +166,31 @@ def synthetic_data(path: Path, n: int = 8) -> Path:
     return path
 
 
+def ratios(rows: dict) -> dict:
+    """Each later row against the first of this run: peak RSS and CPU time per step as ratios, and
+    how far its losses (GRPO: rewards) are from the first row's (same data and seed: they should agree)."""
+    labels = list(rows)
+    if len(labels) < 2:
+        return {}
+    base, out = rows[labels[0]], {}
+    what = "losses" if "losses" in base else "rewards"
+
+    def values(row: dict) -> list[float]:
+        return [v[-1] if isinstance(v, list) else v for v in row.get(what, [])]
+
+    for label in labels[1:]:
+        row = rows[label]
+        cpu = (row["cpu_seconds_per_step"] / base["cpu_seconds_per_step"]
+               if row.get("cpu_seconds_per_step") and base.get("cpu_seconds_per_step") else None)
+        diffs = [abs(a - b) for a, b in zip(values(row), values(base))]
+        out[f"{label} / {labels[0]}"] = {
+            "peak_rss": round(row["peak_rss_mb"] / base["peak_rss_mb"], 3),
+            "cpu_seconds_per_step": round(cpu, 3) if cpu else None,
+            f"{what}_identical": values(row) == values(base),
+            f"{what}_max_abs_diff": max(diffs) if diffs else None}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="Model folder (e.g. SmolLM2-135M-Instruct converted to HF).")
@@ -139,28 +199,41 @@ def main() -> None:
     ap.add_argument("--code", action="append", required=True, type=Path, help="deepr source root for that row.")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--lora", action="store_true", help="LoRA (deepr's default) instead of the demo's --full.")
+    ap.add_argument("--grpo", action="store_true", help="Measure `grpo --stage planner` at the demo's settings "
+                    "instead (--data: verified.jsonl / pairs.jsonl; corpus wiki from $DEEPR_CACHE).")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "sft_memory.json")
     args = ap.parse_args()
     if len(args.label) != len(args.code):
         ap.error("give one --code per --label")
     rows = {}
     data_tmp = tempfile.TemporaryDirectory()
+    if args.grpo and args.data is None:
+        ap.error("--grpo needs --data (QRPair rows: verified.jsonl or pairs.jsonl)")
     if args.data is None:
         args.data = synthetic_data(Path(data_tmp.name) / "sft.jsonl")
     for label, code in zip(args.label, args.code):
         with tempfile.TemporaryDirectory() as tmp:
-            opts = {"model": args.model, "data": str(args.data), "out": str(Path(tmp) / "out"), "role": "planner",
-                    "full": not args.lora, "learning_rate": 1e-3, "max_steps": args.steps, "grad_accum": 1,
-                    "max_length": 4096, "logging_steps": 1, "save_steps": 10_000}
-            rows[label] = {"code": str(code), **measure(code, opts)}
+            if args.grpo:  # examples/demo.sh grpo-planner; "warn" keeps a zero-reward group from ending the run
+                opts = {"stage": "planner", "model": args.model, "data": str(args.data), "out": str(Path(tmp) / "o"),
+                        "max_steps": args.steps, "num_generations": 2, "prompts_per_step": 1,
+                        "max_completion_length": 256, "k": 2, "zero_advantage": "warn", "save_steps": 10_000}
+                rows[label] = {"code": str(code), **measure(code, opts, GRPO_CHILD)}
+            else:
+                opts = {"model": args.model, "data": str(args.data), "out": str(Path(tmp) / "out"),
+                        "role": "planner", "full": not args.lora, "learning_rate": 1e-3, "max_steps": args.steps,
+                        "grad_accum": 1, "max_length": 4096, "logging_steps": 1, "save_steps": 10_000}
+                rows[label] = {"code": str(code), **measure(code, opts)}
         print(label, json.dumps(rows[label]), flush=True)
     result = {"model": args.model, "data": "synthetic (see docstring)" if args.data.is_relative_to(data_tmp.name)
               else str(args.data), "steps": args.steps,
-              "settings": "demo.sh sft: --role planner --lr 1e-3 --grad-accum 1 --max-length 4096 "
-                          + ("(LoRA)" if args.lora else "--full"),
+              "settings": ("demo.sh grpo-planner: --num-generations 2 --prompts-per-step 1 --max-completion-length "
+                           "256 --k 2 (LoRA), zero_advantage warn" if args.grpo else
+                           "demo.sh sft: --role planner --lr 1e-3 --grad-accum 1 --max-length 4096 "
+                           + ("(LoRA)" if args.lora else "--full")),
               "machine": f"{os.cpu_count()} cpus; timings taken under load from other jobs", "runs": rows}
     existing = json.loads(args.out.read_text()) if args.out.is_file() else {}
-    key = "lora" if args.lora else "full"
+    key = "grpo_planner" if args.grpo else "lora" if args.lora else "full"
+    result["ratios"] = {**existing.get(key, {}).get("ratios", {}), **ratios(rows)}
     result["runs"] = {**existing.get(key, {}).get("runs", {}), **rows}  # rows of other labels stay
     existing[key] = result
     args.out.parent.mkdir(parents=True, exist_ok=True)

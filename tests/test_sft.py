@@ -169,3 +169,77 @@ def test_cli_prune_then_sft(tiny: Path, tmp_path: Path) -> None:
     res = runner.invoke(app, ["sft", "--model", str(tiny), "--data", str(tmp_path / "d" / "sft.jsonl"),
                               "--role", "writer", "--out", str(tmp_path / "w")])
     assert res.exit_code == 2 and "roles present: answerer, planner" in res.output
+
+
+def test_cpu_lm_head_scores_only_labelled_tokens_with_the_same_loss(tiny: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memory fix of issue 14.7: on CPU TRL's fused LM head projects only the positions that
+    carry loss (the reply), not every prompt token; loss and gradients stay those of the full head."""
+    import torch
+    from trl.trainer import utils as trl_utils
+
+    from deepr.train.memory import lean_lm_head
+
+    if torch.cuda.is_available():
+        pytest.skip("the change applies to CPU training only")
+    trainer = build_trainer(config(tiny, tmp_path / "o", full=True), [planner_example(0)], load_tokenizer(str(tiny)))
+    batch = trainer.data_collator([trainer.train_dataset[0]])
+    model = trainer.model.eval()  # no dropout: both passes see the same function
+    projected = []
+    head = trl_utils._ChunkedLogProbFunction
+
+    class Spy:
+        @staticmethod
+        def apply(hidden, *args):
+            projected.append(hidden.shape[0])
+            return head.apply(hidden, *args)
+
+    monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", Spy)
+
+    def loss_and_grads() -> tuple[float, dict]:
+        model.zero_grad()
+        out = model(**batch, fused_lm_head=True)
+        out.loss.backward()
+        return out.loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    before_compact, before_chunk = trl_utils._use_triton, trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE
+    full_loss, full_grads = loss_and_grads()
+    with lean_lm_head() as changed:
+        lean_loss, lean_grads = loss_and_grads()
+    labelled = int((batch["labels"][:, 1:] != -100).sum())
+    assert changed and projected == [batch["input_ids"].shape[1] - 1, labelled] and 0 < labelled < projected[0] / 2
+    assert lean_loss == pytest.approx(full_loss, rel=1e-6)
+    assert full_grads.keys() == lean_grads.keys()
+    for name, g in full_grads.items():
+        torch.testing.assert_close(lean_grads[name], g, rtol=1e-5, atol=1e-7, msg=name)
+    assert (trl_utils._use_triton, trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE) == (before_compact, before_chunk)
+
+
+def test_cli_sft_counts_examples_dropped_by_max_length(tiny: Path, tmp_path: Path) -> None:
+    from deepr.cli import app
+
+    long = planner_example(9)
+    long.messages[1]["content"] += " more evidence about the museum" * 200
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(e.model_dump_json() + "\n" for e in [planner_example(0), planner_example(1), long]))
+    res = CliRunner().invoke(app, ["sft", "--model", str(tiny), "--data", str(data), "--role", "planner",
+                                   "--out", str(tmp_path / "p"), "--max-steps", "1", "--batch-size", "2",
+                                   "--grad-accum", "1", "--max-length", "400", "--lora-r", "4", "--lora-alpha", "8"])
+    assert res.exit_code == 0, res.output
+    assert "too long (> 400 tokens)" in res.output
+    sidecar = json.loads((tmp_path / "p.meta.json").read_text())["counts"]
+    meta = json.loads((tmp_path / "p" / "deepr_meta.json").read_text())["counts"]
+    assert sidecar["rejected_by_reason"] == meta["rejected_by_reason"] == {"too_long": 1}
+    assert (sidecar["examples"], sidecar["rejected"]) == (2, 1)
+    rejects = [json.loads(x) for x in (tmp_path / "p" / "sft.rejects.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rejects] == ["e9"] and "> max_length 400" in rejects[0]["reason"]
+
+
+def test_cli_sft_bad_seed_is_one_line_naming_the_flag(tiny: Path, tmp_path: Path) -> None:
+    from deepr.cli import app
+
+    data = tmp_path / "sft.jsonl"
+    data.write_text(planner_example(0).model_dump_json() + "\n")
+    res = CliRunner().invoke(app, ["sft", "--model", str(tiny), "--data", str(data), "--out", str(tmp_path / "o"),
+                                   "--seed", "-1"])
+    assert res.exit_code == 2 and "--seed -1: must be >= 0" in res.output and "Traceback" not in res.output

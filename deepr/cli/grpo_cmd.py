@@ -102,6 +102,14 @@ def grpo_cmd(
     judge_llm: str | None = typer.Option(None, "--judge-llm", help="answerer: judge of J_rub (default extractive)."),
     require_judge_llm: bool | None = typer.Option(None, "--require-judge-llm", help="Refuse to start when the "
                                                   "stage's reward has LLM-judged terms and no --judge-llm is given."),
+    max_tokens: int | None = typer.Option(None, "--max-tokens", help="Most tokens of one model turn of a rollout "
+                                          "(a longer turn ends its rollout), and cap of each --judge-llm reply."),
+    temperature: float | None = typer.Option(None, "--temperature", help="Sampling temperature of the rollouts, "
+                                             "> 0 (default 1.0, Table 5); --judge-llm calls get it too."),
+    top_p: float | None = typer.Option(None, "--top-p", help="Nucleus sampling mass of the rollouts, in (0, 1] "
+                                       "(default 1.0); --judge-llm calls get it too."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed of rollout sampling, data order and LoRA "
+                                    "initialisation (default 0); also sent with every --judge-llm call."),
     search: str = SEARCH_OPT, allow_host: list[str] | None = ALLOW_OPT, search_cache: str = CACHE_OPT,
 ) -> None:
     """Train the planner (--stage planner) or the answerer (--stage answerer) with GRPO."""
@@ -115,8 +123,14 @@ def grpo_cmd(
         vllm_server_base_url=vllm_server_base_url, report_to=report_to, corpus=corpus, retriever=retriever,
         k=k, judge_llm=judge_llm, require_judge_llm=require_judge_llm, stage=stage, model=model,
         out=out).items() if v is not None}
-    with user_errors():
-        settings = {**load_config_file(config_file), **flags, "resume": resume}
+    with user_errors({"max_turn_tokens": "--max-tokens"}):
+        from deepr.train.grpo import gen_settings
+
+        gen = F.gen_defaults(max_tokens, temperature, top_p, seed)
+        if gen.temperature == 0:
+            raise ValueError("--temperature 0: GRPO compares sampled rollouts, so it needs a temperature > 0 "
+                             "(the papers use 1.0)")
+        settings = {**load_config_file(config_file), **flags, **gen_settings(gen), "resume": resume}
         missing = [f"--{n}" for n in ("stage", "model", "out") if n not in settings] + ([] if data else ["--data"])
         if missing:
             raise fail(f"missing {', '.join(missing)}; e.g. deepr grpo --stage planner --model M --data "
@@ -177,6 +191,8 @@ def prepare_cmd(
     k: int = typer.Option(5, "--k", help="Results per search node."),
     fetch_limit: int = typer.Option(4, "--fetch-limit", help="Pages a revision may fetch."),
     limit: int | None = typer.Option(None, "--limit", help="Prepare at most N queries (quick look)."),
+    max_tokens: int | None = F.MAX_TOKENS, temperature: float | None = F.TEMPERATURE, top_p: float | None = F.TOP_P,
+    seed: int | None = F.GEN_SEED,
     search: str = SEARCH_OPT, allow_host: list[str] | None = ALLOW_OPT, search_cache: str = CACHE_OPT,
 ) -> None:
     """Run the trained planner and the environment once per query; write plans, results, pages, catalogs."""
@@ -191,12 +207,13 @@ def prepare_cmd(
         from deepr.llm import get_llm
         from deepr.train.prepare import PrepareConfig, planner_spec, prepare_records
 
+        gen = F.gen_defaults(max_tokens, temperature, top_p, seed)
         config = PrepareConfig(k=k, fetch_limit=fetch_limit)
         spec = planner_spec(planner)
         pairs = [p for p in read_jsonl(data, QRPair) if p.decision in (None, "KEEP", "REVISE")]
         done = done_ids(out) | done_ids(rejects_path(out))
         todo = [p for p in pairs if p.id not in done][:limit]
-        llm = get_llm(spec)
+        llm = get_llm(spec, gen=gen)
         from deepr.corpus import open_retriever
 
         from deepr.cli.search_opts import open_search
@@ -210,6 +227,7 @@ def prepare_cmd(
                 is_reject = isinstance(rec, Reject)
                 (bad_out if is_reject else ok_out).write(rec)
                 counts["rejected" if is_reject else "prepared"] += 1
-        write_meta(out, stage="grpo-prepare", config={**config.model_dump(), "planner": spec, "corpus": corpus},
+        write_meta(out, stage="grpo-prepare", config={**config.model_dump(), "planner": spec, "corpus": corpus,
+                                                       "gen": vars(gen)},
                    inputs=[data], counts=counts, timings={"seconds": round(time.perf_counter() - t0, 3)})
     summary_table("grpo prepare", counts)

@@ -146,6 +146,13 @@ def _write_prune_outputs(out_dir: Path, examples: dict, rejects: list, stats: di
     console.print(f"wrote {out_dir / 'sft.jsonl'}, {out_dir / 'rl.jsonl'} and {rejected} ({len(rejects)} rejected)")
 
 
+def _reject_rows(by_reason: dict[str, int], max_length: int) -> list[tuple[str, int]]:
+    """Rejected examples per reason, short enough not to wrap (sft.rejects.jsonl has each one's)."""
+    label = {"too_long": f"too long (> {max_length} tokens)", "bad_shape": "bad shape",
+             "template_error": "template error"}
+    return [(f"  {label.get(code, code)}", n) for code, n in by_reason.items()]
+
+
 @app.command("sft", epilog=F.EXIT_HELP)
 def sft_cmd(
     model: str = typer.Option(..., "--model", help="Base model folder (or hub name when online) with a chat "
@@ -179,7 +186,7 @@ def sft_cmd(
     Multi-GPU: `accelerate launch --config_file docs/accelerate/deepspeed_zero2.yaml -m deepr sft ...`."""
     from deepr.io import read_jsonl, require_records, write_jsonl, write_meta
     from deepr.records import ChatExample
-    from deepr.train.sft import SftConfig, drop_too_long, load_tokenizer, select_examples, train_sft
+    from deepr.train.sft import SftConfig, drop_too_long, load_tokenizer, reject_counts, select_examples, train_sft
 
     main = _main_process()
     with user_errors({"learning_rate": "--lr"}):
@@ -198,19 +205,22 @@ def sft_cmd(
             chosen, rejects = select_examples(examples, role)
             chosen, too_long = drop_too_long(chosen, load_tokenizer(model), max_length)
             summary_table("sft (dry run)", [("examples", len(examples)), (f"role {role}", len(chosen)),
-                                            ("rejected", len(rejects) + len(too_long))])
+                                            ("rejected", len(rejects) + len(too_long)),
+                                            *_reject_rows(reject_counts(rejects + too_long), max_length)])
             return
         result = train_sft(examples, config)
     if not main:
         return
     write_jsonl(out / "sft.rejects.jsonl", result.rejects)
     write_meta(out, stage="sft", config=config.model_dump(mode="json"), inputs=[data],
-               counts={"examples": result.examples, "rejected": len(result.rejects), "steps": result.steps},
+               counts={"examples": result.examples, "rejected": len(result.rejects),
+                       "rejected_by_reason": reject_counts(result.rejects), "steps": result.steps},
                timings={"seconds": round(result.seconds, 3)},
                extra={"status": "interrupted" if result.interrupted else "done"})
     first, last = (result.losses[0], result.losses[-1]) if result.losses else (float("nan"),) * 2
     summary_table("sft", [("role", role), ("examples", result.examples), ("rejected", len(result.rejects)),
-                          ("steps", result.steps), ("first loss", first), ("last loss", last),
+                          *_reject_rows(reject_counts(result.rejects), max_length), ("steps", result.steps),
+                          ("first loss", first), ("last loss", last),
                           ("seconds", result.seconds), ("output", str(out))])
     if result.interrupted:
         console.print(f"[yellow]interrupted[/]: checkpoint saved in {out}; re-run the same command with "

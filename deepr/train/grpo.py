@@ -37,6 +37,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from deepr.io import redact, versions, write_json
+from deepr.llm.base import GenDefaults
 from deepr.records import QRPair
 
 META = "deepr_meta.json"
@@ -108,7 +109,7 @@ class GrpoConfig(BaseModel):
     report_to: str = Field("none", description="Extra logging integration: none, tensorboard, wandb.")
     bf16: bool | None = Field(None, description="bf16; None: on when the GPU supports it.")
     gradient_checkpointing: bool | None = Field(None, description="None: on with a GPU.")
-    seed: int = Field(0, description="Seed of sampling, data order and LoRA initialisation.")
+    seed: int = Field(0, ge=0, lt=2**32, description="Seed of sampling, data order and LoRA initialisation.")
     resume: bool = Field(False, description="Continue from the last checkpoint in --out.")
     corpus: str = Field("wiki", description="planner: corpus the environment searches (as `deepr run --corpus`).")
     retriever: str = Field("hybrid", description="planner: dense, bm25 or hybrid.")
@@ -116,6 +117,9 @@ class GrpoConfig(BaseModel):
     fetch_limit: int = Field(4, ge=0, le=10, description="Pages a revision may fetch (Table 5: up to 4).")
     judge_llm: str = Field("extractive", description="Judge of the reward's LLM-judged terms (answerer J_rub, "
                            "rubric, decor, warp stages): extractive (no LLM, a stand-in) or openai:<model>, ...")
+    judge_gen: GenDefaults = Field(default_factory=GenDefaults, description="Generation settings of the judge's "
+                                   "calls (--max-tokens, --temperature, --top-p, --seed as given on the command "
+                                   "line); a field left None keeps the judge role's own.")
     require_judge_llm: bool = Field(False, description="Refuse to start when the stage's reward has LLM-judged "
                                     "terms and judge_llm is extractive (runs that must be the paper's reward).")
 
@@ -148,6 +152,18 @@ class GrpoConfig(BaseModel):
     @property
     def role(self) -> str:
         return self.stage
+
+
+def gen_settings(gen: GenDefaults) -> dict[str, Any]:
+    """GrpoConfig fields for the shared generation flags (checked by ``deepr.cli.flags.gen_defaults``):
+    --max-tokens caps each model turn of a rollout, --temperature / --top-p / --seed set the
+    rollouts' sampling (TRL's GRPOConfig), and all four go to the judge's calls too."""
+    out: dict[str, Any] = {"max_turn_tokens": gen.max_tokens, "temperature": gen.temperature, "top_p": gen.top_p,
+                           "seed": gen.seed}
+    out = {k: v for k, v in out.items() if v is not None}
+    if out:
+        out["judge_gen"] = gen
+    return out
 
 
 def fill_optimiser(config: GrpoConfig) -> None:
@@ -339,7 +355,7 @@ def default_reward(config: GrpoConfig, embed: Any = None) -> Any:
         from deepr.llm import get_llm
         from deepr.rewards.judges import Judge
 
-        judge = Judge(get_llm(config.judge_llm), embed or get_embedder().encode)
+        judge = Judge(get_llm(config.judge_llm, gen=config.judge_gen), embed or get_embedder().encode)
     return AnswerRewardFn(judge, embed)
 
 
@@ -385,12 +401,13 @@ def fit_and_save(config: GrpoConfig, trainer: Any, stop: Any, log: Any, *, data_
                  resume_now: bool, t0: float) -> GrpoResult:
     """Train (Ctrl-C stops cleanly at a step), then save adapter + tokenizer + run metadata on rank 0.
     Every stage ends here, so outputs and deepr_meta.json look the same whatever the stage."""
+    from deepr.train.memory import lean_lm_head
     from deepr.train.sft import graceful_interrupt
 
     main = trainer.is_world_process_zero()
     if main:
         write_run_meta(config, "running", data_fp, base, {"rows": n_rows})
-    with graceful_interrupt(stop):
+    with graceful_interrupt(stop), lean_lm_head():
         trainer.train(resume_from_checkpoint=True if resume_now else None)
     status = "interrupted" if stop.requested else "done"
     key = f"rewards/{trainer.reward_func_names[0]}/mean"

@@ -77,7 +77,7 @@ class SftConfig(BaseModel):
     save_steps: int = Field(200, ge=1, description="Checkpoint every this many steps (what --resume restarts from).")
     logging_steps: int = Field(10, ge=1, description="Log the loss every this many steps.")
     report_to: str = Field("none", description="Trainer logging integration: none, tensorboard, wandb, ...")
-    seed: int = Field(0, description="Seed of initialisation and data order.")
+    seed: int = Field(0, ge=0, lt=2**32, description="Seed of initialisation and data order.")
     resume: bool = Field(False, description="Continue from the last checkpoint in --out.")
 
 
@@ -150,6 +150,12 @@ def drop_too_long(examples: list[ChatExample], tokenizer: Any, max_length: int
         else:
             keep.append(e)
     return keep, rejects
+
+
+def reject_counts(rejects: Sequence[Reject]) -> dict[str, int]:
+    """Rejects per reason code (too_long, bad_shape, template_error): the run's sidecar and
+    deepr_meta.json say how many examples --max-length dropped, not only how many were dropped."""
+    return dict(sorted(Counter(r.reason.split(":", 1)[0] for r in rejects).items()))
 
 
 def fingerprint(rows: Sequence[dict[str, Any]]) -> str:
@@ -306,29 +312,10 @@ def load_tokenizer(model: str) -> Any:
     return tok
 
 
-def return_freed_memory_to_os() -> bool:
-    """Make glibc hand freed activation buffers back to the OS (Linux; a no-op elsewhere).
-
-    glibc serves blocks under its dynamic mmap threshold (which climbs to 32 MB) from its heaps.
-    A CPU training step allocates and frees per-layer buffers of a few MB; the heaps fragment and
-    resident memory grows to several times the live tensors (SmolLM2-135M, one LoRA step at 1.4k
-    tokens: 2.9 GB resident after the backward pass, 1.4 GB with this). A fixed threshold of
-    256 KiB puts such buffers in their own mappings, which free() unmaps. The environment's
-    MALLOC_MMAP_THRESHOLD_ wins when set."""
-    if sys.platform != "linux" or "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return False
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc (e.g. musl)
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    return bool(libc.mallopt(m_mmap_threshold, 256 * 1024)) and bool(libc.mallopt(m_trim_threshold, 1 << 20))
-
-
 def train_sft(examples: Sequence[ChatExample], config: SftConfig, *, callbacks: Sequence[Any] = ()) -> SftResult:
     """Train ``config.role``'s adapter on ``examples``; returns losses, steps and rejects."""
+    from deepr.train.memory import lean_lm_head, return_freed_memory_to_os
+
     t0 = time.perf_counter()
     return_freed_memory_to_os()
     chosen, rejects = select_examples(examples, config.role)
@@ -340,7 +327,7 @@ def train_sft(examples: Sequence[ChatExample], config: SftConfig, *, callbacks: 
                          f"(first: {rejects[0].reason if rejects else 'none'})")
     data_fp = fingerprint([to_row(e, config.loss) for e in chosen])
     resume_now = check_out(config.out, config.resume, data_fp)
-    counts = {"examples": len(chosen), "rejected": len(rejects),
+    counts = {"examples": len(chosen), "rejected": len(rejects), "rejected_by_reason": reject_counts(rejects),
               "by_action": dict(sorted(Counter(e.action for e in chosen).items()))}
     stop = _make_stop_callback()
     trainer = build_trainer(config, chosen, tokenizer, [stop, *callbacks])
@@ -348,7 +335,7 @@ def train_sft(examples: Sequence[ChatExample], config: SftConfig, *, callbacks: 
     if main:
         config.out.mkdir(parents=True, exist_ok=True)
         write_run_meta(config, "running", data_fp, counts)
-    with graceful_interrupt(stop):
+    with graceful_interrupt(stop), lean_lm_head():
         trainer.train(resume_from_checkpoint=True if resume_now else None)
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     status = "interrupted" if stop.requested else "done"

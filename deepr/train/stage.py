@@ -108,8 +108,9 @@ def log_means(columns: dict, prefix: str, rows: Sequence[dict[str, Any]], names:
 
 
 
-def make_judge(spec: str) -> Any:
-    """The reward judge: extractive (embeddings) or an LLM spec such as openai:<model>."""
+def make_judge(spec: str, gen: Any = None) -> Any:
+    """The reward judge: extractive (embeddings) or an LLM spec such as openai:<model>, called with
+    ``gen`` (the command's GenDefaults: --max-tokens, --temperature, --top-p, --seed)."""
     from deepr.corpus.embed import get_embedder
     from deepr.rewards.judges import Judge
 
@@ -118,4 +119,4 @@ def make_judge(spec: str) -> Any:
         return Judge(None, embed)
     from deepr.llm import get_llm
 
-    return Judge(get_llm(spec), embed)
+    return Judge(get_llm(spec, gen=gen), embed)

@@ -32,7 +32,8 @@ def run_from_settings(settings: dict[str, Any], data: Any,
         config: StageConfig = RubricStageConfig(**settings)
         pairs = list(read_jsonl(data, QRPair))
         retriever = open_retriever(config.corpus, retriever=config.retriever, progress=True)
-        res = train_rubric(config, pairs, retriever, reward_fn=RubricRewardFn(make_judge(config.judge_llm)))
+        reward_fn = RubricRewardFn(make_judge(config.judge_llm, config.judge_gen))
+        res = train_rubric(config, pairs, retriever, reward_fn=reward_fn)
         return res, len(rubric_dataset(pairs)[0]), config
     if stage == "decor":
         from deepr.train.decor_stage import DecorRewardFn, DecorStageConfig, QARecord, train_decor
@@ -40,7 +41,7 @@ def run_from_settings(settings: dict[str, Any], data: Any,
         config = DecorStageConfig(**settings)
         records = list(read_jsonl(data, QARecord))
         retriever = open_retriever(config.corpus, retriever=config.retriever, progress=True)
-        reward = DecorRewardFn(make_judge(config.judge_llm), alpha=config.alpha, lam=config.lam)
+        reward = DecorRewardFn(make_judge(config.judge_llm, config.judge_gen), alpha=config.alpha, lam=config.lam)
         return train_decor(config, records, retriever, reward_fn=reward), 3 * len(records), config
     if stage == "warp-atomic":
         from deepr.records import ChatExample
@@ -49,11 +50,12 @@ def run_from_settings(settings: dict[str, Any], data: Any,
         config = WarpAtomicConfig(**settings)
         examples = list(read_jsonl(data, ChatExample))
         retriever = open_retriever(config.corpus, retriever=config.retriever, progress=True)
-        judge = make_judge(config.judge_llm) if config.judge_llm != "extractive" else None
+        judge = make_judge(config.judge_llm, config.judge_gen) if config.judge_llm != "extractive" else None
         return train_warp_atomic(config, examples, retriever, judge=judge), len(examples), config
     from deepr.train.warp_stage import WarpReportConfig, train_warp_report
 
     config = WarpReportConfig(**settings)
     pairs = list(read_jsonl(data, QRPair))
     retriever = open_retriever(config.corpus, retriever=config.retriever, progress=True)
-    return train_warp_report(config, pairs, retriever, judge=make_judge(config.judge_llm)), len(pairs), config
+    judge = make_judge(config.judge_llm, config.judge_gen)
+    return train_warp_report(config, pairs, retriever, judge=judge), len(pairs), config
