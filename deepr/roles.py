@@ -159,6 +159,9 @@ class Role(Generic[I, T]):
     # A smaller input for a prompt over the model's context (step 1, 2, …; None: nothing left to
     # cut). It should drop evidence first; the executor then trims evidence lines itself.
     shrink: Callable[[I, int], I | None] | None = None
+    # The decoding format built from this call's input (e.g. citations limited to the ids the
+    # prompt shows, see deepr.agent.formats); None, or a None result, keeps ``output.fmt``.
+    constrain: Callable[[I], OutputFormat | None] | None = None
 
 
 @dataclass
@@ -403,10 +406,16 @@ def _problems(role: Role, inp: Any, value: Any, messages: list[Message], convo: 
     return "; ".join(parts) or None
 
 
+def _format(role: Role, inp: Any) -> OutputFormat:
+    name = f"{role.name}.{role.action}"
+    built = role.constrain(inp) if role.constrain is not None else None
+    return OutputFormat(name, json_schema=built.json_schema, regex=built.regex) if built else role.output.fmt(name)
+
+
 async def _ask(role: Role, inp: Any, messages: list[Message], llm: LLM, rec: Recorder, max_reasks: int,
                temperature: float | None, max_tokens: int) -> _Attempts:
     out = _Attempts()
-    convo, fmt = list(messages), role.output.fmt(f"{role.name}.{role.action}")
+    convo, fmt = list(messages), _format(role, inp)
     wrapped = rec.llm(llm, role.name, role.action)
     limit = context_length(llm)
     for n in range(max_reasks + 1):

@@ -28,6 +28,7 @@ from typing import Any
 
 from deepr.agent.citations import cited_ids, normalize, strip_ids
 from deepr.agent.env import Ctx
+from deepr.agent.formats import tool_step
 from deepr.agent.extract import shorten, sub_questions
 from deepr.agent.render import GNode, Graph, Section
 from deepr.llm.base import OutputFormat
@@ -280,8 +281,19 @@ def _step_accept(reply: str, messages: Sequence[dict[str, str]], sent: Sequence[
 
 STEP = Role(name="agent", action="step", messages=lambda a: list(a.convo), output=StepReply(),
             extractive=lambda a: a.policy.reply(a.session), fallback=None, max_tokens=1024, accept=(_step_accept,),
-            turn_action=lambda v: (lambda st: st.name or st.kind)(parse_step(v)))
-ANSWER = replace(STEP, action="answer", max_tokens=2048)
+            turn_action=lambda v: (lambda st: st.name or st.kind)(parse_step(v)),
+            constrain=lambda a: _step_format(a, may_call=True))
+ANSWER = replace(STEP, action="answer", max_tokens=2048, constrain=lambda a: _step_format(a, may_call=False))
+
+
+def _step_format(a: StepAsk, *, may_call: bool) -> OutputFormat | None:
+    """A search or browse call, or (once results were shown) an answer citing only shown ids.
+    Browsing stops after two pages: a weak model would otherwise browse until its turns run out."""
+    shown = a.session.shown
+    if not may_call and not shown:
+        return None
+    browsed = sum(1 for i in shown if "-F" in i)
+    return OutputFormat("step", regex=tool_step(shown, may_call=may_call, may_browse=browsed < 2))
 
 
 async def run_tools(ctx: Ctx, query: str, *, max_turns: int = RUN_TURNS) -> ToolsOutcome:

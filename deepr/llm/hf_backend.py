@@ -223,8 +223,10 @@ class HFLLM(LLM):
             self.usage.failures += 1
             raise LLMError(f"{self.config.path}: generation failed for role {role or 'default'} "
                            f"({type(e).__name__}: {e})") from None
-        self.usage.add(role=role, prompt_tokens=n_prompt, completion_tokens=n_new,
-                       seconds=time.perf_counter() - t0)
+        secs = time.perf_counter() - t0
+        self.usage.add(role=role, prompt_tokens=n_prompt, completion_tokens=n_new, seconds=secs)
+        log.debug("hf %s: %d prompt + %d new tokens in %.1f s%s%s", role, n_prompt, n_new, secs,
+                  " constrained" if reply.constrained else "", " truncated" if reply.truncated else "")
         return reply
 
     def describe(self) -> dict[str, Any]:
