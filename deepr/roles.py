@@ -443,6 +443,7 @@ async def _ask(role: Role, inp: Any, messages: list[Message], llm: LLM, rec: Rec
             out.ok, out.value, out.error = True, value, None
             return out
         out.error = error
+        llm.usage.rejected += 1
         convo = convo + [{"role": "assistant", "content": reply},
                          {"role": "user", "content": role.output.reask(error)}]
     if out.attempts > 1:

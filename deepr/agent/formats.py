@@ -25,8 +25,11 @@ from typing import Any
 
 from deepr.llm.base import OutputFormat
 
-WORD = r"[A-Za-z0-9][A-Za-z0-9'%-]*"
-QUERY_WORD = r"[A-Za-z0-9][A-Za-z0-9'-]{2,}"  # three characters at least: no "a", "of", "…"
+# Words are bounded: an unbounded class lets a small model chain one hyphenated "word" until
+# max_tokens runs out (seen: "vaccine-training-immune-system-vaccine-…").
+WORD = r"[A-Za-z0-9][A-Za-z0-9']{0,15}(?:-[A-Za-z0-9]{1,12})?%?"
+FIRST = r"[A-Z][A-Za-z0-9']{0,15}(?:-[A-Za-z0-9]{1,12})?"  # a sentence's first word
+QUERY_WORD = r"[A-Za-z0-9][A-Za-z0-9']{2,15}(?:-[A-Za-z0-9]{1,12})?"  # 3+ characters: no "a", "of", "…"
 
 
 def id_choice(ids: Sequence[str]) -> str:
@@ -41,7 +44,7 @@ def cited_sentence(ids: Sequence[str], words: tuple[int, int] = (8, 30), per_cit
     """One sentence of ``words`` real words (a capital first) closed by ``[id]`` or ``[id, id]``."""
     c = id_choice(ids)
     lo, hi = words
-    return (rf"[A-Z][A-Za-z0-9'%-]*(?:,? {WORD}){{{lo - 1},{hi - 1}}} "
+    return (rf"{FIRST}(?:,? {WORD}){{{lo - 1},{hi - 1}}} "
             rf"\[{c}(?:, {c}){{0,{per_cite - 1}}}\]\.")
 
 
@@ -65,13 +68,13 @@ def _text(pattern: str) -> dict[str, Any]:
     return {"type": "string", "pattern": f"^{pattern}$"}
 
 
-PHRASE = rf"[A-Z][A-Za-z0-9'%-]*(?:,? {WORD}){{3,20}}"  # a need or key point: 4 to 21 words
+PHRASE = rf"{FIRST}(?:,? {WORD}){{3,14}}"  # a need or key point: 4 to 15 words
 
 
 def _search_node(nid: str) -> dict[str, Any]:
     return {"type": "object", "properties": {
         "id": {"const": nid}, "type": {"const": "search"}, "query": _text(search_query()),
-        "key_points": {"type": "array", "minItems": 1, "maxItems": 2, "items": _text(PHRASE)}},
+        "key_points": {"type": "array", "minItems": 1, "maxItems": 1, "items": _text(PHRASE)}},
         "required": ["id", "type", "query", "key_points"], "additionalProperties": False}
 
 
@@ -103,7 +106,7 @@ def cited_map_schema(allowed: dict[str, Sequence[str]], sentences: tuple[int, in
     return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
 
-TITLE = rf"[A-Z][A-Za-z0-9'%-]*(?: {WORD}){{1,9}}"  # 2 to 10 words
+TITLE = rf"{FIRST}(?: {WORD}){{1,9}}"  # 2 to 10 words
 
 
 def items_schema(lo: int, hi: int) -> dict[str, Any]:
@@ -129,7 +132,7 @@ def cite_spans(ids: Sequence[str], *, sentences: tuple[int, int] = (3, 6), words
     """tools mode's answer body: ``<cite id="S1-R2">a sentence.</cite>`` spans over real ids."""
     c = id_choice(ids)
     lo, hi = words
-    span = rf'<cite id="{c}(?:, {c})?">[A-Z][A-Za-z0-9\'%-]*(?:,? {WORD}){{{lo - 1},{hi - 1}}}\.</cite>'
+    span = rf'<cite id="{c}(?:, {c})?">{FIRST}(?:,? {WORD}){{{lo - 1},{hi - 1}}}\.</cite>'
     return rf"{span}(?: {span}){{{sentences[0] - 1},{sentences[1] - 1}}}"
 
 

@@ -59,6 +59,8 @@ class HFConfig(BaseModel):
                                 "models under 500M parameters (thread syncs cost more than they save on such "
                                 "small matmuls: 20x faster on a loaded 2-core machine, bench/llm_speed.py), "
                                 "else torch's default.")
+    repetition_penalty: float | None = Field(None, gt=0, description="transformers repetition_penalty (> 1 "
+                                             "discourages repeats; small models loop without it); None: off.")
     kv_cache: str | None = Field(None, description="transformers cache_implementation for generate, e.g. "
                                  "'static'; None keeps the dynamic cache (see bench/llm_speed.py).")
 
@@ -161,6 +163,8 @@ class HFLLM(LLM):
             kw.update(stop_strings=list(stop), tokenizer=tok)
         if self.config.kv_cache:
             kw["cache_implementation"] = self.config.kv_cache
+        if self.config.repetition_penalty:
+            kw["repetition_penalty"] = float(self.config.repetition_penalty)
         return kw
 
     def _check_context(self, n_prompt: int, max_new: int) -> None:
