@@ -243,7 +243,7 @@ def run_one(backend: str, base_url: str | None, mode: str, q_no: int, question: 
     args = ["run", question, "--mode", mode, "--corpus", a.corpus, "--out", str(folder / "report.md"),
             "--record", str(folder / "traj.jsonl"), "--allow-fallback", "--seed", "0",
             *llm_flags(backend, base_url), *(["--deadline", str(a.deadline)] if a.deadline else []),
-            *(["--steps", "2"] if mode == "decor" else []),
+            *(["--steps", "1"] if mode == "decor" else []),
             *(["--force-expand", "1"] if mode == "warp" else [])]
     rc, secs, err = deepr(*args, timeout=(a.deadline or 1800) + 120)
     row = {"backend": backend, "mode": mode, "question": question, "rc": rc, "wall_s": round(secs, 1),

@@ -179,7 +179,7 @@ def _write(a: WarpAsk) -> str:
 def _deepen_format(a: WarpAsk) -> OutputFormat | None:
     """expand one of the expandable sections (by its real position) or, unless forced, terminate."""
     can = [f"section-{s.pos}" for s in a.run.outline.expandable(a.run.ctx.config.max_levels)]
-    options = [action_schema("expand", position={"enum": can}, subsections=items_schema(2, 4))] if can else []
+    options = [action_schema("expand", position={"enum": can}, subsections=items_schema(2, 3))] if can else []
     if not a.forced:
         options.append(action_schema("terminate"))
     if not options:
@@ -205,7 +205,7 @@ INITIALIZE = Role(
     name="warp", action="initialize", messages=_init_messages, output=JSONReply(InitAction),
     extractive=_initialize, max_tokens=1024, accept=(no_placeholder,),
     constrain=lambda a: OutputFormat("initialize", json_schema=action_schema(
-        "initialize", title={"type": "string", "pattern": f"^{TITLE}$"}, sections=items_schema(3, 5))),
+        "initialize", title={"type": "string", "pattern": f"^{TITLE}$"}, sections=items_schema(2, 3))),
     on_fail="outline built extractively after the model's initialize action failed")
 
 WRITE = Role(
