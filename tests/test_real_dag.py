@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(smollm2_missing(), reason=SMOLLM2_SKIP)
 
 QUESTION = "What causes acid rain and how does it harm the environment?"
 _IDS = re.compile(r"\[([A-Z]+\d+-[A-Z]+\d+(?:, [A-Z]+\d+-[A-Z]+\d+)*)\]")
-_JUNK = re.compile(r"\.\.\.|…|\bthe query\b|\bthe answer\b|\bthe paragraph\b|<[a-z ]{3,40}>", re.I)
+_JUNK = re.compile(r"\.\.\.|…|\bthe query\b|\bthe answer\b|\bthe paragraph\b|<[a-z]+ [a-z ]{2,40}>", re.I)
 
 
 @pytest.fixture(scope="module")
