@@ -189,16 +189,16 @@ def llama_server():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    log = open(ROOT / "bench" / "results" / "llamacpp_server.log", "w")
+    log = open(Path(os.environ.get("LLAMA_LOG", "/tmp/deepr-llamacpp-server.log")), "w")
     proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf_path()), "--host",
-                             "127.0.0.1", "--port", str(port), "--n_ctx", "8192", "--n_threads", "2"],
+                             "127.0.0.1", "--port", str(port), "--n_ctx", "8192", "--n_threads", "1"],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         for _ in range(240):
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
                 break
             if proc.poll() is not None:
-                raise SystemExit(f"llama_cpp.server exited with {proc.returncode}; see bench/results/llamacpp_server.log")
+                raise SystemExit(f"llama_cpp.server exited with {proc.returncode}; see its log (LLAMA_LOG)")
             time.sleep(0.5)
         yield f"http://127.0.0.1:{port}/v1"
     finally:
@@ -284,6 +284,16 @@ def build_trees(a: argparse.Namespace) -> dict:
             "nodes": [len(t.get("nodes", [])) for t in trees], "reject_reasons": reasons, "stderr_tail": err[-600:]}
 
 
+def merge(files: list[str], out: Path) -> None:
+    parts = [json.loads(Path(f).read_text()) for f in files]
+    rows = [r for p in parts for r in p["runs"]]
+    result = {"merged_from": files, "load_avg": [p.get("load_avg_at_start") for p in parts],
+              "note": parts[0].get("note"), "summary": summarize(rows), "runs": rows,
+              **{k: p[k] for p in parts for k in ("build_trees",) if k in p}}
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["summary"], indent=2))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backends", default="hf,llamacpp")
@@ -296,7 +306,10 @@ def main() -> None:
     ap.add_argument("--tree-flags", default="--max-depth 1 --branching 2,2,2")
     ap.add_argument("--work", default="/tmp/deepr-real-model")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "real_model.json"))
+    ap.add_argument("--merge", nargs="+", help="combine earlier result files (e.g. one per backend) into --out")
     a = ap.parse_args()
+    if a.merge:
+        return merge(a.merge, Path(a.out))
     if a.corpus == "wiki-subset":
         a.corpus = str(wiki_subset(Path(a.work) / "wiki-subset.jsonl", QUESTIONS[: a.questions]))
     rows: list[dict] = []

@@ -3,7 +3,9 @@
 A :class:`Role` says everything about one model turn: its name and action, the messages it
 sends (``messages(inp)``), the shape of its reply (:class:`JSONReply` from a pydantic schema,
 or :class:`TaggedReply` for ``<tag>text</tag>`` replies; both give the backend an
-:class:`~deepr.llm.base.OutputFormat` for constrained decoding and parse the reply), its code
+:class:`~deepr.llm.base.OutputFormat` for constrained decoding and parse the reply; ``constrain``
+builds a tighter format from the call's input, e.g. citations limited to the ids the prompt
+shows, see :mod:`deepr.agent.formats`), its code
 checks, its default generation limits, and its non-LLM implementation (``extractive(inp)``,
 which returns the reply a model should have given, already parsed).
 
