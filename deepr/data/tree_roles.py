@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from deepr.data import tree_extractive as ex
-from deepr.agent.formats import search_query
+from deepr.agent.formats import PHRASE, search_query
 from deepr.llm.base import LLM, OutputFormat
 from deepr.records import Hit
 from deepr.acceptance import no_placeholder, query_words
@@ -184,7 +184,8 @@ GATE = Role(
     name="gate", action="judge", messages=_gate_messages, output=JSONReply(_Gate),
     extractive=lambda a: dict(zip(("atomic", "reason"), ex.gate(a.ctx))),
     result=lambda a, v: (v["atomic"], v["reason"]), fallback=lambda a: {"atomic": False, "reason": ""},
-    max_tokens=256, accept=(no_placeholder,), on_fail="gate failed on {query!r}: the node is expanded anyway")
+    max_tokens=256, accept=(no_placeholder,), on_fail="gate failed on {query!r}: the node is expanded anyway",
+    constrain=lambda a: _json("gate", {"atomic": {"type": "boolean"}, "reason": _str(PHRASE)}))
 
 
 # -- decompose ------------------------------------------------------------------------
