@@ -112,8 +112,6 @@ def _build(spec: str, *, base_url: str | None, api_key: str | None, cache: bool,
 
         path, adapters = parse_hf_spec(rest) if kind == "hf" else (spec, {})
         path, adapters = resolve_adapter_folder(path, adapters)
-        if spec == "smollm2":  # a 135M model repeats phrases until its budget runs out without a penalty
-            kw.setdefault("repetition_penalty", SMOLLM2_REPETITION_PENALTY)
         return HFLLM(local_model_path(path), adapters=adapters, **kw)
     if kind == "replay" and sep:
         if not rest:
@@ -122,9 +120,6 @@ def _build(spec: str, *, base_url: str | None, api_key: str | None, cache: bool,
 
         return ReplayLLM.from_file(rest)
     raise _bad_spec(spec, "unknown LLM backend")
-
-
-SMOLLM2_REPETITION_PENALTY = 1.1  # what llama.cpp's server applies by default
 
 
 def local_model_path(name: str) -> str:
