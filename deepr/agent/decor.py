@@ -161,7 +161,7 @@ ANSWER = Role(
     accept=(no_placeholder, no_echo),
     check=lambda a, b: a.ctx.catalog.check(normalize(b), _memory_ids(a.memory), require=True),
     extractive=lambda a: short_answer(a.ctx, a.query, a.memory),
-    result=lambda a, b: normalize(b).strip(), max_tokens=384,
+    result=lambda a, b: normalize(b).strip(), max_tokens=640,  # room for the format's longest answer
     constrain=lambda a: tagged("answer", cited_prose(_memory_ids(a.memory), sentences=(4, 5), words=(10, 25)))
     if _memory_ids(a.memory) else None,
     on_fail="answer extracted from memory after the model failed")
