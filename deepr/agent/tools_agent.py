@@ -275,6 +275,11 @@ def _step_accept(reply: str, messages: Sequence[dict[str, str]], sent: Sequence[
         return no_placeholder(body, messages, sent) + no_echo(body, messages, sent)
     if step.kind == "tool" and step.name in ("search", "scholar"):
         query = str(step.arguments.get("query", ""))
+        earlier = {" ".join(str(p.arguments.get("query", "")).lower().split())
+                   for m in messages if m.get("role") == "assistant"
+                   for p in [parse_step(str(m.get("content", "")))] if p.kind == "tool"}
+        if " ".join(query.lower().split()) in earlier:  # a weak model repeats one search until its turns run out
+            return [f"the search {query!r} was already made; search for something not yet covered, or answer"]
         return no_placeholder(query, messages, sent) or query_words(lambda q: [q])(query, messages, sent)
     return []
 
@@ -283,7 +288,8 @@ STEP = Role(name="agent", action="step", messages=lambda a: list(a.convo), outpu
             extractive=lambda a: a.policy.reply(a.session), fallback=None, max_tokens=1024, accept=(_step_accept,),
             turn_action=lambda v: (lambda st: st.name or st.kind)(parse_step(v)),
             constrain=lambda a: _step_format(a, may_call=True))
-ANSWER = replace(STEP, action="answer", max_tokens=2048, constrain=lambda a: _step_format(a, may_call=False))
+# 1024: after ten tool turns the transcript fills most of a small model's context.
+ANSWER = replace(STEP, action="answer", max_tokens=1024, constrain=lambda a: _step_format(a, may_call=False))
 
 
 def _step_format(a: StepAsk, *, may_call: bool) -> OutputFormat | None:
