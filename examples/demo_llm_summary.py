@@ -38,7 +38,8 @@ def data_row(demo: Path, name: str, out: str) -> list[str]:
     usage, counts = meta.get("usage") or {}, meta.get("counts") or {}
     calls, bad = usage.get("calls", 0), usage.get("rejected", 0) + usage.get("failures", 0)
     ok, fb = counts.get("ok", 0), counts.get("fallback", 0)
-    return [name, str(calls), _pct(bad, calls), str(_lines(demo / out)), f"model {ok} / fallback {fb}"]
+    return [name, str(calls), _pct(bad, calls), str(_lines(demo / out)),
+            f"model {ok} / fallback {fb} / rejected {counts.get('failed', 0)}"]
 
 
 def run_rows(demo: Path) -> list[list[str]]:
