@@ -95,7 +95,8 @@ _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
 
 def _content_words(query: str) -> int:
     # Scripts written without spaces form one "word" per run; two characters make about one word.
-    return max(len(tok(query)), len(_CJK.findall(query)) // 2)
+    # Distinct words: "vaccine vaccine" names one thing, however often it repeats it.
+    return max(len(set(tok(query))), len(set(_CJK.findall(query))) // 2)
 
 
 def query_words(queries: Callable[[Any], Sequence[str]], least: int = 2) -> Accept:

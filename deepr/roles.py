@@ -3,7 +3,9 @@
 A :class:`Role` says everything about one model turn: its name and action, the messages it
 sends (``messages(inp)``), the shape of its reply (:class:`JSONReply` from a pydantic schema,
 or :class:`TaggedReply` for ``<tag>text</tag>`` replies; both give the backend an
-:class:`~deepr.llm.base.OutputFormat` for constrained decoding and parse the reply), its code
+:class:`~deepr.llm.base.OutputFormat` for constrained decoding and parse the reply; ``constrain``
+builds a tighter format from the call's input, e.g. citations limited to the ids the prompt
+shows, see :mod:`deepr.agent.formats`), its code
 checks, its default generation limits, and its non-LLM implementation (``extractive(inp)``,
 which returns the reply a model should have given, already parsed).
 
@@ -159,6 +161,9 @@ class Role(Generic[I, T]):
     # A smaller input for a prompt over the model's context (step 1, 2, …; None: nothing left to
     # cut). It should drop evidence first; the executor then trims evidence lines itself.
     shrink: Callable[[I, int], I | None] | None = None
+    # The decoding format built from this call's input (e.g. citations limited to the ids the
+    # prompt shows, see deepr.agent.formats); None, or a None result, keeps ``output.fmt``.
+    constrain: Callable[[I], OutputFormat | None] | None = None
 
 
 @dataclass
@@ -403,10 +408,16 @@ def _problems(role: Role, inp: Any, value: Any, messages: list[Message], convo: 
     return "; ".join(parts) or None
 
 
+def _format(role: Role, inp: Any) -> OutputFormat:
+    name = f"{role.name}.{role.action}"
+    built = role.constrain(inp) if role.constrain is not None else None
+    return OutputFormat(name, json_schema=built.json_schema, regex=built.regex) if built else role.output.fmt(name)
+
+
 async def _ask(role: Role, inp: Any, messages: list[Message], llm: LLM, rec: Recorder, max_reasks: int,
                temperature: float | None, max_tokens: int) -> _Attempts:
     out = _Attempts()
-    convo, fmt = list(messages), role.output.fmt(f"{role.name}.{role.action}")
+    convo, fmt = list(messages), _format(role, inp)
     wrapped = rec.llm(llm, role.name, role.action)
     limit = context_length(llm)
     for n in range(max_reasks + 1):
@@ -434,6 +445,7 @@ async def _ask(role: Role, inp: Any, messages: list[Message], llm: LLM, rec: Rec
             out.ok, out.value, out.error = True, value, None
             return out
         out.error = error
+        llm.usage.rejected += 1
         convo = convo + [{"role": "assistant", "content": reply},
                          {"role": "user", "content": role.output.reask(error)}]
     if out.attempts > 1:

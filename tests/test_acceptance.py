@@ -121,3 +121,49 @@ def answer_cites_shown(out) -> bool:
     from deepr.agent.tools_agent import answer_ids
 
     return bool(answer_ids(out.raw_answer))
+
+
+# -- formats built from the prompt (deepr.agent.formats) ----------------------------------
+
+import re  # noqa: E402
+
+from deepr.agent.formats import cited_prose, plan_schema, search_query, tagged, tool_step  # noqa: E402
+from deepr.llm.gbnf import regex_to_gbnf  # noqa: E402
+
+
+def test_cited_format_admits_real_sentences_citing_shown_ids_only():
+    rx = tagged("answer", cited_prose(["N1-R1", "N2-R3"], sentences=(2, 3))).regex
+    good = ("<answer>Acid rain forms when sulfur dioxide mixes with water in the air [N1-R1]. "
+            "It harms lakes, fish and forests across large regions of the world [N2-R3, N1-R1].</answer>")
+    assert re.fullmatch(rx, good)
+    for bad in (good.replace("N2-R3", "S1-R1"),  # an id the prompt never showed
+                "<answer>... [N1-R1]. ... [N2-R3].</answer>",  # placeholders behind real ids
+                good.replace(" [N1-R1].", "."),  # a sentence without a citation
+                good.replace("[N2-R3, N1-R1]", "[1]"),  # a numbered citation
+                "<answer>" + "vaccine-" * 40 + "x [N1-R1]. Two more words here now today [N1-R1].</answer>"):
+        assert not re.fullmatch(rx, bad), bad
+
+
+def test_query_and_tool_formats_need_real_words_and_real_ids():
+    q = search_query()
+    assert re.fullmatch(q, "acid rain effects") and not re.fullmatch(q, "acid") and not re.fullmatch(q, "... ...")
+    step = tool_step(["S1-R1", "S1-R2"])
+    assert re.fullmatch(step, '<tool_call>{"name": "browse", "arguments": {"doc_id": "S1-R2"}}</tool_call>')
+    assert not re.fullmatch(step, '<tool_call>{"name": "browse", "arguments": {"doc_id": "S9-R9"}}</tool_call>')
+    assert not re.fullmatch(step, "<answer>...</answer>")
+    assert not re.fullmatch(tool_step([]), '<answer><cite id="S1-R1">A claim with no search behind it.</cite></answer>')
+
+
+def test_plan_skeleton_fixes_ids_and_edges():
+    schema = plan_schema(3, fetch_ids=["N1-R1", "N2-R2"], fetch_limit=1)
+    nodes = schema["properties"]["nodes"]["prefixItems"]
+    assert [n["properties"]["id"]["const"] for n in nodes] == ["N1", "N2", "N3", "N4", "N5"]
+    assert nodes[3]["properties"]["inputs"]["const"] == ["N1", "N2", "N3"] and nodes[4]["properties"]["inputs"]["const"] == ["N4"]
+    assert schema["properties"]["fetch"]["items"]["enum"] == ["N1-R1", "N2-R2"]
+
+
+def test_regex_formats_translate_to_gbnf_for_llama_cpp_servers():
+    g = regex_to_gbnf(r"<search>[a-z]{3,8}(?: [a-z]+)?</search>|STOP")
+    assert g.startswith("root ::= ") and "{3,8}" in g and '"S" "T" "O" "P"' in g
+    with pytest.raises(ValueError):
+        regex_to_gbnf(r"(?<=a)b")  # a look-behind has no grammar form

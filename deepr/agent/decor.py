@@ -23,6 +23,8 @@ from deepr.text import strip_citations
 
 from deepr.agent.citations import cited_ids, normalize
 from deepr.agent.env import Ctx
+from deepr.agent.formats import cited_prose, cited_sentence, search_query, tagged
+from deepr.llm.base import OutputFormat
 from deepr.agent.extract import (FRAMING, anchored_query, approx_tokens, content_terms, focus_query,
                                  sub_questions)
 from deepr.agent import writer
@@ -38,9 +40,9 @@ drop everything else; keep names, dates, numbers and titles exactly as written; 
 one paragraph and put the id of the result each statement comes from in brackets after it, e.g. [S1-R2].
 Reply exactly as: <think>what matters</think><filter>the paragraph</filter>"""
 
-ANSWER_SYSTEM = """You answer a question strictly from the facts given. Give a short, direct answer (a \
-name, date, number or short phrase, then at most one sentence of support) and cite the ids of the facts \
-you used in brackets, e.g. [S1-R2].
+ANSWER_SYSTEM = """You answer a question strictly from the facts given. Start with a short, direct answer \
+(a name, date, number or short phrase) in one sentence, then support it in three or four sentences taken \
+from the facts. After each sentence cite, in brackets, the ids of the facts you used, e.g. [S1-R2].
 Reply exactly as: <think>your reasoning</think><answer>the answer</answer>"""
 
 CONDENSE_SYSTEM = """You condense a memory of search findings into short atomic facts, one fact per item, \
@@ -128,6 +130,8 @@ PLAN = Role(
     check=lambda a, b: _plan_check(b, a.past),
     extractive=lambda a: next_query(a.ctx, a.query, a.memory, a.past) or "STOP",
     result=_planned, fallback=lambda a: "STOP", max_tokens=256,
+    # STOP only once there is something to answer from: an empty memory ends in a fallback answer.
+    constrain=lambda a: tagged("search", f"(?:STOP|{search_query()})" if a.memory else search_query()),
     on_fail="step {step}: planner failed, the loop stops")
 
 FILTER = Role(
@@ -136,6 +140,7 @@ FILTER = Role(
     check=lambda a, b: a.ctx.catalog.check(normalize(b), a.ids, require=True),
     extractive=lambda a: filter_evidence(a.ctx, a.query, a.ids, a.memory),
     result=lambda a, b: normalize(b).strip(), max_tokens=768,
+    constrain=lambda a: tagged("filter", cited_prose(a.ids, sentences=(1, 4), words=(6, 30))) if a.ids else None,
     on_fail="step {step}: evidence filtered extractively after the model failed")
 
 CONDENSE = Role(
@@ -144,6 +149,11 @@ CONDENSE = Role(
     check=lambda a, v: [e for f in v["facts"] for e in a.ctx.catalog.check(normalize(f), _memory_ids(a.memory))],
     extractive=lambda a: {"facts": condense_facts(a.ctx, a.query, a.memory, a.ctx.config.memory_limit // 2)},
     result=lambda a, v: [normalize(f) for f in v["facts"]], max_tokens=1024,
+    constrain=lambda a: OutputFormat("facts", json_schema={
+        "type": "object", "required": ["facts"], "additionalProperties": False, "properties": {"facts": {
+            "type": "array", "minItems": 1, "maxItems": 8,
+            "items": {"type": "string", "pattern": f"^{cited_sentence(_memory_ids(a.memory), (4, 30))}$"}}}})
+    if _memory_ids(a.memory) else None,
     on_fail="memory condensed extractively after the model failed")
 
 ANSWER = Role(
@@ -151,7 +161,9 @@ ANSWER = Role(
     accept=(no_placeholder, no_echo),
     check=lambda a, b: a.ctx.catalog.check(normalize(b), _memory_ids(a.memory), require=True),
     extractive=lambda a: short_answer(a.ctx, a.query, a.memory),
-    result=lambda a, b: normalize(b).strip(), max_tokens=256,
+    result=lambda a, b: normalize(b).strip(), max_tokens=640,  # room for the format's longest answer
+    constrain=lambda a: tagged("answer", cited_prose(_memory_ids(a.memory), sentences=(4, 5), words=(10, 25)))
+    if _memory_ids(a.memory) else None,
     on_fail="answer extracted from memory after the model failed")
 
 

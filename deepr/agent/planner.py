@@ -25,6 +25,8 @@ from deepr.records import Hit, Plan, PlanNode
 from deepr.roles import JSONReply, Role
 
 from deepr.agent.env import Ctx
+from deepr.agent.formats import plan_schema
+from deepr.llm.base import OutputFormat
 from deepr.agent.extract import (FRAMING, anchored_query, cluster, content_terms, distinctive_terms,
                                  focus_query, shorten, split_sentences, sub_questions)
 from deepr.agent.rubric import extractive_gaps
@@ -159,6 +161,7 @@ INITIAL = Role(
     output=JSONReply(shape=_PlanShape), check=lambda a, v: _plan_check(v),
     extractive=lambda a: _as_value(extractive_plan(a.ctx, a.query)),
     result=lambda a, v: validate_plan(v)[0], max_tokens=1536, accept=STRICT,
+    constrain=lambda a: OutputFormat("plan", json_schema=plan_schema()),
     on_fail="initial plan written by the extractive planner because the model's plan never validated")
 
 REVISE = Role(
@@ -167,6 +170,8 @@ REVISE = Role(
     output=JSONReply(shape=_RevisionShape), check=lambda a, v: _plan_check(v) or _fetch_check(a.ctx, v),
     extractive=lambda a: _as_value(*extractive_revision(a.ctx, a.query, a.plan, a.results, a.gaps)),
     fallback=lambda a: _as_value(a.plan, []), result=_revised, max_tokens=2048, accept=STRICT,
+    constrain=lambda a: OutputFormat("revision", json_schema=plan_schema(
+        fetch_ids=[i for ids in a.results.values() for i in ids], fetch_limit=a.ctx.config.fetch_limit)),
     on_fail="kept the previous plan because the revision never validated")
 
 _BY = {"llm": "llm", "extractive": "extractive", "fallback": "extractive-fallback"}

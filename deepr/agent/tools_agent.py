@@ -28,6 +28,7 @@ from typing import Any
 
 from deepr.agent.citations import cited_ids, normalize, strip_ids
 from deepr.agent.env import Ctx
+from deepr.agent.formats import tool_step
 from deepr.agent.extract import shorten, sub_questions
 from deepr.agent.render import GNode, Graph, Section
 from deepr.llm.base import OutputFormat
@@ -274,14 +275,31 @@ def _step_accept(reply: str, messages: Sequence[dict[str, str]], sent: Sequence[
         return no_placeholder(body, messages, sent) + no_echo(body, messages, sent)
     if step.kind == "tool" and step.name in ("search", "scholar"):
         query = str(step.arguments.get("query", ""))
+        earlier = {" ".join(str(p.arguments.get("query", "")).lower().split())
+                   for m in messages if m.get("role") == "assistant"
+                   for p in [parse_step(str(m.get("content", "")))] if p.kind == "tool"}
+        if " ".join(query.lower().split()) in earlier:  # a weak model repeats one search until its turns run out
+            return [f"the search {query!r} was already made; search for something not yet covered, or answer"]
         return no_placeholder(query, messages, sent) or query_words(lambda q: [q])(query, messages, sent)
     return []
 
 
 STEP = Role(name="agent", action="step", messages=lambda a: list(a.convo), output=StepReply(),
             extractive=lambda a: a.policy.reply(a.session), fallback=None, max_tokens=1024, accept=(_step_accept,),
-            turn_action=lambda v: (lambda st: st.name or st.kind)(parse_step(v)))
-ANSWER = replace(STEP, action="answer", max_tokens=2048)
+            turn_action=lambda v: (lambda st: st.name or st.kind)(parse_step(v)),
+            constrain=lambda a: _step_format(a, may_call=True))
+# 1024: after ten tool turns the transcript fills most of a small model's context.
+ANSWER = replace(STEP, action="answer", max_tokens=1024, constrain=lambda a: _step_format(a, may_call=False))
+
+
+def _step_format(a: StepAsk, *, may_call: bool) -> OutputFormat | None:
+    """A search or browse call, or (once results were shown) an answer citing only shown ids.
+    Browsing stops after two pages: a weak model would otherwise browse until its turns run out."""
+    shown = a.session.shown
+    if not may_call and not shown:
+        return None
+    browsed = sum(1 for i in shown if "-F" in i)
+    return OutputFormat("step", regex=tool_step(shown, may_call=may_call, may_browse=browsed < 2))
 
 
 async def run_tools(ctx: Ctx, query: str, *, max_turns: int = RUN_TURNS) -> ToolsOutcome:

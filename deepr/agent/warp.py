@@ -25,6 +25,8 @@ from deepr.roles import JSONReply, Role, TaggedReply
 
 from deepr.agent.citations import cited_ids, normalize
 from deepr.agent.env import Ctx
+from deepr.agent.formats import action_schema, cited_prose, items_schema, queries_schema, tagged, TITLE
+from deepr.llm.base import OutputFormat
 from deepr.agent.extract import cluster, content_terms, distinctive_terms, focus_query, shorten, sub_questions
 from deepr.agent.outline import Outline, Section
 from deepr.agent import writer
@@ -174,6 +176,17 @@ def _write(a: WarpAsk) -> str:
                         run.ctx.config.section_sentences, avoid=run.outline.used_text())
 
 
+def _deepen_format(a: WarpAsk) -> OutputFormat | None:
+    """expand one of the expandable sections (by its real position) or, unless forced, terminate."""
+    can = [f"section-{s.pos}" for s in a.run.outline.expandable(a.run.ctx.config.max_levels)]
+    options = [action_schema("expand", position={"enum": can}, subsections=items_schema(2, 3))] if can else []
+    if not a.forced:
+        options.append(action_schema("terminate"))
+    if not options:
+        return None
+    return OutputFormat("expand", json_schema=options[0] if len(options) == 1 else {"anyOf": options})
+
+
 def _decision(a: WarpAsk, v: dict[str, Any]) -> dict[str, Any]:
     if v.get("name") == "terminate":
         return {"name": "terminate"}
@@ -184,12 +197,15 @@ SEARCH = Role(
     name="warp", action="search", messages=_search_messages, output=JSONReply(SearchAction),
     extractive=lambda a: {"name": "search", "keywords": a.default},
     result=lambda a, v: [k.strip() for k in v["keywords"] if k.strip()] or a.default, max_tokens=256,
+    constrain=lambda a: OutputFormat("search", json_schema=queries_schema("keywords", name="search")),
     accept=(no_placeholder, query_words(lambda v: v.get("keywords") or [])),
     on_fail="searched with default keywords after the model's search action failed")
 
 INITIALIZE = Role(
     name="warp", action="initialize", messages=_init_messages, output=JSONReply(InitAction),
     extractive=_initialize, max_tokens=1024, accept=(no_placeholder,),
+    constrain=lambda a: OutputFormat("initialize", json_schema=action_schema(
+        "initialize", title={"type": "string", "pattern": f"^{TITLE}$"}, sections=items_schema(2, 3))),
     on_fail="outline built extractively after the model's initialize action failed")
 
 WRITE = Role(
@@ -197,6 +213,7 @@ WRITE = Role(
     accept=(no_placeholder, no_echo),
     check=lambda a, t: a.run.ctx.catalog.check(normalize(t), a.sec.ids, require=True), extractive=_write,
     result=lambda a, t: normalize(t).strip(), max_tokens=1536,
+    constrain=lambda a: tagged("content", cited_prose(a.sec.ids, sentences=(2, 5))) if a.sec.ids else None,
     on_fail="{position} written by the extractive writer after the model failed",
     parts=lambda a: [f"section-{a.sec.pos}"])
 
@@ -205,6 +222,7 @@ DEEPEN = Role(
     check=lambda a, v: a.run.deepen_check(DeepenAction.model_validate(v), a.forced),
     extractive=lambda a: deepen_choice(a.run.ctx, a.run.query, a.run.outline, a.forced),
     result=_decision, turn_action=lambda v: v["name"], max_tokens=1024, accept=(no_placeholder,),
+    constrain=lambda a: _deepen_format(a),
     on_fail="deepening decided extractively after the model's action failed")
 
 

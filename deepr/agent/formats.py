@@ -1,0 +1,150 @@
+"""Output formats built per call from what the prompt actually shows.
+
+A role's static format (a pydantic schema, ``<tag>[^<]+</tag>``) only fixes the shape; a weak
+model then fills it with dots, the prompt's example id or a one-word query, and the acceptance
+checks reject the turn. The formats here are built by code from the call's input, so decoding
+itself excludes those replies:
+
+- cited prose: sentences of real words, each ending in a citation whose ids are an alternation
+  of exactly the evidence ids the writer was shown (no other id, no ``...``, no ``[1]``);
+- search queries: two to eight words of at least three characters;
+- the dag plan: a fixed skeleton (search nodes → one aggregate → the answer) whose ids and edges
+  are constants, so the model writes only queries, needs and key points.
+
+The acceptance checks still run on every reply: a format cannot tell a real query from a
+repeated one, nor an echo from an answer.
+
+    constrain=lambda a: tagged("answer", cited_prose(a.ids, sentences=(5, 8)))
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from deepr.llm.base import OutputFormat
+
+# Words are bounded: an unbounded class lets a small model chain one hyphenated "word" until
+# max_tokens runs out (seen: "vaccine-training-immune-system-vaccine-…").
+WORD = r"[A-Za-z0-9][A-Za-z0-9']{0,15}(?:-[A-Za-z0-9]{1,12})?%?"
+FIRST = r"[A-Z][A-Za-z0-9']{0,15}(?:-[A-Za-z0-9]{1,12})?"  # a sentence's first word
+QUERY_WORD = r"[A-Za-z0-9][A-Za-z0-9']{2,15}(?:-[A-Za-z0-9]{1,12})?"  # 3+ characters: no "a", "of", "…"
+
+
+def id_choice(ids: Sequence[str]) -> str:
+    """A regex alternation of exactly ``ids`` (longest first, so a prefix never wins early)."""
+    unique = sorted(dict.fromkeys(i for i in ids if i), key=lambda i: (-len(i), i))
+    if not unique:
+        raise ValueError("a cited format needs at least one evidence id")
+    return "(?:" + "|".join(re.escape(i) for i in unique) + ")"
+
+
+def cited_sentence(ids: Sequence[str], words: tuple[int, int] = (8, 30), per_cite: int = 2) -> str:
+    """One sentence of ``words`` real words (a capital first) closed by ``[id]`` or ``[id, id]``."""
+    c = id_choice(ids)
+    lo, hi = words
+    return (rf"{FIRST}(?:,? {WORD}){{{lo - 1},{hi - 1}}} "
+            rf"\[{c}(?:, {c}){{0,{per_cite - 1}}}\]\.")
+
+
+def cited_prose(ids: Sequence[str], *, sentences: tuple[int, int] = (2, 6), words: tuple[int, int] = (8, 30)) -> str:
+    """``sentences`` cited sentences separated by single spaces (see :func:`cited_sentence`)."""
+    s = cited_sentence(ids, words)
+    lo, hi = sentences
+    return rf"{s}(?: {s}){{{lo - 1},{hi - 1}}}"
+
+
+def search_query(words: tuple[int, int] = (2, 8)) -> str:
+    lo, hi = words
+    return rf"{QUERY_WORD}(?: {QUERY_WORD}){{{lo - 1},{hi - 1}}}"
+
+
+def tagged(tag: str, body: str, name: str | None = None) -> OutputFormat:
+    return OutputFormat(name or tag, regex=rf"<{tag}>{body}</{tag}>")
+
+
+def _text(pattern: str) -> dict[str, Any]:
+    return {"type": "string", "pattern": f"^{pattern}$"}
+
+
+PHRASE = rf"{FIRST}(?:,? {WORD}){{3,14}}"  # a need or key point: 4 to 15 words
+
+
+def _search_node(nid: str) -> dict[str, Any]:
+    return {"type": "object", "properties": {
+        "id": {"const": nid}, "type": {"const": "search"}, "query": _text(search_query()),
+        "key_points": {"type": "array", "minItems": 1, "maxItems": 1, "items": _text(PHRASE)}},
+        "required": ["id", "type", "query", "key_points"], "additionalProperties": False}
+
+
+def _reader_node(nid: str, kind: str, inputs: list[str]) -> dict[str, Any]:
+    return {"type": "object", "properties": {
+        "id": {"const": nid}, "type": {"const": kind}, "need": _text(PHRASE),
+        "inputs": {"const": inputs}},
+        "required": ["id", "type", "need", "inputs"], "additionalProperties": False}
+
+
+def plan_schema(n_search: int = 3, fetch_ids: Sequence[str] | None = None, fetch_limit: int = 2) -> dict[str, Any]:
+    """The dag plan skeleton: ``n_search`` search nodes N1.., one aggregate reading all of them,
+    the answer node reading the aggregate; with ``fetch_ids`` a ``fetch`` list drawn from them."""
+    searches = [f"N{k}" for k in range(1, n_search + 1)]
+    agg, ans = f"N{n_search + 1}", f"N{n_search + 2}"
+    nodes = [*map(_search_node, searches), _reader_node(agg, "aggregate", searches),
+             _reader_node(ans, "answer", [agg])]
+    props: dict[str, Any] = {"nodes": {"type": "array", "prefixItems": nodes, "items": False,
+                                       "minItems": len(nodes), "maxItems": len(nodes)}}
+    if fetch_ids:
+        props["fetch"] = {"type": "array", "maxItems": fetch_limit,
+                          "items": {"enum": list(dict.fromkeys(fetch_ids))}}
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+
+
+def cited_map_schema(allowed: dict[str, Sequence[str]], sentences: tuple[int, int] = (2, 4)) -> dict[str, Any]:
+    """A JSON object with one cited text per key, each citing only its own allowed ids."""
+    props = {k: _text(cited_prose(ids, sentences=sentences)) for k, ids in allowed.items()}
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+
+
+TITLE = rf"{FIRST}(?: {WORD}){{1,9}}"  # 2 to 10 words
+
+
+def items_schema(lo: int, hi: int) -> dict[str, Any]:
+    """Outline items (warp): a title and a one-sentence plan each."""
+    return {"type": "array", "minItems": lo, "maxItems": hi, "items": {
+        "type": "object", "properties": {"title": _text(TITLE), "plan": _text(PHRASE)},
+        "required": ["title", "plan"], "additionalProperties": False}}
+
+
+def action_schema(name: str, **props: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": {"name": {"const": name}, **props},
+            "required": ["name", *props], "additionalProperties": False}
+
+
+def queries_schema(key: str, lo: int = 1, hi: int = 3, name: str | None = None) -> dict[str, Any]:
+    """``{key: [2–8 word queries]}`` (with ``name`` constant when given: a warp action)."""
+    arr = {"type": "array", "minItems": lo, "maxItems": hi, "items": _text(search_query())}
+    return action_schema(name, **{key: arr}) if name else {
+        "type": "object", "properties": {key: arr}, "required": [key], "additionalProperties": False}
+
+
+def cite_spans(ids: Sequence[str], *, sentences: tuple[int, int] = (3, 6), words: tuple[int, int] = (8, 30)) -> str:
+    """tools mode's answer body: ``<cite id="S1-R2">a sentence.</cite>`` spans over real ids."""
+    c = id_choice(ids)
+    lo, hi = words
+    span = rf'<cite id="{c}(?:, {c})?">{FIRST}(?:,? {WORD}){{{lo - 1},{hi - 1}}}\.</cite>'
+    return rf"{span}(?: {span}){{{sentences[0] - 1},{sentences[1] - 1}}}"
+
+
+def tool_step(shown: Sequence[str], *, may_call: bool = True, may_browse: bool = True) -> str:
+    """One tools-mode turn: a search call (a real query), a browse of a document an earlier
+    search showed, or, once something was shown, the cited answer."""
+    options = []
+    if may_call:
+        options.append(rf'<tool_call>\{{"name": "search", "arguments": \{{"query": "{search_query()}"\}}\}}</tool_call>')
+        if may_browse and shown:
+            options.append(rf'<tool_call>\{{"name": "browse", "arguments": \{{"doc_id": "{id_choice(shown)}"\}}\}}'
+                           r"</tool_call>")
+    if shown:
+        options.append(rf"<answer>{cite_spans(shown)}</answer>")
+    return "|".join(f"(?:{o})" for o in options)
