@@ -233,7 +233,9 @@ def wiki_subset(path: Path, questions: list[str], per_question: int = 40, filler
 def llm_flags(backend: str, base_url: str | None) -> list[str]:
     if backend == "hf":
         return ["--llm", "smollm2"]
-    return ["--llm", "openai:smollm2", "--base-url", base_url or "", "--no-cache", "--timeout", "600"]
+    # --formats strict: the per-call formats are on by default only for the built-in smollm2 spec
+    return ["--llm", "openai:smollm2", "--base-url", base_url or "", "--no-cache", "--timeout", "600",
+            "--formats", "strict"]
 
 
 def run_one(backend: str, base_url: str | None, mode: str, q_no: int, question: str, a: argparse.Namespace) -> dict:

@@ -408,16 +408,17 @@ def _problems(role: Role, inp: Any, value: Any, messages: list[Message], convo: 
     return "; ".join(parts) or None
 
 
-def _format(role: Role, inp: Any) -> OutputFormat:
+def _format(role: Role, inp: Any, llm: LLM) -> OutputFormat:
     name = f"{role.name}.{role.action}"
-    built = role.constrain(inp) if role.constrain is not None else None
+    strict = role.constrain is not None and getattr(llm, "strict_formats", False)
+    built = role.constrain(inp) if strict else None
     return OutputFormat(name, json_schema=built.json_schema, regex=built.regex) if built else role.output.fmt(name)
 
 
 async def _ask(role: Role, inp: Any, messages: list[Message], llm: LLM, rec: Recorder, max_reasks: int,
                temperature: float | None, max_tokens: int) -> _Attempts:
     out = _Attempts()
-    convo, fmt = list(messages), _format(role, inp)
+    convo, fmt = list(messages), _format(role, inp, llm)
     wrapped = rec.llm(llm, role.name, role.action)
     limit = context_length(llm)
     for n in range(max_reasks + 1):

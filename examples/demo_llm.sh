@@ -51,10 +51,10 @@ step prune          deepr prune-trajectories "$D/trajectories.jsonl" --rubrics "
 step sft            deepr sft --model "$BASE" --data "$D/data/sft.jsonl" --role planner \
                       --out "$D/ckpt/planner-sft" --max-steps 4 --batch-size 1 --grad-accum 1 \
                       --max-length 2048 --resume
-# TODO(after the train helper's merge): pass --max-tokens/--temperature/--seed to grpo as well.
 step grpo-planner   deepr grpo --stage planner --model "$D/ckpt/planner-sft" --data "$D/verified.jsonl" \
                       --corpus "$CORPUS" --out "$D/ckpt/planner" --max-steps 2 --num-generations 2 \
-                      --prompts-per-step 1 --max-completion-length 256 --k 2 --resume
+                      --prompts-per-step 1 --max-completion-length 256 --k 2 --temperature 0.8 --seed 0 \
+                      --resume
 step eval           deepr eval "$D/runs-dag" --metric rubric,citation,structure,support \
                       --rubrics "$D/verified.jsonl" --out "$D/scores-dag.jsonl"
 python examples/demo_llm_summary.py "$D"

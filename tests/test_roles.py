@@ -164,3 +164,37 @@ def test_a_backend_failure_records_every_request_it_sent_as_an_attempt():
         assert srv.n_requests == 4
     assert out.by == "failed" and out.attempts == 4 and "after 4 attempts" in out.error
     assert rec.failures[-1]["attempts"] == 4 and rec.turns[-1].model_extra["attempts"] == 4
+
+
+# -- strict (per-call) formats vs the role's own schema (GenDefaults.formats, --formats) ---------
+
+def test_per_call_formats_apply_only_when_strict_formats_are_on():
+    from dataclasses import replace
+
+    from deepr.llm.base import OutputFormat
+
+    role = replace(SEARCH, constrain=lambda a: OutputFormat("kw", regex=rf'\{{"keywords": \["{a.topic} flow"\]\}}'))
+    loose, strict = Scripted(['{"keywords": ["lava flow"]}']), Scripted(['{"keywords": ["lava flow"]}'])
+    strict.strict_formats = True
+    go(role, loose), go(role, strict)
+    assert loose.calls[0]["fmt"].json_schema is not None and loose.calls[0]["fmt"].regex is None
+    assert strict.calls[0]["fmt"].regex == r'\{"keywords": \["lava flow"\]\}'
+
+
+@pytest.mark.parametrize("spec, formats, strict", [
+    ("smollm2", None, True), ("gguf:/m/x.gguf", None, True), ("hf:/m/ckpt", None, False),
+    ("openai:qwen", None, False), ("openai:qwen", "strict", True), ("smollm2", "schema", False)])
+def test_strict_formats_default_to_the_built_in_small_models_only(spec, formats, strict):
+    from deepr.llm import get_llm, strict_formats
+
+    assert strict_formats(spec, GenDefaults(formats=formats)) is strict
+    assert get_llm("extractive", gen=GenDefaults(formats="strict")).strict_formats is True
+    assert get_llm("extractive").strict_formats is False
+
+
+def test_the_formats_flag_is_checked():
+    from deepr.cli.flags import gen_defaults
+
+    assert gen_defaults(formats="auto").formats is None and gen_defaults(formats="strict").formats == "strict"
+    with pytest.raises(ValueError, match="--formats 'loose': choose auto, strict or schema"):
+        gen_defaults(formats="loose")

@@ -29,6 +29,10 @@ DEADLINE = typer.Option(None, "--deadline", help="Wall-clock budget in seconds f
                         "has (recorded as failures).")
 ALLOW_FALLBACK = typer.Option(False, "--allow-fallback", help="Exit 0 when output was written but some records "
                               "or turns failed or fell back to the extractive engine (default: exit 3).")
+FORMATS = typer.Option("auto", "--formats", help="Decoding constraints: 'strict' builds each call's format "
+                       "from its prompt (fixed dag plan skeleton, plain-word cited sentences, only shown ids; "
+                       "keeps a small model from writing placeholders), 'schema' constrains to each role's "
+                       "schema or tag only, 'auto' is strict for smollm2/gguf: and schema otherwise.")
 TIMEOUT = typer.Option(120.0, "--timeout", help="Seconds before one model call times out (> 0).")
 
 EXIT_HELP = ("Exit status: 0 all good; 2 bad input or flags (nothing run); 3 some records/turns failed or fell "
@@ -37,7 +41,7 @@ EXIT_HELP = ("Exit status: 0 all good; 2 bad input or flags (nothing run); 3 som
 
 
 def gen_defaults(max_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
-                 seed: int | None = None) -> Any:
+                 seed: int | None = None, formats: str | None = None) -> Any:
     """Check the generation flags and pack them; raises ValueError naming the flag."""
     from deepr.llm.base import GenDefaults
 
@@ -49,7 +53,10 @@ def gen_defaults(max_tokens: int | None = None, temperature: float | None = None
         raise ValueError(f"--top-p {top_p:g}: must be in (0, 1]")
     if seed is not None and not 0 <= seed < 2**63:
         raise ValueError(f"--seed {seed}: must be a non-negative integer")
-    return GenDefaults(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
+    if formats not in (None, "auto", "strict", "schema"):
+        raise ValueError(f"--formats {formats!r}: choose auto, strict or schema")
+    return GenDefaults(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                       formats=None if formats == "auto" else formats)
 
 
 def check_budget(timeout: float | None = None, deadline: float | None = None, concurrency: int | None = None,

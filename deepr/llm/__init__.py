@@ -77,7 +77,18 @@ def get_llm(spec: str = "extractive", *, base_url: str | None = None, api_key: s
                  max_retries=max_retries, max_concurrency=max_concurrency, **kw)
     if gen is not None:
         llm.gen = gen
+    llm.strict_formats = strict_formats(spec, gen)
     return llm
+
+
+def strict_formats(spec: str, gen: GenDefaults | None) -> bool:
+    """Whether roles build per-call formats from the prompt (see GenDefaults.formats): asked for,
+    or by default for the built-in small models, whose free replies are mostly placeholders."""
+    chosen = gen.formats if gen is not None else None
+    if chosen is not None:
+        return chosen == "strict"
+    spec = (spec or "").strip()
+    return spec == "smollm2" or spec.startswith("gguf:")
 
 
 def _build(spec: str, *, base_url: str | None, api_key: str | None, cache: bool, cache_dir: str | Path | None,

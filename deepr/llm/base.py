@@ -74,6 +74,11 @@ class GenDefaults:
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
+    # "strict": per-call formats built from the prompt (deepr.agent.formats: fixed dag plan
+    # skeleton, cited prose of plain words, ids limited to those shown) so a small model cannot
+    # write placeholders; "schema": each role's own schema or tag only, leaving a capable model its
+    # full language and plan shapes; None ("auto"): strict for the built-in small models only.
+    formats: str | None = None
 
 
 @dataclass
@@ -109,6 +114,7 @@ class LLM(ABC):
 
     name: str = "llm"
     is_extractive: bool = False
+    strict_formats: bool = False  # set by get_llm from GenDefaults.formats (deepr.roles._format)
     # Set once, then every later call fails at once: the --deadline passed, or the endpoint
     # refused the credentials (retrying with the same key cannot help).
     stopped: str | None = None
