@@ -129,6 +129,10 @@ def main() -> None:
     res["encoders"] = encoders(texts, args.rounds)
     if not args.skip_incremental:
         res["incremental"] = incremental(args.docs)
+    elif Path(args.out).exists():  # keep the earlier run's incremental figures, marked as such
+        earlier = json.loads(Path(args.out).read_text(encoding="utf-8")).get("incremental")
+        if earlier:
+            res["incremental"] = {**earlier, "note": "from an earlier run (--skip-incremental)"}
     res["load_avg_end"] = os.getloadavg()
     Path(args.out).write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(res, indent=1))
