@@ -15,7 +15,7 @@ extra runs on onnxruntime (deepr/corpus/onnxbert.py: int8 weights, fused attenti
 no torch import; named ``+int8-onnx``), ~2x the speed of torch bf16 at a recall cost measured
 in bench/retrieval.py; without the extra, or with DEEPR_ONNX=0, torch quantises its Linear
 layers instead. ``bf16`` is torch autocast; ``auto`` uses it only on CPUs with AMX: on
-AVX512-BF16 without AMX, bench/index_build.py measured bf16 1.7x slower than fp32.
+AVX512-BF16 without AMX, bench/index_build.py measured bf16 1.5x the CPU time of fp32.
 
 Example::
 
@@ -66,7 +66,7 @@ def cpu_has_bf16() -> bool:
 
 
 def cpu_has_amx() -> bool:
-    """True with AMX tiles, where bf16 autocast pays; with AVX512-BF16 alone it cost 1.7x fp32."""
+    """True with AMX tiles, where bf16 autocast pays; with AVX512-BF16 alone it cost 1.5x fp32."""
     return "amx_bf16" in _cpu_flags()
 
 
