@@ -5,11 +5,13 @@ float32 unit vectors, the same as sentence-transformers' (fp32: cosine >= 0.999,
 tests/test_retrieval.py) or from int8 weights (``quantize=True``: dynamic quantisation, faster,
 cosine ~0.99; its retrieval recall is in bench/retrieval.py).
 
-Why: embedding the corpus is almost all of an index build. onnxruntime's kernels run this
-model ~1.5-2x faster than torch on a small CPU (bench/index_build.py), and the graph is built
-here from the model's own safetensors weights, so there is no torch export step, no torch
-import, and nothing extra to download. Needs the ``onnx`` extra (onnxruntime + onnx); without
-it deepr falls back to the torch encoder.
+Why: embedding the corpus is almost all of an index build. With int8 weights this runs in
+0.43x the CPU time of torch bf16 (as fast as torch's own int8, with vectors much closer to
+float32: cosine 0.992 vs 0.972 at worst; bench/results/index_build.json), and the graph is
+built here from the model's own safetensors weights, so there is no torch export step, no
+torch import, and nothing extra to download. In float32 it is no faster than torch, so deepr
+uses it for int8 only. Needs the ``onnx`` extra (onnxruntime + onnx); without it deepr falls
+back to the torch encoder.
 
 Example::
 
