@@ -91,7 +91,9 @@ def equality(n: int) -> dict:
     out: dict = {"passages": len(texts), "goal_min": 0.999}
     for name, enc in encoders.items():
         cos = (enc(texts) * ref).sum(1)
-        out[name] = {"cos_min": float(cos.min()), "cos_mean": float(cos.mean()), "ok": bool(cos.min() >= 0.999)}
+        out[name] = {"cos_min": float(cos.min()), "cos_mean": float(cos.mean())}
+        if "not gated" not in name:
+            out[name]["ok"] = bool(cos.min() >= 0.999)
     # the numpy encoder's figures also at the top level, where earlier results kept them
     out.update({k: out["numpy (query path)"][k] for k in ("cos_min", "cos_mean", "ok")})
     return out
