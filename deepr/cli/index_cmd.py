@@ -31,8 +31,8 @@ SHARD_HELP = ("Embed only shard K of N (1 <= K <= N; passages hash-partitioned b
               "shard-K-of-N.npz; run `--merge` after all N.")
 MERGE_HELP = "Build the index from the shard files of `--shard` runs, embedding nothing."
 SHARD_DIR_HELP = "Folder of shard files (default: <cache>/shards/<index key>/)."
-PRECISION_HELP = ("Embedding arithmetic: auto (bf16 on CPUs with native bfloat16, else fp32), fp32, bf16, "
-                  "or int8 (fastest, lower recall).")
+PRECISION_HELP = ("Embedding arithmetic: auto (bf16 on CPUs with AMX, else fp32), fp32, bf16, or int8 "
+                  "(fastest build: onnxruntime with deepr[onnx], else torch; recall cost in docs/scaling.md).")
 
 
 def _open(corpus: str, retriever: str, cache_dir: Path | None, limit: int | None, embedder: str | None,

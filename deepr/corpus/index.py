@@ -150,7 +150,8 @@ def embed_passages(passages: Sequence[Passage], embedder: Embedder, cache: Embed
     dim = embedder.dim
     out = np.empty((len(texts), dim), dtype=np.float32)
     found = cache.get(keys, dim)
-    todo = [i for i, k in enumerate(keys) if k not in found]
+    # longest first over the whole corpus, not per block: each batch pads to its own longest text
+    todo = sorted((i for i, k in enumerate(keys) if k not in found), key=lambda i: -len(texts[i]))
     for i, k in enumerate(keys):
         if k in found:
             out[i] = found[k]

@@ -80,10 +80,14 @@ def node_text(node: PlanNode) -> str:
 
 
 def _texts(plan: Plan, rubrics: Sequence[RubricItem]) -> list[str]:
+    """Every text the terms read, and no other: a node's joined text is read only for the
+    answer's aggregate parents (d_par). Joined texts are new strings in almost every rollout,
+    so embedding the unused ones made each cached call miss (bench/rewards.py)."""
     out = [r.description for r in rubrics]
     for n in plan.nodes:
         out.extend(node_fields(n))
-        out.append(node_text(n))
+    by_id = {n.id: n for n in plan.nodes}
+    out.extend(node_text(by_id[p]) for p in parents_of(answer_node(plan)) if by_id[p].type == "aggregate")
     return out
 
 
