@@ -46,20 +46,21 @@ class LearnConfig:
     work: Path = Path("learn-work")
     results: Path = ROOT / "bench" / "results"
     img: Path = ROOT / "docs" / "img"
-    trees: int = 36
+    trees: int = 30
     heldout_topics: int = 3
-    heldout: int = 8
-    max_train: int = 40
+    heldout: int = 6
+    max_train: int = 24
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    sft_steps: int = 24
+    sft_steps: int = 10
     sft_lr: float = 5e-4
-    grpo_steps: int = 6
-    grpo_lr: float = 5e-5
+    grpo_steps: int = 4
+    grpo_lr: float = 1e-4
     num_generations: int = 4
     prompts_per_step: int = 2
-    rollout_tokens: int = 640
+    rollout_tokens: int = 700
     eval_max_tokens: int = 320
     lora_r: int = 16
+    top_k: int = 3
     minutes: float = 60.0
     llm: str = "smollm2"
     corpus: str = "wiki"
@@ -77,7 +78,7 @@ def positive(name: str, value: float, *, minimum: float = 1) -> None:
 def validate(cfg: LearnConfig) -> LearnConfig:
     """One-line errors for sizes and budgets that cannot work, before anything runs."""
     for name in ("trees", "heldout_topics", "heldout", "max_train", "sft_steps", "grpo_steps", "prompts_per_step",
-                 "rollout_tokens", "eval_max_tokens", "lora_r", "threads", "jobs"):
+                 "rollout_tokens", "eval_max_tokens", "lora_r", "top_k", "threads", "jobs"):
         positive(name, getattr(cfg, name))
     positive("num_generations", cfg.num_generations, minimum=2)  # a GRPO group needs two rollouts to compare
     positive("minutes", cfg.minutes, minimum=1)
@@ -98,7 +99,7 @@ def parse_args(argv: list[str] | None = None) -> LearnConfig:
     p.add_argument("--results", type=Path, default=d.results, help="where learning.json goes")
     p.add_argument("--img", type=Path, default=d.img, help="where the PNG figures go")
     for name in ("trees", "heldout_topics", "heldout", "max_train", "sft_steps", "grpo_steps", "num_generations",
-                 "prompts_per_step", "rollout_tokens", "eval_max_tokens", "lora_r", "threads", "jobs"):
+                 "prompts_per_step", "rollout_tokens", "eval_max_tokens", "lora_r", "top_k", "threads", "jobs"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
     for name in ("sft_lr", "grpo_lr", "minutes"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
@@ -212,7 +213,8 @@ def teacher_sft_data(cfg: LearnConfig, train: Path, log: Path) -> Path:
     w = cfg.work
     out = w / "sft-data"
     if not done(out):
-        deepr(["run", "--queries", str(train), "--mode", "dag", "--corpus", cfg.corpus, "--out", str(w / "runs-teacher"),
+        deepr(["run", "--queries", str(train), "--mode", "dag", "--corpus", cfg.corpus, "--top-k", str(cfg.top_k),
+               "--out", str(w / "runs-teacher"),
                "--record", str(w / "trajectories.jsonl")], log, threads=cfg.threads)
         deepr(["prune-trajectories", str(w / "trajectories.jsonl"), "--rubrics", str(train), "--out-dir", str(out),
                "--heldout", "0", "--target-ratios", "none"], log, threads=cfg.threads)
@@ -280,7 +282,7 @@ def evaluate(cfg: LearnConfig, spec: str, name: str, held: Path, seed: int, log:
     runs, scores = cfg.work / "runs" / name, cfg.work / "scores" / f"{name}.jsonl"
     if done(runs):
         return scores
-    deepr(["run", "--queries", str(held), "--mode", "dag", "--corpus", cfg.corpus, "--llm", spec, "--out", str(runs), "--no-cache",
+    deepr(["run", "--queries", str(held), "--mode", "dag", "--corpus", cfg.corpus, "--top-k", str(cfg.top_k), "--llm", spec, "--out", str(runs), "--no-cache",
            "--temperature", "0", "--seed", str(seed), "--max-tokens", str(cfg.eval_max_tokens), "--timeout", "900",
            "--max-reasks", "0", "--allow-fallback"], log, threads=cfg.threads)
     scores.parent.mkdir(parents=True, exist_ok=True)
@@ -297,7 +299,7 @@ def train_seed(cfg: LearnConfig, base: str, sft_data: Path, train: Path, seed: i
     if not done(sft):
         deepr(["sft", "--model", base, "--data", str(sft_data), "--role", "planner", "--out", str(sft),
                "--lora-r", str(cfg.lora_r), "--lora-alpha", str(2 * cfg.lora_r), "--lr", str(cfg.sft_lr),
-               "--max-steps", str(cfg.sft_steps), "--grad-accum", "1", "--batch-size", "1", "--max-length", "3072",
+               "--max-steps", str(cfg.sft_steps), "--grad-accum", "1", "--batch-size", "1", "--max-length", "4096",
                "--logging-steps", "1", "--seed", str(seed), "--report-to", cfg.report_to, "--resume"],
               log, threads=cfg.threads)
         mark(sft)
@@ -310,11 +312,11 @@ def train_seed(cfg: LearnConfig, base: str, sft_data: Path, train: Path, seed: i
         mark(merged)
     if not done(grpo):
         conf = {"seed": seed, "lora_r": cfg.lora_r, "lora_alpha": 2 * cfg.lora_r, "learning_rate": cfg.grpo_lr,
-                "temperature": 1.0, "zero_advantage": "warn", "save_steps": 1, "report_to": cfg.report_to,
+                "temperature": 1.0, "max_turn_tokens": cfg.eval_max_tokens, "zero_advantage": "warn", "save_steps": 1, "report_to": cfg.report_to,
                 "use_vllm": cfg.use_vllm}
         write_atomic(w / "grpo.json", conf)
         deepr(["grpo", "--stage", "planner", "--model", str(merged), "--data", str(train), "--out", str(grpo),
-               "--config", str(w / "grpo.json"), "--corpus", cfg.corpus, "--max-steps", str(cfg.grpo_steps),
+               "--config", str(w / "grpo.json"), "--corpus", cfg.corpus, "--k", str(cfg.top_k), "--max-steps", str(cfg.grpo_steps),
                "--num-generations", str(cfg.num_generations), "--prompts-per-step", str(cfg.prompts_per_step),
                "--max-completion-length", str(cfg.rollout_tokens), "--resume"], log, threads=cfg.threads, ok=(0,))
         mark(grpo)
