@@ -57,8 +57,8 @@ class LearnConfig:
     grpo_lr: float = 1e-4
     num_generations: int = 4
     prompts_per_step: int = 2
-    rollout_tokens: int = 700
-    eval_max_tokens: int = 320
+    rollout_tokens: int = 800
+    eval_max_tokens: int = 400
     lora_r: int = 16
     top_k: int = 3
     minutes: float = 60.0
@@ -312,7 +312,7 @@ def train_seed(cfg: LearnConfig, base: str, sft_data: Path, train: Path, seed: i
         mark(merged)
     if not done(grpo):
         conf = {"seed": seed, "lora_r": cfg.lora_r, "lora_alpha": 2 * cfg.lora_r, "learning_rate": cfg.grpo_lr,
-                "temperature": 1.0, "max_turn_tokens": cfg.eval_max_tokens, "zero_advantage": "warn", "save_steps": 1, "report_to": cfg.report_to,
+                "temperature": 0.8, "max_turn_tokens": cfg.eval_max_tokens, "zero_advantage": "warn", "save_steps": 1, "report_to": cfg.report_to,
                 "use_vllm": cfg.use_vllm}
         write_atomic(w / "grpo.json", conf)
         deepr(["grpo", "--stage", "planner", "--model", str(merged), "--data", str(train), "--out", str(grpo),
