@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.learning_stats import METRICS, STAGES, plot_grpo, plot_stages, read_metrics_rows, run_metrics  # noqa: E402
-from bench.learning_stats import split_by_topic, summarize  # noqa: E402
+from bench.learning_stats import markdown_table, split_by_topic, summarize  # noqa: E402
 
 OK_CODES = (0, 3)  # 3: done, some turns fell back (recorded per run; the metrics count them)
 
@@ -68,6 +68,7 @@ class LearnConfig:
     threads: int = 1
     jobs: int = 2
     report_to: str = "none"
+    report_only: bool = False
 
 
 def positive(name: str, value: float, *, minimum: float = 1) -> None:
@@ -107,6 +108,8 @@ def parse_args(argv: list[str] | None = None) -> LearnConfig:
     p.add_argument("--corpus", default=d.corpus, help="corpus of trees, runs and rollouts (as deepr --corpus)")
     p.add_argument("--llm", default=d.llm, help="base model spec (smollm2, or hf:<folder> of a chat model)")
     p.add_argument("--use-vllm", action="store_true", help="GRPO rollouts with vLLM (GPU)")
+    p.add_argument("--report-only", action="store_true", help="run nothing: rescore what --work holds and "
+                   "rewrite the results and figures (e.g. after a run was stopped)")
     p.add_argument("--report-to", default=d.report_to, help="GRPO/SFT logging integration (e.g. tensorboard)")
     a = p.parse_args(argv)
     try:
@@ -326,9 +329,10 @@ def train_seed(cfg: LearnConfig, base: str, sft_data: Path, train: Path, seed: i
 # --- collecting and reporting -------------------------------------------------------------------
 
 
-def collect(cfg: LearnConfig, name: str, held_ids: list[str]) -> dict[str, dict[str, Any]]:
+def collect(cfg: LearnConfig, name: str, held_ids: list[str], *, pending_ok: bool = False) -> dict[str, dict[str, Any]]:
     """{question id: metrics (+ note)} of one evaluated stage; a question whose run was rejected
-    scores 0 on every metric and counts as a format failure, with the reason kept."""
+    scores 0 on every metric and counts as a format failure, with the reason kept. With
+    ``pending_ok`` (a stage stopped part-way) questions not run yet are left out, not zeroed."""
     runs = cfg.work / "runs" / name
     scores = {r["id"]: r for r in read_jsonl(cfg.work / "scores" / f"{name}.jsonl")}
     index = {r["id"]: r for r in read_jsonl(runs / "reports.jsonl")}
@@ -336,6 +340,8 @@ def collect(cfg: LearnConfig, name: str, held_ids: list[str]) -> dict[str, dict[
     out = {}
     for qid in held_ids:
         if qid not in index:
+            if pending_ok and qid not in rejects:
+                continue
             why = rejects.get(qid) or "no run recorded"
             out[qid] = {**{m: 0.0 for m in METRICS}, "format_fail": 1.0, "note": f"run failed: {why}"[:300]}
             continue
@@ -351,20 +357,12 @@ def collect(cfg: LearnConfig, name: str, held_ids: list[str]) -> dict[str, dict[
     return out
 
 
-def grids(per_run: dict[str, dict[int, dict[str, dict[str, Any]]]], held_ids: list[str],
-          seeds: list[int]) -> dict[str, dict[str, list[list[float]]]]:
-    """{stage: {metric: questions × seeds}} over the stages every seed finished."""
-    out = {}
-    for stage, by_seed in per_run.items():
-        if all(s in by_seed for s in seeds):
-            out[stage] = {m: [[by_seed[s][q][m] for s in seeds] for q in held_ids] for m in METRICS}
-    return out
-
-
 def report(cfg: LearnConfig, per_run: dict, held_ids: list[str], budget: Budget, status: str) -> dict[str, Any]:
-    """Write learning.json, learning_runs.json and the figures; returns the summary."""
-    seeds_done = [s for s in cfg.seeds if all(s in per_run.get(st, {}) for st in STAGES)] or cfg.seeds
-    summary = summarize(grids(per_run, held_ids, seeds_done))
+    """Write learning.json, learning_runs.json, learning.md and the figures; returns the summary.
+    Only questions every reported stage and seed ran are summarised (all of them, once complete)."""
+    per_run = {st: by_seed for st, by_seed in per_run.items() if by_seed}
+    qids = [q for q in held_ids if all(q in rows for by_seed in per_run.values() for rows in by_seed.values())]
+    summary = summarize(per_run, qids) if qids else {"stages": {}, "differences": {}}
     grpo_logs = {f"seed {s}": read_metrics_rows(p) for s in cfg.seeds
                  if (p := cfg.work / f"seed{s}" / "grpo" / "metrics.jsonl").is_file()}
     figures = {}
@@ -377,7 +375,7 @@ def report(cfg: LearnConfig, per_run: dict, held_ids: list[str], budget: Budget,
     result = {
         "status": status, "command": "python bench/learning.py " + " ".join(sys.argv[1:]),
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
-        "seeds_in_summary": seeds_done, "heldout_questions": len(held_ids),
+        "heldout_questions": len(held_ids), "questions_in_summary": qids,
         "train_questions": len(split["train_ids"]), "heldout_topics": split["heldout_topics"],
         "train_topics": split["train_topics"], "wall_seconds": round(budget.elapsed(), 1),
         "load_average_at_end": [round(x, 2) for x in load], "cpus": os.cpu_count(),
@@ -387,6 +385,8 @@ def report(cfg: LearnConfig, per_run: dict, held_ids: list[str], budget: Budget,
         "figures": figures, **summary}
     write_atomic(cfg.results / "learning.json", result)
     write_atomic(cfg.results / "learning_runs.json", {"split": split, "runs": per_run})
+    table = cfg.results / "learning.md"
+    table.write_text(f"Status: {status}\n\n" + markdown_table(summary), encoding="utf-8")
     return result
 
 
@@ -449,10 +449,37 @@ def experiment(cfg: LearnConfig) -> dict[str, Any]:
     return report(cfg, per_run, held_ids, budget, status)
 
 
+def rescore(cfg: LearnConfig) -> dict[str, Any]:
+    """--report-only: score every evaluation run under --work (finished or stopped part-way) and
+    rewrite the results; a stage stopped part-way counts the questions it finished."""
+    held_ids = [r["id"] for r in read_jsonl(cfg.work / "heldout.jsonl")]
+    if not held_ids:
+        raise ValueError(f"{cfg.work}/heldout.jsonl: missing or empty; run the experiment first")
+    log, per_run, open_runs = cfg.work / "learning-report.log", {st: {} for st in STAGES}, []
+    runs = [("base", "base", cfg.seeds)] + [(f"{st}-s{s}", st, [s]) for s in cfg.seeds for st in ("sft", "grpo")]
+    for name, stage, seeds in runs:
+        folder = cfg.work / "runs" / name
+        if not (folder / "reports.jsonl").is_file():
+            continue
+        if not done(folder):
+            open_runs.append(name)
+            (cfg.work / "scores").mkdir(parents=True, exist_ok=True)
+            deepr(["eval", str(folder), "--metric", "plan_reward,rubric,citation", "--rubrics",
+                   str(cfg.work / "heldout.jsonl"), "--out", str(cfg.work / "scores" / f"{name}.jsonl"),
+                   "--allow-fallback"], log, threads=cfg.threads)
+        rows = collect(cfg, name, held_ids, pending_ok=not done(folder))
+        for s in seeds if rows else ():
+            per_run[stage][s] = rows
+    missing = [n for n, _, _ in runs if not done(cfg.work / "runs" / n)]
+    status = "complete" if not missing else (f"partial (--report-only): evaluations not finished: {missing}; "
+                                             f"stopped part-way: {open_runs}")
+    return report(cfg, per_run, held_ids, Budget(cfg.minutes), status)
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
     try:
-        res = experiment(cfg)
+        res = rescore(cfg) if cfg.report_only else experiment(cfg)
     except (RuntimeError, ValueError) as e:
         print(f"learning: {e}", file=sys.stderr)
         return 1

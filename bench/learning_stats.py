@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 # Held-out metrics, in the order tables and the bar chart show them; True: higher is better.
-METRICS = {"plan_valid": True, "r_plan": True, "rubric": True, "cite_precision": True, "format_fail": False}
-LABELS = {"plan_valid": "plan validity", "r_plan": "R_plan (model's plan)", "rubric": "rubric score",
-          "cite_precision": "citation precision", "format_fail": "format-failure rate"}
+METRICS = {"plan_valid": True, "r_plan": True, "answer_by_model": True, "rubric": True, "cite_precision": True,
+           "format_fail": False}
+LABELS = {"plan_valid": "plan validity", "r_plan": "R_plan (model's plan)", "answer_by_model": "answer by the model",
+          "rubric": "rubric score", "cite_precision": "citation precision", "format_fail": "format-failure rate"}
 STAGES = ("base", "sft", "grpo")
 STAGE_LABELS = {"base": "base", "sft": "SFT", "grpo": "SFT+GRPO"}
 
@@ -64,10 +65,12 @@ def run_metrics(trace: Mapping[str, Any], score: Mapping[str, Any] | None) -> di
 
     plan_valid: the model's first plan validated (``by == "llm"``; a plan the extractive fallback
     wrote does not count). r_plan: ``deepr eval``'s plan_reward of the last plan when the model
-    wrote it, else 0 (the same rule GRPO's reward uses: no valid plan, no reward). rubric /
-    cite_precision: the final answer's rubric score and mean per-claim citation precision (0 when
-    it cites nothing, or when eval could not score it). format_fail: share of model calls whose
-    reply was refused (unparseable, failing its checks, or cut at max_tokens)."""
+    wrote it, else 0 (the same rule GRPO's reward uses: no valid plan, no reward). answer_by_model:
+    the final answer is the model's (no ``answerer/final`` failure: else the extractive writer
+    wrote it). rubric / cite_precision: that answer's rubric score and mean per-claim citation
+    precision; 0 when the fallback wrote the answer, when it cites nothing, or when eval could not
+    score it. format_fail: share of model calls whose reply was refused (unparseable, failing its
+    checks, or cut at max_tokens)."""
     score = score or {}
     turns = _plan_turns(trace)
     first = next((p for p in turns if p.get("turn") == "initial"), turns[0] if turns else {})
@@ -75,12 +78,14 @@ def run_metrics(trace: Mapping[str, Any], score: Mapping[str, Any] | None) -> di
     plan_valid = float(first.get("by") == "llm")
     model_plan = last.get("by") == "llm"
     r_plan = float(score.get("plan_reward") or 0.0) if model_plan else 0.0
+    failed = {str(f.get("where")) for f in trace.get("failures") or [] if isinstance(f, Mapping)}
+    by_model = "answerer/final" not in failed
     claims = [c for c in score.get("citation_claims") or [] if isinstance(c, Mapping) and c.get("ids")]
-    precision = sum(float(c.get("precision") or 0) for c in claims) / len(claims) if claims else 0.0
+    precision = sum(float(c.get("precision") or 0) for c in claims) / len(claims) if claims and by_model else 0.0
     calls = [c for c in trace.get("calls") or [] if isinstance(c, Mapping)]
     bad = sum(1 for c in calls if not c.get("ok", True) or c.get("truncated"))
-    return {"plan_valid": plan_valid, "r_plan": r_plan, "rubric": float(score.get("rubric") or 0.0),
-            "cite_precision": precision, "format_fail": bad / len(calls) if calls else 0.0}
+    return {"plan_valid": plan_valid, "r_plan": r_plan, "answer_by_model": float(by_model),
+            "rubric": float(score.get("rubric") or 0.0) if by_model else 0.0, "cite_precision": precision, "format_fail": bad / len(calls) if calls else 0.0}
 
 
 # --- bootstrap ---------------------------------------------------------------------------------
@@ -119,16 +124,29 @@ def paired_ci(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]], **kw: 
     return bootstrap_ci([[x - y for x, y in zip(r, s)] for r, s in zip(ra, rb)], **kw)
 
 
-def summarize(grids: Mapping[str, Mapping[str, Sequence[Sequence[float]]]], **kw: Any) -> dict[str, Any]:
-    """{stage: {metric: {mean, ci95}}} plus the paired differences the issue asks for."""
+def grid(per_run: Mapping[str, Mapping[int, Mapping[str, Mapping[str, float]]]], stage: str, metric: str,
+         qids: Sequence[str], seeds: Sequence[int]) -> list[list[float]]:
+    """questions × seeds values of one metric at one stage."""
+    return [[float(per_run[stage][s][q][metric]) for s in seeds] for q in qids]
+
+
+def summarize(per_run: Mapping[str, Mapping[int, Mapping[str, Mapping[str, float]]]], qids: Sequence[str],
+              **kw: Any) -> dict[str, Any]:
+    """{stage: {metric: {mean, ci95, seeds}}} over the seeds each stage finished, plus the paired
+    differences the issue asks for over the seeds both stages finished. ``per_run``:
+    {stage: {seed: {question id: {metric: value}}}}."""
     out: dict[str, Any] = {"stages": {}, "differences": {}}
-    for stage, by_metric in grids.items():
-        out["stages"][stage] = {m: _ci_row(bootstrap_ci(g, **kw)) for m, g in by_metric.items()}
+    done = {st: sorted(by_seed) for st, by_seed in per_run.items() if by_seed}
+    for st, seeds in done.items():
+        out["stages"][st] = {m: {**_ci_row(bootstrap_ci(grid(per_run, st, m, qids, seeds), **kw)), "seeds": seeds}
+                             for m in METRICS}
     for name, (x, y) in {"grpo_minus_base": ("grpo", "base"), "grpo_minus_sft": ("grpo", "sft"),
                          "sft_minus_base": ("sft", "base")}.items():
-        if x in grids and y in grids:
-            out["differences"][name] = {m: _ci_row(paired_ci(grids[x][m], grids[y][m], **kw))
-                                        for m in grids[x] if m in grids[y]}
+        common = sorted(set(done.get(x, [])) & set(done.get(y, [])))
+        if common:
+            out["differences"][name] = {m: {**_ci_row(paired_ci(grid(per_run, x, m, qids, common),
+                                                                grid(per_run, y, m, qids, common), **kw)),
+                                            "seeds": common} for m in METRICS}
     return out
 
 
@@ -215,3 +233,22 @@ def _save(fig: Any, out: str | Path) -> Path:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def markdown_table(summary: Mapping[str, Any]) -> str:
+    """The summary as a markdown table: one row per metric, one column per stage, then the
+    paired differences (mean [95 % CI])."""
+    stages = [s for s in STAGES if s in summary.get("stages", {})]
+    diffs = [d for d in ("sft_minus_base", "grpo_minus_sft", "grpo_minus_base") if d in summary.get("differences", {})]
+    names = {"sft_minus_base": "SFT − base", "grpo_minus_sft": "SFT+GRPO − SFT", "grpo_minus_base": "SFT+GRPO − base"}
+
+    def cell(row: Mapping[str, Any] | None) -> str:
+        return "–" if not row else f"{row['mean']:.3f} [{row['ci95'][0]:.3f}, {row['ci95'][1]:.3f}]"
+
+    head = ["metric", *(STAGE_LABELS[s] for s in stages), *(names[d] for d in diffs)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for m in METRICS:
+        row = [LABELS[m], *(cell(summary["stages"][s].get(m)) for s in stages),
+               *(cell(summary["differences"][d].get(m)) for d in diffs)]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import learning  # noqa: E402
-from bench.learning_stats import (bootstrap_ci, paired_ci, plot_grpo, plot_stages, read_metrics_rows,  # noqa: E402
+from bench.learning_stats import (METRICS, bootstrap_ci, markdown_table, paired_ci, plot_grpo, plot_stages, read_metrics_rows,  # noqa: E402
                                   run_metrics, split_by_topic, summarize)
 
 
@@ -86,9 +86,14 @@ def test_run_metrics_do_not_credit_the_fallback_plan():
                                                                    {"ids": ["N1-R2"], "precision": 0.0},
                                                                    {"ids": [], "precision": 0.0}]}
     m = run_metrics(trace, score)
-    assert m == {"plan_valid": 0.0, "r_plan": 0.0, "rubric": 0.4, "cite_precision": 0.5, "format_fail": 0.5}
+    assert m == {"plan_valid": 0.0, "r_plan": 0.0, "answer_by_model": 1.0, "rubric": 0.4, "cite_precision": 0.5,
+                 "format_fail": 0.5}
     trace["plans"] = [{"turn": "initial", "by": "llm"}, {"turn": "revised", "by": "llm"}]
     assert run_metrics(trace, score)["r_plan"] == 0.7 and run_metrics(trace, score)["plan_valid"] == 1.0
+    # the extractive writer stood in for the final answer: its rubric and citations are not the model's
+    trace["failures"] = [{"where": "answerer/final", "reason": "the reply was cut at max_tokens (2048)"}]
+    m = run_metrics(trace, score)
+    assert (m["answer_by_model"], m["rubric"], m["cite_precision"], m["r_plan"]) == (0.0, 0.0, 0.0, 0.7)
 
 
 def test_plots_are_written_from_a_small_metrics_file(tmp_path):
@@ -96,10 +101,17 @@ def test_plots_are_written_from_a_small_metrics_file(tmp_path):
     log.write_text("".join(json.dumps({"step": s, "rewards/plan_reward/mean": 0.1 * s, "kl": 0.01 * s}) + "\n"
                            for s in range(1, 5)), encoding="utf-8")
     grpo_png = plot_grpo({"seed 0": read_metrics_rows(log)}, tmp_path / "img" / "grpo.png")
-    grid = {"plan_valid": [[1.0, 0.0], [1.0, 1.0]], "r_plan": [[0.2, 0.3], [0.4, 0.1]]}
-    summary = summarize({"base": grid, "sft": grid, "grpo": grid}, n_boot=200)
-    assert summary["differences"]["grpo_minus_base"]["r_plan"] == {"mean": 0.0, "ci95": [0.0, 0.0]}
+    cells = {q: {m: 0.5 for m in METRICS} for q in ("q1", "q2")}
+    per_run = {"base": {0: cells, 1: cells}, "sft": {0: cells, 1: cells},
+               "grpo": {0: {q: {**c, "r_plan": c["r_plan"] + 0.25} for q, c in cells.items()}}}
+    summary = summarize(per_run, ["q1", "q2"], n_boot=200)
+    assert summary["stages"]["sft"]["r_plan"]["seeds"] == [0, 1] and summary["stages"]["grpo"]["r_plan"]["seeds"] == [0]
+    # a difference uses only the seeds both stages finished, paired cell by cell
+    assert summary["differences"]["grpo_minus_base"]["r_plan"] == {"mean": 0.25, "ci95": [0.25, 0.25], "seeds": [0]}
     bars_png = plot_stages(summary, tmp_path / "img" / "stages.png")
+    table = markdown_table(summary)
+    assert "| R_plan (model's plan) | 0.500 [0.500, 0.500] | 0.500 [0.500, 0.500] | 0.750 [" in table
+    assert "SFT+GRPO − base" in table
     for png in (grpo_png, bars_png):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     (tmp_path / "bad.jsonl").write_text('{"step": 1}\nnot json\n', encoding="utf-8")
