@@ -180,19 +180,22 @@ def reward_key(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def plot_grpo(runs: Mapping[str, Sequence[Mapping[str, Any]]], out: str | Path) -> Path:
-    """PNG of mean reward and KL per GRPO step, one line per run (seed)."""
+    """PNG of mean reward, KL and the share of zero-advantage groups per GRPO step, one line per
+    run (seed). A group whose rollouts all score the same teaches nothing: the third panel shows it."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_r, ax_k) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (ax_r, ax_k, ax_z) = plt.subplots(1, 3, figsize=(13, 3.8))
     for name, rows in runs.items():
         ax_r.plot(*_series(rows, reward_key(rows)), marker="o", label=name)
         ax_k.plot(*_series(rows, "kl"), marker="o", label=name)
-    ax_r.set(title="GRPO planner: mean reward (R_plan) per step", xlabel="step", ylabel="reward")
+        ax_z.plot(*_series(rows, "zero_advantage_frac"), marker="o", label=name)
+    ax_r.set(title="GRPO planner: mean reward (R_plan)", xlabel="step", ylabel="reward")
     ax_k.set(title="KL to the starting (SFT) model", xlabel="step", ylabel="KL")
-    for ax in (ax_r, ax_k):
+    ax_z.set(title="groups with zero advantage", xlabel="step", ylabel="share", ylim=(-0.05, 1.05))
+    for ax in (ax_r, ax_k, ax_z):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
