@@ -229,10 +229,10 @@ def _words(text: Any, n: int) -> str:
 
 
 def compact_plan(reply: str, *, query_words: int = 7) -> str | None:
-    """The teacher's plan with each query, need and key point cut to a few words (ids, types,
-    inputs and fetch lists untouched) and key points dropped; None when the reply is not a plan. The extractive teacher
-    copies whole evidence sentences into key points (~600 tokens a plan): a 135M model on CPU
-    writes a plan of that length in minutes, so it learns the same graphs in short form."""
+    """The teacher's plan with queries and needs cut to a few words and the optional key points
+    dropped (ids, types, inputs and fetch lists untouched); None when the reply is not a plan. The
+    extractive teacher copies whole evidence sentences into key points (~600 tokens a plan): a 135M
+    model on CPU writes a plan of that length in minutes, so it learns the same graphs in short form."""
     try:
         value = json.loads(reply)
     except json.JSONDecodeError:

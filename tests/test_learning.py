@@ -140,3 +140,21 @@ def test_flags_scale_the_experiment():
                                "--use-vllm", "--minutes", "600"])
     assert (cfg.trees, cfg.heldout, cfg.grpo_steps, cfg.seeds, cfg.use_vllm) == (120, 40, 60, [0, 1, 2, 3, 4], True)
     assert learning.parse_args([]).minutes == 60
+
+
+def test_compact_teacher_plan_keeps_the_graph_and_still_validates():
+    from deepr.agent.plan import validate_plan
+
+    long = " ".join(f"word{i}" for i in range(40))
+    plan = {"nodes": [{"id": "N1", "type": "search", "query": "volcano eruption magma " + long, "key_points": [long]},
+                      {"id": "N2", "type": "search", "query": "plate tectonics subduction zones", "inputs": []},
+                      {"id": "N3", "type": "aggregate", "need": long, "key_points": [long, long], "inputs": ["N1", "N2"]},
+                      {"id": "N4", "type": "answer", "need": "why volcanoes erupt " + long, "inputs": ["N3"]}],
+            "fetch": ["N1-R1"]}
+    short = json.loads(learning.compact_plan(json.dumps(plan)))
+    assert validate_plan(short)[1] == [] and short["fetch"] == ["N1-R1"]
+    assert [(n["id"], n["type"], n.get("inputs")) for n in short["nodes"]] == [
+        (n["id"], n["type"], n.get("inputs")) for n in plan["nodes"]]
+    assert short["nodes"][0]["query"] == "volcano eruption magma word0 word1 word2 word3"
+    assert all("key_points" not in n for n in short["nodes"]) and len(json.dumps(short)) < len(json.dumps(plan)) / 3
+    assert learning.compact_plan("not json") is None and learning.compact_plan('{"answer": "x"}') is None
