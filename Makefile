@@ -34,4 +34,4 @@ bench: install
 	$(BIN)/python bench/retrieval.py
 
 clean:
-	rm -rf $(DEMO_DIR) .deepr-cache
+	rm -rf $(DEMO_DIR) .deepr-cache learn-work
