@@ -393,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"learning: {e}", file=sys.stderr)
         return 1
     r = res["differences"].get("grpo_minus_base", {}).get("r_plan")
-    print(f"{res['status']}; {res['wall_seconds'] / 60:.1f} min; R_plan SFT+GRPO − base: {r}", flush=True)
+    wall = f"{res['wall_seconds'] / 60:.1f} min" if res["wall_seconds"] is not None else "rescored"
+    print(f"{res['status']}; {wall}; R_plan SFT+GRPO − base: {r}", flush=True)
     return 0
 
 

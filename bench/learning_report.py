@@ -47,7 +47,7 @@ def collect(cfg: LearnConfig, name: str, held_ids: list[str], *, pending_ok: boo
     return out
 
 
-def report(cfg: LearnConfig, per_run: dict, held_ids: list[str], budget: Budget, status: str) -> dict[str, Any]:
+def report(cfg: LearnConfig, per_run: dict, held_ids: list[str], budget: Budget | None, status: str) -> dict[str, Any]:
     """Write learning.json, learning_runs.json, learning.md and the figures; returns the summary.
     Only questions every reported stage and seed ran are summarised (all of them, once complete)."""
     per_run = {st: by_seed for st, by_seed in per_run.items() if by_seed}
@@ -67,7 +67,7 @@ def report(cfg: LearnConfig, per_run: dict, held_ids: list[str], budget: Budget,
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
         "heldout_questions": len(held_ids), "questions_in_summary": qids,
         "train_questions": len(split["train_ids"]), "heldout_topics": split["heldout_topics"],
-        "train_topics": split["train_topics"], "wall_seconds": round(budget.elapsed(), 1),
+        "train_topics": split["train_topics"], "wall_seconds": round(budget.elapsed(), 1) if budget else None,
         "load_average_at_end": [round(x, 2) for x in load], "cpus": os.cpu_count(),
         "base_is_seed_independent": "greedy decoding: the base model is run once and its runs count for every seed",
         "grpo_reward_per_step": {k: [[r["step"], r.get(_reward(r))] for r in v if _reward(r)]
@@ -112,4 +112,4 @@ def rescore(cfg: LearnConfig) -> dict[str, Any]:
     missing = [n for n, _, _ in runs if not done(cfg.work / "runs" / n)]
     status = "complete" if not missing else (f"partial (--report-only): evaluations not finished: {missing}; "
                                              f"stopped part-way: {open_runs}")
-    return report(cfg, per_run, held_ids, Budget(cfg.minutes), status)
+    return report(cfg, per_run, held_ids, None, status)  # no wall time: this only rescored
