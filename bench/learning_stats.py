@@ -219,7 +219,7 @@ def plot_stages(summary: Mapping[str, Any], out: str | Path) -> Path:
         err = [[r["mean"] - r["ci95"][0] for r in rows], [r["ci95"][1] - r["mean"] for r in rows]]
         ax.bar([j + (i - (len(stages) - 1) / 2) * width for j in range(len(metrics))], means, width,
                yerr=err, capsize=3, label=STAGE_LABELS.get(s, s))
-    ax.set_xticks(range(len(metrics)), [LABELS[m] + ("" if METRICS[m] else " (lower is better)")
+    ax.set_xticks(range(len(metrics)), [LABELS[m].replace(" ", "\n", 1) + ("" if METRICS[m] else "\n(lower is better)")
                                         for m in metrics], fontsize=8)
     ax.set(ylabel="mean over held-out questions × seeds", title="Held-out metrics per stage (95 % bootstrap CI)")
     ax.legend()
