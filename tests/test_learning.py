@@ -1,0 +1,160 @@
+"""The learning experiment's own logic (bench/learning.py): what a user relies on when reading
+its numbers. No model runs here; the experiment itself is `make learn`."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench import learning  # noqa: E402
+from bench.learning_stats import (METRICS, bootstrap_ci, markdown_table, paired_ci, plot_grpo, plot_stages, read_metrics_rows,  # noqa: E402
+                                  run_metrics, split_by_topic, summarize)
+
+
+def _corpus(n_topics: int = 6, per_topic: int = 4) -> tuple[list[dict], list[dict]]:
+    trees, pairs = [], []
+    for t in range(n_topics):
+        for k in range(per_topic):
+            tid = f"tree-{t}-{k}"
+            trees.append({"id": tid, "topic": f"seed title {t}.{k}", "category": f"cat{t}"})
+            pairs.append({"id": f"q-{t}-{k}", "tree_id": tid, "question": f"question {t} {k}?"})
+    return trees, pairs
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_topic_split_never_puts_a_heldout_topic_in_training(seed):
+    trees, pairs = _corpus()
+    random.Random(seed).shuffle(pairs)
+    train, held, rec = split_by_topic(pairs, trees, heldout_topics=2, seed=seed)
+    cat = {t["id"]: t["category"] for t in trees}
+    train_topics = {cat[p["tree_id"]] for p in train}
+    held_topics = {cat[p["tree_id"]] for p in held}
+    assert len(held_topics) == 2 and not train_topics & held_topics
+    assert sorted(p["id"] for p in train + held) == sorted(p["id"] for p in pairs)  # nothing dropped
+    assert rec["heldout_topics"] == sorted(held_topics)
+    assert set(rec["train_ids"]) == {p["id"] for p in train} and set(rec["heldout_ids"]) == {p["id"] for p in held}
+
+
+def test_topic_split_caps_sizes_without_leaking_and_refuses_unknown_trees():
+    trees, pairs = _corpus()
+    train, held, rec = split_by_topic(pairs, trees, heldout_topics=3, seed=1, max_heldout=5, max_train=7)
+    assert len(held) == 5 and len(train) == 7
+    assert {rec["topic_of"][p["id"]] for p in train}.isdisjoint(rec["heldout_topics"])
+    with pytest.raises(ValueError, match="trees not in the trees file"):
+        split_by_topic(pairs + [{"id": "x", "tree_id": "nowhere", "question": "?"}], trees, heldout_topics=1)
+    with pytest.raises(ValueError, match="leave at least 1 for training"):
+        split_by_topic(pairs, trees, heldout_topics=6)
+
+
+def test_bootstrap_interval_on_known_cases():
+    # two questions scoring 0 and 1: resampled means are 0, .5, 1 with chances 1/4, 1/2, 1/4,
+    # so the 95 % percentile interval is the whole [0, 1]
+    mean, lo, hi = bootstrap_ci([[0.0], [1.0]], n_boot=4000)
+    assert (mean, lo, hi) == (0.5, 0.0, 1.0)
+    assert bootstrap_ci([[0.3, 0.3], [0.3, 0.3]]) == pytest.approx((0.3, 0.3, 0.3))
+    # many Bernoulli(0.5) questions: close to the normal interval 0.5 ± 1.96·0.5/√n
+    rng = random.Random(3)
+    vals = [[float(rng.random() < 0.5)] for _ in range(400)]
+    m, lo, hi = bootstrap_ci(vals, n_boot=3000)
+    half = 1.96 * (m * (1 - m) / 400) ** 0.5
+    assert lo == pytest.approx(m - half, abs=0.015) and hi == pytest.approx(m + half, abs=0.015)
+
+
+def test_paired_interval_sees_a_consistent_gain_the_unpaired_spread_hides():
+    rng = random.Random(0)
+    base = [[rng.random() for _ in range(3)] for _ in range(10)]
+    better = [[x + 0.05 for x in row] for row in base]
+    d, lo, hi = paired_ci(better, base)
+    assert d == pytest.approx(0.05) and lo == pytest.approx(0.05) and hi == pytest.approx(0.05)
+    _, blo, bhi = bootstrap_ci(better)
+    assert blo < bootstrap_ci(base)[2]  # the unpaired intervals overlap
+    with pytest.raises(ValueError, match="same questions"):
+        paired_ci(better, base[:5])
+
+
+def test_run_metrics_do_not_credit_the_fallback_plan():
+    trace = {"plans": [{"turn": "initial", "by": "extractive-fallback"}, {"turn": "revised", "by": "previous-plan"}],
+             "calls": [{"ok": False}, {"ok": True, "truncated": True}, {"ok": True}, {"ok": True}]}
+    score = {"plan_reward": 0.7, "rubric": 0.4, "citation_claims": [{"ids": ["N1-R1"], "precision": 1.0},
+                                                                   {"ids": ["N1-R2"], "precision": 0.0},
+                                                                   {"ids": [], "precision": 0.0}]}
+    m = run_metrics(trace, score)
+    assert m == {"plan_valid": 0.0, "r_plan": 0.0, "answer_by_model": 1.0, "rubric": 0.4, "cite_precision": 0.5,
+                 "format_fail": 0.5}
+    trace["plans"] = [{"turn": "initial", "by": "llm"}, {"turn": "revised", "by": "llm"}]
+    assert run_metrics(trace, score)["r_plan"] == 0.7 and run_metrics(trace, score)["plan_valid"] == 1.0
+    # the extractive writer stood in for the final answer: its rubric and citations are not the model's
+    trace["failures"] = [{"where": "answerer/final", "reason": "the reply was cut at max_tokens (2048)"}]
+    m = run_metrics(trace, score)
+    assert (m["answer_by_model"], m["rubric"], m["cite_precision"], m["r_plan"]) == (0.0, 0.0, 0.0, 0.7)
+
+
+def test_plots_are_written_from_a_small_metrics_file(tmp_path):
+    log = tmp_path / "metrics.jsonl"
+    log.write_text("".join(json.dumps({"step": s, "rewards/plan_reward/mean": 0.1 * s, "kl": 0.01 * s}) + "\n"
+                           for s in range(1, 5)), encoding="utf-8")
+    grpo_png = plot_grpo({"seed 0": read_metrics_rows(log)}, tmp_path / "img" / "grpo.png")
+    cells = {q: {m: 0.5 for m in METRICS} for q in ("q1", "q2")}
+    per_run = {"base": {0: cells, 1: cells}, "sft": {0: cells, 1: cells},
+               "grpo": {0: {q: {**c, "r_plan": c["r_plan"] + 0.25} for q, c in cells.items()}}}
+    summary = summarize(per_run, ["q1", "q2"], n_boot=200)
+    assert summary["stages"]["sft"]["r_plan"]["seeds"] == [0, 1] and summary["stages"]["grpo"]["r_plan"]["seeds"] == [0]
+    # a difference uses only the seeds both stages finished, paired cell by cell
+    assert summary["differences"]["grpo_minus_base"]["r_plan"] == {"mean": 0.25, "ci95": [0.25, 0.25], "seeds": [0]}
+    bars_png = plot_stages(summary, tmp_path / "img" / "stages.png")
+    table = markdown_table(summary)
+    assert "| R_plan (model's plan) | 0.500 [0.500, 0.500] | 0.500 [0.500, 0.500] | 0.750 [" in table
+    assert "SFT+GRPO − base" in table
+    for png in (grpo_png, bars_png):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    (tmp_path / "bad.jsonl").write_text('{"step": 1}\nnot json\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="bad.jsonl:2"):
+        read_metrics_rows(tmp_path / "bad.jsonl")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--minutes", "0"], "--minutes 0.0: must be at least 1"),
+    (["--seeds", "1,1"], "give distinct seeds"),
+    (["--seeds", "a,b"], "comma-separated integers"),
+    (["--num-generations", "1"], "--num-generations 1: must be at least 2"),
+    (["--trees", "4", "--heldout-topics", "3"], "too few to hold out 3 topics"),
+    (["--grpo-lr", "2"], "--grpo-lr 2.0: must be in (0, 1)"),
+    (["--heldout", "0"], "--heldout 0: must be at least 1"),
+])
+def test_size_and_budget_flags_are_checked_before_anything_runs(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        learning.parse_args(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_flags_scale_the_experiment():
+    cfg = learning.parse_args(["--trees", "120", "--heldout", "40", "--grpo-steps", "60", "--seeds", "0,1,2,3,4",
+                               "--use-vllm", "--minutes", "600"])
+    assert (cfg.trees, cfg.heldout, cfg.grpo_steps, cfg.seeds, cfg.use_vllm) == (120, 40, 60, [0, 1, 2, 3, 4], True)
+    assert learning.parse_args([]).minutes == 60
+
+
+def test_compact_teacher_plan_keeps_the_graph_and_still_validates():
+    from deepr.agent.plan import validate_plan
+
+    long = " ".join(f"word{i}" for i in range(40))
+    plan = {"nodes": [{"id": "N1", "type": "search", "query": "volcano eruption magma " + long, "key_points": [long]},
+                      {"id": "N2", "type": "search", "query": "plate tectonics subduction zones", "inputs": []},
+                      {"id": "N3", "type": "aggregate", "need": long, "key_points": [long, long], "inputs": ["N1", "N2"]},
+                      {"id": "N4", "type": "answer", "need": "why volcanoes erupt " + long, "inputs": ["N3"]}],
+            "fetch": ["N1-R1"]}
+    short = json.loads(learning.compact_plan(json.dumps(plan)))
+    assert validate_plan(short)[1] == [] and short["fetch"] == ["N1-R1"]
+    assert [(n["id"], n["type"], n.get("inputs")) for n in short["nodes"]] == [
+        (n["id"], n["type"], n.get("inputs")) for n in plan["nodes"]]
+    assert short["nodes"][0]["query"] == "volcano eruption magma word0 word1 word2 word3"
+    assert all("key_points" not in n for n in short["nodes"]) and len(json.dumps(short)) < len(json.dumps(plan)) / 3
+    assert learning.compact_plan("not json") is None and learning.compact_plan('{"answer": "x"}') is None
