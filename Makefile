@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_DIR ?= demo
 
-	$(BIN)/pip install -q -c constraints.txt -e ".[wiki,test,web,gguf,onnx,learn]"
+.PHONY: install demo demo-llm test bench learn clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -28,7 +28,7 @@ test: install
 	$(BIN)/python -m pytest -q
 
 # Does it learn? SFT then GRPO on SmolLM2-135M-Instruct, scored on held-out topics (docs/learning.md).
-# Default size: about an hour on 2 CPU cores. Scale with LEARN_ARGS, e.g.
+# Default size is meant for an hour on 2 CPU cores (not yet shown: see docs/learning.md). Scale with LEARN_ARGS, e.g.
 #   make learn LEARN_ARGS="--minutes 240 --trees 120 --heldout 40 --grpo-steps 60"
 LEARN_ARGS ?=
 learn: install
@@ -38,4 +38,4 @@ bench: install
 	$(BIN)/python bench/retrieval.py
 
 clean:
-	$(BIN)/pip install -q -c constraints.txt -e ".[wiki,test,web,gguf,onnx,learn]"
+	rm -rf $(DEMO_DIR) $(DEMO_DIR)-llm .deepr-cache learn-work
