@@ -445,7 +445,7 @@ async def _ask(role: Role, inp: Any, messages: list[Message], llm: LLM, rec: Rec
             return out
         out.replies.append(reply)
         if getattr(reply, "truncated", False):
-            value, error = None, f"the reply was cut at max_tokens ({max_tokens}); write a shorter reply"
+            value, error = None, f"the reply was cut at max_tokens ({room}); write a shorter reply"
         else:
             value, error = role.output.parse(reply)
         if error is None:

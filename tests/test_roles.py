@@ -95,6 +95,12 @@ def test_a_reply_cut_at_max_tokens_is_a_failure_then_the_fallback_is_recorded():
     assert [c.truncated for c in rec.calls] == [True, True, True]
 
 
+def test_a_cut_reply_names_the_limit_that_cut_it():
+    cut = Reply('{"keywords": ["lava', truncated=True)
+    out, _ = go(SEARCH, Scripted([cut], gen=GenDefaults(max_tokens=16)), max_reasks=0, topic_id="T1")
+    assert "cut at max_tokens (16)" in out.error  # the user's --max-tokens, not the role's 64
+
+
 def test_a_failed_check_is_reasked_with_its_reason():
     llm = Scripted(['{"keywords": ["basalt"]}', '{"keywords": ["lava tubes"]}'])
     out, rec = go(SEARCH, llm)
