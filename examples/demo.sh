@@ -12,17 +12,7 @@ mkdir -p "$D"
 export PATH="$(cd "$(dirname "$0")/.." && pwd)/.venv/bin:$PATH"
 : > "$D/timings.tsv"
 
-step() {  # step NAME CMD...: run, time and log one pipeline step
-  local name=$1; shift
-  echo -e "\n=== $name: $*" >&2
-  local t0=$EPOCHREALTIME rc=0
-  "$@" || rc=$?
-  # Exit 3 = done, but some records were rejected or some turns fell back (the extractive baseline
-  # rejects small trees; the tiny model's turns fall back). The chain goes on; any other code stops it.
-  if [ "$rc" -eq 3 ]; then echo "($name: some records rejected or fell back; see its rejects file / trace)" >&2
-  elif [ "$rc" -ne 0 ]; then exit "$rc"; fi
-  awk -v n="$name" -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN{printf "%s\t%.1f\n", n, b-a}' >> "$D/timings.tsv"
-}
+source "$(dirname "$0")/steps.sh"
 
 Q="How did the printing press change the spread of scientific knowledge in Europe?"
 

@@ -19,15 +19,7 @@ mkdir -p "$D"
 export PATH="$(cd "$(dirname "$0")/.." && pwd)/.venv/bin:$PATH"
 : > "$D/timings.tsv"
 
-step() {  # step NAME CMD...: run, time and log one step (exit 3 = done with rejects/fallbacks: go on)
-  local name=$1; shift
-  echo -e "\n=== $name: $*" >&2
-  local t0=$EPOCHREALTIME rc=0
-  "$@" || rc=$?
-  if [ "$rc" -eq 3 ]; then echo "($name: some records rejected or fell back; see its rejects file / trace)" >&2
-  elif [ "$rc" -ne 0 ]; then exit "$rc"; fi
-  awk -v n="$name" -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN{printf "%s\t%.1f\n", n, b-a}' >> "$D/timings.tsv"
-}
+source "$(dirname "$0")/steps.sh"
 
 LLM=(--llm smollm2 --seed 0)
 step convert        python -m deepr.llm.smollm2
