@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench.learning import ROOT, Budget, LearnConfig, deepr, done, read_jsonl, write_atomic
+from bench.learning_setup import ROOT, Budget, LearnConfig, deepr, done, read_jsonl, write_atomic
 from bench.learning_stats import (METRICS, STAGES, markdown_table, plot_grpo, plot_stages, read_metrics_rows,
                                   run_metrics, summarize)
 

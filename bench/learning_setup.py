@@ -1,0 +1,167 @@
+"""Settings, budget and helpers of the learning experiment (bench/learning.py), kept apart so the
+report (bench/learning_report.py) reads them without importing the pipeline back."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+OK_CODES = (0, 3)  # 3: done, some turns fell back (recorded per run; the metrics count them)
+
+
+@dataclass
+class LearnConfig:
+    """Size and budget of one experiment; every field is a flag of the same name."""
+
+    work: Path = Path("learn-work")
+    results: Path = ROOT / "bench" / "results"
+    img: Path = ROOT / "docs" / "img"
+    trees: int = 30
+    heldout_topics: int = 3
+    heldout: int = 6
+    max_train: int = 24
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    sft_steps: int = 10
+    sft_lr: float = 5e-4
+    grpo_steps: int = 4
+    grpo_lr: float = 1e-4
+    num_generations: int = 4
+    prompts_per_step: int = 2
+    rollout_tokens: int = 800
+    eval_max_tokens: int = 400
+    lora_r: int = 16
+    top_k: int = 3
+    minutes: float = 60.0
+    llm: str = "smollm2"
+    corpus: str = "wiki"
+    use_vllm: bool = False
+    threads: int = 1
+    jobs: int = 2
+    report_to: str = "none"
+    report_only: bool = False
+
+
+def positive(name: str, value: float, *, minimum: float = 1) -> None:
+    if value < minimum:
+        raise ValueError(f"--{name.replace('_', '-')} {value}: must be at least {minimum}")
+
+
+def validate(cfg: LearnConfig) -> LearnConfig:
+    """One-line errors for sizes and budgets that cannot work, before anything runs."""
+    for name in ("trees", "heldout_topics", "heldout", "max_train", "sft_steps", "grpo_steps", "prompts_per_step",
+                 "rollout_tokens", "eval_max_tokens", "lora_r", "top_k", "threads", "jobs"):
+        positive(name, getattr(cfg, name))
+    positive("num_generations", cfg.num_generations, minimum=2)  # a GRPO group needs two rollouts to compare
+    positive("minutes", cfg.minutes, minimum=1)
+    if cfg.trees < 2 * cfg.heldout_topics:
+        raise ValueError(f"--trees {cfg.trees}: too few to hold out {cfg.heldout_topics} topics and train on others")
+    if not cfg.seeds or len(set(cfg.seeds)) != len(cfg.seeds):
+        raise ValueError(f"--seeds {cfg.seeds}: give distinct seeds, e.g. 0,1,2")
+    for lr in ("sft_lr", "grpo_lr"):
+        if not 0 < getattr(cfg, lr) < 1:
+            raise ValueError(f"--{lr.replace('_', '-')} {getattr(cfg, lr)}: must be in (0, 1)")
+    return cfg
+
+
+def parse_args(argv: list[str] | None = None) -> LearnConfig:
+    d = LearnConfig()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--work", type=Path, default=d.work, help="folder for every artefact (resumable)")
+    p.add_argument("--results", type=Path, default=d.results, help="where learning.json goes")
+    p.add_argument("--img", type=Path, default=d.img, help="where the PNG figures go")
+    for name in ("trees", "heldout_topics", "heldout", "max_train", "sft_steps", "grpo_steps", "num_generations",
+                 "prompts_per_step", "rollout_tokens", "eval_max_tokens", "lora_r", "top_k", "threads", "jobs"):
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
+    for name in ("sft_lr", "grpo_lr", "minutes"):
+        p.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds")
+    p.add_argument("--corpus", default=d.corpus, help="corpus of trees, runs and rollouts (as deepr --corpus)")
+    p.add_argument("--llm", default=d.llm, help="base model spec (smollm2, or hf:<folder> of a chat model)")
+    p.add_argument("--use-vllm", action="store_true", help="GRPO rollouts with vLLM (GPU)")
+    p.add_argument("--report-only", action="store_true", help="run nothing: rescore what --work holds and "
+                   "rewrite the results and figures (e.g. after a run was stopped)")
+    p.add_argument("--report-to", default=d.report_to, help="GRPO/SFT logging integration (e.g. tensorboard)")
+    a = p.parse_args(argv)
+    try:
+        seeds = [int(s) for s in a.seeds.split(",") if s.strip()]
+    except ValueError:
+        p.error(f"--seeds {a.seeds!r}: comma-separated integers, e.g. 0,1,2")
+    kw = {k: v for k, v in vars(a).items() if k != "seeds"}
+    try:
+        return validate(LearnConfig(seeds=seeds, **kw))
+    except ValueError as e:
+        p.error(str(e))
+        raise
+
+
+# --- running deepr ------------------------------------------------------------------------------
+
+
+class Budget:
+    """The wall-clock budget: stages start only while time is left; the report says what was cut."""
+
+    def __init__(self, minutes: float) -> None:
+        self.t0, self.seconds = time.monotonic(), minutes * 60
+
+    def left(self) -> float:
+        return self.seconds - (time.monotonic() - self.t0)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+
+def deepr(args: list[str], log: Path, *, threads: int, ok: tuple[int, ...] = OK_CODES) -> int:
+    """Run one ``deepr`` command (this checkout's code), its output appended to ``log``."""
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "TRL_EXPERIMENTAL_SILENCE": "1", "TOKENIZERS_PARALLELISM": "false",
+           # more torch threads than free cores makes small-model training many times slower here
+           "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with open(log, "a", encoding="utf-8") as f:
+        f.write(f"\n$ deepr {' '.join(args)}\n")
+        f.flush()
+        rc = subprocess.call([sys.executable, "-m", "deepr", *args], stdout=f, stderr=subprocess.STDOUT, env=env)
+        f.write(f"[exit {rc} after {time.monotonic() - t0:.0f} s]\n")
+    if rc not in ok:
+        raise RuntimeError(f"deepr {args[0]} failed with exit {rc}; see {log}")
+    print(f"  deepr {args[0]}: exit {rc}, {time.monotonic() - t0:.0f} s", flush=True)
+    return rc
+
+
+def done(folder: Path) -> bool:
+    return (folder / ".done").is_file()
+
+
+def mark(folder: Path, **info: Any) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomic(folder / ".done", info)
+
+
+def write_atomic(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()] if path.exists() else []
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    os.replace(tmp, path)
