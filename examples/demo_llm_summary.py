@@ -36,9 +36,13 @@ def data_row(demo: Path, name: str, out: str) -> list[str]:
         return [name, "-", "-", "-", "not run"]
     meta = json.loads(meta_path.read_text())
     usage, counts = meta.get("usage") or {}, meta.get("counts") or {}
-    calls, bad = usage.get("calls", 0), usage.get("rejected", 0) + usage.get("failures", 0)
+    calls, failed = usage.get("calls", 0), usage.get("failures", 0)
+    # A failure can be a request refused before it was sent (a re-ask past the context), so it is
+    # not always a call: the share counts at most every call, and the failures are named beside it.
+    bad = min(calls, usage.get("rejected", 0) + failed)
     ok, fb = counts.get("ok", 0), counts.get("fallback", 0)
-    return [name, str(calls), _pct(bad, calls), str(_lines(demo / out)),
+    share = _pct(bad, calls) + (f" ({failed} failed)" if failed else "")
+    return [name, str(calls), share, str(_lines(demo / out)),
             f"model {ok} / fallback {fb} / rejected {counts.get('failed', 0)}"]
 
 
