@@ -264,13 +264,8 @@ class SourceRetriever:
 
     def read(self, url: str, need: str | None = None) -> Document:
         """Read one returned page; a failed fetch raises ValueError with the recorded reason."""
-        url = safe_url(url)
-        if url not in self._returned:
-            raise PermissionError(f"browse refused: {url!r} was not returned by a search in this run")
-        page = self.fetch_many([url])[0]
-        if not page["ok"]:
-            raise ValueError(f"fetch failed: {page['reason']}")
-        hits = self.read_passages(url, need)
+        url, page = self._returned_page(url)
+        hits = self._passages(url, page, need)
         text = "\n\n".join(h.text for h in sorted(hits, key=lambda h: int(h.id.rsplit("#", 1)[1])))
         return Document(id=url, title=hits[0].title if hits else untrusted(page["title"])[:300], text=text,
                         url=url, retrieved_at=page["retrieved_at"], final_url=page["final_url"])
@@ -280,12 +275,19 @@ class SourceRetriever:
         the searches that returned it), best first, each with its own id ``<url>#<chunk>``; ranked
         as the corpus retriever ranks (its mode and fusion; hybrid for the web alone). A page no
         search returned raises PermissionError, a failed fetch ValueError with the reason."""
+        return self._passages(*self._returned_page(url), need, n)
+
+    def _returned_page(self, url: str) -> tuple[str, dict[str, Any]]:
+        """The fetched page of a URL a search of this run returned (fetched once per read)."""
         url = safe_url(url)
         if url not in self._returned:
             raise PermissionError(f"browse refused: {url!r} was not returned by a search in this run")
         page = self.fetch_many([url])[0]
         if not page["ok"]:
             raise ValueError(f"fetch failed: {page['reason']}")
+        return url, page
+
+    def _passages(self, url: str, page: dict[str, Any], need: str | None, n: int | None = None) -> list[WebHit]:
         need = need or " ".join(dict.fromkeys(self._returned[url]))
         mode = getattr(self.corpus, "mode", "hybrid")
         emb = self.embedder if mode in ("dense", "hybrid") else None
