@@ -60,8 +60,8 @@ class HFConfig(BaseModel):
                                 "small matmuls: 20x faster on a loaded 2-core machine, bench/llm_speed.py), "
                                 "else torch's default.")
     repetition_penalty: float | None = Field(None, gt=0, description="Penalty (> 1 discourages) on tokens the "
-                                             "reply itself produced in its last 64 tokens, as llama.cpp's "
-                                             "repeat_penalty; small models loop without it. None: off.")
+                                             "reply itself produced (prompt tokens are not penalised: that "
+                                             "pushes a small model into glued non-words). None: off.")
     kv_cache: str | None = Field(None, description="transformers cache_implementation for generate, e.g. "
                                  "'static'; None keeps the dynamic cache (see bench/llm_speed.py).")
 
@@ -200,7 +200,10 @@ class HFLLM(LLM):
         self._check_context(n_prompt, kw["max_new_tokens"])
         processors, constrained = self._processors(fmt)
         if self.config.repetition_penalty:  # before the grammar's mask, which must have the last word
-            processors = [_RecentRepeats(n_prompt, float(self.config.repetition_penalty)), *processors]
+            from transformers import RepetitionPenaltyLogitsProcessor
+
+            processors = [RepetitionPenaltyLogitsProcessor(float(self.config.repetition_penalty),
+                                                           prompt_ignore_length=n_prompt), *processors]
         with self._lock, torch.inference_mode(), self._adapter_for(role), _threads(self._gen_threads):
             if seed is not None:
                 torch.manual_seed(seed)
@@ -267,23 +270,6 @@ def _threads(n: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-class _RecentRepeats:
-    """A repetition penalty over the reply's own recent tokens only. transformers' built-in one
-    also penalises every prompt token, which pushes a small model off common words (" the",
-    " of") into glued non-words; llama.cpp's repeat_penalty looks at the last 64 tokens."""
-
-    def __init__(self, n_prompt: int, penalty: float, window: int = 64):
-        self.n_prompt, self.penalty, self.window = n_prompt, penalty, window
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        recent = input_ids[:, max(self.n_prompt, input_ids.shape[1] - self.window):]
-        if recent.shape[1] == 0:
-            return scores
-        picked = scores.gather(1, recent)
-        picked = picked.where(picked < 0, picked / self.penalty).where(picked >= 0, picked * self.penalty)
-        return scores.scatter(1, recent, picked)
 
 
 def _as_list(x: Any) -> list[int]:
