@@ -179,7 +179,7 @@ class _TreeBuilder:
         k = self.cfg.retrieve_k
         # Twice as many passages, then the best one per document: a node's evidence should
         # span documents, not be eight chunks of one long article.
-        if isinstance(self.searcher, SearchBatcher):
+        if self.searcher is not None:
             found = await self.searcher.search(list(queries), 2 * k)
         elif hasattr(self.retriever, "search_many"):
             found = await self.cpu(self.retriever.search_many, list(queries), 2 * k)
