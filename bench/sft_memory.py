@@ -40,22 +40,26 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Runs inside the child: one sft run with a step timer; prints one JSON line.
-CHILD = r"""
+# Both children time their steps with this callback and read their options from argv[1].
+CHILD_HEAD = r"""
 import json, sys, time
 from pathlib import Path
 from transformers import TrainerCallback
-from deepr.io import read_jsonl
-from deepr.records import ChatExample
-from deepr.train.sft import SftConfig, train_sft
-
-opts = json.loads(sys.argv[1])
 class Timer(TrainerCallback):
     times, cpu = [], []
     def on_step_begin(self, *a, **k): self.t, self.c = time.perf_counter(), time.process_time()
     def on_step_end(self, *a, **k):
         self.times.append(time.perf_counter() - self.t)
         self.cpu.append(time.process_time() - self.c)
+"""
+
+# Runs inside the child: one sft run with a step timer; prints one JSON line.
+CHILD = CHILD_HEAD + r"""
+from deepr.io import read_jsonl
+from deepr.records import ChatExample
+from deepr.train.sft import SftConfig, train_sft
+
+opts = json.loads(sys.argv[1])
 examples = list(read_jsonl(Path(opts.pop("data")), ChatExample))
 timer = Timer()
 res = train_sft(examples, SftConfig(**opts), callbacks=[timer])
@@ -65,10 +69,7 @@ print("RESULT " + json.dumps({"step_seconds": timer.times, "step_cpu_seconds": t
 
 
 # The GRPO variant (--grpo): `deepr grpo --stage planner` at the demo's settings on QRPair rows.
-GRPO_CHILD = r"""
-import json, sys, time
-from pathlib import Path
-from transformers import TrainerCallback
+GRPO_CHILD = CHILD_HEAD + r"""
 from deepr.corpus import open_retriever
 from deepr.io import read_jsonl
 from deepr.records import QRPair
@@ -76,12 +77,6 @@ from deepr.train.grpo import GrpoConfig, planner_dataset, train_grpo
 from deepr.train.rollouts import PlannerEnvironment
 
 opts = json.loads(sys.argv[1])
-class Timer(TrainerCallback):
-    times, cpu = [], []
-    def on_step_begin(self, *a, **k): self.t, self.c = time.perf_counter(), time.process_time()
-    def on_step_end(self, *a, **k):
-        self.times.append(time.perf_counter() - self.t)
-        self.cpu.append(time.process_time() - self.c)
 pairs = [p for p in read_jsonl(Path(opts.pop("data")), QRPair) if p.decision in (None, "KEEP", "REVISE")]
 rows, lookup = planner_dataset(pairs)
 config = GrpoConfig(**opts)
