@@ -141,10 +141,10 @@ def evaluate(cfg: LearnConfig, spec: str, name: str, held: Path, seed: int, log:
     return scores
 
 
-def train_seed(cfg: LearnConfig, base: str, sft_data: Path, train: Path, seed: int, log: Path) -> tuple[str, str]:
-    """SFT (LoRA, planner turns), merge, GRPO planner from the merged model; returns the two --llm specs."""
+def train_sft(cfg: LearnConfig, base: str, sft_data: Path, seed: int, log: Path) -> Path:
+    """SFT (LoRA, planner turns), then merge it into the base; returns the merged folder."""
     w = cfg.work / f"seed{seed}"
-    sft, merged, grpo = w / "sft", w / "sft-merged", w / "grpo"
+    sft, merged = w / "sft", w / "sft-merged"
     if not done(sft):
         deepr(["sft", "--model", base, "--data", str(sft_data), "--role", "planner", "--out", str(sft),
                "--lora-r", str(cfg.lora_r), "--lora-alpha", str(2 * cfg.lora_r), "--lr", str(cfg.sft_lr),
@@ -159,6 +159,13 @@ def train_seed(cfg: LearnConfig, base: str, sft_data: Path, train: Path, seed: i
             shutil.rmtree(merged)
         deepr(["export", str(sft), "--out", str(merged)], log, threads=cfg.threads)
         mark(merged)
+    return merged
+
+
+def train_grpo(cfg: LearnConfig, merged: Path, train: Path, seed: int, log: Path) -> Path:
+    """GRPO planner from the merged SFT model; returns its adapter folder."""
+    w = cfg.work / f"seed{seed}"
+    grpo = w / "grpo"
     if not done(grpo):
         conf = {"seed": seed, "lora_r": cfg.lora_r, "lora_alpha": 2 * cfg.lora_r, "learning_rate": cfg.grpo_lr,
                 "temperature": 0.8, "max_turn_tokens": cfg.eval_max_tokens, "zero_advantage": "warn", "save_steps": 1, "report_to": cfg.report_to,
@@ -169,7 +176,7 @@ def train_seed(cfg: LearnConfig, base: str, sft_data: Path, train: Path, seed: i
                "--num-generations", str(cfg.num_generations), "--prompts-per-step", str(cfg.prompts_per_step),
                "--max-completion-length", str(cfg.rollout_tokens), "--resume"], log, threads=cfg.threads, ok=(0,))
         mark(grpo)
-    return f"hf:{merged}", f"hf:{grpo}"
+    return grpo
 
 
 # --- the experiment -----------------------------------------------------------------------------
@@ -177,13 +184,15 @@ def train_seed(cfg: LearnConfig, base: str, sft_data: Path, train: Path, seed: i
 
 def seed_pipeline(cfg: LearnConfig, base: str, sft_data: Path, train: Path, held: Path, seed: int,
                   held_ids: list[str]) -> dict[str, Any]:
-    """One seed: SFT → merge → evaluate; GRPO → evaluate. Returns {stage: per-question metrics}."""
+    """One seed: SFT → merge → evaluate; GRPO → evaluate. Returns {stage: per-question metrics}.
+    SFT is evaluated before GRPO starts, so a run cut short still has the SFT numbers."""
     from bench.learning_report import collect
 
     log = cfg.work / f"learning-seed{seed}.log"
-    sft_spec, grpo_spec = train_seed(cfg, base, sft_data, train, seed, log)
-    evaluate(cfg, sft_spec, f"sft-s{seed}", held, seed, log)
-    evaluate(cfg, grpo_spec, f"grpo-s{seed}", held, seed, log)
+    merged = train_sft(cfg, base, sft_data, seed, log)
+    evaluate(cfg, f"hf:{merged}", f"sft-s{seed}", held, seed, log)
+    grpo = train_grpo(cfg, merged, train, seed, log)
+    evaluate(cfg, f"hf:{grpo}", f"grpo-s{seed}", held, seed, log)
     return {"sft": collect(cfg, f"sft-s{seed}", held_ids), "grpo": collect(cfg, f"grpo-s{seed}", held_ids)}
 
 
