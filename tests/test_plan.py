@@ -168,3 +168,28 @@ def test_children_map_counts_a_repeated_input_once():
     # built without the validator, as a reward might receive it
     plan = Plan.model_validate({"nodes": [S("N1"), A("N2", ["N1", "N1"]), A("N3", ["N2"], "answer")]})
     assert children_map(plan)["N1"] == ["N2"]
+
+
+def test_planner_decoding_schema_bounds_what_a_plan_may_hold():
+    """The schema a constrained backend decodes with must end a plan inside its token budget, even
+    for a model that copies the whole question into every query (SmolLM2 did, and ran out at 400
+    tokens on every plan). Replies are still checked in code, so this bounds decoding only."""
+    from pydantic import ValidationError
+
+    from deepr.agent.planner import INITIAL, REVISE, _PlanShape
+
+    for role in (INITIAL, REVISE):
+        schema = role.output.fmt(role.action).json_schema
+        assert schema["properties"]["nodes"]["maxItems"] == 10
+        assert "additionalProperties" not in json.dumps(schema)  # no open-ended keys to ramble in
+    question = ("What roles do Soul Train and Funk, African-American and R B play in Hip-hop, and how should "
+                "their causes, consequences and relative significance be weighed?")
+    with pytest.raises(ValidationError, match="at most 100 characters"):
+        _PlanShape.model_validate({"nodes": [{"id": "N1", "type": "search", "query": question}]})
+    ten = [{"id": f"N{i}", "type": "search", "query": "soul train and funk"} for i in range(1, 11)]
+    _PlanShape.model_validate({"nodes": ten})
+    with pytest.raises(ValidationError, match="at most 10 items"):
+        _PlanShape.model_validate({"nodes": [*ten, {"id": "N11", "type": "answer", "need": "the answer"}]})
+    with pytest.raises(ValidationError, match="at most 4 items"):
+        _PlanShape.model_validate({"nodes": [{"id": "N1", "type": "search", "query": "funk",
+                                              "key_points": ["a", "b", "c", "d", "e"]}]})

@@ -14,10 +14,10 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from deepr.acceptance import no_placeholder, query_words
 from deepr.agent.plan import validate_plan
@@ -122,8 +122,22 @@ def _fetch_check(ctx: Ctx, value: Any) -> list[str]:
     return errors
 
 
+# Bounds of what a planner may write. They go into the decoding schema, so a model that copies the
+# question into every query still closes its plan inside its token budget (a 135M model did, and
+# every plan ran out at 400 tokens); a good query, need or key point is far shorter.
+_Short = Annotated[str, Field(max_length=150)]
+
+
+class _NodeShape(PlanNode):
+    model_config = ConfigDict(extra="ignore")  # no open-ended extra keys in the decoding schema
+    query: str | None = Field(None, max_length=100)
+    need: _Short | None = None
+    key_points: list[_Short] = Field(default_factory=list, max_length=4)
+    inputs: list[str] = Field(default_factory=list, max_length=8)
+
+
 class _PlanShape(BaseModel):
-    nodes: list[PlanNode]
+    nodes: list[_NodeShape] = Field(max_length=10)  # rule 4: at most 6 searches, their aggregates, one answer
 
 
 class _RevisionShape(_PlanShape):
