@@ -67,7 +67,7 @@ def teacher_sft_data(cfg: LearnConfig, train: Path, log: Path) -> Path:
                "--record", str(w / "trajectories.jsonl")], log, threads=cfg.threads)
         deepr(["prune-trajectories", str(w / "trajectories.jsonl"), "--rubrics", str(train), "--out-dir", str(out),
                "--heldout", "0", "--target-ratios", "none"], log, threads=cfg.threads)
-        mark(out, **compact_sft(out / "sft.jsonl", out / "sft-compact.jsonl"))
+        mark(out, **compact_sft(out / "sft.jsonl", out / "sft-compact.jsonl", actions=tuple(cfg.sft_actions.split(","))))
     return out / "sft-compact.jsonl"
 
 
@@ -97,11 +97,14 @@ def compact_plan(reply: str, *, query_words: int = 7) -> str | None:
     return json.dumps(value, ensure_ascii=False)
 
 
-def compact_sft(src: Path, dest: Path) -> dict[str, int]:
-    """Planner examples of ``src`` with compact plan replies (see :func:`compact_plan`) → ``dest``."""
+def compact_sft(src: Path, dest: Path, *, actions: tuple[str, ...] = ("plan",)) -> dict[str, int]:
+    """Planner examples of ``src`` whose action is in ``actions``, with compact plan replies (see
+    :func:`compact_plan`) → ``dest``. Initial plans only by default: a revision turn carries the
+    search results (~2,500 prompt tokens against ~500), so it costs five plan turns of CPU training,
+    and the model writes a revision in the same JSON form it learns from the plans."""
     kept, skipped = [], 0
     for ex in read_jsonl(src):
-        if ex.get("role") != "planner":
+        if ex.get("role") != "planner" or ex.get("action") not in actions:
             continue
         short = compact_plan(ex["messages"][-1]["content"])
         if short is None:
@@ -148,7 +151,7 @@ def train_sft(cfg: LearnConfig, base: str, sft_data: Path, seed: int, log: Path)
     if not done(sft):
         deepr(["sft", "--model", base, "--data", str(sft_data), "--role", "planner", "--out", str(sft),
                "--lora-r", str(cfg.lora_r), "--lora-alpha", str(2 * cfg.lora_r), "--lr", str(cfg.sft_lr),
-               "--max-steps", str(cfg.sft_steps), "--grad-accum", "1", "--batch-size", "1", "--max-length", "4096",
+               "--max-steps", str(cfg.sft_steps), "--grad-accum", "1", "--batch-size", str(cfg.sft_batch), "--max-length", "4096",
                "--logging-steps", "1", "--seed", str(seed), "--report-to", cfg.report_to, "--resume"],
               log, threads=cfg.threads)
         mark(sft)

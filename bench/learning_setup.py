@@ -29,12 +29,14 @@ class LearnConfig:
     img: Path = ROOT / "docs" / "img"
     trees: int = 30
     heldout_topics: int = 3
-    heldout: int = 6
+    heldout: int = 4
     max_train: int = 24
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    sft_steps: int = 10
-    sft_lr: float = 5e-4
-    grpo_steps: int = 4
+    sft_steps: int = 20  # ~3 passes over ~14 initial plans at --sft-batch 2
+    sft_batch: int = 2
+    sft_lr: float = 1e-3
+    sft_actions: str = "plan"  # planner turns to learn from: plan, or plan,revise
+    grpo_steps: int = 3
     grpo_lr: float = 1e-4
     num_generations: int = 4
     prompts_per_step: int = 2
@@ -47,7 +49,7 @@ class LearnConfig:
     corpus: str = "wiki"
     use_vllm: bool = False
     threads: int = 1
-    jobs: int = 2
+    jobs: int = 3  # base eval + 2 seeds at first; three processes keep both cores busy
     report_to: str = "none"
     report_only: bool = False
 
@@ -59,7 +61,7 @@ def positive(name: str, value: float, *, minimum: float = 1) -> None:
 
 def validate(cfg: LearnConfig) -> LearnConfig:
     """One-line errors for sizes and budgets that cannot work, before anything runs."""
-    for name in ("trees", "heldout_topics", "heldout", "max_train", "sft_steps", "grpo_steps", "prompts_per_step",
+    for name in ("trees", "heldout_topics", "heldout", "max_train", "sft_steps", "sft_batch", "grpo_steps", "prompts_per_step",
                  "rollout_tokens", "eval_max_tokens", "lora_r", "top_k", "threads", "jobs"):
         positive(name, getattr(cfg, name))
     positive("num_generations", cfg.num_generations, minimum=2)  # a GRPO group needs two rollouts to compare
@@ -68,6 +70,9 @@ def validate(cfg: LearnConfig) -> LearnConfig:
         raise ValueError(f"--trees {cfg.trees}: too few to hold out {cfg.heldout_topics} topics and train on others")
     if not cfg.seeds or len(set(cfg.seeds)) != len(cfg.seeds):
         raise ValueError(f"--seeds {cfg.seeds}: give distinct seeds, e.g. 0,1,2")
+    bad = set(cfg.sft_actions.split(",")) - {"plan", "revise"}
+    if bad or not cfg.sft_actions:
+        raise ValueError(f"--sft-actions {cfg.sft_actions!r}: give plan, or plan,revise")
     for lr in ("sft_lr", "grpo_lr"):
         if not 0 < getattr(cfg, lr) < 1:
             raise ValueError(f"--{lr.replace('_', '-')} {getattr(cfg, lr)}: must be in (0, 1)")
@@ -80,12 +85,13 @@ def parse_args(argv: list[str] | None = None) -> LearnConfig:
     p.add_argument("--work", type=Path, default=d.work, help="folder for every artefact (resumable)")
     p.add_argument("--results", type=Path, default=d.results, help="where learning.json goes")
     p.add_argument("--img", type=Path, default=d.img, help="where the PNG figures go")
-    for name in ("trees", "heldout_topics", "heldout", "max_train", "sft_steps", "grpo_steps", "num_generations",
+    for name in ("trees", "heldout_topics", "heldout", "max_train", "sft_steps", "sft_batch", "grpo_steps", "num_generations",
                  "prompts_per_step", "rollout_tokens", "eval_max_tokens", "lora_r", "top_k", "threads", "jobs"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
     for name in ("sft_lr", "grpo_lr", "minutes"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
     p.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds")
+    p.add_argument("--sft-actions", default=d.sft_actions, help="planner turns SFT learns from: plan, or plan,revise")
     p.add_argument("--corpus", default=d.corpus, help="corpus of trees, runs and rollouts (as deepr --corpus)")
     p.add_argument("--llm", default=d.llm, help="base model spec (smollm2, or hf:<folder> of a chat model)")
     p.add_argument("--use-vllm", action="store_true", help="GRPO rollouts with vLLM (GPU)")

@@ -60,6 +60,15 @@ def _plan_turns(trace: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [p for p in trace.get("plans") or [] if isinstance(p, Mapping)]
 
 
+def _author(turns: list[Mapping[str, Any]]) -> str | None:
+    """Who wrote the plan the run executed last: a refused revision keeps the plan before it
+    (``by == "previous-plan"``), so the author is that earlier plan's."""
+    for turn in reversed(turns):
+        if turn.get("by") != "previous-plan":
+            return turn.get("by")
+    return None
+
+
 def run_metrics(trace: Mapping[str, Any], score: Mapping[str, Any] | None) -> dict[str, float]:
     """Held-out metrics of one ``deepr run`` (its report.json) and its ``deepr eval`` row.
 
@@ -74,9 +83,8 @@ def run_metrics(trace: Mapping[str, Any], score: Mapping[str, Any] | None) -> di
     score = score or {}
     turns = _plan_turns(trace)
     first = next((p for p in turns if p.get("turn") == "initial"), turns[0] if turns else {})
-    last = turns[-1] if turns else {}
     plan_valid = float(first.get("by") == "llm")
-    model_plan = last.get("by") == "llm"
+    model_plan = _author(turns) == "llm"
     r_plan = float(score.get("plan_reward") or 0.0) if model_plan else 0.0
     failed = {str(f.get("where")) for f in trace.get("failures") or [] if isinstance(f, Mapping)}
     by_model = "answerer/final" not in failed

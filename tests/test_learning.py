@@ -90,6 +90,12 @@ def test_run_metrics_do_not_credit_the_fallback_plan():
                  "format_fail": 0.5}
     trace["plans"] = [{"turn": "initial", "by": "llm"}, {"turn": "revised", "by": "llm"}]
     assert run_metrics(trace, score)["r_plan"] == 0.7 and run_metrics(trace, score)["plan_valid"] == 1.0
+    # a refused revision keeps the model's own first plan: that is the plan eval scored
+    trace["plans"] = [{"turn": "initial", "by": "llm"}, {"turn": "revised", "by": "previous-plan"}]
+    assert run_metrics(trace, score)["r_plan"] == 0.7
+    trace["plans"] = [{"turn": "initial", "by": "llm"}, {"turn": "revised", "by": "extractive-fallback"}]
+    assert run_metrics(trace, score)["r_plan"] == 0.0
+    trace["plans"] = [{"turn": "initial", "by": "llm"}, {"turn": "revised", "by": "llm"}]
     # the extractive writer stood in for the final answer: its rubric and citations are not the model's
     trace["failures"] = [{"where": "answerer/final", "reason": "the reply was cut at max_tokens (2048)"}]
     m = run_metrics(trace, score)
@@ -127,6 +133,8 @@ def test_plots_are_written_from_a_small_metrics_file(tmp_path):
     (["--trees", "4", "--heldout-topics", "3"], "too few to hold out 3 topics"),
     (["--grpo-lr", "2"], "--grpo-lr 2.0: must be in (0, 1)"),
     (["--heldout", "0"], "--heldout 0: must be at least 1"),
+    (["--sft-actions", "plan,answer"], "--sft-actions 'plan,answer': give plan, or plan,revise"),
+    (["--sft-batch", "0"], "--sft-batch 0: must be at least 1"),
 ])
 def test_size_and_budget_flags_are_checked_before_anything_runs(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
@@ -158,3 +166,25 @@ def test_compact_teacher_plan_keeps_the_graph_and_still_validates():
     assert short["nodes"][0]["query"] == "volcano eruption magma word0 word1 word2 word3"
     assert all("key_points" not in n for n in short["nodes"]) and len(json.dumps(short)) < len(json.dumps(plan)) / 3
     assert learning.compact_plan("not json") is None and learning.compact_plan('{"answer": "x"}') is None
+
+
+def test_sft_data_keeps_the_chosen_planner_turns_in_compact_form(tmp_path):
+    plan = {"nodes": [{"id": "N1", "type": "search", "query": "one two three four five six seven eight nine",
+                       "key_points": ["copied evidence"]},
+                      {"id": "N2", "type": "aggregate", "need": "what the search shows", "inputs": ["N1"]},
+                      {"id": "N3", "type": "answer", "need": "the answer", "inputs": ["N2"]}]}
+
+    def example(action, role="planner", reply=json.dumps(plan)):
+        return {"id": action, "role": role, "action": action,
+                "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": reply}]}
+
+    src = tmp_path / "sft.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in [
+        example("plan"), example("revise"), example("final", role="answerer"), example("plan", reply="not json")]))
+    counts = learning.compact_sft(src, tmp_path / "plans.jsonl")
+    rows = [json.loads(x) for x in (tmp_path / "plans.jsonl").read_text().splitlines()]
+    assert counts == {"planner_examples": 1, "not_a_plan": 1} and [r["action"] for r in rows] == ["plan"]
+    node = json.loads(rows[0]["messages"][-1]["content"])["nodes"][0]
+    assert node["query"] == "one two three four five six seven" and "key_points" not in node
+    learning.compact_sft(src, tmp_path / "both.jsonl", actions=("plan", "revise"))
+    assert [json.loads(x)["action"] for x in (tmp_path / "both.jsonl").read_text().splitlines()] == ["plan", "revise"]
