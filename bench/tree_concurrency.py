@@ -156,7 +156,7 @@ def main() -> None:
     from deepr.corpus import Embedder, open_retriever
 
     docs = corpus()
-    retriever = open_retriever(docs, cache_dir=args.cache_dir, progress=False, embedder=Embedder(precision=args.precision))
+    retriever = open_retriever(docs, cache_dir=args.cache_dir, progress=False, embedder=Embedder(precision=args.precision, use="index"))
     retriever.search("warm-up query about volcanoes")  # load the embedder outside the timings
     branching = [int(x) for x in args.branching.split(",")]
     bounds = ([1] if not args.no_sequential else []) + [int(x) for x in args.concurrency.split(",")]

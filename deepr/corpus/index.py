@@ -163,7 +163,7 @@ def embed_passages(passages: Sequence[Passage], embedder: Embedder, cache: Embed
         progress(done, len(texts))
     for s in range(0, len(todo), SHARD):
         rows = todo[s:s + SHARD]
-        vecs = embedder.encode([texts[i] for i in rows], cache=False)
+        vecs = embedder.encode_passages([texts[i] for i in rows])
         cache.put([keys[i] for i in rows], vecs)
         out[rows] = vecs
         if progress:
@@ -245,7 +245,7 @@ def open_retriever(corpus: str | Sequence[Document] = "wiki", *, retriever: Mode
     if retriever not in MODES:
         raise ValueError(f"--retriever {retriever!r}: expected one of {', '.join(MODES)}")
     chunking = chunking or ChunkConfig()
-    emb = embedder if isinstance(embedder, Embedder) else get_embedder(embedder)
+    emb = embedder if isinstance(embedder, Embedder) else get_embedder(embedder, use="index")
     name, docs, passages = load_corpus(corpus, chunking, limit)
     kind = resolve_kind(len(passages), dense)
     target = cache_root(cache_dir) / "index" / index_key(name, passages, emb.name, chunking, kind)
