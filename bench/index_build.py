@@ -11,6 +11,8 @@
    - ``torch fp32``: Embedder(precision="fp32"), the new default on CPUs without AMX;
    - ``onnx fp32``: deepr/corpus/onnxbert.py's graph on onnxruntime, float32 weights;
    - ``onnx int8``: Embedder(precision="int8") with the ``onnx`` extra: that graph, int8 weights;
+   - ``onnx int8, spinning``: the same with onnxruntime's default of spinning idle threads
+     (deepr turns spinning off: under load it burnt CPU the other jobs needed);
    - ``torch int8``: Embedder(precision="int8", onnx=False), torch's dynamic quantisation;
    - ``sentence-transformers fp32``: a plain SentenceTransformer.encode, the reference vectors.
    Each option's cosine to the reference vectors (min and mean) is recorded, and its projected
@@ -69,6 +71,8 @@ def encoders(texts: list[str], rounds: int) -> dict:
     runs = {name: (lambda e=e: e.encode_passages(texts)) for name, e in opts.items()}
     ort32 = OnnxBert.load(default_model_path())
     runs["onnx fp32"] = lambda: ort32.encode(texts)
+    spin = OnnxBert.load(default_model_path(), quantize=True, spin=True)  # onnxruntime's own default
+    runs["onnx int8, spinning"] = lambda: spin.encode(texts)
     runs["sentence-transformers fp32"] = lambda: st.encode(texts, normalize_embeddings=True)
     for fn in runs.values():  # model loads, quantisation and first-call costs stay out
         fn()
