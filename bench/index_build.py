@@ -124,13 +124,17 @@ def incremental(n_docs: int) -> dict:
             "ratio_wall": inc_w / full_w, "ratio_embedded": inc_n / full_n}
 
 
-def full_build(precision: str) -> dict:
+def full_build(precision: str, keep: str | None = None) -> dict:
     """One `deepr index --corpus wiki --precision P` into an empty cache, timed from outside."""
+    import contextlib
     import resource
     import subprocess
 
     cmd = [sys.executable, "-m", "deepr", "index", "--corpus", "wiki", "--precision", precision]
-    with tempfile.TemporaryDirectory(prefix="deepr-full-") as tmp:
+    if keep and Path(keep, precision).exists():
+        sys.exit(f"--full-cache {keep}: {Path(keep, precision)} exists; the build must start empty")
+    where = contextlib.nullcontext(str(Path(keep, precision))) if keep else tempfile.TemporaryDirectory(prefix="deepr-full-")
+    with where as tmp:
         env = {**os.environ, "DEEPR_CACHE": tmp, "PYTHONPATH": str(ROOT)}
         before, load0 = resource.getrusage(resource.RUSAGE_CHILDREN), os.getloadavg()
         t = time.perf_counter()
@@ -148,12 +152,12 @@ def full_build(precision: str) -> dict:
             "load_avg_before": load0, "load_avg_after": os.getloadavg()}
 
 
-def full_mode(precisions: list[str], out: Path) -> None:
+def full_mode(precisions: list[str], out: Path, keep: str | None = None) -> None:
     res: dict = {"cores": len(os.sched_getaffinity(0)), "builds": {}}
     first = None
     for prec in precisions:
         print(f"full wiki build, --precision {prec} ...", file=sys.stderr, flush=True)
-        r = full_build(prec)
+        r = full_build(prec, keep)
         first = first or r
         r["wall_ratio_to_first"], r["cpu_ratio_to_first"] = r["wall_s"] / first["wall_s"], r["cpu_s"] / first["cpu_s"]
         res["builds"][prec] = r
@@ -170,10 +174,12 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "index_build.json"))
     ap.add_argument("--full", action="store_true", help="time real from-scratch wiki builds instead")
     ap.add_argument("--full-precisions", default="auto", help="with --full: precisions, comma-separated")
+    ap.add_argument("--full-cache", default=None,
+                    help="with --full: keep each build's cache in DIR/<precision> (e.g. for bench/retrieval.py)")
     args = ap.parse_args()
     if args.full:
         out = Path(args.out).with_name("index_build_full.json") if "--out" not in sys.argv else Path(args.out)
-        return full_mode(args.full_precisions.split(","), out)
+        return full_mode(args.full_precisions.split(","), out, args.full_cache)
     res: dict = {"load_avg_start": os.getloadavg(), "cores": len(os.sched_getaffinity(0))}
     texts = sample_passages(args.passages)
     res["passages"] = len(texts)
