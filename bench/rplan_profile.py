@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rewards as bench_rewards  # noqa: E402
 
 from deepr.corpus.embed import Embedder  # noqa: E402
+from deepr.corpus.npbert import _batches  # noqa: E402
 from deepr.records import PlanNode  # noqa: E402
 from deepr.rewards.plan_reward import node_text, plan_reward  # noqa: E402
 
@@ -53,7 +54,7 @@ class Counting:
         self.calls += 1
         self.texts += len(texts)
         self.tokens += sum(lens)
-        self.padded += sum(max(lens[s:s + 32]) * len(lens[s:s + 32]) for s in range(0, len(lens), 32))
+        self.padded += sum(lens[b[0]] * len(b) for b in _batches(lens, 32))  # the numpy encoder's batches
         return self.inner(texts, **kw)
 
     def row(self) -> dict:

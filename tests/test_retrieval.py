@@ -280,6 +280,28 @@ def test_numpy_encoder_gives_sentence_transformers_vectors(mini_corpus: Path) ->
     assert float(cos.min()) >= 0.999, f"lowest cosine {cos.min():.5f} at text {int(cos.argmin())}"
 
 
+def test_numpy_encoder_batches_bound_padding_and_keep_vectors() -> None:
+    """Texts of very different lengths go in separate batches (padding is bounded), and a
+    text's vector does not depend on its batch-mates."""
+    import numpy as np
+
+    from deepr.corpus.embed import default_model_path
+    from deepr.corpus.npbert import PAD_SLACK, NumpyBert, _batches
+
+    lens = [60, 58, 55, 12, 10, 9, 4, 3]
+    batches = _batches(lens, 32)
+    assert sorted(i for b in batches for i in b) == list(range(8)) and len(batches) > 1
+    assert all(lens[b[0]] * len(b) <= PAD_SLACK * sum(lens[i] for i in b) for b in batches)
+    assert _batches([5] * 40, 32) == [list(range(32)), list(range(32, 40))]
+    bert = NumpyBert.load(default_model_path())
+    texts = ["volcano", "A volcano is a rupture in the crust of a planetary-mass object, such as Earth, "
+             "that allows hot lava, volcanic ash, and gases to escape from a magma chamber below the surface.",
+             "Mount Etna eruption", "lava"]
+    together = bert.encode(texts)
+    alone = np.vstack([bert.encode([t]) for t in texts])
+    assert np.abs(together - alone).max() < 1e-5
+
+
 def test_search_process_never_imports_torch(tiny_corpus: Path, tmp_path: Path) -> None:
     import subprocess
     import sys
