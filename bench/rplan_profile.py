@@ -1,6 +1,7 @@
 """Where R_plan's cached mode spends its time, and what bounds its speed-up (issue 16 item 3).
 
     python bench/rplan_profile.py [--plans 128]
+    python bench/rplan_profile.py --tokens-only   # the token counts alone: no model, a few seconds
 
 Scores the plans of bench/rewards.py the way its ``uncached`` and ``cached`` modes do (one
 embedder, torch model loaded first as in GRPO; cache cleared before every call, or once), the
@@ -74,11 +75,60 @@ def run(groups, emb: Embedder, count: Counting, uncached: bool) -> tuple[float, 
     return time.perf_counter() - t, count.row()
 
 
+def token_counts(groups, joined: set[str]) -> dict:
+    """Texts and tokens each mode sends to the model, from the cache logic alone (no model)."""
+    import numpy as np
+
+    from deepr.corpus.embed import default_model_path
+    from deepr.corpus.npbert import NumpyBert
+
+    tok = NumpyBert.load(default_model_path()).tok
+    out = {}
+    for mode in ("uncached", "cached"):
+        seen: set[str] = set()
+        row = {"texts": 0, "tokens": 0, "padded_tokens": 0, "tokens_of_joined_aggregate_texts": 0}
+
+        def embed(texts: list[str]) -> "np.ndarray":
+            miss = [t for t in dict.fromkeys(texts) if t not in seen]
+            seen.update(miss)
+            if miss:
+                encs = tok.encode_batch(miss)
+                lens = sorted((len(e.ids) for e in encs), reverse=True)
+                row["texts"] += len(miss)
+                row["tokens"] += sum(lens)
+                row["padded_tokens"] += sum(lens[b[0]] * len(b) for b in _batches(lens, 32))
+                row["tokens_of_joined_aggregate_texts"] += sum(len(e.ids) for t, e in zip(miss, encs) if t in joined)
+            return np.ones((len(texts), 4), dtype=np.float32)
+
+        for p, plans in groups:
+            for pl in plans:
+                if mode == "uncached":
+                    seen.clear()
+                plan_reward(pl, p["rubrics"], embed)
+        out[mode] = row
+    u, c = out["uncached"], out["cached"]
+    j = "tokens_of_joined_aggregate_texts"
+    out["ratio uncached/cached (tokens): the most caching can give"] = u["tokens"] / c["tokens"]
+    out["ratio uncached/cached (padded tokens, numpy batches)"] = u["padded_tokens"] / c["padded_tokens"]
+    out["ratio uncached/cached (tokens), if d_par's joined texts were not embedded"] = \
+        (u["tokens"] - u[j]) / max(1, c["tokens"] - c[j])
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--plans", type=int, default=128)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "rplan_profile.json"))
+    ap.add_argument("--tokens-only", action="store_true", help="count what each mode encodes; run no model")
     args = ap.parse_args()
+    if args.tokens_only:
+        groups = bench_rewards.build(args.plans, 8, 0)
+        joined = {node_text(PlanNode(**n)) for _, plans in groups for pl in plans for n in pl["nodes"]
+                  if n["type"] == "aggregate"}
+        res = {"plans": sum(len(ps) for _, ps in groups), **token_counts(groups, joined)}
+        out = Path(args.out).with_name("rplan_tokens.json") if "--out" not in sys.argv else Path(args.out)
+        out.write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
+        return print(json.dumps(res, indent=1))
     emb = Embedder()
     emb.model  # noqa: B018  loaded up front, as in a GRPO run
     groups = bench_rewards.build(args.plans, 8, 0)
