@@ -133,7 +133,8 @@ def full_build(precision: str, keep: str | None = None) -> dict:
     cmd = [sys.executable, "-m", "deepr", "index", "--corpus", "wiki", "--precision", precision]
     if keep and Path(keep, precision).exists():
         sys.exit(f"--full-cache {keep}: {Path(keep, precision)} exists; the build must start empty")
-    where = contextlib.nullcontext(str(Path(keep, precision))) if keep else tempfile.TemporaryDirectory(prefix="deepr-full-")
+    where = (contextlib.nullcontext(str(Path(keep, precision))) if keep
+             else tempfile.TemporaryDirectory(prefix="deepr-full-"))
     with where as tmp:
         env = {**os.environ, "DEEPR_CACHE": tmp, "PYTHONPATH": str(ROOT)}
         before, load0 = resource.getrusage(resource.RUSAGE_CHILDREN), os.getloadavg()

@@ -150,7 +150,8 @@ def main() -> None:
            "uncached": {"seconds": uncached_s, **unc}, "cached (profiled)": {"seconds": cached_s, **cac},
            "ratio uncached/cached (time; cached runs under cProfile)": uncached_s / cached_s,
            "ratio uncached/cached (texts)": unc["texts"] / cac["texts"],
-           "ratio uncached/cached (padded tokens: the bound caching gives)": unc["padded_tokens"] / cac["padded_tokens"],
+           "ratio uncached/cached (padded tokens: the bound caching gives)":
+           unc["padded_tokens"] / cac["padded_tokens"],
            "ratio uncached/cached (tokens), if d_par's joined texts were not embedded":
            (unc["tokens"] - unc["tokens_of_joined_aggregate_texts"])
            / max(1, cac["tokens"] - cac["tokens_of_joined_aggregate_texts"]),

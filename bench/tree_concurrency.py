@@ -128,7 +128,8 @@ class Endpoint:
             self.proc.terminate()
 
 
-def build_one(retriever, base_url: str, concurrency: int, depth: int, branching: list[int]) -> tuple[Tree, float, float]:
+def build_one(retriever, base_url: str, concurrency: int, depth: int,
+              branching: list[int]) -> tuple[Tree, float, float, tuple[float, float]]:
     from deepr.llm import get_llm
     from deepr.data.trees import TreeConfig, build_trees
 
@@ -174,7 +175,8 @@ def main() -> None:
     from deepr.corpus import Embedder, open_retriever
 
     docs = corpus()
-    retriever = open_retriever(docs, cache_dir=args.cache_dir, progress=False, embedder=Embedder(precision=args.precision, use="index"))
+    retriever = open_retriever(docs, cache_dir=args.cache_dir, progress=False,
+                               embedder=Embedder(precision=args.precision, use="index"))
     retriever.search("warm-up query about volcanoes")  # load the embedder outside the timings
     branching = [int(x) for x in args.branching.split(",")]
     bounds = ([1] if not args.no_sequential else []) + [int(x) for x in args.concurrency.split(",")]

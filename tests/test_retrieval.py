@@ -487,7 +487,8 @@ def test_index_default_is_int8_onnx_and_fp32_indexes_stay_valid(tiny_corpus: Pat
     r = open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False)
     assert r.embedder.name == "all-MiniLM-L6-v2+int8-onnx" and r.embedder is get_embedder(use="index")
     assert r.built and r.path != old.path
-    again = open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False, embedder=get_embedder(precision="fp32"))
+    again = open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False,
+                           embedder=get_embedder(precision="fp32"))
     assert not again.built and again.path == old.path
     assert r.search("planet with rings", k=1, mode="dense")[0].doc_id == "saturn"
     queries = [f"question {i} about a planet with rings" for i in range(NUMPY_MAX_TEXTS + 6)]
