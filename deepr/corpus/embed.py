@@ -20,10 +20,10 @@ without AMX, bench/index_build.py measured bf16 1.5x the CPU time of fp32).
 What ``auto`` means depends on the use (``get_embedder(..., use=...)``), and only here:
 
 - ``use="index"`` (``open_retriever``, ``deepr index``, every command that searches a corpus):
-  ``int8`` on a CPU with the ``onnx`` extra and a BERT model onnxbert.py can build, because
-  that halves the wiki build (bench/results/index_build.json) for a hybrid recall@10 within
-  0.01 of fp32 (bench/results/retrieval_int8_onnx.json); otherwise bf16 on CPUs with AMX,
-  else fp32. Only the index's passages get int8 vectors (``encode_passages``); queries and
+  ``int8`` on a CPU with the ``onnx`` extra and a BERT model onnxbert.py can build: 0.43x the
+  CPU of torch bf16 on 128 passages (bench/results/index_build.json; full builds in
+  index_build_full.json), hybrid recall@10 within 0.01 of bf16's with int8 queries
+  (bench/results/retrieval_int8_onnx.json); otherwise bf16 on CPUs with AMX, else fp32. Only the index's passages get int8 vectors (``encode_passages``); queries and
   every other text this embedder encodes get the fp32 vectors of the numpy encoder, whatever
   the batch size, so a search's hits do not depend on which other searches shared its batch.
 - ``use="rewards"`` (the default: R_plan, J_rub, dedup, eval metrics): always ``fp32``, on every
