@@ -1,6 +1,7 @@
 """Index build speed: encoder options on a wiki subset, and incremental rebuilds.
 
     python bench/index_build.py [--passages 512] [--rounds 2] [--docs 300] [--skip-incremental]
+    python bench/index_build.py --full [--full-precisions auto,fp32]   # real from-scratch wiki builds
 
 1. Embedding speed of the same ``--passages`` wiki passages (every n-th passage of the whole
    corpus, so lengths follow the corpus), each option against the old default build encoder
@@ -10,12 +11,19 @@
    - ``torch fp32``: Embedder(precision="fp32"), the new default on CPUs without AMX;
    - ``onnx fp32``: deepr/corpus/onnxbert.py's graph on onnxruntime, float32 weights;
    - ``onnx int8``: Embedder(precision="int8") with the ``onnx`` extra: that graph, int8 weights;
+   - ``onnx int8, spinning``: the same with onnxruntime's default of spinning idle threads
+     (deepr turns spinning off: under load it burnt CPU the other jobs needed);
    - ``torch int8``: Embedder(precision="int8", onnx=False), torch's dynamic quantisation;
    - ``sentence-transformers fp32``: a plain SentenceTransformer.encode, the reference vectors.
    Each option's cosine to the reference vectors (min and mean) is recorded, and its projected
    full-wiki build time: the baseline's measured 208 s times its CPU-second ratio.
 2. Incremental rebuild: build an index of ``--docs`` wiki documents, edit 2 % of them, and
    rebuild: passages embedded and seconds, against the first (full) build.
+
+3. ``--full``: `deepr index --corpus wiki` run as a user runs it, once per precision, each into a
+   fresh DEEPR_CACHE (nothing reused), with wall and CPU seconds of the child process and the
+   load average before and after each; later precisions are reported as ratios to the first.
+   Skips 1 and 2; writes bench/results/index_build_full.json.
 
 Writes bench/results/index_build.json.
 """
@@ -60,9 +68,11 @@ def encoders(texts: list[str], rounds: int) -> dict:
     st = SentenceTransformer(default_model_path(), device="cpu")
     opts = {"torch bf16": Embedder(precision="bf16"), "torch fp32": Embedder(precision="fp32"),
             "onnx int8": Embedder(precision="int8"), "torch int8": Embedder(precision="int8", onnx=False)}
-    runs = {name: (lambda e=e: e.encode(texts, cache=False)) for name, e in opts.items()}
+    runs = {name: (lambda e=e: e.encode_passages(texts)) for name, e in opts.items()}
     ort32 = OnnxBert.load(default_model_path())
     runs["onnx fp32"] = lambda: ort32.encode(texts)
+    spin = OnnxBert.load(default_model_path(), quantize=True, spin=True)  # onnxruntime's own default
+    runs["onnx int8, spinning"] = lambda: spin.encode(texts)
     runs["sentence-transformers fp32"] = lambda: st.encode(texts, normalize_embeddings=True)
     for fn in runs.values():  # model loads, quantisation and first-call costs stay out
         fn()
@@ -95,7 +105,7 @@ def sample_passages(n: int) -> list[str]:
 
 def incremental(n_docs: int) -> dict:
     docs = load_documents("wiki", limit=n_docs)
-    emb = Embedder(precision="auto")
+    emb = Embedder(precision="auto", use="index")
     with tempfile.TemporaryDirectory(prefix="deepr-incr-") as tmp:
         e0 = emb.encoded
         full_w, full_c = timed(lambda: open_retriever(docs, cache_dir=tmp, embedder=emb, progress=False))
@@ -114,6 +124,48 @@ def incremental(n_docs: int) -> dict:
             "ratio_wall": inc_w / full_w, "ratio_embedded": inc_n / full_n}
 
 
+def full_build(precision: str, keep: str | None = None) -> dict:
+    """One `deepr index --corpus wiki --precision P` into an empty cache, timed from outside."""
+    import contextlib
+    import resource
+    import subprocess
+
+    cmd = [sys.executable, "-m", "deepr", "index", "--corpus", "wiki", "--precision", precision]
+    if keep and Path(keep, precision).exists():
+        sys.exit(f"--full-cache {keep}: {Path(keep, precision)} exists; the build must start empty")
+    where = (contextlib.nullcontext(str(Path(keep, precision))) if keep
+             else tempfile.TemporaryDirectory(prefix="deepr-full-"))
+    with where as tmp:
+        env = {**os.environ, "DEEPR_CACHE": tmp, "PYTHONPATH": str(ROOT)}
+        before, load0 = resource.getrusage(resource.RUSAGE_CHILDREN), os.getloadavg()
+        t = time.perf_counter()
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - t
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if out.returncode != 0:
+            sys.exit(f"{' '.join(cmd)} failed:\n{out.stderr[-2000:]}")
+        metas = list(Path(tmp).glob("index/*/index.meta.json"))
+        meta = json.loads(metas[0].read_text(encoding="utf-8")) if metas else {}
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"command": " ".join(["deepr", *cmd[3:]]) + " (fresh DEEPR_CACHE)", "wall_s": wall, "cpu_s": cpu,
+            "embedder": meta.get("config", {}).get("embedder"), "passages": meta.get("counts", {}).get("passages"),
+            "build_s (index meta)": meta.get("timings", {}).get("build_s"),
+            "load_avg_before": load0, "load_avg_after": os.getloadavg()}
+
+
+def full_mode(precisions: list[str], out: Path, keep: str | None = None) -> None:
+    res: dict = {"cores": len(os.sched_getaffinity(0)), "builds": {}}
+    first = None
+    for prec in precisions:
+        print(f"full wiki build, --precision {prec} ...", file=sys.stderr, flush=True)
+        r = full_build(prec, keep)
+        first = first or r
+        r["wall_ratio_to_first"], r["cpu_ratio_to_first"] = r["wall_s"] / first["wall_s"], r["cpu_s"] / first["cpu_s"]
+        res["builds"][prec] = r
+        print(json.dumps(r), flush=True)
+    out.write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--passages", type=int, default=512)
@@ -121,7 +173,14 @@ def main() -> None:
     ap.add_argument("--skip-incremental", action="store_true")
     ap.add_argument("--docs", type=int, default=300)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "index_build.json"))
+    ap.add_argument("--full", action="store_true", help="time real from-scratch wiki builds instead")
+    ap.add_argument("--full-precisions", default="auto", help="with --full: precisions, comma-separated")
+    ap.add_argument("--full-cache", default=None,
+                    help="with --full: keep each build's cache in DIR/<precision> (e.g. for bench/retrieval.py)")
     args = ap.parse_args()
+    if args.full:
+        out = Path(args.out).with_name("index_build_full.json") if "--out" not in sys.argv else Path(args.out)
+        return full_mode(args.full_precisions.split(","), out, args.full_cache)
     res: dict = {"load_avg_start": os.getloadavg(), "cores": len(os.sched_getaffinity(0))}
     texts = sample_passages(args.passages)
     res["passages"] = len(texts)

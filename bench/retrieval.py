@@ -59,9 +59,9 @@ def encoder_speed(docs, n: int) -> dict:
     _, bw, bc = timed(lambda: naive.encode(texts))
     out = {"docs": n, "passages": len(texts), "baseline": {"wall_s": bw, "cpu_s": bc}}
     for prec in ("auto", "int8"):
-        emb = Embedder(precision=prec)
-        emb.encode(texts[:8], cache=False)
-        _, w, c = timed(lambda: emb.encode(texts, cache=False))
+        emb = Embedder(precision=prec, use="index")
+        emb.encode_passages(texts[:8])
+        _, w, c = timed(lambda: emb.encode_passages(texts))
         out[emb.name] = {"wall_s": w, "cpu_s": c, "speedup_wall": bw / w, "speedup_cpu": bc / c}
     return out
 
@@ -126,7 +126,7 @@ def latency(r, queries: list[str]) -> dict:
 
 
 def build(docs, cache: Path, precision: str) -> tuple:
-    emb = Embedder(precision=precision)
+    emb = Embedder(precision=precision, use="index")
     r, wall, cpu = timed(lambda: open_retriever(docs, cache_dir=cache, embedder=emb, progress=True))
     return r, {"embedder": emb.name, "passages": len(r.passages), "built_now": r.built, "build_s": r.build_seconds,
                "wall_s": wall, "cpu_s": cpu}

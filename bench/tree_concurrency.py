@@ -59,15 +59,18 @@ class Responder:
     hash of the parent query, so the tree is the same at every concurrency).
     """
 
-    def __init__(self, titles: list[str]):
-        self.titles = titles
+    def __init__(self, titles: list[str], latency: float = 0.0):
+        self.titles, self.latency = titles, latency
         self.prefixes = {role: p.split("{")[0][:40] for role, p in PROMPTS.items()}
+        self.served: list[tuple[float, float, str]] = []  # (arrived, answered, role), epoch seconds
 
     def __call__(self, body: dict) -> str:
         messages = body["messages"]
         role = next((r for r, p in self.prefixes.items() if messages[0]["content"].startswith(p)), None)
         if role is None:  # the warm-up call
             return "ok"
+        now = time.time()  # called once the latency has passed
+        self.served.append((now - self.latency, now, role))
         user = messages[1]["content"]
         if role == "root_query":
             return json.dumps({"query": re.search(r"Seed topic: (.*)", user).group(1)})
@@ -93,10 +96,11 @@ def _serve(titles: list[str], latency: float, conn) -> None:
     """Child process: run the stub until told to stop, then report its request counts."""
     from deepr.llm.stub_server import StubServer
 
-    with StubServer(reply=Responder(titles), latency=latency) as srv:
+    responder = Responder(titles, latency)
+    with StubServer(reply=responder, latency=latency) as srv:
         conn.send(srv.base_url)
         conn.recv()
-        conn.send((srv.n_requests, srv.max_in_flight))
+        conn.send((srv.n_requests, srv.max_in_flight, responder.served))
 
 
 class Endpoint:
@@ -113,7 +117,7 @@ class Endpoint:
         self.proc.start()
         return self.conn.recv()
 
-    def stats(self) -> tuple[int, int]:
+    def stats(self) -> tuple[int, int, list]:
         self.conn.send("stop")
         n = self.conn.recv()
         self.proc.join(10)
@@ -124,20 +128,35 @@ class Endpoint:
             self.proc.terminate()
 
 
-def build_one(retriever, base_url: str, concurrency: int, depth: int, branching: list[int]) -> tuple[Tree, float, float]:
+def build_one(retriever, base_url: str, concurrency: int, depth: int,
+              branching: list[int]) -> tuple[Tree, float, float, tuple[float, float]]:
     from deepr.llm import get_llm
     from deepr.data.trees import TreeConfig, build_trees
 
     llm = get_llm("openai:stub", base_url=base_url, cache=False, max_concurrency=concurrency, timeout=60)
     llm.chat([{"role": "user", "content": "warm-up"}])  # client set-up outside the timing
     cfg = TreeConfig(max_depth=depth, branching=branching, concurrency=1, min_leaves=1)
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, c0, e0 = time.perf_counter(), time.process_time(), time.time()
     [tree] = build_trees([SeedTopic(id="bench-volcano", title="Volcano")], retriever, llm, cfg)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     llm.close()
     if not isinstance(tree, Tree):
         sys.exit(f"tree failed: {tree.reason}")
-    return tree, wall, cpu
+    return tree, wall, cpu, (e0, e0 + wall)
+
+
+def endpoint_idle(served: list[tuple[float, float, str]], span: tuple[float, float]) -> float:
+    """Seconds of the build during which no call was at the endpoint: the client was busy (or
+    waiting for a core) between dependent rounds. Wall minus critical path minus this is
+    time lost to the concurrency bound and stragglers."""
+    t0, t1 = span
+    covered, end = 0.0, t0
+    for a, b, _ in sorted(served):
+        a, b = max(a, end), min(b, t1)
+        if b > a:
+            covered += b - a
+            end = b
+    return (t1 - t0) - covered
 
 
 def main() -> None:
@@ -156,7 +175,8 @@ def main() -> None:
     from deepr.corpus import Embedder, open_retriever
 
     docs = corpus()
-    retriever = open_retriever(docs, cache_dir=args.cache_dir, progress=False, embedder=Embedder(precision=args.precision))
+    retriever = open_retriever(docs, cache_dir=args.cache_dir, progress=False,
+                               embedder=Embedder(precision=args.precision, use="index"))
     retriever.search("warm-up query about volcanoes")  # load the embedder outside the timings
     branching = [int(x) for x in args.branching.split(",")]
     bounds = ([1] if not args.no_sequential else []) + [int(x) for x in args.concurrency.split(",")]
@@ -164,27 +184,32 @@ def main() -> None:
     titles = [d.title for d in docs]
     with Endpoint(titles, 0.0) as base_url:  # fills the embedding cache so every bound starts warm
         build_one(retriever, base_url, max(bounds), args.depth, branching)
+    load_start = os.getloadavg()
     for c in bounds:
-        walls, cpus = [], []
+        walls, cpus, idles = [], [], []
         for _ in range(1 if c == 1 else args.repeat):  # best of N: this machine is shared
             with (endpoint := Endpoint(titles, args.latency)) as base_url:
-                tree, wall, cpu = build_one(retriever, base_url, c, args.depth, branching)
-                calls, in_flight = endpoint.stats()
+                tree, wall, cpu, span = build_one(retriever, base_url, c, args.depth, branching)
+                calls, in_flight, served = endpoint.stats()
             walls.append(wall)
             cpus.append(cpu)
-        wall = min(walls)
+            idles.append(endpoint_idle(served, span))
+        best = walls.index(min(walls))
+        wall = walls[best]
         calls -= 1  # the client warm-up call
         rounds = 1 + 3 * tree.stats.depth + 2 if tree.stats.depth else 3
         critical = rounds * args.latency
         rows.append({"concurrency": c, "wall_s": round(wall, 2), "walls": [round(w, 2) for w in walls],
                      "client_cpu_s": round(min(cpus), 2),  # this process's CPU per tree: steadier under load
+                     "endpoint_idle_s": round(idles[best], 2),  # no call in flight (fastest run)
                      "calls": calls, "max_in_flight": in_flight,
                      "nodes": tree.stats.nodes, "depth": tree.stats.depth, "critical_rounds": rounds,
                      "critical_s": round(critical, 2), "throughput_bound_s": round(calls * args.latency / c, 2),
                      "wall/critical": round(wall / critical, 2) if critical else None})
         print(json.dumps(rows[-1]), flush=True)
     Path(args.out).write_text(json.dumps({"latency_s": args.latency, "depth": args.depth, "branching": args.branching,
-                                          "load_avg_end": os.getloadavg(), "rows": rows}, indent=2) + "\n",
+                                          "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
+                                          "rows": rows}, indent=2) + "\n",
                               encoding="utf-8")
     seq = next((r for r in rows if r["concurrency"] == 1), None)
     print(f"\nlatency {args.latency}s, depth {args.depth}, branching {args.branching}")

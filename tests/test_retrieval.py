@@ -127,7 +127,7 @@ def test_bad_arguments_and_unknown_ids_are_clear(retriever) -> None:
 
 
 def test_second_open_reuses_the_cached_index(tiny_corpus: Path, tmp_path: Path) -> None:
-    emb = get_embedder()
+    emb = get_embedder(use="index")  # the one open_retriever uses by default
     first = open_retriever(str(tiny_corpus), cache_dir=tmp_path / "c", progress=False)
     assert first.built and (first.path / "index.meta.json").is_file()
     stamp, encoded = (first.path / "dense.faiss").stat().st_mtime_ns, emb.encoded
@@ -166,7 +166,7 @@ def test_interrupted_build_leaves_no_index_and_resumes(tiny_corpus: Path, tmp_pa
         open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=stop_after_first_shard)
     index_dir = tmp_path / "index"
     assert [p.name.endswith(".partial") for p in index_dir.iterdir()] == [True]  # no half index
-    emb = get_embedder()
+    emb = get_embedder(use="index")  # the one open_retriever uses by default
     before = emb.encoded
     r = open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False)
     assert emb.encoded - before == 4  # only the two unfinished shards were embedded
@@ -280,6 +280,28 @@ def test_numpy_encoder_gives_sentence_transformers_vectors(mini_corpus: Path) ->
     assert float(cos.min()) >= 0.999, f"lowest cosine {cos.min():.5f} at text {int(cos.argmin())}"
 
 
+def test_numpy_encoder_batches_bound_padding_and_keep_vectors() -> None:
+    """Texts of very different lengths go in separate batches (padding is bounded), and a
+    text's vector does not depend on its batch-mates."""
+    import numpy as np
+
+    from deepr.corpus.embed import default_model_path
+    from deepr.corpus.npbert import PAD_SLACK, NumpyBert, _batches
+
+    lens = [60, 58, 55, 12, 10, 9, 4, 3]
+    batches = _batches(lens, 32)
+    assert sorted(i for b in batches for i in b) == list(range(8)) and len(batches) > 1
+    assert all(lens[b[0]] * len(b) <= PAD_SLACK * sum(lens[i] for i in b) for b in batches)
+    assert _batches([5] * 40, 32) == [list(range(32)), list(range(32, 40))]
+    bert = NumpyBert.load(default_model_path())
+    texts = ["volcano", "A volcano is a rupture in the crust of a planetary-mass object, such as Earth, "
+             "that allows hot lava, volcanic ash, and gases to escape from a magma chamber below the surface.",
+             "Mount Etna eruption", "lava"]
+    together = bert.encode(texts)
+    alone = np.vstack([bert.encode([t]) for t in texts])
+    assert np.abs(together - alone).max() < 1e-5
+
+
 def test_search_process_never_imports_torch(tiny_corpus: Path, tmp_path: Path) -> None:
     import subprocess
     import sys
@@ -300,7 +322,7 @@ def test_search_process_never_imports_torch(tiny_corpus: Path, tmp_path: Path) -
 
 
 def test_rebuild_after_edit_embeds_only_new_or_changed_passages(tiny_corpus: Path, tmp_path: Path) -> None:
-    emb = get_embedder()
+    emb = get_embedder(use="index")  # the one open_retriever uses by default
     open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False)
     docs = [Document(id=i, title=t, text=x) for i, t, x in TINY]
     docs[1] = Document(id="violin", title="Violin", text="The violin has four strings tuned in fifths.")
@@ -316,13 +338,14 @@ def _vectors(r) -> "np.ndarray":  # noqa: F821
     return r._dense.reconstruct_n(0, r._dense.ntotal)
 
 
-def test_shards_then_merge_equal_a_single_build(tiny_corpus: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_shards_then_merge_equal_a_single_build(tiny_corpus: Path, tmp_path: Path, precision: str) -> None:
     import numpy as np
 
     from deepr.corpus.shards import build_shard, merge_shards, shard_of
 
-    emb = get_embedder()
-    single = open_retriever(str(tiny_corpus), cache_dir=tmp_path / "one", progress=False)
+    emb = get_embedder(precision=precision, use="index")
+    single = open_retriever(str(tiny_corpus), cache_dir=tmp_path / "one", progress=False, embedder=emb)
     sizes = [build_shard(str(tiny_corpus), k, 3, embedder=emb, cache_dir=tmp_path / f"w{k}",
                          shard_dir=tmp_path / "shards")[1] for k in (1, 2, 3)]
     assert sizes == [sum(shard_of(p.id, 3) == k for p in single.passages) for k in (1, 2, 3)]
@@ -331,9 +354,14 @@ def test_shards_then_merge_equal_a_single_build(tiny_corpus: Path, tmp_path: Pat
     merged = merge_shards(str(tiny_corpus), embedder=emb, cache_dir=tmp_path / "merge", shard_dir=tmp_path / "shards")
     assert emb.encoded == before  # the merge embedded nothing
     assert [p.id for p in merged.passages] == [p.id for p in single.passages]
-    assert np.abs(_vectors(merged) - _vectors(single)).max() < 1e-3
+    a, b = _vectors(merged), _vectors(single)
+    if precision == "fp32":
+        assert np.abs(a - b).max() < 1e-3
+    else:  # int8 activations are scaled per batch, so other batch-mates move a vector slightly
+        assert float((a * b).sum(1).min()) > 0.99
+    k = 3 if precision == "fp32" else 1  # int8: the unrelated tail of 6 passages may swap
     for q in ("bow and strings", "baked dough", "lava"):
-        assert [h.id for h in merged.search(q, k=3)] == [h.id for h in single.search(q, k=3)]
+        assert [h.id for h in merged.search(q, k=k)] == [h.id for h in single.search(q, k=k)]
 
 
 def test_merge_with_a_missing_shard_is_a_clear_error(tiny_corpus: Path, tmp_path: Path) -> None:
@@ -414,7 +442,7 @@ def test_int8_index_build_runs_without_torch(tiny_corpus: Path, tmp_path: Path) 
             "from deepr.corpus.embed import NUMPY_MAX_TEXTS; "
             "e = get_embedder(precision='int8'); "
             f"r = open_retriever({str(tiny_corpus)!r}, cache_dir={str(tmp_path)!r}, embedder=e, progress=False); "
-            "v = e.encode([f'passage number {i}' for i in range(NUMPY_MAX_TEXTS)], cache=False); "
+            "v = e.encode_passages([f'passage number {i}' for i in range(NUMPY_MAX_TEXTS)]); "
             "h = r.search('planet with rings', k=1, mode='dense'); "
             "print(e.name, h[0].doc_id, v.shape[0], 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
@@ -424,13 +452,49 @@ def test_int8_index_build_runs_without_torch(tiny_corpus: Path, tmp_path: Path) 
     assert name.endswith("+int8-onnx") and doc == "saturn" and rows == "64" and torch_loaded == "False"
 
 
-def test_precision_auto_and_onnx_switch(monkeypatch) -> None:
+def test_precision_auto_per_use_and_onnx_switch(monkeypatch) -> None:
+    """``auto``: rewards are fp32 on every machine (their numbers must not follow the index
+    default); an index is int8 on onnxruntime where it runs, else bf16 with AMX, else fp32."""
     from deepr.corpus import embed
 
-    monkeypatch.setattr(embed, "_cpu_flags", lambda: "flags : avx512f avx512_bf16")
-    assert embed.resolve_precision("auto", "cpu") == "fp32"  # bf16 without AMX measured slower
-    monkeypatch.setattr(embed, "_cpu_flags", lambda: "flags : avx512_bf16 amx_bf16 amx_tile")
-    assert embed.resolve_precision("auto", "cpu") == "bf16"
-    assert embed.resolve_precision("auto", "cuda") == "fp32"
+    for flags in ("flags : avx512f avx512_bf16", "flags : avx512_bf16 amx_bf16 amx_tile"):
+        monkeypatch.setattr(embed, "_cpu_flags", lambda f=flags: f)
+        assert embed.resolve_precision("auto", "cpu") == "fp32"
+        assert embed.get_embedder().name == "all-MiniLM-L6-v2"
+    assert embed.resolve_precision("auto", "cuda", "index") == "fp32"
+    assert embed.resolve_precision("bf16", "cpu", "rewards") == "bf16"  # an explicit choice wins
+    with pytest.raises(ValueError, match="use 'train'"):
+        embed.resolve_precision("auto", "cpu", "train")
     monkeypatch.setenv("DEEPR_ONNX", "0")  # the torch fallback, also what runs without the extra
+    monkeypatch.setattr(embed, "_cpu_flags", lambda: "flags : avx512f avx512_bf16")
+    assert embed.resolve_precision("auto", "cpu", "index") == "fp32"  # bf16 without AMX measured slower
+    monkeypatch.setattr(embed, "_cpu_flags", lambda: "flags : avx512_bf16 amx_bf16 amx_tile")
+    assert embed.resolve_precision("auto", "cpu", "index") == "bf16"
     assert embed.Embedder(precision="int8").name == "all-MiniLM-L6-v2+int8"
+
+
+def test_index_default_is_int8_onnx_and_fp32_indexes_stay_valid(tiny_corpus: Path, tmp_path: Path) -> None:
+    """With the onnx extra an index is built from int8 passage vectors by default, under a key of
+    its own: an fp32 index is still found when asked for. Queries stay fp32 at any batch size,
+    so a search does not depend on which searches shared its batch."""
+    pytest.importorskip("onnxruntime")
+    import numpy as np
+
+    from deepr.corpus.embed import NUMPY_MAX_TEXTS
+
+    old = open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False,
+                         embedder=get_embedder(precision="fp32", use="index"))
+    r = open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False)
+    assert r.embedder.name == "all-MiniLM-L6-v2+int8-onnx" and r.embedder is get_embedder(use="index")
+    assert r.built and r.path != old.path
+    again = open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False,
+                           embedder=get_embedder(precision="fp32"))
+    assert not again.built and again.path == old.path
+    assert r.search("planet with rings", k=1, mode="dense")[0].doc_id == "saturn"
+    queries = [f"question {i} about a planet with rings" for i in range(NUMPY_MAX_TEXTS + 6)]
+    rewards = get_embedder()  # fp32, the rewards' embedder
+    assert rewards.name == "all-MiniLM-L6-v2"
+    ref = rewards.encode(queries[:3], cache=False)
+    assert np.abs(r.embedder.encode(queries, cache=False)[:3] - ref).max() < 1e-4
+    passages = r.embedder.encode_passages(queries[:3])  # int8 weights: close to fp32, not equal
+    assert float((passages * ref).sum(1).min()) > 0.98 and np.abs(passages - ref).max() > 1e-4

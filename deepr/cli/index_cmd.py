@@ -31,8 +31,9 @@ SHARD_HELP = ("Embed only shard K of N (1 <= K <= N; passages hash-partitioned b
               "shard-K-of-N.npz; run `--merge` after all N.")
 MERGE_HELP = "Build the index from the shard files of `--shard` runs, embedding nothing."
 SHARD_DIR_HELP = "Folder of shard files (default: <cache>/shards/<index key>/)."
-PRECISION_HELP = ("Embedding arithmetic: auto (bf16 on CPUs with AMX, else fp32), fp32, bf16, or int8 "
-                  "(fastest build: onnxruntime with deepr[onnx], else torch; recall cost in docs/scaling.md).")
+PRECISION_HELP = ("Passage vectors: auto (int8 on onnxruntime with deepr[onnx] on a CPU, else bf16 with AMX, "
+                  "else fp32), fp32, bf16 or int8; queries are fp32. Each precision has its own index, "
+                  "so --precision fp32 still finds an index built before int8 was the default.")
 
 
 def _open(corpus: str, retriever: str, cache_dir: Path | None, limit: int | None, embedder: str | None,
@@ -40,7 +41,7 @@ def _open(corpus: str, retriever: str, cache_dir: Path | None, limit: int | None
     from deepr.corpus import ChunkConfig, get_embedder, open_retriever
 
     return open_retriever(corpus, retriever=retriever, cache_dir=cache_dir, limit=limit,
-                          embedder=get_embedder(embedder, precision=precision),
+                          embedder=get_embedder(embedder, precision=precision, use="index"),
                           chunking=ChunkConfig(max_words=max_words, overlap=overlap), progress=True,
                           dense=dense)
 
@@ -53,7 +54,7 @@ def _shard(corpus: str, shard: str, cache_dir: Path | None, limit: int | None, e
 
     t0 = time.perf_counter()
     k, n = parse_shard(shard)
-    emb = get_embedder(embedder, precision=precision)
+    emb = get_embedder(embedder, precision=precision, use="index")
     bar = RichProgress(f"embedding shard {k}/{n}")
     try:
         path, count = build_shard(corpus, k, n, embedder=emb, chunking=ChunkConfig(max_words=max_words, overlap=overlap),
@@ -94,7 +95,7 @@ def index_command(
             from deepr.corpus import ChunkConfig, get_embedder
             from deepr.corpus.shards import merge_shards
 
-            r = merge_shards(corpus, embedder=get_embedder(embedder, precision=precision), cache_dir=cache_dir,
+            r = merge_shards(corpus, embedder=get_embedder(embedder, precision=precision, use="index"), cache_dir=cache_dir,
                              chunking=ChunkConfig(max_words=max_words, overlap=overlap), limit=limit,
                              shard_dir=shard_dir, dense=dense, retriever=retriever)
         else:

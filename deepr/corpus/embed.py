@@ -14,8 +14,24 @@ so a batch pads to its own longest text. ``fp32`` runs on torch. ``int8`` with t
 extra runs on onnxruntime (deepr/corpus/onnxbert.py: int8 weights, fused attention kernels,
 no torch import; named ``+int8-onnx``), ~2x the speed of torch bf16 at a recall cost measured
 in bench/retrieval.py; without the extra, or with DEEPR_ONNX=0, torch quantises its Linear
-layers instead. ``bf16`` is torch autocast; ``auto`` uses it only on CPUs with AMX: on
-AVX512-BF16 without AMX, bench/index_build.py measured bf16 1.5x the CPU time of fp32.
+layers instead. ``bf16`` is torch autocast (it pays only on CPUs with AMX: on AVX512-BF16
+without AMX, bench/index_build.py measured bf16 1.5x the CPU time of fp32).
+
+What ``auto`` means depends on the use (``get_embedder(..., use=...)``), and only here:
+
+- ``use="index"`` (``open_retriever``, ``deepr index``, every command that searches a corpus):
+  ``int8`` on a CPU with the ``onnx`` extra and a BERT model onnxbert.py can build: 0.43x the
+  CPU of torch bf16 on 128 passages (bench/results/index_build.json; full builds in
+  index_build_full.json), hybrid recall@10 within 0.01 of bf16's with int8 queries
+  (bench/results/retrieval_int8_onnx.json); otherwise bf16 on CPUs with AMX, else fp32. Only the index's passages get int8 vectors (``encode_passages``); queries and
+  every other text this embedder encodes get the fp32 vectors of the numpy encoder, whatever
+  the batch size, so a search's hits do not depend on which other searches shared its batch.
+- ``use="rewards"`` (the default: R_plan, J_rub, dedup, eval metrics): always ``fp32``, on every
+  machine, so reward numbers are the same everywhere and do not move with the index default.
+
+The index key and the embedding cache are keyed by ``Embedder.name``, which names the
+precision (``all-MiniLM-L6-v2+int8-onnx``; fp32 has no suffix), so an index built in fp32
+before int8 became the default is still found with ``--precision fp32``.
 
 Example::
 
@@ -41,6 +57,7 @@ DEFAULT_MODEL = "all-MiniLM-L6-v2"
 SMALL_BATCH = 16
 NUMPY_MAX_TEXTS = 64
 Precision = Literal["auto", "fp32", "bf16", "int8"]
+Use = Literal["rewards", "index"]
 
 
 def default_model_path() -> str:
@@ -79,11 +96,17 @@ def onnx_enabled(device: str = "cpu") -> bool:
     return available()
 
 
-def resolve_precision(precision: Precision, device: str) -> str:
+def resolve_precision(precision: Precision, device: str, use: Use = "rewards",
+                      model: str | None = None) -> str:
+    """The precision ``auto`` stands for (module docstring); explicit ones pass through."""
     if precision != "auto":
         return precision
-    if device != "cpu":
+    if use not in ("rewards", "index"):
+        raise ValueError(f"embedder use {use!r}: expected rewards or index")
+    if use == "rewards" or device != "cpu":
         return "fp32"
+    if onnx_enabled(device) and _bert_folder(model or DEFAULT_MODEL):
+        return "int8"
     return "bf16" if cpu_has_amx() else "fp32"
 
 
@@ -92,14 +115,14 @@ class Embedder:
 
     def __init__(self, name: str | None = None, *, device: str = "cpu", batch_size: int = 64,
                  max_seq_length: int | None = None, precision: Precision = "auto",
-                 cache_size: int = 50_000, onnx: bool | None = None):
+                 cache_size: int = 50_000, onnx: bool | None = None, use: Use = "rewards"):
         if batch_size < 1 or cache_size < 0:
             raise ValueError("embedder batch_size must be >= 1 and cache_size >= 0")
         self.model_ref = name or DEFAULT_MODEL
         self.device = device
         self.batch_size = batch_size
         self.cache_size = cache_size
-        self.precision = resolve_precision(precision, device)
+        self.precision = resolve_precision(precision, device, use, self.model_ref)
         if self.precision not in ("fp32", "bf16", "int8"):
             raise ValueError(f"embedder precision {precision!r}: expected auto, fp32, bf16 or int8")
         self._max_seq = max_seq_length
@@ -235,19 +258,29 @@ class Embedder:
                         self._remember(t, vec)
         return out
 
-    def _encode_model(self, texts: list[str], *, progress: bool) -> np.ndarray:
+    def encode_passages(self, texts: Sequence[str], *, progress: bool = False) -> np.ndarray:
+        """Vectors of an index's passages, uncached: the only texts that get int8-onnx vectors."""
+        texts = list(texts)
+        if not texts:
+            return np.empty((0, self.dim), dtype=np.float32)
+        return self._encode_model(texts, progress=progress, passages=True)
+
+    def _encode_model(self, texts: list[str], *, progress: bool, passages: bool = False) -> np.ndarray:
+        ort = self._onnx_encoder() if self._use_onnx and passages else None
         # short batches (queries) always take the numpy path, so a query's vector is the same
         # in a fresh process and in one that has the torch model loaded for an index build;
         # medium ones too while torch is not loaded: an agent run's few dozen passages cost
-        # less in numpy than the ~7 s torch import
-        if len(texts) < SMALL_BATCH or (self._model is None and len(texts) < NUMPY_MAX_TEXTS):
+        # less in numpy than the ~7 s torch import. With int8-onnx every text but an index's
+        # passages does, so a query's vector never depends on its batch size.
+        if ort is None and (len(texts) < SMALL_BATCH or self._use_onnx
+                            or (self._model is None and len(texts) < NUMPY_MAX_TEXTS)):
             lite = self._lite_encoder()
             if lite is not None:
                 with self._model_lock:  # threadpoolctl's BLAS limit is process-wide
                     vecs = lite.encode(texts)
                 self.encoded += len(texts)
                 return vecs
-        ort = self._onnx_encoder() if self._use_onnx else None
+        ort = ort or (self._onnx_encoder() if self._use_onnx else None)
         if ort is not None:
             with self._model_lock:
                 vecs = ort.encode(texts, batch_size=self.batch_size)
@@ -341,10 +374,12 @@ _SHARED: dict[tuple[str | None, str], Embedder] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def get_embedder(name: str | None = None, *, precision: Precision = "auto") -> Embedder:
-    """The process-wide embedder for ``name`` (default model when None); built once, then reused."""
-    key = (name or DEFAULT_MODEL, precision)
+def get_embedder(name: str | None = None, *, precision: Precision = "auto", use: Use = "rewards") -> Embedder:
+    """The process-wide embedder for ``name`` (default model when None) at the precision that
+    ``precision`` means for ``use`` (module docstring); built once, then reused."""
+    ref = name or DEFAULT_MODEL
+    key = (ref, resolve_precision(precision, "cpu", use, ref))
     with _SHARED_LOCK:
         if key not in _SHARED:
-            _SHARED[key] = Embedder(name, precision=precision)
+            _SHARED[key] = Embedder(name, precision=key[1])
         return _SHARED[key]

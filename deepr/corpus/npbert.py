@@ -176,14 +176,7 @@ class NumpyBert:
 
     def tokenize(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(ids, mask), padded to the longest text of this batch."""
-        encs = self.tok.encode_batch(texts)
-        width = max(len(e.ids) for e in encs)
-        ids = np.zeros((len(encs), width), dtype=np.int64)
-        mask = np.zeros((len(encs), width), dtype=np.float32)
-        for r, e in enumerate(encs):
-            ids[r, : len(e.ids)] = e.ids
-            mask[r, : len(e.ids)] = 1.0
-        return ids, mask
+        return _padded(self.tok.encode_batch(texts))
 
     def forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Mean-pooled last hidden states (not normalised), shape (batch, dim)."""
@@ -207,13 +200,43 @@ class NumpyBert:
         return (x * mask[:, :, None]).sum(1) / np.maximum(mask.sum(1, keepdims=True), 1.0)
 
     def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
-        """Vectors in input order; batches are formed from length-sorted texts to limit padding."""
+        """Vectors in input order; batches are formed from token-length-sorted texts to limit padding."""
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        encs = self.tok.encode_batch(texts)
+        order = sorted(range(len(texts)), key=lambda i: -len(encs[i].ids))
         with _one_blas_thread(len(texts) > 1):
-            for s in range(0, len(order), batch_size):
-                rows = order[s: s + batch_size]
-                ids, mask = self.tokenize([texts[i] for i in rows])
-                out[rows] = self.forward(ids, mask)
+            for rows in _batches([len(encs[i].ids) for i in order], batch_size):
+                rows = [order[r] for r in rows]
+                out[rows] = self.forward(*_padded([encs[i] for i in rows]))
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         return out / np.maximum(norms, 1e-12)
+
+
+# A batch pads every text to its longest; a new batch starts once padding would exceed this share
+# of the real tokens. Rewards embed a few texts of very different lengths per call (a 4-token
+# query beside a 60-token joined node text): one batch spent about half its work on padding
+# (bench/rplan_profile.py counts both).
+PAD_SLACK = 1.25
+
+
+def _batches(lengths: list[int], size: int) -> list[list[int]]:
+    """Positions 0..n-1 of texts sorted longest first, cut into batches of at most ``size``."""
+    out: list[list[int]] = []
+    for i, n in enumerate(lengths):
+        cur = out[-1] if out else None
+        if cur and len(cur) < size and lengths[cur[0]] * (len(cur) + 1) <= PAD_SLACK * (
+                sum(lengths[j] for j in cur) + n):
+            cur.append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def _padded(encs: list) -> tuple[np.ndarray, np.ndarray]:
+    width = max(len(e.ids) for e in encs)
+    ids = np.zeros((len(encs), width), dtype=np.int64)
+    mask = np.zeros((len(encs), width), dtype=np.float32)
+    for r, e in enumerate(encs):
+        ids[r, : len(e.ids)] = e.ids
+        mask[r, : len(e.ids)] = 1.0
+    return ids, mask

@@ -135,13 +135,16 @@ def _fused_layer(g: _Graph, x: str, mask32: str, L: dict, heads: int, eps: float
                 g.const(L["ln2_b"]), g.const(L["f_b"]), epsilon=eps)
 
 
-def _session(model_bytes: bytes, threads: int):
+def _session(model_bytes: bytes, threads: int, spin: bool = False):
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
+    # Idle worker threads sleep instead of spinning: with another process on the cores, spinning
+    # cost ~20 % more CPU and more wall time (bench/index_build.py, "onnx int8, spinning")
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     opts.log_severity_level = 3  # no warnings about unused initializers on stderr
     return ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
 
@@ -177,16 +180,17 @@ class OnnxBert:
     """NumpyBert's tokeniser and weights, run by onnxruntime; ``encode`` as NumpyBert.encode."""
 
     def __init__(self, bert: NumpyBert, *, quantize: bool = False, threads: int | None = None,
-                 fused: bool = True):
+                 fused: bool = True, spin: bool = False):
         self.bert, self.dim, self.quantize = bert, bert.dim, quantize
         model = build_model(bert, fused)
         data = _quantised(model) if quantize else model.SerializeToString()
-        self.session = _session(data, threads or _cores())
+        self.session = _session(data, threads or _cores(), spin)
 
     @classmethod
     def load(cls, folder: str | Path, max_seq_length: int | None = None, *, quantize: bool = False,
-             threads: int | None = None, fused: bool = True) -> OnnxBert:
-        return cls(NumpyBert.load(folder, max_seq_length), quantize=quantize, threads=threads, fused=fused)
+             threads: int | None = None, fused: bool = True, spin: bool = False) -> OnnxBert:
+        return cls(NumpyBert.load(folder, max_seq_length), quantize=quantize, threads=threads, fused=fused,
+                   spin=spin)
 
     def encode(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
         """Unit vectors in input order; batches of length-sorted texts, so padding stays small."""

@@ -245,17 +245,17 @@ class _TreeBuilder:
         if not children:
             node.stop = "no_children" if not props else "children_dropped"  # redundant, ungrounded or nothing new
             return
-        for i, ch in enumerate(children, start=1):
-            ch.id = f"{node.id}.{i}"
-        node.children = children
-        await asyncio.gather(*(self._expand(ch) for ch in children))
+        node.children = children  # grown by now; ids are given once the tree is whole (_record)
 
     async def _children(self, node: _Node, props: list[Proposal], limit: int) -> list[_Node]:
+        """The kept children of ``node``, each with its subtree grown."""
         hits = await self.search([p.query for p in props])
         cands = [_Node(node.child_ctx(p.query, p.phrase, h), node, facet=p.facet) for p, h in zip(props, hits)]
         known = {s for a in _ancestry(node) for s in a.ctx.statements}
-        if len(cands) <= limit:  # every grounded child is kept: no need to wait for siblings
-            return [c for c in await asyncio.gather(*(self._grounded_child(c, known) for c in cands)) if c]
+        if len(cands) <= limit:
+            # every grounded child is kept, so each one decomposes as soon as its own evidence is
+            # in: waiting for the slowest sibling at every level added up along the tree's depth
+            return [c for c in await asyncio.gather(*(self._grow_child(c, known) for c in cands)) if c]
         grounded = await asyncio.gather(*(self._ground(c) for c in cands))
         queue = [c for c, ok in zip(cands, grounded) if ok]
         self.dropped["ungrounded"] += len(cands) - len(queue)
@@ -264,13 +264,17 @@ class _TreeBuilder:
             batch, queue = queue[: limit - len(kept)], queue[limit - len(kept):]
             evidenced = await asyncio.gather(*(self._evidence(c) for c in batch))
             kept += [c for c, ok in zip(batch, evidenced) if self._useful(c, ok, known)]
+        await asyncio.gather(*(self._expand(ch) for ch in kept))
         return kept
 
-    async def _grounded_child(self, child: _Node, known: set[str]) -> _Node | None:
+    async def _grow_child(self, child: _Node, known: set[str]) -> _Node | None:
         if not await self._ground(child):
             self.dropped["ungrounded"] += 1
             return None
-        return child if self._useful(child, await self._evidence(child), known) else None
+        if not self._useful(child, await self._evidence(child), known):
+            return None
+        await self._expand(child)
+        return child
 
     def _useful(self, child: _Node, has_statements: bool, known: set[str]) -> bool:
         if not has_statements:
@@ -283,8 +287,10 @@ class _TreeBuilder:
 
     def _record(self, root: _Node, seconds: float) -> Tree:
         nodes, queue = [], [root]
-        while queue:  # breadth-first order, children in their id order
+        while queue:  # breadth-first order; ids n0, n0.1, n0.1.2 ... follow the kept children
             n = queue.pop(0)
+            for i, ch in enumerate(n.children, start=1):
+                ch.id = f"{n.id}.{i}"
             nodes.append(n.record())
             queue.extend(n.children)
         leaves = [n for n in nodes if not n.children]
