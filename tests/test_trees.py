@@ -207,7 +207,8 @@ def test_failed_roles_are_recorded_not_raised(volc, embedder):
             return "I think it is not atomic"  # never JSON: recorded, node expanded anyway
         return base(messages)
 
-    [tree] = build_trees(TOPICS[:1], volc, ScriptedLLM(reply), TreeConfig(max_depth=1), embed=embedder.encode)
+    # depth 2: the root's gate is never asked (issue 14), so the failing gate is a depth-1 node's
+    [tree] = build_trees(TOPICS[:1], volc, ScriptedLLM(reply), TreeConfig(max_depth=2), embed=embedder.encode)
     assert tree.stats.failures >= 1 and tree.failures[0]["role"] == "gate"
     assert "gave up" in tree.failures[0]["reason"] and len(tree.nodes) > 1
     bad_root = ScriptedLLM(lambda m: "nothing useful")
@@ -216,6 +217,50 @@ def test_failed_roles_are_recorded_not_raised(volc, embedder):
 
 
 # --- CLI ------------------------------------------------------------------------------------
+
+
+def test_the_root_is_expanded_even_when_the_model_calls_everything_atomic(volc, embedder):
+    """A one-leaf tree is rejected, so the root's gate is not asked (issue 14: SmolLM2 judged the
+    root atomic and build-trees exited 4); with min_leaves=1 it is, and the tree stops there."""
+    base = replier(volc.documents)
+
+    def reply(messages):
+        if "You decide whether" in messages[0]["content"]:
+            return '{"atomic": true, "reason": "one fact"}'
+        return base(messages)
+
+    llm = ScriptedLLM(reply)
+    [tree] = build_trees(TOPICS[:1], volc, llm, TreeConfig(max_depth=2, branching=[3, 2]), embed=embedder.encode)
+    assert isinstance(tree, Tree) and tree.stats.leaves >= 2, tree
+    assert {n.stop_reason for n in tree.nodes if n.depth == 1} == {"atomic"}  # depth 1 is still asked
+    assert tree.stats.calls_by_role["gate"] == sum(n.depth == 1 for n in tree.nodes)
+    [one] = build_trees(TOPICS[:1], volc, ScriptedLLM(reply), TreeConfig(max_depth=2, min_leaves=1),
+                        embed=embedder.encode)
+    assert one.stats.nodes == 1 and one.stats.stop_reasons == {"atomic": 1}
+
+
+def _decompose_fmt(roles, ctx, limit):
+    from deepr.data.tree_roles import DECOMPOSE, TreeAsk
+
+    return DECOMPOSE.constrain(TreeAsk(roles, ctx, limit=limit)).json_schema["properties"]["queries"]
+
+
+def test_strict_decompose_format_splits_the_root_and_fixes_the_required_facets(embedder):
+    from deepr.data.tree_roles import _decompose_check, TreeAsk
+
+    roles = _roles(ExtractiveLLM(), embedder)
+    root = _decompose_fmt(roles, _ctx(), 3)
+    assert root["minItems"] == 3 and root["maxItems"] == 3
+    firsts = [set(p["properties"]["facet"]["enum"]) for p in root["prefixItems"]]
+    assert firsts == [{"comparison", "alternatives"}, {"risks", "failures"}, {"quantitative data", "statistics"}]
+    # any reply the format admits passes the facet check
+    reply = {"queries": [{"query": q, "facet": sorted(f)[0]} for q, f in
+                         zip(["Lava versus basalt", "Eruption deaths", "Eruptions per year"], firsts)]}
+    assert _decompose_check(TreeAsk(roles, _ctx(), limit=3), reply) == []
+    deeper = NodeCtx(query="Lava flows", depth=1, phrase="Lava", root_topic="Volcano", hits=_ctx().hits)
+    child = _decompose_fmt(roles, deeper, 2)
+    assert child["minItems"] == 1 and child["maxItems"] == 2 and "prefixItems" not in child
+    assert _decompose_fmt(_roles(ExtractiveLLM(), embedder, min_leaves=1), _ctx(), 3)["minItems"] == 1
 
 
 def test_cli_shards_partition_the_topics(tmp_path: Path):

@@ -233,15 +233,32 @@ def _proposals(a: TreeAsk, v: dict[str, Any]) -> list[Proposal]:
             for c in v["queries"]]
 
 
+FACETS = ("stakeholders", "timeline", "mechanisms", "outcomes", "risks", "failures", "comparison",
+          "alternatives", "quantitative data", "statistics", "geography", "policy", "controversy")
+
+
+def _child(a: TreeAsk, facets: Sequence[str]) -> dict[str, Any]:
+    return {"type": "object", "required": ["query", "facet"], "additionalProperties": False,
+            "properties": {"query": _str(search_query((2, a.roles.max_words))), "facet": {"enum": list(facets)}}}
+
+
+def _decompose_format(a: TreeAsk) -> OutputFormat:
+    """Children with facets from the prompt's list; where three or more are allowed the first
+    three are the required comparison, risks and quantitative facets, so the facet check holds
+    by construction. The root must split (a one-leaf tree is rejected anyway): it gets at least
+    three children, or ``min_leaves``, within the branching limit, so some survive grounding."""
+    hi = max(1, a.limit)
+    lo = min(hi, max(3, a.roles.min_leaves)) if a.ctx.depth == 0 and a.roles.min_leaves >= 2 else 1
+    arr: dict[str, Any] = {"type": "array", "minItems": lo, "maxItems": hi, "items": _child(a, FACETS)}
+    if hi >= 3:
+        arr["prefixItems"] = [_child(a, [f for f in FACETS if facet_group(f) == g]) for g in REQUIRED_FACETS]
+    return _json("decompose", {"queries": arr})
+
+
 DECOMPOSE = Role(
     name="decompose", action="split", messages=_decompose_messages, output=JSONReply(_Children),
     check=_decompose_check, extractive=_decompose_extractive, result=_proposals,
-    fallback=lambda a: {"queries": []}, max_tokens=768,
-    constrain=lambda a: _json("decompose", {"queries": {
-        "type": "array", "minItems": 1, "maxItems": max(1, a.limit), "items": {
-            "type": "object", "required": ["query", "facet"], "additionalProperties": False,
-            "properties": {"query": _str(search_query((2, a.roles.max_words))),
-                           "facet": _str("[a-z]{3,15}(?: [a-z]{2,15}){0,2}")}}}}),
+    fallback=lambda a: {"queries": []}, max_tokens=768, constrain=_decompose_format,
     accept=(no_placeholder, query_words(lambda v: [c.get("query", "") for c in v.get("queries") or []])),
     on_fail="decompose failed on {query!r}: the node stops here")
 
@@ -313,19 +330,19 @@ class TreeRoles:
     """The roles, bound to their models, embedder and limits.
 
     ``judge`` (default: ``llm``) answers the judging roles, gate and ground; ``llm`` the
-    writing ones. ``embed`` maps texts to L2-normalised rows. Each method performs one
+    writing ones. With ``min_leaves`` ≥ 2 the root is always expanded (its gate is not asked). ``embed`` maps texts to L2-normalised rows. Each method performs one
     role declared above and records it on ``rec``.
     """
 
     def __init__(self, llm: LLM, embed: ex.Embed, *, judge: LLM | None = None, max_words: int = 11,
                  max_statements: int = 3, max_docs: int = 3, min_overlap: float = 0.5,
                  ground_threshold: float = 0.5, statement_support: float = 0.5, root_overlap: float = 0.66,
-                 redundancy: float = 0.85, max_reasks: int = 2, snippet_chars: int = 700):
+                 redundancy: float = 0.85, max_reasks: int = 2, snippet_chars: int = 700, min_leaves: int = 2):
         self.llm, self.judge, self.embed = llm, judge or llm, embed
         self.max_words, self.max_statements, self.max_docs = max_words, max_statements, max_docs
         self.min_overlap, self.ground_threshold, self.root_overlap = min_overlap, ground_threshold, root_overlap
         self.statement_support, self.redundancy = statement_support, redundancy
-        self.max_reasks, self.snippet_chars = max_reasks, snippet_chars
+        self.max_reasks, self.snippet_chars, self.min_leaves = max_reasks, snippet_chars, min_leaves
 
     @property
     def backend(self) -> str:
@@ -338,6 +355,10 @@ class TreeRoles:
         return await self._do(ROOT_QUERY, self.llm, rec, TreeAsk(self, seed=seed), query=seed.title)
 
     async def gate(self, ctx: NodeCtx, rec: Recorder) -> Outcome[tuple[bool, str]]:
+        if ctx.depth == 0 and self.min_leaves >= 2:
+            # An atomic root would leave a one-leaf tree, which is rejected: never ask (a small
+            # model judged the root atomic and the tree failed, issue 14).
+            return Outcome((False, ""), "none")
         return await self._do(GATE, self.judge, rec, TreeAsk(self, ctx), query=ctx.query)
 
     async def decompose(self, ctx: NodeCtx, limit: int, rec: Recorder) -> Outcome[list[Proposal]]:
