@@ -33,3 +33,16 @@ def test_ids_appear_only_in_the_citation_slot():
     assert not re.fullmatch(PHRASE, "Find the N2 facts about lava")
     assert re.fullmatch(search_query(), "Vesuvius 79 eruption") is None  # "79": under three characters
     assert re.fullmatch(search_query(), "Vesuvius eruption 1631") and not re.fullmatch(QUERY_WORD, "S1R1")
+
+
+def test_a_citation_names_distinct_shown_ids():
+    from deepr.agent.formats import cite_spans, id_list
+
+    rx = id_list(["N1-R1", "N2-R1", "N1-R10"])
+    for ok in ("N1-R1", "N1-R10", "N2-R1, N1-R1", "N1-R1, N1-R10"):
+        assert re.fullmatch(rx, ok), ok
+    for bad in ("N2-R1, N2-R1", "N1-R1, N1-R1", "N1-R1, N2-R1, N1-R10", "N3-R1", ""):
+        assert not re.fullmatch(rx, bad), bad
+    span = cite_spans(["S1-R1", "S1-R2"], sentences=(1, 1))
+    assert re.fullmatch(span, '<cite id="S1-R2, S1-R1">Honey bees live in colonies of many thousand workers.</cite>')
+    assert not re.fullmatch(span, '<cite id="S1-R2, S1-R2">Honey bees live in colonies of many thousand workers.</cite>')

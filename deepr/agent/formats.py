@@ -46,12 +46,25 @@ def id_choice(ids: Sequence[str]) -> str:
     return "(?:" + "|".join(re.escape(i) for i in unique) + ")"
 
 
+def id_list(ids: Sequence[str], most: int = 2) -> str:
+    """One to ``most`` (1 or 2) distinct ids from ``ids``, comma-separated: no "[N2-R1, N2-R1]"
+    (seen from SmolLM2), and no id outside ``ids``. Pairs are spelled out, n·(n-1) of them."""
+    unique = list(dict.fromkeys(i for i in ids if i))
+    if not unique:
+        raise ValueError("a cited format needs at least one evidence id")
+    if most not in (1, 2):
+        raise ValueError(f"id_list: most={most}; 1 or 2 ids per citation")
+    if most == 1 or len(unique) == 1:
+        return id_choice(unique)
+    return "(?:" + "|".join(re.escape(i) + "(?:, " + id_choice([x for x in unique if x != i]) + ")?"
+                            for i in unique) + ")"
+
+
 def cited_sentence(ids: Sequence[str], words: tuple[int, int] = (8, 30), per_cite: int = 2) -> str:
-    """One sentence of ``words`` real words (a capital first) closed by ``[id]`` or ``[id, id]``."""
-    c = id_choice(ids)
+    """One sentence of ``words`` real words (a capital first) closed by ``[id]`` or ``[id, id]``
+    (distinct ids, see :func:`id_list`)."""
     lo, hi = words
-    return (rf"{FIRST}(?:,? {WORD}){{{lo - 1},{hi - 1}}} "
-            rf"\[{c}(?:, {c}){{0,{per_cite - 1}}}\]\.")
+    return rf"{FIRST}(?:,? {WORD}){{{lo - 1},{hi - 1}}} \[{id_list(ids, per_cite)}\]\."
 
 
 def cited_prose(ids: Sequence[str], *, sentences: tuple[int, int] = (2, 6), words: tuple[int, int] = (8, 30)) -> str:
@@ -139,9 +152,8 @@ def queries_schema(key: str, lo: int = 1, hi: int = 3, name: str | None = None) 
 
 def cite_spans(ids: Sequence[str], *, sentences: tuple[int, int] = (3, 6), words: tuple[int, int] = (8, 30)) -> str:
     """tools mode's answer body: ``<cite id="S1-R2">a sentence.</cite>`` spans over real ids."""
-    c = id_choice(ids)
     lo, hi = words
-    span = rf'<cite id="{c}(?:, {c})?">{FIRST}(?:,? {WORD}){{{lo - 1},{hi - 1}}}\.</cite>'
+    span = rf'<cite id="{id_list(ids)}">{FIRST}(?:,? {WORD}){{{lo - 1},{hi - 1}}}\.</cite>'
     return rf"{span}(?: {span}){{{sentences[0] - 1},{sentences[1] - 1}}}"
 
 
