@@ -130,7 +130,7 @@ def strict_plan(compact: Mapping[str, Any], n_select: int, limits: RubricLimits
                 ) -> tuple[list[str], list[Slot]] | None:
     """The selection and criteria slots for a serialised tree (its shown statements); None when
     the tree has too few leaves with statements for a pair."""
-    shown = {leaf["id"]: list(leaf["statements"]) for leaf in compact["leaves"]}
+    shown = {leaf["id"]: list(dict.fromkeys(leaf["statements"])) for leaf in compact["leaves"]}
     selected = pick_leaves(shown, n_select, limits)
     return (selected, plan_slots(selected, shown, limits)) if selected else None
 

@@ -287,8 +287,10 @@ GROUND = Role(
     messages=lambda a: _msgs(PROMPTS["ground"], f"Sub-query: {a.ctx.query}\nDocuments:\n"
                              f"{_snippets(a.ctx.hits, a.roles.snippet_chars)}"),
     extractive=_ground_extractive, fallback=lambda a: {"supporting": []}, max_tokens=256,
+    # minItems 1: the documents come ranked by retrieval, and a small model that answers [] (its
+    # easiest reply) would end every branch; extraction still quotes only the chosen document.
     constrain=lambda a: _json("ground", {"supporting": {
-        "type": "array", "maxItems": max(1, a.roles.max_docs),
+        "type": "array", "minItems": 1, "maxItems": max(1, a.roles.max_docs),
         "items": {"enum": list(range(1, len(a.ctx.hits) + 1))}}}) if a.ctx.hits else None,
     result=lambda a, v: list(dict.fromkeys(k - 1 for k in v["supporting"]))[: a.roles.max_docs],
     on_fail="grounding failed on {query!r}: no supporting documents")
@@ -318,7 +320,7 @@ EXTRACT = Role(
                              f"Document: {a.hit.title}\n{a.hit.text}"),
     extractive=lambda a: {"statements": ex.extract(a.query, a.hit, a.roles.embed,
                                                    max_statements=a.roles.max_statements)},
-    result=lambda a, v: [s.strip() for s in v["statements"] if s.strip()],
+    result=lambda a, v: list(dict.fromkeys(s.strip() for s in v["statements"] if s.strip())),
     fallback=lambda a: {"statements": []}, max_tokens=768, accept=(no_placeholder,),
     constrain=lambda a: _json("extract", {"statements": {
         "type": "array", "minItems": 1, "maxItems": max(1, a.roles.max_statements),
