@@ -245,18 +245,39 @@ def _decompose_fmt(roles, ctx, limit):
     return DECOMPOSE.constrain(TreeAsk(roles, ctx, limit=limit)).json_schema["properties"]["queries"]
 
 
+def _accepts(schema: dict, value) -> bool:
+    """Whether xgrammar (the hf backend's decoder) admits ``value`` under ``schema``."""
+    xgr = pytest.importorskip("xgrammar")
+    info = xgr.TokenizerInfo(["a", "</s>"], stop_token_ids=[1])
+    m = xgr.GrammarMatcher(xgr.GrammarCompiler(info).compile_json_schema(json.dumps(schema), any_whitespace=False))
+    return m.accept_string(json.dumps(value), debug_print=False) and m.accept_token(1) and m.is_terminated()
+
+
+def test_strict_root_query_keeps_the_seed_title(embedder):
+    from deepr.data.tree_roles import ROOT_QUERY, TreeAsk
+
+    roles = _roles(ExtractiveLLM(), embedder)
+    fmt = ROOT_QUERY.constrain(TreeAsk(roles, seed=SeedTopic(id="t", title="Mercury (planet)"))).json_schema
+    assert _accepts(fmt, {"query": "Mercury (planet) orbit and surface"})
+    for bad in ("What isoodieh-hijabah", "Mercury planet orbit", "Mercury (planet)"):
+        assert not _accepts(fmt, {"query": bad}), bad
+
+
 def test_strict_decompose_format_splits_the_root_and_fixes_the_required_facets(embedder):
     from deepr.data.tree_roles import _decompose_check, TreeAsk
 
     roles = _roles(ExtractiveLLM(), embedder)
     root = _decompose_fmt(roles, _ctx(), 3)
     assert root["minItems"] == 3 and root["maxItems"] == 3
-    firsts = [set(p["properties"]["facet"]["enum"]) for p in root["prefixItems"]]
+    firsts = [{alt["properties"]["facet"]["const"] for alt in p["anyOf"]} for p in root["prefixItems"]]
     assert firsts == [{"comparison", "alternatives"}, {"risks", "failures"}, {"quantitative data", "statistics"}]
     # any reply the format admits passes the facet check
-    reply = {"queries": [{"query": q, "facet": sorted(f)[0]} for q, f in
-                         zip(["Lava versus basalt", "Eruption deaths", "Eruptions per year"], firsts)]}
+    reply = {"queries": [{"facet": sorted(f)[0], "query": q} for q, f in
+                         zip(["Alternatives to lava", "Problems with volcano eruptions", "Numbers on eruptions"], firsts)]}
     assert _decompose_check(TreeAsk(roles, _ctx(), limit=3), reply) == []
+    # a child's query opens with its facet's words, so it cannot repeat the parent
+    assert _accepts(root, reply["queries"]) and not _accepts(root, [{"facet": "alternatives", "query": "Volcano hazards"},
+                                                                   *reply["queries"][1:]])
     deeper = NodeCtx(query="Lava flows", depth=1, phrase="Lava", root_topic="Volcano", hits=_ctx().hits)
     child = _decompose_fmt(roles, deeper, 2)
     assert child["minItems"] == 1 and child["maxItems"] == 2 and "prefixItems" not in child

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from deepr.data import tree_extractive as ex
-from deepr.agent.formats import PHRASE, search_query
+from deepr.agent.formats import PHRASE, QUERY_WORD, WORD, search_query
 from deepr.llm.base import LLM, OutputFormat
 from deepr.records import Hit
 from deepr.acceptance import no_placeholder, query_words
@@ -146,8 +146,23 @@ def _root_check(a: TreeAsk, v: dict[str, Any]) -> list[str]:
 ROOT_QUERY = Role(
     name="root_query", action="write", messages=_root_messages, output=JSONReply(_Query), check=_root_check,
     extractive=lambda a: {"query": a.seed.title}, result=lambda a, v: v["query"].strip(), fallback=None,
-    max_tokens=128, accept=(no_placeholder,),
-    constrain=lambda a: _json("root_query", {"query": _str(search_query((2, _root_limit(a) - 1)))}))
+    max_tokens=128, accept=(no_placeholder,), constrain=lambda a: _root_format(a))
+
+
+def _literal(text: str) -> str:
+    """``text`` as a regex that matches it exactly (the few metacharacters escaped one by one,
+    so the pattern stays in the subset xgrammar and the GBNF converter read)."""
+    return "".join(f"\\{c}" if c in ".^$*+?()[]{}|\\/" else c for c in text)
+
+
+def _root_format(a: TreeAsk) -> OutputFormat:
+    """The seed's title and a few words about it: SmolLM2 otherwise wrote "What isoodieh-hijabah"
+    for "Hip-hop", and every child then repeated it (issue 14)."""
+    title, limit = " ".join(a.seed.title.split()), _root_limit(a)
+    n = len(title.split())
+    if '"' in title or n + 1 >= limit:
+        return _json("root_query", {"query": _str(search_query((2, limit - 1)))})
+    return _json("root_query", {"query": _str(rf"{_literal(title)}(?: {WORD}){{1,{min(6, limit - 1 - n)}}}")})
 
 
 # Formats built per call (see deepr.agent.formats): bounded real-word queries, document numbers
@@ -233,13 +248,26 @@ def _proposals(a: TreeAsk, v: dict[str, Any]) -> list[Proposal]:
             for c in v["queries"]]
 
 
-FACETS = ("stakeholders", "timeline", "mechanisms", "outcomes", "risks", "failures", "comparison",
-          "alternatives", "quantitative data", "statistics", "geography", "policy", "controversy")
+# How a query on each facet opens: children of one parent then differ from it and from each other
+# (SmolLM2 repeated the parent query three times), and the facet is visible in the query.
+OPENERS = {"stakeholders": ("People involved in", "Groups affected by"), "timeline": ("History of", "Timeline of"),
+           "mechanisms": ("How", "Causes of"), "outcomes": ("Effects of", "Outcomes of"),
+           "risks": ("Risks of", "Dangers of"), "failures": ("Failures of", "Problems with"),
+           "comparison": ("Comparison of", "Differences between"), "alternatives": ("Alternatives to",),
+           "quantitative data": ("Numbers on", "Figures on"), "statistics": ("Statistics on",),
+           "geography": ("Geography of", "Regions of"), "policy": ("Policy on", "Laws on"),
+           "controversy": ("Controversy over", "Criticism of")}
+FACETS = tuple(OPENERS)
 
 
 def _child(a: TreeAsk, facets: Sequence[str]) -> dict[str, Any]:
-    return {"type": "object", "required": ["query", "facet"], "additionalProperties": False,
-            "properties": {"query": _str(search_query((2, a.roles.max_words))), "facet": {"enum": list(facets)}}}
+    """A child sub-query: its facet first, then a query opening with that facet's words."""
+    def one(f: str) -> dict[str, Any]:
+        opener = "(?:" + "|".join(OPENERS[f]) + ")"
+        rest = max(1, a.roles.max_words - max(len(o.split()) for o in OPENERS[f]))
+        return {"type": "object", "required": ["facet", "query"], "additionalProperties": False,
+                "properties": {"facet": {"const": f}, "query": _str(rf"{opener}(?: {QUERY_WORD}){{1,{rest}}}")}}
+    return {"anyOf": [one(f) for f in facets]} if len(facets) > 1 else one(facets[0])
 
 
 def _decompose_format(a: TreeAsk) -> OutputFormat:
