@@ -263,6 +263,18 @@ def test_strict_root_query_keeps_the_seed_title(embedder):
         assert not _accepts(fmt, {"query": bad}), bad
 
 
+def test_strict_ground_needs_a_document_and_prefers_ones_the_branch_has_not_used(embedder):
+    from deepr.data.tree_roles import GROUND, TreeAsk
+
+    roles = _roles(ExtractiveLLM(), embedder)
+    hits = [Hit(id=f"{d}#0", doc_id=d, title=d, text=f"{d} text.") for d in ("Lava", "Basalt", "Magma")]
+    ctx = NodeCtx(query="Lava types", depth=1, phrase="Lava", root_topic="Volcano", hits=hits, seen_docs={"Lava"})
+    arr = GROUND.constrain(TreeAsk(roles, ctx)).json_schema["properties"]["supporting"]
+    assert arr["minItems"] == 1 and arr["items"]["enum"] == [2, 3]
+    ctx.seen_docs = {"Lava", "Basalt", "Magma"}  # nothing new: any retrieved document may be chosen
+    assert GROUND.constrain(TreeAsk(roles, ctx)).json_schema["properties"]["supporting"]["items"]["enum"] == [1, 2, 3]
+
+
 def test_strict_decompose_format_splits_the_root_and_fixes_the_required_facets(embedder):
     from deepr.data.tree_roles import _decompose_check, TreeAsk
 

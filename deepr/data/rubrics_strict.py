@@ -35,7 +35,7 @@ from deepr.llm.base import OutputFormat
 SYSTEM_STRICT = (
     "You design one deep-research task from the evidence leaves below, chosen for you from an evidence "
     "tree. Each leaf has an id, the research queries that led to it and statements taken from documents.\n"
-    "Fill in the JSON the reply format gives, in order:\n"
+    "Write, in order:\n"
     "1. selection_trace: for each leaf, one short sentence on what it adds to the topic.\n"
     "2. question: one self-contained research question of {q_lo} to {q_hi} words about the topic that "
     "needs the evidence of all the leaves together. Do not list the answers in it.\n"
@@ -44,7 +44,11 @@ SYSTEM_STRICT = (
     "the statement that is its evidence, then describe in at most {max_words} words the fact an answer "
     "must state. The logical criterion describes how the answer must reason, compare or qualify. Each "
     "criterion checks something different.\n"
-    "Reply with JSON only.")
+    "Reply with JSON only, in this shape (ids and leaves are fixed for you): {{\"selected_leaf_ids\": [leaf ids], "
+    "\"selection_trace\": [{{\"leaf_id\": id, \"reason\": sentence}}], \"question\": question, \"merge_trace\": "
+    "[{{\"id\": \"M1\", \"inputs\": [leaf ids], \"rationale\": sentence}}], \"rubrics\": [{{\"id\": \"R1\", "
+    "\"type\": \"factual\", \"source_leaf_ids\": [leaf id], \"evidence\": [a statement of that leaf], "
+    "\"description\": sentence, \"weight\": number}}]}}")
 FACT_WEIGHTS = [1, 0.8, 0.6, 0.4]  # 1, not 1.0: xgrammar writes an enum number in its shortest form
 LOGIC_WEIGHTS = [0.5, 0.3]
 

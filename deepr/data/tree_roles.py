@@ -315,13 +315,22 @@ GROUND = Role(
     messages=lambda a: _msgs(PROMPTS["ground"], f"Sub-query: {a.ctx.query}\nDocuments:\n"
                              f"{_snippets(a.ctx.hits, a.roles.snippet_chars)}"),
     extractive=_ground_extractive, fallback=lambda a: {"supporting": []}, max_tokens=256,
-    # minItems 1: the documents come ranked by retrieval, and a small model that answers [] (its
-    # easiest reply) would end every branch; extraction still quotes only the chosen document.
-    constrain=lambda a: _json("ground", {"supporting": {
-        "type": "array", "minItems": 1, "maxItems": max(1, a.roles.max_docs),
-        "items": {"enum": list(range(1, len(a.ctx.hits) + 1))}}}) if a.ctx.hits else None,
+    constrain=lambda a: _ground_format(a) if a.ctx.hits else None,
     result=lambda a, v: list(dict.fromkeys(k - 1 for k in v["supporting"]))[: a.roles.max_docs],
     on_fail="grounding failed on {query!r}: no supporting documents")
+
+
+def _ground_format(a: TreeAsk) -> OutputFormat:
+    """Document numbers that exist, at least one: the documents come ranked by retrieval, and a
+    small model that answers [] (its easiest reply) would end every branch. Documents the
+    branch's ancestors already use are left out while others remain: SmolLM2 grounded every
+    child in the root's article, quoted the root's sentences, and the children were dropped as
+    adding nothing new (issue 14)."""
+    ctx = a.ctx
+    fresh = [k for k, h in enumerate(ctx.hits, start=1) if h.doc_id not in ctx.seen_docs]
+    return _json("ground", {"supporting": {
+        "type": "array", "minItems": 1, "maxItems": max(1, a.roles.max_docs),
+        "items": {"enum": fresh or list(range(1, len(ctx.hits) + 1))}}})
 
 
 # -- extract --------------------------------------------------------------------------

@@ -300,7 +300,8 @@ class _TreeBuilder:
                     failures=self.rec.failures)
         if stats.leaves < self.cfg.min_leaves:
             raise TreeFailed(f"tree too small: {stats.leaves} leaf(s), min_leaves={self.cfg.min_leaves} "
-                             f"(stops: {stats.stop_reasons}; failures: {len(self.rec.failures)})")
+                             f"(stops: {stats.stop_reasons}; children dropped: {dict(self.dropped) or 'none'}; "
+                             f"failures: {len(self.rec.failures)})")
         return tree
 
 
