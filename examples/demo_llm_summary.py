@@ -1,7 +1,7 @@
 """The real-model demo's table: per stage, model calls, format-failure %, records produced, and
 the share written by the model vs the extractive fallback.
 
-    python examples/demo_llm_summary.py demo-llm
+    python examples/demo_llm_summary.py demo-llm      (also writes demo-llm/summary.md)
 
 Data stages (build-trees, synthesize-rubrics, verify) read their ``<out>.meta.json``: ``usage``
 (calls, replies rejected by format/acceptance checks, failed calls) and the stage tally (records
@@ -60,28 +60,52 @@ def run_rows(demo: Path) -> list[list[str]]:
     return rows
 
 
-def main(demo: Path) -> None:
-    table = Table(title=f"deepr demo-llm ({demo}): SmolLM2-135M-Instruct per stage", header_style="bold")
-    for col in ("stage", "model calls", "format failures", "records", "written by"):
-        table.add_column(col, justify="left" if col in ("stage", "written by") else "right")
-    for name, out in DATA:
-        table.add_row(*data_row(demo, name, out))
-    for row in run_rows(demo):
-        table.add_row(*row)
-    table.add_row("prune → sft.jsonl", "-", "-", str(_lines(demo / "data" / "sft.jsonl")), "-")
+def rows(demo: Path) -> list[list[str]]:
+    out = [data_row(demo, name, file) for name, file in DATA] + run_rows(demo)
+    out.append(["prune → sft.jsonl", "-", "-", str(_lines(demo / "data" / "sft.jsonl")), "-"])
     for name, ckpt in (("sft", "ckpt/planner-sft"), ("grpo-planner", "ckpt/planner")):
         done = (demo / ckpt / "deepr_meta.json").exists()
-        table.add_row(name, "-", "-", "1 checkpoint" if done else "0", "-")
-    table.add_row("eval (dag runs)", "-", "-", str(_lines(demo / "scores-dag.jsonl")), "-")
+        out.append([name, "-", "-", "1 checkpoint" if done else "0", "-"])
+    out.append(["eval (dag runs)", "-", "-", str(_lines(demo / "scores-dag.jsonl")), "-"])
+    return out
+
+
+def wall_times(demo: Path) -> str | None:
+    tsv = demo / "timings.tsv"
+    if not tsv.exists():
+        return None
+    steps = [line.split("\t") for line in tsv.read_text().splitlines() if "\t" in line]
+    total = sum(float(s) for _, s in steps)
+    index = sum(float(s) for n, s in steps if n == "index")
+    return (", ".join(f"{n} {s} s" for n, s in steps)
+            + f"; total {total:.0f} s ({total / 60:.1f} min; {(total - index) / 60:.1f} min without the index step)")
+
+
+COLUMNS = ("stage", "model calls", "format failures", "records", "written by")
+NOTE = ("Format failures: replies that failed their format or acceptance checks (or calls that failed), as a "
+        "share of model calls. A 135M model shows the mechanics, not good research.")
+
+
+def markdown(table: list[list[str]], times: str | None) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(r) + " |" for r in table]
+    return "\n".join(lines + ([""] + [f"Wall time: {times}"] if times else []) + ["", NOTE, ""])
+
+
+def main(demo: Path) -> None:
+    table = Table(title=f"deepr demo-llm ({demo}): SmolLM2-135M-Instruct per stage", header_style="bold")
+    for col in COLUMNS:
+        table.add_column(col, justify="left" if col in ("stage", "written by") else "right")
+    body = rows(demo)
+    for row in body:
+        table.add_row(*row)
     console = Console()
     console.print(table)
-    tsv = demo / "timings.tsv"
-    if tsv.exists():
-        rows = [line.split("\t") for line in tsv.read_text().splitlines() if "\t" in line]
-        console.print("wall time: " + ", ".join(f"{n} {s} s" for n, s in rows)
-                      + f"; total {sum(float(s) for _, s in rows):.0f} s")
-    console.print("Format failures: replies that failed their format or acceptance checks (or calls that "
-                  "failed), as a share of model calls. A 135M model shows the mechanics, not good research.")
+    times = wall_times(demo)
+    if times:
+        console.print("wall time: " + times)
+    console.print(NOTE)
+    (demo / "summary.md").write_text(markdown(body, times))
 
 
 if __name__ == "__main__":

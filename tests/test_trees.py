@@ -207,7 +207,8 @@ def test_failed_roles_are_recorded_not_raised(volc, embedder):
             return "I think it is not atomic"  # never JSON: recorded, node expanded anyway
         return base(messages)
 
-    [tree] = build_trees(TOPICS[:1], volc, ScriptedLLM(reply), TreeConfig(max_depth=1), embed=embedder.encode)
+    # depth 2: the root's gate is never asked (issue 14), so the failing gate is a depth-1 node's
+    [tree] = build_trees(TOPICS[:1], volc, ScriptedLLM(reply), TreeConfig(max_depth=2), embed=embedder.encode)
     assert tree.stats.failures >= 1 and tree.failures[0]["role"] == "gate"
     assert "gave up" in tree.failures[0]["reason"] and len(tree.nodes) > 1
     bad_root = ScriptedLLM(lambda m: "nothing useful")
@@ -216,6 +217,83 @@ def test_failed_roles_are_recorded_not_raised(volc, embedder):
 
 
 # --- CLI ------------------------------------------------------------------------------------
+
+
+def test_the_root_is_expanded_even_when_the_model_calls_everything_atomic(volc, embedder):
+    """A one-leaf tree is rejected, so the root's gate is not asked (issue 14: SmolLM2 judged the
+    root atomic and build-trees exited 4); with min_leaves=1 it is, and the tree stops there."""
+    base = replier(volc.documents)
+
+    def reply(messages):
+        if "You decide whether" in messages[0]["content"]:
+            return '{"atomic": true, "reason": "one fact"}'
+        return base(messages)
+
+    llm = ScriptedLLM(reply)
+    [tree] = build_trees(TOPICS[:1], volc, llm, TreeConfig(max_depth=2, branching=[3, 2]), embed=embedder.encode)
+    assert isinstance(tree, Tree) and tree.stats.leaves >= 2, tree
+    assert {n.stop_reason for n in tree.nodes if n.depth == 1} == {"atomic"}  # depth 1 is still asked
+    assert tree.stats.calls_by_role["gate"] == sum(n.depth == 1 for n in tree.nodes)
+    [one] = build_trees(TOPICS[:1], volc, ScriptedLLM(reply), TreeConfig(max_depth=2, min_leaves=1),
+                        embed=embedder.encode)
+    assert one.stats.nodes == 1 and one.stats.stop_reasons == {"atomic": 1}
+
+
+def _decompose_fmt(roles, ctx, limit):
+    from deepr.data.tree_roles import DECOMPOSE, TreeAsk
+
+    return DECOMPOSE.constrain(TreeAsk(roles, ctx, limit=limit)).json_schema["properties"]["queries"]
+
+
+def _accepts(schema: dict, value) -> bool:
+    """Whether xgrammar (the hf backend's decoder) admits ``value`` under ``schema``."""
+    xgr = pytest.importorskip("xgrammar")
+    info = xgr.TokenizerInfo(["a", "</s>"], stop_token_ids=[1])
+    m = xgr.GrammarMatcher(xgr.GrammarCompiler(info).compile_json_schema(json.dumps(schema), any_whitespace=False))
+    return m.accept_string(json.dumps(value), debug_print=False) and m.accept_token(1) and m.is_terminated()
+
+
+def test_strict_root_query_keeps_the_seed_title(embedder):
+    from deepr.data.tree_roles import ROOT_QUERY, TreeAsk
+
+    roles = _roles(ExtractiveLLM(), embedder)
+    fmt = ROOT_QUERY.constrain(TreeAsk(roles, seed=SeedTopic(id="t", title="Mercury (planet)"))).json_schema
+    assert _accepts(fmt, {"query": "Mercury (planet) orbit and surface"})
+    for bad in ("What isoodieh-hijabah", "Mercury planet orbit", "Mercury (planet)"):
+        assert not _accepts(fmt, {"query": bad}), bad
+
+
+def test_strict_ground_needs_a_document_and_prefers_ones_the_branch_has_not_used(embedder):
+    from deepr.data.tree_roles import GROUND, TreeAsk
+
+    roles = _roles(ExtractiveLLM(), embedder)
+    hits = [Hit(id=f"{d}#0", doc_id=d, title=d, text=f"{d} text.") for d in ("Lava", "Basalt", "Magma")]
+    ctx = NodeCtx(query="Lava types", depth=1, phrase="Lava", root_topic="Volcano", hits=hits, seen_docs={"Lava"})
+    arr = GROUND.constrain(TreeAsk(roles, ctx)).json_schema["properties"]["supporting"]
+    assert arr["minItems"] == 1 and arr["items"]["enum"] == [2, 3]
+    ctx.seen_docs = {"Lava", "Basalt", "Magma"}  # nothing new: any retrieved document may be chosen
+    assert GROUND.constrain(TreeAsk(roles, ctx)).json_schema["properties"]["supporting"]["items"]["enum"] == [1, 2, 3]
+
+
+def test_strict_decompose_format_splits_the_root_and_fixes_the_required_facets(embedder):
+    from deepr.data.tree_roles import _decompose_check, TreeAsk
+
+    roles = _roles(ExtractiveLLM(), embedder)
+    root = _decompose_fmt(roles, _ctx(), 3)
+    assert root["minItems"] == 3 and root["maxItems"] == 3
+    firsts = [{alt["properties"]["facet"]["const"] for alt in p["anyOf"]} for p in root["prefixItems"]]
+    assert firsts == [{"comparison", "alternatives"}, {"risks", "failures"}, {"quantitative data", "statistics"}]
+    # any reply the format admits passes the facet check
+    reply = {"queries": [{"facet": sorted(f)[0], "query": q} for q, f in
+                         zip(["Alternatives to lava", "Problems with volcano eruptions", "Numbers on eruptions"], firsts)]}
+    assert _decompose_check(TreeAsk(roles, _ctx(), limit=3), reply) == []
+    # a child's query opens with its facet's words, so it cannot repeat the parent
+    assert _accepts(root, reply["queries"]) and not _accepts(root, [{"facet": "alternatives", "query": "Volcano hazards"},
+                                                                   *reply["queries"][1:]])
+    deeper = NodeCtx(query="Lava flows", depth=1, phrase="Lava", root_topic="Volcano", hits=_ctx().hits)
+    child = _decompose_fmt(roles, deeper, 2)
+    assert child["minItems"] == 1 and child["maxItems"] == 2 and "prefixItems" not in child
+    assert _decompose_fmt(_roles(ExtractiveLLM(), embedder, min_leaves=1), _ctx(), 3)["minItems"] == 1
 
 
 def test_cli_shards_partition_the_topics(tmp_path: Path):

@@ -26,10 +26,16 @@ from typing import Any
 from deepr.llm.base import OutputFormat
 
 # Words are bounded: an unbounded class lets a small model chain one hyphenated "word" until
-# max_tokens runs out (seen: "vaccine-training-immune-system-vaccine-…").
-WORD = r"[A-Za-z0-9][A-Za-z0-9']{0,15}(?:-[A-Za-z0-9]{1,12})?%?"
-FIRST = r"[A-Z][A-Za-z0-9']{0,15}(?:-[A-Za-z0-9]{1,12})?"  # a sentence's first word
-QUERY_WORD = r"[A-Za-z0-9][A-Za-z0-9']{2,15}(?:-[A-Za-z0-9]{1,12})?"  # 3+ characters: no "a", "of", "…"
+# max_tokens runs out (seen: "vaccine-training-immune-system-vaccine-…"). Letters and digits never
+# mix inside a word, so id-like tokens ("N4-N4", "S1", "n0.2") can only appear where a format
+# places an id on purpose (a citation, an enum); acronyms are capitals only, numbers digits only.
+_ALPHA = r"[A-Za-z][a-z']{0,15}(?:-[A-Za-z][a-z]{1,11})?"
+_CAPS = r"[A-Z]{2,6}"
+_NUMBER = r"[0-9]{1,4}(?:[.,][0-9]{1,3})?(?:s|%)?"
+WORD = rf"(?:{_ALPHA}|{_CAPS}|{_NUMBER})"
+FIRST = rf"(?:[A-Z][a-z']{{0,15}}(?:-[A-Za-z][a-z]{{1,11}})?|{_CAPS})"  # a sentence's first word
+# 3+ characters: no "a", "of", "…"
+QUERY_WORD = rf"(?:[A-Za-z][a-z']{{2,15}}(?:-[A-Za-z][a-z]{{1,11}})?|{_CAPS}|[0-9]{{3,4}}s?)"
 
 
 def id_choice(ids: Sequence[str]) -> str:
@@ -40,12 +46,25 @@ def id_choice(ids: Sequence[str]) -> str:
     return "(?:" + "|".join(re.escape(i) for i in unique) + ")"
 
 
+def id_list(ids: Sequence[str], most: int = 2) -> str:
+    """One to ``most`` (1 or 2) distinct ids from ``ids``, comma-separated: no "[N2-R1, N2-R1]"
+    (seen from SmolLM2), and no id outside ``ids``. Pairs are spelled out, n·(n-1) of them."""
+    unique = list(dict.fromkeys(i for i in ids if i))
+    if not unique:
+        raise ValueError("a cited format needs at least one evidence id")
+    if most not in (1, 2):
+        raise ValueError(f"id_list: most={most}; 1 or 2 ids per citation")
+    if most == 1 or len(unique) == 1:
+        return id_choice(unique)
+    return "(?:" + "|".join(re.escape(i) + "(?:, " + id_choice([x for x in unique if x != i]) + ")?"
+                            for i in unique) + ")"
+
+
 def cited_sentence(ids: Sequence[str], words: tuple[int, int] = (8, 30), per_cite: int = 2) -> str:
-    """One sentence of ``words`` real words (a capital first) closed by ``[id]`` or ``[id, id]``."""
-    c = id_choice(ids)
+    """One sentence of ``words`` real words (a capital first) closed by ``[id]`` or ``[id, id]``
+    (distinct ids, see :func:`id_list`)."""
     lo, hi = words
-    return (rf"{FIRST}(?:,? {WORD}){{{lo - 1},{hi - 1}}} "
-            rf"\[{c}(?:, {c}){{0,{per_cite - 1}}}\]\.")
+    return rf"{FIRST}(?:,? {WORD}){{{lo - 1},{hi - 1}}} \[{id_list(ids, per_cite)}\]\."
 
 
 def cited_prose(ids: Sequence[str], *, sentences: tuple[int, int] = (2, 6), words: tuple[int, int] = (8, 30)) -> str:
@@ -64,8 +83,11 @@ def tagged(tag: str, body: str, name: str | None = None) -> OutputFormat:
     return OutputFormat(name or tag, regex=rf"<{tag}>{body}</{tag}>")
 
 
-def _text(pattern: str) -> dict[str, Any]:
+def text(pattern: str) -> dict[str, Any]:
+    """A JSON string matching ``pattern`` whole."""
     return {"type": "string", "pattern": f"^{pattern}$"}
+
+
 
 
 PHRASE = rf"{FIRST}(?:,? {WORD}){{3,14}}"  # a need or key point: 4 to 15 words
@@ -73,14 +95,14 @@ PHRASE = rf"{FIRST}(?:,? {WORD}){{3,14}}"  # a need or key point: 4 to 15 words
 
 def _search_node(nid: str) -> dict[str, Any]:
     return {"type": "object", "properties": {
-        "id": {"const": nid}, "type": {"const": "search"}, "query": _text(search_query()),
-        "key_points": {"type": "array", "minItems": 1, "maxItems": 1, "items": _text(PHRASE)}},
+        "id": {"const": nid}, "type": {"const": "search"}, "query": text(search_query()),
+        "key_points": {"type": "array", "minItems": 1, "maxItems": 1, "items": text(PHRASE)}},
         "required": ["id", "type", "query", "key_points"], "additionalProperties": False}
 
 
 def _reader_node(nid: str, kind: str, inputs: list[str]) -> dict[str, Any]:
     return {"type": "object", "properties": {
-        "id": {"const": nid}, "type": {"const": kind}, "need": _text(PHRASE),
+        "id": {"const": nid}, "type": {"const": kind}, "need": text(PHRASE),
         "inputs": {"const": inputs}},
         "required": ["id", "type", "need", "inputs"], "additionalProperties": False}
 
@@ -102,7 +124,7 @@ def plan_schema(n_search: int = 3, fetch_ids: Sequence[str] | None = None, fetch
 
 def cited_map_schema(allowed: dict[str, Sequence[str]], sentences: tuple[int, int] = (2, 4)) -> dict[str, Any]:
     """A JSON object with one cited text per key, each citing only its own allowed ids."""
-    props = {k: _text(cited_prose(ids, sentences=sentences)) for k, ids in allowed.items()}
+    props = {k: text(cited_prose(ids, sentences=sentences)) for k, ids in allowed.items()}
     return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
 
@@ -112,7 +134,7 @@ TITLE = rf"{FIRST}(?: {WORD}){{1,9}}"  # 2 to 10 words
 def items_schema(lo: int, hi: int) -> dict[str, Any]:
     """Outline items (warp): a title and a one-sentence plan each."""
     return {"type": "array", "minItems": lo, "maxItems": hi, "items": {
-        "type": "object", "properties": {"title": _text(TITLE), "plan": _text(PHRASE)},
+        "type": "object", "properties": {"title": text(TITLE), "plan": text(PHRASE)},
         "required": ["title", "plan"], "additionalProperties": False}}
 
 
@@ -123,16 +145,15 @@ def action_schema(name: str, **props: dict[str, Any]) -> dict[str, Any]:
 
 def queries_schema(key: str, lo: int = 1, hi: int = 3, name: str | None = None) -> dict[str, Any]:
     """``{key: [2–8 word queries]}`` (with ``name`` constant when given: a warp action)."""
-    arr = {"type": "array", "minItems": lo, "maxItems": hi, "items": _text(search_query())}
+    arr = {"type": "array", "minItems": lo, "maxItems": hi, "items": text(search_query())}
     return action_schema(name, **{key: arr}) if name else {
         "type": "object", "properties": {key: arr}, "required": [key], "additionalProperties": False}
 
 
 def cite_spans(ids: Sequence[str], *, sentences: tuple[int, int] = (3, 6), words: tuple[int, int] = (8, 30)) -> str:
     """tools mode's answer body: ``<cite id="S1-R2">a sentence.</cite>`` spans over real ids."""
-    c = id_choice(ids)
     lo, hi = words
-    span = rf'<cite id="{c}(?:, {c})?">{FIRST}(?:,? {WORD}){{{lo - 1},{hi - 1}}}\.</cite>'
+    span = rf'<cite id="{id_list(ids)}">{FIRST}(?:,? {WORD}){{{lo - 1},{hi - 1}}}\.</cite>'
     return rf"{span}(?: {span}){{{sentences[0] - 1},{sentences[1] - 1}}}"
 
 

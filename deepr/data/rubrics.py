@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from deepr.llm.base import LLM, run_sync
 from deepr.records import MergeStep, QRPair, Reject, RubricItem, Tree
@@ -32,6 +32,7 @@ from deepr.roles import JSONReply, Recorder, Role, RoleFailed, perform
 from deepr.data.outcomes import Fallback, mark_fallback
 from deepr.data.rubric_checks import RubricLimits, leaf_statements, pair_problems
 from deepr.data.rubrics_extractive import synthesize as synthesize_extractive
+from deepr.data.rubrics_strict import strict_format, strict_messages
 
 SYSTEM = (
     "You design one deep-research task from an evidence tree. The input is a compact JSON tree: \"nodes\" "
@@ -103,6 +104,16 @@ class SynthReply(BaseModel):
     merge_trace: list[_Merge]
     rubrics: list[RubricItem]
 
+    @model_validator(mode="before")
+    @classmethod
+    def _last_step_is_the_question(cls, v: Any) -> Any:
+        # The last merge step's output is the final question by definition; a reply may leave it
+        # out (the strict format does, since a format cannot make two fields equal).
+        steps = v.get("merge_trace") if isinstance(v, dict) else None
+        if isinstance(steps, list) and steps and isinstance(steps[-1], dict) and "output" not in steps[-1]:
+            v = {**v, "merge_trace": [*steps[:-1], {**steps[-1], "output": v.get("question", "")}]}
+        return v
+
 
 def pair_id(tree_id: str) -> str:
     return f"{tree_id}-qr"
@@ -141,6 +152,14 @@ class SynthAsk:
     embed: Callable[[list[str]], Any] | None
     leaves: dict[str, list[str]]
     compact: dict[str, Any]
+    strict: bool = False  # --formats strict: code fixes the structure (deepr.data.rubrics_strict)
+
+
+def _synth_messages(a: SynthAsk) -> list[dict[str, str]]:
+    if a.strict:
+        return strict_messages(a.compact, a.cfg.n_select, a.cfg.limits)
+    return [{"role": "system", "content": _system(a.cfg)},
+            {"role": "user", "content": json.dumps(a.compact, ensure_ascii=False, separators=(",", ":"))}]
 
 
 def _synth_check(a: SynthAsk, value: dict[str, Any]) -> list[str]:
@@ -173,10 +192,9 @@ def _synth_shrink(a: SynthAsk, step: int) -> SynthAsk | None:
 
 SYNTHESIZE = Role(
     name="synthesize", action="pair", output=JSONReply(SynthReply), check=_synth_check,
-    messages=lambda a: [{"role": "system", "content": _system(a.cfg)},
-                        {"role": "user", "content": json.dumps(a.compact, ensure_ascii=False, separators=(",", ":"))}],
-    extractive=_synth_extractive, result=lambda a, v: SynthReply.model_validate(v), fallback=None,
-    max_tokens=4096, accept=(no_placeholder,), shrink=_synth_shrink)
+    messages=_synth_messages, extractive=_synth_extractive, result=lambda a, v: SynthReply.model_validate(v),
+    fallback=None, max_tokens=4096, accept=(no_placeholder,), shrink=_synth_shrink,
+    constrain=lambda a: strict_format(a.compact, a.cfg.n_select, a.cfg.limits) if a.strict else None)
 
 
 async def synthesize_one(tree: Tree, llm: LLM, cfg: SynthConfig, embed: Callable[[list[str]], Any] | None
@@ -184,7 +202,13 @@ async def synthesize_one(tree: Tree, llm: LLM, cfg: SynthConfig, embed: Callable
     """One tree → one pair, or a Reject with the reason (never raises on a bad reply)."""
     leaves = leaf_statements(tree)
     compact = serialize_tree(tree, cfg.statements_per_leaf)
-    out = await perform(SYNTHESIZE, SynthAsk(tree, cfg, embed, leaves, compact), llm=llm, rec=Recorder(),
+    if not llm.is_extractive and len(leaves) < cfg.limits.min_selected:
+        # No reply could pass the selection check: say so instead of spending a long generation.
+        return Reject(id=pair_id(tree.id), stage="synthesize-rubrics", record={"tree_id": tree.id, "attempts": 0},
+                      reason=f"the tree has {len(leaves)} leaf/leaves with statements; a pair selects at "
+                             f"least {cfg.limits.min_selected} (limits.min_selected)")
+    strict = llm.strict_formats and not llm.is_extractive
+    out = await perform(SYNTHESIZE, SynthAsk(tree, cfg, embed, leaves, compact, strict), llm=llm, rec=Recorder(),
                         max_reasks=cfg.max_reasks, max_tokens=cfg.max_tokens)
     if out.value is None:
         return Reject(id=pair_id(tree.id), stage="synthesize-rubrics", reason=out.error or "no reply",

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from deepr.data import tree_extractive as ex
-from deepr.agent.formats import PHRASE, search_query
+from deepr.agent.formats import PHRASE, QUERY_WORD, WORD, search_query
 from deepr.llm.base import LLM, OutputFormat
 from deepr.records import Hit
 from deepr.acceptance import no_placeholder, query_words
@@ -146,8 +146,23 @@ def _root_check(a: TreeAsk, v: dict[str, Any]) -> list[str]:
 ROOT_QUERY = Role(
     name="root_query", action="write", messages=_root_messages, output=JSONReply(_Query), check=_root_check,
     extractive=lambda a: {"query": a.seed.title}, result=lambda a, v: v["query"].strip(), fallback=None,
-    max_tokens=128, accept=(no_placeholder,),
-    constrain=lambda a: _json("root_query", {"query": _str(search_query((2, _root_limit(a) - 1)))}))
+    max_tokens=128, accept=(no_placeholder,), constrain=lambda a: _root_format(a))
+
+
+def _literal(text: str) -> str:
+    """``text`` as a regex that matches it exactly (the few metacharacters escaped one by one,
+    so the pattern stays in the subset xgrammar and the GBNF converter read)."""
+    return "".join(f"\\{c}" if c in ".^$*+?()[]{}|\\/" else c for c in text)
+
+
+def _root_format(a: TreeAsk) -> OutputFormat:
+    """The seed's title and a few words about it: SmolLM2 otherwise wrote "What isoodieh-hijabah"
+    for "Hip-hop", and every child then repeated it (issue 14)."""
+    title, limit = " ".join(a.seed.title.split()), _root_limit(a)
+    n = len(title.split())
+    if '"' in title or n + 1 >= limit:
+        return _json("root_query", {"query": _str(search_query((2, limit - 1)))})
+    return _json("root_query", {"query": _str(rf"{_literal(title)}(?: {WORD}){{1,{min(6, limit - 1 - n)}}}")})
 
 
 # Formats built per call (see deepr.agent.formats): bounded real-word queries, document numbers
@@ -233,15 +248,45 @@ def _proposals(a: TreeAsk, v: dict[str, Any]) -> list[Proposal]:
             for c in v["queries"]]
 
 
+# How a query on each facet opens: children of one parent then differ from it and from each other
+# (SmolLM2 repeated the parent query three times), and the facet is visible in the query.
+OPENERS = {"stakeholders": ("People involved in", "Groups affected by"), "timeline": ("History of", "Timeline of"),
+           "mechanisms": ("How", "Causes of"), "outcomes": ("Effects of", "Outcomes of"),
+           "risks": ("Risks of", "Dangers of"), "failures": ("Failures of", "Problems with"),
+           "comparison": ("Comparison of", "Differences between"), "alternatives": ("Alternatives to",),
+           "quantitative data": ("Numbers on", "Figures on"), "statistics": ("Statistics on",),
+           "geography": ("Geography of", "Regions of"), "policy": ("Policy on", "Laws on"),
+           "controversy": ("Controversy over", "Criticism of")}
+FACETS = tuple(OPENERS)
+
+
+def _child(a: TreeAsk, facets: Sequence[str]) -> dict[str, Any]:
+    """A child sub-query: its facet first, then a query opening with that facet's words."""
+    def one(f: str) -> dict[str, Any]:
+        opener = "(?:" + "|".join(OPENERS[f]) + ")"
+        rest = max(1, a.roles.max_words - max(len(o.split()) for o in OPENERS[f]))
+        return {"type": "object", "required": ["facet", "query"], "additionalProperties": False,
+                "properties": {"facet": {"const": f}, "query": _str(rf"{opener}(?: {QUERY_WORD}){{1,{rest}}}")}}
+    return {"anyOf": [one(f) for f in facets]} if len(facets) > 1 else one(facets[0])
+
+
+def _decompose_format(a: TreeAsk) -> OutputFormat:
+    """Children with facets from the prompt's list; where three or more are allowed the first
+    three are the required comparison, risks and quantitative facets, so the facet check holds
+    by construction. The root must split (a one-leaf tree is rejected anyway): it gets at least
+    three children, or ``min_leaves``, within the branching limit, so some survive grounding."""
+    hi = max(1, a.limit)
+    lo = min(hi, max(3, a.roles.min_leaves)) if a.ctx.depth == 0 and a.roles.min_leaves >= 2 else 1
+    arr: dict[str, Any] = {"type": "array", "minItems": lo, "maxItems": hi, "items": _child(a, FACETS)}
+    if hi >= 3:
+        arr["prefixItems"] = [_child(a, [f for f in FACETS if facet_group(f) == g]) for g in REQUIRED_FACETS]
+    return _json("decompose", {"queries": arr})
+
+
 DECOMPOSE = Role(
     name="decompose", action="split", messages=_decompose_messages, output=JSONReply(_Children),
     check=_decompose_check, extractive=_decompose_extractive, result=_proposals,
-    fallback=lambda a: {"queries": []}, max_tokens=768,
-    constrain=lambda a: _json("decompose", {"queries": {
-        "type": "array", "minItems": 1, "maxItems": max(1, a.limit), "items": {
-            "type": "object", "required": ["query", "facet"], "additionalProperties": False,
-            "properties": {"query": _str(search_query((2, a.roles.max_words))),
-                           "facet": _str("[a-z]{3,15}(?: [a-z]{2,15}){0,2}")}}}}),
+    fallback=lambda a: {"queries": []}, max_tokens=768, constrain=_decompose_format,
     accept=(no_placeholder, query_words(lambda v: [c.get("query", "") for c in v.get("queries") or []])),
     on_fail="decompose failed on {query!r}: the node stops here")
 
@@ -270,11 +315,22 @@ GROUND = Role(
     messages=lambda a: _msgs(PROMPTS["ground"], f"Sub-query: {a.ctx.query}\nDocuments:\n"
                              f"{_snippets(a.ctx.hits, a.roles.snippet_chars)}"),
     extractive=_ground_extractive, fallback=lambda a: {"supporting": []}, max_tokens=256,
-    constrain=lambda a: _json("ground", {"supporting": {
-        "type": "array", "maxItems": max(1, a.roles.max_docs),
-        "items": {"enum": list(range(1, len(a.ctx.hits) + 1))}}}) if a.ctx.hits else None,
+    constrain=lambda a: _ground_format(a) if a.ctx.hits else None,
     result=lambda a, v: list(dict.fromkeys(k - 1 for k in v["supporting"]))[: a.roles.max_docs],
     on_fail="grounding failed on {query!r}: no supporting documents")
+
+
+def _ground_format(a: TreeAsk) -> OutputFormat:
+    """Document numbers that exist, at least one: the documents come ranked by retrieval, and a
+    small model that answers [] (its easiest reply) would end every branch. Documents the
+    branch's ancestors already use are left out while others remain: SmolLM2 grounded every
+    child in the root's article, quoted the root's sentences, and the children were dropped as
+    adding nothing new (issue 14)."""
+    ctx = a.ctx
+    fresh = [k for k, h in enumerate(ctx.hits, start=1) if h.doc_id not in ctx.seen_docs]
+    return _json("ground", {"supporting": {
+        "type": "array", "minItems": 1, "maxItems": max(1, a.roles.max_docs),
+        "items": {"enum": fresh or list(range(1, len(ctx.hits) + 1))}}})
 
 
 # -- extract --------------------------------------------------------------------------
@@ -301,7 +357,7 @@ EXTRACT = Role(
                              f"Document: {a.hit.title}\n{a.hit.text}"),
     extractive=lambda a: {"statements": ex.extract(a.query, a.hit, a.roles.embed,
                                                    max_statements=a.roles.max_statements)},
-    result=lambda a, v: [s.strip() for s in v["statements"] if s.strip()],
+    result=lambda a, v: list(dict.fromkeys(s.strip() for s in v["statements"] if s.strip())),
     fallback=lambda a: {"statements": []}, max_tokens=768, accept=(no_placeholder,),
     constrain=lambda a: _json("extract", {"statements": {
         "type": "array", "minItems": 1, "maxItems": max(1, a.roles.max_statements),
@@ -313,19 +369,19 @@ class TreeRoles:
     """The roles, bound to their models, embedder and limits.
 
     ``judge`` (default: ``llm``) answers the judging roles, gate and ground; ``llm`` the
-    writing ones. ``embed`` maps texts to L2-normalised rows. Each method performs one
+    writing ones. With ``min_leaves`` ≥ 2 the root is always expanded (its gate is not asked). ``embed`` maps texts to L2-normalised rows. Each method performs one
     role declared above and records it on ``rec``.
     """
 
     def __init__(self, llm: LLM, embed: ex.Embed, *, judge: LLM | None = None, max_words: int = 11,
                  max_statements: int = 3, max_docs: int = 3, min_overlap: float = 0.5,
                  ground_threshold: float = 0.5, statement_support: float = 0.5, root_overlap: float = 0.66,
-                 redundancy: float = 0.85, max_reasks: int = 2, snippet_chars: int = 700):
+                 redundancy: float = 0.85, max_reasks: int = 2, snippet_chars: int = 700, min_leaves: int = 2):
         self.llm, self.judge, self.embed = llm, judge or llm, embed
         self.max_words, self.max_statements, self.max_docs = max_words, max_statements, max_docs
         self.min_overlap, self.ground_threshold, self.root_overlap = min_overlap, ground_threshold, root_overlap
         self.statement_support, self.redundancy = statement_support, redundancy
-        self.max_reasks, self.snippet_chars = max_reasks, snippet_chars
+        self.max_reasks, self.snippet_chars, self.min_leaves = max_reasks, snippet_chars, min_leaves
 
     @property
     def backend(self) -> str:
@@ -338,6 +394,10 @@ class TreeRoles:
         return await self._do(ROOT_QUERY, self.llm, rec, TreeAsk(self, seed=seed), query=seed.title)
 
     async def gate(self, ctx: NodeCtx, rec: Recorder) -> Outcome[tuple[bool, str]]:
+        if ctx.depth == 0 and self.min_leaves >= 2:
+            # An atomic root would leave a one-leaf tree, which is rejected: never ask (a small
+            # model judged the root atomic and the tree failed, issue 14).
+            return Outcome((False, ""), "none")
         return await self._do(GATE, self.judge, rec, TreeAsk(self, ctx), query=ctx.query)
 
     async def decompose(self, ctx: NodeCtx, limit: int, rec: Recorder) -> Outcome[list[Proposal]]:

@@ -306,7 +306,8 @@ class _TreeBuilder:
                     failures=self.rec.failures)
         if stats.leaves < self.cfg.min_leaves:
             raise TreeFailed(f"tree too small: {stats.leaves} leaf(s), min_leaves={self.cfg.min_leaves} "
-                             f"(stops: {stats.stop_reasons}; failures: {len(self.rec.failures)})")
+                             f"(stops: {stats.stop_reasons}; children dropped: {dict(self.dropped) or 'none'}; "
+                             f"failures: {len(self.rec.failures)})")
         return tree
 
 
@@ -333,8 +334,8 @@ def make_roles(llm: LLM, embed: Callable[[list[str]], Any], config: TreeConfig,
     return TreeRoles(llm, embed, judge=judge, max_words=c.max_query_words, max_statements=c.max_statements,
                      max_docs=c.max_support_docs, min_overlap=c.ground_min_overlap,
                      ground_threshold=c.ground_threshold, statement_support=c.statement_support,
-                     root_overlap=c.ground_root_overlap,
-                     redundancy=c.redundancy_threshold, max_reasks=c.max_reasks)
+                     root_overlap=c.ground_root_overlap, redundancy=c.redundancy_threshold,
+                     max_reasks=c.max_reasks, min_leaves=c.min_leaves)
 
 
 async def abuild_trees(topics: Sequence[SeedTopic], retriever: Any, llm: LLM, config: TreeConfig, *,

@@ -1,0 +1,48 @@
+"""The word classes of the strict formats (deepr.agent.formats): prose is made of real words, and
+ids can appear only where a format places one (issue 14: SmolLM2 wrote "N4-N4" as a word)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from deepr.agent.formats import PHRASE, QUERY_WORD, WORD, cited_prose, search_query
+
+
+@pytest.mark.parametrize("word", ["the", "don't", "Pompeii", "well-known", "Indo-European", "NATO", "1991",
+                                  "1990s", "45%", "0.5", "1,200"])
+def test_ordinary_words_numbers_and_acronyms_are_words(word):
+    assert re.fullmatch(WORD, word)
+
+
+@pytest.mark.parametrize("token", ["N4-N4", "N4", "S1-R2", "n0.1.1", "R12", "M1", "4N", "...", "…", "[1]",
+                                   "vaccine-training-immune", "abcdefghijklmnopqrstu"])
+def test_ids_placeholders_and_runaway_tokens_are_not_words(token):
+    assert not re.fullmatch(WORD, token)
+
+
+def test_ids_appear_only_in_the_citation_slot():
+    rx = cited_prose(["N4-R1", "N2-R3"], sentences=(1, 2))
+    ok = "Pompeii was buried under volcanic ash during the eruption of 79 [N4-R1]."
+    assert re.fullmatch(rx, ok)
+    for bad in ("N4-N4 Pompeii was buried under volcanic ash during the eruption of 79 [N4-R1].",
+                "Pompeii was buried under N4-R1 volcanic ash during the eruption of 79 [N4-R1].",
+                "Pompeii was buried under volcanic ash during the eruption of 79 [N4-N4]."):
+        assert not re.fullmatch(rx, bad), bad
+    assert not re.fullmatch(PHRASE, "Find the N2 facts about lava")
+    assert re.fullmatch(search_query(), "Vesuvius 79 eruption") is None  # "79": under three characters
+    assert re.fullmatch(search_query(), "Vesuvius eruption 1631") and not re.fullmatch(QUERY_WORD, "S1R1")
+
+
+def test_a_citation_names_distinct_shown_ids():
+    from deepr.agent.formats import cite_spans, id_list
+
+    rx = id_list(["N1-R1", "N2-R1", "N1-R10"])
+    for ok in ("N1-R1", "N1-R10", "N2-R1, N1-R1", "N1-R1, N1-R10"):
+        assert re.fullmatch(rx, ok), ok
+    for bad in ("N2-R1, N2-R1", "N1-R1, N1-R1", "N1-R1, N2-R1, N1-R10", "N3-R1", ""):
+        assert not re.fullmatch(rx, bad), bad
+    span = cite_spans(["S1-R1", "S1-R2"], sentences=(1, 1))
+    assert re.fullmatch(span, '<cite id="S1-R2, S1-R1">Honey bees live in colonies of many thousand workers.</cite>')
+    assert not re.fullmatch(span, '<cite id="S1-R2, S1-R2">Honey bees live in colonies of many thousand workers.</cite>')
