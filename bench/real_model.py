@@ -309,28 +309,41 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/deepr-real-model")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "real_model.json"))
     ap.add_argument("--merge", nargs="+", help="combine earlier result files (e.g. one per backend) into --out")
+    ap.add_argument("--resume", action="store_true", help="keep the runs already in --out and do only the others")
     a = ap.parse_args()
     if a.merge:
         return merge(a.merge, Path(a.out))
     if a.corpus == "wiki-subset":
         a.corpus = str(wiki_subset(Path(a.work) / "wiki-subset.jsonl", QUESTIONS[: a.questions]))
-    rows: list[dict] = []
-    load = os.getloadavg()
+    old = json.loads(Path(a.out).read_text()) if a.resume and Path(a.out).is_file() else {}
+    rows: list[dict] = [r for r in old.get("runs", []) if "calls" in r]
+    done = {(r["backend"], r["mode"], r["question"]) for r in rows}
+    load = old.get("load_avg_at_start") or [round(x, 2) for x in os.getloadavg()]
+
+    def save() -> dict:
+        result = {"load_avg_at_start": load, "load_avg_at_end": [round(x, 2) for x in os.getloadavg()],
+                  "note": "2 shared CPU cores, timings under load (other jobs running)",
+                  "summary": summarize(rows), "runs": rows}
+        Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+        return result
+
     for backend in a.backends.split(","):
         ctx = llama_server() if backend == "llamacpp" else contextlib.nullcontext(None)
         with ctx as base_url:
-            for mode in a.modes.split(","):
-                for q_no, q in enumerate(QUESTIONS[: a.questions]):
+            # question-major: a run cut short still has every mode of its first question
+            for q_no, q in enumerate(QUESTIONS[: a.questions]):
+                for mode in a.modes.split(","):
+                    if (backend, mode, q) in done:
+                        continue
                     rows.append(run_one(backend, base_url, mode, q_no, q, a))
+                    save()  # after every run: a bench stopped at a deadline keeps what it measured
                     print(json.dumps({k: rows[-1].get(k) for k in ("backend", "mode", "rc", "wall_s", "calls",
                                                                   "format_failures", "ok_turns", "model_turns")}),
                           flush=True)
-    result = {"load_avg_at_start": [round(x, 2) for x in load], "load_avg_at_end": [round(x, 2) for x in os.getloadavg()],
-              "note": "2 shared CPU cores, timings under load (other jobs running)",
-              "summary": summarize(rows), "runs": rows}
+    result = save()
     if a.trees:
         result["build_trees"] = build_trees(a)
-    Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+        Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["summary"], indent=2))
 
 

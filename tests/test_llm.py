@@ -357,6 +357,7 @@ def test_every_request_carries_max_tokens_and_the_call_settings():
         llm.chat(USER, max_tokens=5, temperature=0.7, top_p=0.9, seed=11)
         first, second = srv.requests
     assert first["max_tokens"] == 77 and "top_p" not in first and "seed" not in first
+    assert first["temperature"] == 0.0  # unset: greedy, not the server's own default (llama.cpp: 0.8)
     assert (second["max_tokens"], second["temperature"], second["top_p"], second["seed"]) == (5, 0.7, 0.9, 11)
 
 
@@ -636,3 +637,13 @@ def test_an_interrupted_conversion_leaves_nothing_that_looks_finished(tmp_path, 
     (tmp_path / "half").mkdir()
     with pytest.raises(ValueError, match="not a finished conversion"):
         smollm2.ensure_converted(fake, tmp_path / "half")
+
+
+def test_an_unset_temperature_is_greedy_on_self_hosted_servers_only():
+    from deepr.llm.openai_backend import OpenAIBackend, OpenAIConfig
+
+    local = OpenAIBackend(OpenAIConfig(model="m", base_url="http://127.0.0.1:1/v1"))
+    hosted = OpenAIBackend(OpenAIConfig(model="m"), api_key="sk-test")
+    assert local._request(USER, None, None, None)["temperature"] == 0.0
+    assert local._request(USER, 0.7, None, None)["temperature"] == 0.7
+    assert hosted._request(USER, None, None, None)["temperature"] is None  # the API's own default

@@ -10,7 +10,8 @@ jitter; any other error fails at once with :class:`LLMStatusError`. The client's
 retries are off so ours are the only ones, and they are counted in ``usage.retries``.
 
 Every request carries ``max_tokens`` (the role's, else ``default_max_tokens``) and the
-call's temperature / top_p / seed. A timed-out request is cancelled, which closes its
+call's temperature / top_p / seed; an unset temperature is sent as 0 (greedy, as on the hf
+backend) to a self-hosted endpoint (``base_url`` set), whose own default would apply otherwise. A timed-out request is cancelled, which closes its
 connection, before any retry, so a server that stops on disconnect stops generating.
 A reply cut at ``max_tokens`` (``finish_reason == "length"``) comes back flagged
 ``truncated``. With ``context_length`` set, a prompt that cannot fit (estimated at 4
@@ -196,6 +197,11 @@ class OpenAIBackend(LLM):
                  stop: Sequence[str] | None, top_p: float | None = None, seed: int | None = None,
                  fmt: OutputFormat | None = None) -> dict[str, Any]:
         """Everything that shapes the reply: the body we send and the cache key."""
+        if temperature is None and self.config.base_url:
+            # Unset means greedy, as on the hf backend. Self-hosted servers would otherwise sample at
+            # their own default (llama-cpp-python: 0.8, which turned SmolLM2's plans into babble);
+            # api.openai.com keeps its default (some of its models take no other temperature).
+            temperature = 0.0
         return {"backend": self.name, "model": self.config.model, "base_url": safe_url(self.config.base_url),
                 "messages": messages, "temperature": temperature,
                 "max_tokens": max_tokens or self.config.default_max_tokens,
