@@ -81,6 +81,19 @@ def _bodies(completion: str) -> list[str]:
         return [b for _, b in tags] or [completion]
 
 
+def _degenerate(body: str) -> str | None:
+    """A loop on one word, or a counter: a sentence of 8+ words in which one word (not a stop
+    word) is 40 %+ of the words, or a span of 3+ words most of which (60 %+) hold digits."""
+    for sent in re.split(r"[.!?\n]\s", re.sub(r"\[[^\]]*\]", " ", body)):
+        words = re.findall(r"[A-Za-z0-9][A-Za-z0-9'-]*", sent.lower())
+        if len(words) >= 3 and 5 * sum(bool(re.search(r"\d", w)) for w in words) >= 3 * len(words):
+            return f"numbers and ids instead of words: {sent.strip()[:60]!r}"
+        top = max((words.count(w) for w in set(words) - _STOP), default=0)
+        if len(words) >= 8 and 5 * top >= 2 * len(words):
+            return f"one word repeated over and over: {sent.strip()[:60]!r}"
+    return None
+
+
 def _queries(turn: dict) -> list[str]:
     c = turn["completion"]
     if turn["role"] == "decor_planner":
@@ -109,6 +122,8 @@ def audit_turn(turn: dict, shown: set[str]) -> list[str]:
             bad.append(f"template text in {body.strip()[:60]!r}")
         elif len(flat) >= 24 and flat in system:
             bad.append(f"echo of the instructions {body.strip()[:60]!r}")
+        elif why := _degenerate(body):
+            bad.append(why)
     for q in _queries(turn):
         if len({w for w in re.findall(r"[A-Za-z0-9]+", q.lower()) if w not in _STOP and len(w) > 1}) < 2:
             bad.append(f"search query {q!r} has fewer than two distinct content words")
@@ -286,6 +301,17 @@ def build_trees(a: argparse.Namespace) -> dict:
             "nodes": [len(t.get("nodes", [])) for t in trees], "reject_reasons": reasons, "stderr_tail": err[-600:]}
 
 
+def reaudit(out: Path) -> None:
+    result = json.loads(out.read_text())
+    for i, r in enumerate(result["runs"]):
+        m = re.search(r"--out (\S+)/report\.md", r.get("command", ""))
+        if "calls" in r and m and (Path(m.group(1)) / "report.json").is_file():
+            result["runs"][i] = {**r, **audit_run(Path(m.group(1)), r["mode"])}
+    result["summary"] = summarize(result["runs"])
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["summary"], indent=2))
+
+
 def merge(files: list[str], out: Path) -> None:
     parts = [json.loads(Path(f).read_text()) for f in files]
     rows = [r for p in parts for r in p["runs"]]
@@ -310,9 +336,13 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "real_model.json"))
     ap.add_argument("--merge", nargs="+", help="combine earlier result files (e.g. one per backend) into --out")
     ap.add_argument("--resume", action="store_true", help="keep the runs already in --out and do only the others")
+    ap.add_argument("--reaudit", action="store_true", help="recompute the audit of every run in --out from its "
+                    "folder (after the audit rules changed), without running anything")
     a = ap.parse_args()
     if a.merge:
         return merge(a.merge, Path(a.out))
+    if a.reaudit:
+        return reaudit(Path(a.out))
     if a.corpus == "wiki-subset":
         a.corpus = str(wiki_subset(Path(a.work) / "wiki-subset.jsonl", QUESTIONS[: a.questions]))
     old = json.loads(Path(a.out).read_text()) if a.resume and Path(a.out).is_file() else {}
