@@ -81,6 +81,20 @@ def _bodies(completion: str) -> list[str]:
         return [b for _, b in tags] or [completion]
 
 
+def _templated(flat: str) -> bool:
+    """Template wording is most of the text ("the query", "a focused search query"): a phrase such
+    as "the answer" inside a long sentence of prose is not a copied template."""
+    words = len(flat.split())
+    return bool(words) and 10 * sum(len(m.group(0).split()) for m in _TEMPLATE.finditer(flat)) >= 3 * words
+
+
+def on_topic(question: str, answer: str) -> bool:
+    """The answer names at least one content word of the question (6-letter stems of its words of
+    5+ letters): a fluent answer about something else fails this."""
+    stems = {w[:6] for w in re.findall(r"[a-z]{5,}", question.lower()) if w not in _STOP}
+    return any(st in answer.lower() for st in stems)
+
+
 def _degenerate(body: str) -> str | None:
     """A loop on one word, or a counter: a sentence of 8+ words in which one word (not a stop
     word) is 40 %+ of the words, or a span of 3+ words most of which (60 %+) hold digits."""
@@ -118,7 +132,7 @@ def audit_turn(turn: dict, shown: set[str]) -> list[str]:
         flat = _flat(body)
         if body.strip() and not re.search(r"[A-Za-z0-9]", re.sub(r"\[[^\]]*\]", "", body)):
             bad.append(f"placeholder {body.strip()[:40]!r}")
-        elif "..." in body or "…" in body or _TEMPLATE.search(flat or ""):
+        elif "..." in body or "…" in body or _templated(flat):
             bad.append(f"template text in {body.strip()[:60]!r}")
         elif len(flat) >= 24 and flat in system:
             bad.append(f"echo of the instructions {body.strip()[:60]!r}")
@@ -151,6 +165,7 @@ def answer_figures(trace: dict, turns: list[dict], mode: str, shown: set[str]) -
     if mode == "tools":
         by_model = by_model and not any(d.get("fallback") for d in trace.get("decisions", []))
     return {"words": len(re.sub(r"\[[^\]]*\]", " ", answer).split()), "cited": len(cited),
+            "on_topic": on_topic(trace.get("query") or "", answer),
             "invalid_ids": [i for i in cited if i not in shown], "model_written": by_model,
             "text": answer[:1200]}
 
@@ -281,6 +296,7 @@ def summarize(rows: list[dict]) -> list[dict]:
                     "format_failure_pct": round(100 * sum(r["format_failures"] for r in rs) / calls, 1) if calls else None,
                     "accepted_junk": sum(len(r["accepted_junk"]) for r in rs),
                     "turns_ok_pct": round(100 * sum(r["ok_turns"] for r in rs) / turns, 1) if turns else None,
+                    "answers_on_topic": sum(bool(r["answer"].get("on_topic")) for r in rs),
                     "answers_model_written_40w_valid": sum(
                         r["answer"]["model_written"] and r["answer"]["words"] >= 40 and not r["answer"]["invalid_ids"]
                         and r["answer"]["cited"] > 0 for r in rs),
