@@ -81,6 +81,9 @@ def _bodies(completion: str) -> list[str]:
         return [b for _, b in tags] or [completion]
 
 
+_DEGENERATE = ("numbers and ids instead of words", "one word repeated", "the same sentences repeated")
+
+
 def _templated(flat: str) -> bool:
     """Template wording is most of the text ("the query", "a focused search query"): a phrase such
     as "the answer" inside a long sentence of prose is not a copied template."""
@@ -96,8 +99,13 @@ def on_topic(question: str, answer: str) -> bool:
 
 
 def _degenerate(body: str) -> str | None:
-    """A loop on one word, or a counter: a sentence of 8+ words in which one word (not a stop
-    word) is 40 %+ of the words, or a span of 3+ words most of which (60 %+) hold digits."""
+    """A loop: half or more of the sentences are copies of others; a sentence of 8+ words in which
+    one word (not a stop word) is 40 %+ of the words; or a span of 3+ words most of which (60 %+)
+    hold digits (a counter or ids)."""
+    sents = [" ".join(x.lower().split()) for x in re.split(r"[.!?\n]\s", re.sub(r"\[[^\]]*\]", " ", body))]
+    sents = [x for x in sents if len(x.split()) >= 4]
+    if len(sents) >= 3 and 2 * len(set(sents)) <= len(sents):
+        return f"the same sentences repeated: {len(set(sents))} distinct of {len(sents)}"
     for sent in re.split(r"[.!?\n]\s", re.sub(r"\[[^\]]*\]", " ", body)):
         words = re.findall(r"[A-Za-z0-9][A-Za-z0-9'-]*", sent.lower())
         if len(words) >= 3 and 5 * sum(bool(re.search(r"\d", w)) for w in words) >= 3 * len(words):
@@ -295,6 +303,10 @@ def summarize(rows: list[dict]) -> list[dict]:
         out.append({"backend": key[0], "mode": key[1], "runs": len(rs), "calls": calls,
                     "format_failure_pct": round(100 * sum(r["format_failures"] for r in rs) / calls, 1) if calls else None,
                     "accepted_junk": sum(len(r["accepted_junk"]) for r in rs),
+                    # the issue's target counts placeholders, templates, echoes, bad queries and ids;
+                    # degenerate text (loops, counters) is counted beside it
+                    "accepted_placeholders_echoes": sum(any(not w.startswith(_DEGENERATE) for w in j["why"])
+                                                        for r in rs for j in r["accepted_junk"]),
                     "turns_ok_pct": round(100 * sum(r["ok_turns"] for r in rs) / turns, 1) if turns else None,
                     "answers_on_topic": sum(bool(r["answer"].get("on_topic")) for r in rs),
                     "answers_model_written_40w_valid": sum(

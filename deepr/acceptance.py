@@ -120,8 +120,13 @@ _DIGIT_MIN, _DIGIT_SHARE = 3, 0.6  # most "words" carry digits: ids and counters
 
 
 def babble(text: str) -> str | None:
-    """Why a text is degenerate (None: it is not): a sentence that loops on one word ("SECTION 1
-    SECTION 2 SECTION 3 …"), or one whose words are mostly digit strings and ids ("S1-R1234 1 2 3")."""
+    """Why a text is degenerate (None: it is not): half or more of its sentences are copies of the
+    others, a sentence loops on one word ("SECTION 1 SECTION 2 SECTION 3 …"), or its words are
+    mostly digit strings and ids ("S1-R1234 1 2 3")."""
+    sentences = [" ".join(_WORD.findall(x.lower())) for x in _SENTENCE_END.split(_CITES.sub(" ", text))]
+    sentences = [x for x in sentences if len(x.split()) >= 4]
+    if len(sentences) >= 3 and 2 * len(set(sentences)) <= len(sentences):
+        return f"{len(sentences) - len(set(sentences))} of its {len(sentences)} sentences repeat others"
     for sentence in _SENTENCE_END.split(_CITES.sub(" ", text)):
         words = [w.lower() for w in _WORD.findall(sentence)]
         if len(words) >= _DIGIT_MIN and sum(any(c.isdigit() for c in w) for w in words) >= _DIGIT_SHARE * len(words):

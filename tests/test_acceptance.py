@@ -176,6 +176,10 @@ def test_degenerate_text_is_rejected_but_prose_with_numbers_is_not():
         {"title": "S1-R12345678901 1 2 3 4 5 6 7 8 9", "plan": "Explain how magma rises"},
         "SECTION 1 SECTION 2 SECTION 3 SECTION 4 SECTION 5 SECTION 6 SECTION 7 SECTION [S2-R1]. Io is a moon [S2-R7].",
         {"keywords": ["SECTION 1SECTION 2SECTION 3SECTION 4SECTION 5SECTION 6SECTION7S", "volcano formation"]},
+        # the hf dag answer: seven sentences, three distinct
+        " ".join(["The process of how volcanoes form is a process that involves the [N1-R1]."] * 4
+                 + ["Magma rises through the crust [N1-R2].", "Lava cools into new rock [N1-R3].",
+                    "The process of how volcanoes form is a process that involves the [N1-R5]."]),
     ]
     for value in seen:
         assert no_babble(value, []), value

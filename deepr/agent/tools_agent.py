@@ -32,7 +32,7 @@ from deepr.agent.formats import cite_spans as answer_spans, id_choice, tool_step
 from deepr.agent.extract import shorten, sub_questions
 from deepr.agent.render import GNode, Graph, Section
 from deepr.llm.base import OutputFormat
-from deepr.acceptance import no_echo, no_placeholder, query_words
+from deepr.acceptance import no_babble, no_echo, no_placeholder, query_words
 from deepr.roles import REASK_TEMPERATURE, Role, perform
 
 RUN_TURNS, TRAIN_TURNS = 10, 20
@@ -278,7 +278,7 @@ def _step_accept(reply: str, messages: Sequence[dict[str, str]], sent: Sequence[
     step = parse_step(reply)
     if step.kind == "answer":
         body = _CITE_TAG.sub("", step.answer)
-        return no_placeholder(body, messages, sent) + no_echo(body, messages, sent)
+        return no_placeholder(body, messages, sent) + no_echo(body, messages, sent) + no_babble(body, messages, sent)
     if step.kind == "tool" and step.name in ("search", "scholar"):
         query = str(step.arguments.get("query", ""))
         earlier = {" ".join(str(p.arguments.get("query", "")).lower().split())
