@@ -81,6 +81,41 @@ def _bodies(completion: str) -> list[str]:
         return [b for _, b in tags] or [completion]
 
 
+_DEGENERATE = ("numbers and ids instead of words", "one word repeated", "the same sentences repeated")
+
+
+def _templated(flat: str) -> bool:
+    """Template wording is most of the text ("the query", "a focused search query"): a phrase such
+    as "the answer" inside a long sentence of prose is not a copied template."""
+    words = len(flat.split())
+    return bool(words) and 10 * sum(len(m.group(0).split()) for m in _TEMPLATE.finditer(flat)) >= 3 * words
+
+
+def on_topic(question: str, answer: str) -> bool:
+    """The answer names at least one content word of the question (6-letter stems of its words of
+    5+ letters): a fluent answer about something else fails this."""
+    stems = {w[:6] for w in re.findall(r"[a-z]{5,}", question.lower()) if w not in _STOP}
+    return any(st in answer.lower() for st in stems)
+
+
+def _degenerate(body: str) -> str | None:
+    """A loop: half or more of the sentences are copies of others; a sentence of 8+ words in which
+    one word (not a stop word) is 40 %+ of the words; or a span of 3+ words most of which (60 %+)
+    hold digits (a counter or ids)."""
+    sents = [" ".join(x.lower().split()) for x in re.split(r"[.!?\n]\s", re.sub(r"\[[^\]]*\]", " ", body))]
+    sents = [x for x in sents if len(x.split()) >= 4]
+    if len(sents) >= 3 and 2 * len(set(sents)) <= len(sents):
+        return f"the same sentences repeated: {len(set(sents))} distinct of {len(sents)}"
+    for sent in re.split(r"[.!?\n]\s", re.sub(r"\[[^\]]*\]", " ", body)):
+        words = re.findall(r"[A-Za-z0-9][A-Za-z0-9'-]*", sent.lower())
+        if len(words) >= 3 and 5 * sum(bool(re.search(r"\d", w)) for w in words) >= 3 * len(words):
+            return f"numbers and ids instead of words: {sent.strip()[:60]!r}"
+        top = max((words.count(w) for w in set(words) - _STOP), default=0)
+        if len(words) >= 8 and 5 * top >= 2 * len(words):
+            return f"one word repeated over and over: {sent.strip()[:60]!r}"
+    return None
+
+
 def _queries(turn: dict) -> list[str]:
     c = turn["completion"]
     if turn["role"] == "decor_planner":
@@ -105,10 +140,12 @@ def audit_turn(turn: dict, shown: set[str]) -> list[str]:
         flat = _flat(body)
         if body.strip() and not re.search(r"[A-Za-z0-9]", re.sub(r"\[[^\]]*\]", "", body)):
             bad.append(f"placeholder {body.strip()[:40]!r}")
-        elif "..." in body or "…" in body or _TEMPLATE.search(flat or ""):
+        elif "..." in body or "…" in body or _templated(flat):
             bad.append(f"template text in {body.strip()[:60]!r}")
         elif len(flat) >= 24 and flat in system:
             bad.append(f"echo of the instructions {body.strip()[:60]!r}")
+        elif why := _degenerate(body):
+            bad.append(why)
     for q in _queries(turn):
         if len({w for w in re.findall(r"[A-Za-z0-9]+", q.lower()) if w not in _STOP and len(w) > 1}) < 2:
             bad.append(f"search query {q!r} has fewer than two distinct content words")
@@ -136,6 +173,7 @@ def answer_figures(trace: dict, turns: list[dict], mode: str, shown: set[str]) -
     if mode == "tools":
         by_model = by_model and not any(d.get("fallback") for d in trace.get("decisions", []))
     return {"words": len(re.sub(r"\[[^\]]*\]", " ", answer).split()), "cited": len(cited),
+            "on_topic": on_topic(trace.get("query") or "", answer),
             "invalid_ids": [i for i in cited if i not in shown], "model_written": by_model,
             "text": answer[:1200]}
 
@@ -265,7 +303,12 @@ def summarize(rows: list[dict]) -> list[dict]:
         out.append({"backend": key[0], "mode": key[1], "runs": len(rs), "calls": calls,
                     "format_failure_pct": round(100 * sum(r["format_failures"] for r in rs) / calls, 1) if calls else None,
                     "accepted_junk": sum(len(r["accepted_junk"]) for r in rs),
+                    # the issue's target counts placeholders, templates, echoes, bad queries and ids;
+                    # degenerate text (loops, counters) is counted beside it
+                    "accepted_placeholders_echoes": sum(any(not w.startswith(_DEGENERATE) for w in j["why"])
+                                                        for r in rs for j in r["accepted_junk"]),
                     "turns_ok_pct": round(100 * sum(r["ok_turns"] for r in rs) / turns, 1) if turns else None,
+                    "answers_on_topic": sum(bool(r["answer"].get("on_topic")) for r in rs),
                     "answers_model_written_40w_valid": sum(
                         r["answer"]["model_written"] and r["answer"]["words"] >= 40 and not r["answer"]["invalid_ids"]
                         and r["answer"]["cited"] > 0 for r in rs),
@@ -284,6 +327,17 @@ def build_trees(a: argparse.Namespace) -> dict:
         if rejects.is_file() else []
     return {"command": "deepr " + " ".join(args), "rc": rc, "wall_s": round(secs, 1), "trees": len(trees),
             "nodes": [len(t.get("nodes", [])) for t in trees], "reject_reasons": reasons, "stderr_tail": err[-600:]}
+
+
+def reaudit(out: Path) -> None:
+    result = json.loads(out.read_text())
+    for i, r in enumerate(result["runs"]):
+        m = re.search(r"--out (\S+)/report\.md", r.get("command", ""))
+        if "calls" in r and m and (Path(m.group(1)) / "report.json").is_file():
+            result["runs"][i] = {**r, **audit_run(Path(m.group(1)), r["mode"])}
+    result["summary"] = summarize(result["runs"])
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["summary"], indent=2))
 
 
 def merge(files: list[str], out: Path) -> None:
@@ -309,28 +363,45 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/deepr-real-model")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "real_model.json"))
     ap.add_argument("--merge", nargs="+", help="combine earlier result files (e.g. one per backend) into --out")
+    ap.add_argument("--resume", action="store_true", help="keep the runs already in --out and do only the others")
+    ap.add_argument("--reaudit", action="store_true", help="recompute the audit of every run in --out from its "
+                    "folder (after the audit rules changed), without running anything")
     a = ap.parse_args()
     if a.merge:
         return merge(a.merge, Path(a.out))
+    if a.reaudit:
+        return reaudit(Path(a.out))
     if a.corpus == "wiki-subset":
         a.corpus = str(wiki_subset(Path(a.work) / "wiki-subset.jsonl", QUESTIONS[: a.questions]))
-    rows: list[dict] = []
-    load = os.getloadavg()
+    old = json.loads(Path(a.out).read_text()) if a.resume and Path(a.out).is_file() else {}
+    rows: list[dict] = [r for r in old.get("runs", []) if "calls" in r]
+    done = {(r["backend"], r["mode"], r["question"]) for r in rows}
+    load = old.get("load_avg_at_start") or [round(x, 2) for x in os.getloadavg()]
+
+    def save() -> dict:
+        result = {"load_avg_at_start": load, "load_avg_at_end": [round(x, 2) for x in os.getloadavg()],
+                  "note": "2 shared CPU cores, timings under load (other jobs running)",
+                  "summary": summarize(rows), "runs": rows}
+        Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+        return result
+
     for backend in a.backends.split(","):
         ctx = llama_server() if backend == "llamacpp" else contextlib.nullcontext(None)
         with ctx as base_url:
-            for mode in a.modes.split(","):
-                for q_no, q in enumerate(QUESTIONS[: a.questions]):
+            # question-major: a run cut short still has every mode of its first question
+            for q_no, q in enumerate(QUESTIONS[: a.questions]):
+                for mode in a.modes.split(","):
+                    if (backend, mode, q) in done:
+                        continue
                     rows.append(run_one(backend, base_url, mode, q_no, q, a))
+                    save()  # after every run: a bench stopped at a deadline keeps what it measured
                     print(json.dumps({k: rows[-1].get(k) for k in ("backend", "mode", "rc", "wall_s", "calls",
                                                                   "format_failures", "ok_turns", "model_turns")}),
                           flush=True)
-    result = {"load_avg_at_start": [round(x, 2) for x in load], "load_avg_at_end": [round(x, 2) for x in os.getloadavg()],
-              "note": "2 shared CPU cores, timings under load (other jobs running)",
-              "summary": summarize(rows), "runs": rows}
+    result = save()
     if a.trees:
         result["build_trees"] = build_trees(a)
-    Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+        Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["summary"], indent=2))
 
 

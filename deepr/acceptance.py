@@ -109,3 +109,36 @@ def query_words(queries: Callable[[Any], Sequence[str]], least: int = 2) -> Acce
                 for q in short[:3]]
 
     return check
+
+
+_WORD = re.compile(r"[^\W_][\w'\-]*")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+_COMMON = frozenset("the a an of in on and or to for is are was were be by with as at from that this it its "
+                    "which who their they has have not".split())
+_REPEAT_MIN, _REPEAT_SHARE = 8, 0.4  # one word as 40 % of a sentence of 8+ words: a loop, not prose
+_DIGIT_MIN, _DIGIT_SHARE = 3, 0.6  # most "words" carry digits: ids and counters, not text
+
+
+def babble(text: str) -> str | None:
+    """Why a text is degenerate (None: it is not): half or more of its sentences are copies of the
+    others, a sentence loops on one word ("SECTION 1 SECTION 2 SECTION 3 …"), or its words are
+    mostly digit strings and ids ("S1-R1234 1 2 3")."""
+    sentences = [" ".join(_WORD.findall(x.lower())) for x in _SENTENCE_END.split(_CITES.sub(" ", text))]
+    sentences = [x for x in sentences if len(x.split()) >= 4]
+    if len(sentences) >= 3 and 2 * len(set(sentences)) <= len(sentences):
+        return f"{len(sentences) - len(set(sentences))} of its {len(sentences)} sentences repeat others"
+    for sentence in _SENTENCE_END.split(_CITES.sub(" ", text)):
+        words = [w.lower() for w in _WORD.findall(sentence)]
+        if len(words) >= _DIGIT_MIN and sum(any(c.isdigit() for c in w) for w in words) >= _DIGIT_SHARE * len(words):
+            return f"{sentence.strip()[:60]!r} is mostly numbers and ids, not words"
+        counts = [(words.count(w), w) for w in set(words) - _COMMON]
+        if len(words) >= _REPEAT_MIN and counts and max(counts)[0] >= _REPEAT_SHARE * len(words):
+            return f"{sentence.strip()[:60]!r} repeats {max(counts)[1]!r} over and over"
+    return None
+
+
+def no_babble(value: Any, messages: Sequence[Message], reasks: Sequence[str] = ()) -> list[str]:
+    """Degenerate text in any string of the reply (see :func:`babble`): a small model under a
+    format can fill it with a counter or one word repeated, which no other check catches."""
+    found = [why for s in strings(value) if (why := babble(s))]
+    return [f"{why}; write real sentences about the question" for why in found[:2]]

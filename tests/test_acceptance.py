@@ -167,3 +167,24 @@ def test_regex_formats_translate_to_gbnf_for_llama_cpp_servers():
     assert g.startswith("root ::= ") and "{3,8}" in g and '"S" "T" "O" "P"' in g
     with pytest.raises(ValueError):
         regex_to_gbnf(r"(?<=a)b")  # a look-behind has no grammar form
+
+
+def test_degenerate_text_is_rejected_but_prose_with_numbers_is_not():
+    from deepr.acceptance import no_babble
+
+    seen = [  # what SmolLM2 wrote in warp mode through llama.cpp, each inside a valid format
+        {"title": "S1-R12345678901 1 2 3 4 5 6 7 8 9", "plan": "Explain how magma rises"},
+        "SECTION 1 SECTION 2 SECTION 3 SECTION 4 SECTION 5 SECTION 6 SECTION 7 SECTION [S2-R1]. Io is a moon [S2-R7].",
+        {"keywords": ["SECTION 1SECTION 2SECTION 3SECTION 4SECTION 5SECTION 6SECTION7S", "volcano formation"]},
+        # the hf dag answer: seven sentences, three distinct
+        " ".join(["The process of how volcanoes form is a process that involves the [N1-R1]."] * 4
+                 + ["Magma rises through the crust [N1-R2].", "Lava cools into new rock [N1-R3].",
+                    "The process of how volcanoes form is a process that involves the [N1-R5]."]),
+    ]
+    for value in seen:
+        assert no_babble(value, []), value
+    fine = ["Volcanoes form where magma rises through the crust [N1-R2]. The 1918 flu killed 50 million "
+            "people between 1918 and 1920 [N2-R1].", {"title": "World War 2", "plan": "Causes of the war"},
+            "The Thames flows through London; the Thames is the longest river in England [S1-R1]."]
+    for value in fine:
+        assert no_babble(value, []) == [], value

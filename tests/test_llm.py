@@ -357,6 +357,7 @@ def test_every_request_carries_max_tokens_and_the_call_settings():
         llm.chat(USER, max_tokens=5, temperature=0.7, top_p=0.9, seed=11)
         first, second = srv.requests
     assert first["max_tokens"] == 77 and "top_p" not in first and "seed" not in first
+    assert first["temperature"] == 0.0  # unset: greedy, not the server's own default (llama.cpp: 0.8)
     assert (second["max_tokens"], second["temperature"], second["top_p"], second["seed"]) == (5, 0.7, 0.9, 11)
 
 
@@ -415,10 +416,21 @@ def test_a_server_ignoring_response_format_is_not_reported_constrained(caplog):
     assert caplog.text.count("not JSON") == 1  # said once
 
 
-def test_refused_structured_outputs_fall_back_once_for_the_rest_of_the_run(caplog):
+@pytest.fixture
+def converter(monkeypatch):
+    """llama-cpp-python's schema converter stood in for (CI does not install the llamacpp extra);
+    the real one is tested in test_llm_llamacpp.py."""
+    import deepr.llm.openai_backend as ob
+
+    monkeypatch.setattr(ob, "has_schema_converter", lambda: True)
+    monkeypatch.setattr(ob, "schema_to_gbnf", lambda schema: f"root ::= {json.dumps(sorted(schema))!r}")
+    return ob.schema_to_gbnf
+
+
+def test_refused_structured_outputs_fall_back_once_for_the_rest_of_the_run(caplog, converter):
     def reply(body):
-        if "response_format" in body:
-            return Raw(json.dumps({"error": {"message": "response_format json_schema is not supported"}}),
+        if "response_format" in body or "grammar" in body:
+            return Raw(json.dumps({"error": {"message": "response_format / grammar is not supported"}}),
                        status=400)
         return '{"q": "plain"}'
 
@@ -426,27 +438,90 @@ def test_refused_structured_outputs_fall_back_once_for_the_rest_of_the_run(caplo
         llm = openai_llm(srv)
         first = llm.chat(USER, fmt=PLAN)
         second = llm.chat(USER, fmt=PLAN, seed=2)
-        sent = [b.get("response_format", {}).get("type") for b in srv.requests]
-    assert sent == ["json_schema", "json_object", None, None]  # both styles refused, then never sent
+        sent = [b.get("response_format", {}).get("type") or ("grammar" if "grammar" in b else None)
+                for b in srv.requests]
+    assert sent == ["json_schema", "grammar", "json_object", None, None]  # each style refused, then none sent
     assert first == '{"q": "plain"}' and not first.constrained and not second.constrained
     assert caplog.text.count("refused structured outputs") == 1
     assert llm.usage.failures == 0 and llm.usage.retries == 0
 
 
-def test_the_llama_cpp_python_schema_style_is_used_when_json_schema_is_refused():
+LLAMA_CPP_500 = Raw(json.dumps({"message": "1 validation error: {'loc': ('body', 'response_format', 'type'), "
+                                           "'msg': \"Input should be 'text' or 'json_object'\"}"}), status=500)
+
+
+def test_a_server_refusing_json_schema_gets_the_schema_as_a_client_side_grammar(caplog, converter):
     def reply(body):  # llama-cpp-python's server knows only json_object, and says so with a 500
         if body.get("response_format", {}).get("type") == "json_schema":
-            return Raw(json.dumps({"message": "1 validation error: {'loc': ('body', 'response_format', 'type'), "
-                                              "'msg': \"Input should be 'text' or 'json_object'\"}"}), status=500)
+            return LLAMA_CPP_500
         return '{"q": "styled"}'
 
     with StubServer(reply=reply) as srv:
         llm = openai_llm(srv)
         outs = [llm.chat(USER, fmt=PLAN), llm.chat(USER, fmt=PLAN, seed=5)]
-        formats = [b.get("response_format") for b in srv.requests]
-    assert [f["type"] for f in formats] == ["json_schema", "json_object", "json_object"]  # no retries of the 500
-    assert formats[1]["schema"] == PLAN.json_schema and all(o.constrained for o in outs)
+        bodies = srv.requests
+    assert bodies[0]["response_format"]["type"] == "json_schema"
+    for b in bodies[1:]:  # no json_object: that server silently degrades a schema it cannot read
+        assert "response_format" not in b and b["grammar"] == converter(PLAN.json_schema)
+    assert len(bodies) == 3 and all(o.constrained for o in outs)  # no retries of the 500
     assert llm.usage.retries == 0 and llm.usage.failures == 0
+    assert caplog.text.count("GBNF grammars converted here") == 1
+
+
+def test_without_the_converter_json_formats_are_parsed_and_the_extra_is_named(caplog, monkeypatch):
+    import deepr.llm.openai_backend as ob
+
+    monkeypatch.setattr(ob, "has_schema_converter", lambda: False)
+
+    def reply(body):
+        return LLAMA_CPP_500 if "response_format" in body else '{"q": "free"}'
+
+    with StubServer(reply=reply) as srv:
+        llm = openai_llm(srv)
+        outs = [llm.chat(USER, fmt=PLAN), llm.chat(USER, fmt=PLAN, seed=5)]
+        bodies = srv.requests
+    assert [("response_format" in b, "grammar" in b) for b in bodies] == [(True, False), (False, False), (False, False)]
+    assert [o.constrained for o in outs] == [False, False] and json.loads(outs[0]) == {"q": "free"}
+    assert caplog.text.count("pip install 'deepr[llamacpp]'") == 1
+
+
+def test_a_server_ignoring_the_schema_grammar_moves_on_and_says_so(caplog, converter):
+    def reply(body):
+        if body.get("response_format", {}).get("type") == "json_schema":
+            return LLAMA_CPP_500
+        return '{"q": "ok"}' if "response_format" in body else "Sure, here is a plan."
+
+    with StubServer(reply=reply) as srv:
+        llm = openai_llm(srv)
+        outs = [llm.chat(USER, fmt=PLAN), llm.chat(USER, fmt=PLAN, seed=1)]
+        styles = [b.get("response_format", {}).get("type") or ("grammar" if "grammar" in b else None)
+                  for b in srv.requests]
+    assert styles == ["json_schema", "grammar", "json_object"]
+    assert [o.constrained for o in outs] == [False, True]
+    assert caplog.text.count("its reply is not JSON") == 1
+
+
+def test_a_schema_the_converter_cannot_read_goes_unconstrained_alone(caplog, converter, monkeypatch):
+    import deepr.llm.openai_backend as ob
+    from deepr.llm import OutputFormat
+
+    def convert(schema):
+        if "odd" in schema:
+            raise ValueError("llama.cpp's JSON-schema converter cannot read this schema (odd)")
+        return "root ::= \"{}\""
+
+    monkeypatch.setattr(ob, "schema_to_gbnf", convert)
+    odd = OutputFormat("odd", json_schema={"odd": True, "type": "object"})
+
+    def reply(body):
+        return LLAMA_CPP_500 if body.get("response_format", {}).get("type") == "json_schema" else "{}"
+
+    with StubServer(reply=reply) as srv:
+        llm = openai_llm(srv)
+        outs = [llm.chat(USER, fmt=odd), llm.chat(USER, fmt=odd, seed=1), llm.chat(USER, fmt=PLAN)]
+        grammars = ["grammar" in b for b in srv.requests]
+    assert grammars == [False, False, False, True] and [o.constrained for o in outs] == [False, False, True]
+    assert caplog.text.count("cannot read this schema (odd)") == 1
 
 
 def test_a_plain_400_with_a_format_is_still_an_error():
@@ -562,3 +637,13 @@ def test_an_interrupted_conversion_leaves_nothing_that_looks_finished(tmp_path, 
     (tmp_path / "half").mkdir()
     with pytest.raises(ValueError, match="not a finished conversion"):
         smollm2.ensure_converted(fake, tmp_path / "half")
+
+
+def test_an_unset_temperature_is_greedy_on_self_hosted_servers_only():
+    from deepr.llm.openai_backend import OpenAIBackend, OpenAIConfig
+
+    local = OpenAIBackend(OpenAIConfig(model="m", base_url="http://127.0.0.1:1/v1"))
+    hosted = OpenAIBackend(OpenAIConfig(model="m"), api_key="sk-test")
+    assert local._request(USER, None, None, None)["temperature"] == 0.0
+    assert local._request(USER, 0.7, None, None)["temperature"] == 0.7
+    assert hosted._request(USER, None, None, None)["temperature"] is None  # the API's own default

@@ -192,3 +192,36 @@ def test_system_prompt_carries_the_long_form_requirements_and_is_shared_by_run_a
                   rubrics=[RubricItem(id="R1", type="factual", description="plates move", weight=1.0)])
     (row,), _ = rubric_dataset([pair], tool_turns=10)
     assert run_prompt == row["prompt"][0] and run_prompt["content"] == system_prompt(10)
+
+
+def test_after_a_repeated_search_the_format_offers_only_browsing_and_the_answer(retriever):
+    import re
+
+    from deepr.llm.base import LLM, run_sync
+
+    hit = retriever.search("volcano eruption", k=1)[0]
+    sentence = " ".join(hit.text.split(".")[0].split()[:12]).rstrip(",;")
+
+    class Scripted(LLM):  # a small model that repeats its first search, then follows the format
+        strict_formats = True
+
+        def __init__(self, replies):
+            super().__init__()
+            self.replies, self.formats = list(replies), []
+
+        async def _achat(self, messages, **kw):
+            self.formats.append(kw["fmt"].regex if kw.get("fmt") else None)
+            return self.replies.pop(0)
+
+    search = _call("search", query="volcano eruption causes")
+    llm = Scripted([search, search, _call("browse", doc_id="S1-R1").split("</think>")[1],
+                    f'<answer><cite id="S1-R1">{sentence}.</cite></answer>'])
+    ctx = _ctx(retriever, llm)
+    out = run_sync(run_tools(ctx, "What happens when a volcano erupts?"))
+    probe_search = '<tool_call>{"name": "search", "arguments": {"query": "volcano lava flows"}}</tool_call>'
+    probe_browse = '<tool_call>{"name": "browse", "arguments": {"doc_id": "S1-R1"}}</tool_call>'
+    assert re.fullmatch(llm.formats[1], probe_search)  # before the repeat, searching is allowed
+    after = llm.formats[2]
+    assert not re.fullmatch(after, probe_search) and re.fullmatch(after, probe_browse)
+    assert out.tool_calls == 2 and "S1-R1" in out.answer and not llm.replies
+    assert not any(d.get("fallback") for d in ctx.tracer.decisions)  # the model wrote the answer

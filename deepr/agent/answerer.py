@@ -205,6 +205,9 @@ def _final_extractive(a: FinalAsk) -> str:
                                  cited_texts=[a.outputs.get(s, "") for s in a.node.inputs])
 
 
+# No no_babble here yet (warp, decor and tools have it): SmolLM2's dag answers repeat one sentence
+# (bench/results/real_model.json), so rejecting them would turn tests/test_real_dag.py's
+# model-written answer into the fallback until a format or prompt stops the loop.
 FINAL = Role(
     name="answerer", action="final", messages=_final_messages, output=TaggedReply("answer", required=True),
     accept=(no_placeholder, no_echo),

@@ -52,8 +52,9 @@ class RunConfig(BaseModel):
     memory_limit: int = Field(4096, ge=64, description="decor: L_max, approximate tokens of curated memory "
                               "before it is condensed into atomic facts.")
     max_reasks: int = Field(2, ge=0, le=5, description="Re-asks per model turn after a bad reply.")
-    temperature: float | None = Field(None, ge=0.0, le=2.0, description="Sampling temperature (backend "
-                                      "default if unset).")
+    temperature: float | None = Field(None, ge=0.0, le=2.0, description="Sampling temperature (unset: greedy "
+                                      "on local models and self-hosted servers, the API's default on "
+                                      "api.openai.com; re-asks sample).")
     max_tokens: int | None = Field(None, ge=16, description="Completion token cap per call (backend default "
                                    "if unset).")
     gap_threshold: float = Field(0.45, ge=0.0, le=1.0, description="Extractive roles: a target (key point, "

@@ -28,11 +28,11 @@ from typing import Any
 
 from deepr.agent.citations import cited_ids, normalize, strip_ids
 from deepr.agent.env import Ctx
-from deepr.agent.formats import tool_step
+from deepr.agent.formats import cite_spans as answer_spans, id_choice, tool_step
 from deepr.agent.extract import shorten, sub_questions
 from deepr.agent.render import GNode, Graph, Section
 from deepr.llm.base import OutputFormat
-from deepr.acceptance import no_echo, no_placeholder, query_words
+from deepr.acceptance import no_babble, no_echo, no_placeholder, query_words
 from deepr.roles import REASK_TEMPERATURE, Role, perform
 
 RUN_TURNS, TRAIN_TURNS = 10, 20
@@ -265,6 +265,12 @@ class StepAsk:
     convo: list[dict[str, str]]
     session: ToolSession
     policy: ExtractivePolicy
+    # Set once the model repeated a search: from then on its format offers only browsing and
+    # the answer (re-asked, a small model repeats the same query until its turns run out).
+    no_search: bool = False
+
+
+REPEATED = "was already made"
 
 
 def _step_accept(reply: str, messages: Sequence[dict[str, str]], sent: Sequence[str]) -> list[str]:
@@ -272,14 +278,14 @@ def _step_accept(reply: str, messages: Sequence[dict[str, str]], sent: Sequence[
     step = parse_step(reply)
     if step.kind == "answer":
         body = _CITE_TAG.sub("", step.answer)
-        return no_placeholder(body, messages, sent) + no_echo(body, messages, sent)
+        return no_placeholder(body, messages, sent) + no_echo(body, messages, sent) + no_babble(body, messages, sent)
     if step.kind == "tool" and step.name in ("search", "scholar"):
         query = str(step.arguments.get("query", ""))
         earlier = {" ".join(str(p.arguments.get("query", "")).lower().split())
                    for m in messages if m.get("role") == "assistant"
                    for p in [parse_step(str(m.get("content", "")))] if p.kind == "tool"}
         if " ".join(query.lower().split()) in earlier:  # a weak model repeats one search until its turns run out
-            return [f"the search {query!r} was already made; search for something not yet covered, or answer"]
+            return [f"the search {query!r} {REPEATED}; search for something not yet covered, or answer"]
         return no_placeholder(query, messages, sent) or query_words(lambda q: [q])(query, messages, sent)
     return []
 
@@ -299,6 +305,12 @@ def _step_format(a: StepAsk, *, may_call: bool) -> OutputFormat | None:
     if not may_call and not shown:
         return None
     browsed = sum(1 for i in shown if "-F" in i)
+    if a.no_search and shown:
+        answer = rf"<answer>{answer_spans(shown)}</answer>"
+        if may_call and browsed < 2:
+            return OutputFormat("step", regex=rf'(?:<tool_call>\{{"name": "browse", "arguments": \{{"doc_id": '
+                                rf'"{id_choice(shown)}"\}}\}}</tool_call>)|(?:{answer})')
+        return OutputFormat("step", regex=answer)
     return OutputFormat("step", regex=tool_step(shown, may_call=may_call, may_browse=browsed < 2))
 
 
@@ -321,6 +333,7 @@ async def run_tools(ctx: Ctx, query: str, *, max_turns: int = RUN_TURNS) -> Tool
             answer = _salvage(ctx, query, Step("invalid", reason=out.error or ""), session)
             break
         step, rejected = parse_step(reply), None if out.ok else out.error
+        ask.no_search = ask.no_search or REPEATED in (rejected or "")
         convo.append({"role": "assistant", "content": reply})
         if step.kind == "tool" and rejected is None and session.calls < max_turns:
             with ctx.tracer.phase("tools"):

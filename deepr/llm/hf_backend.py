@@ -14,6 +14,8 @@ repeat). ``max_tokens`` defaults to ``max_new_tokens``; a reply cut there is fla
 ``truncated``. A call with an :class:`OutputFormat` is constrained to it by xgrammar
 (see hf_constrain.py) and flagged ``constrained``. ``generate`` runs in a worker thread
 behind a lock: one model, one generation at a time, while the event loop keeps serving.
+The last call's KV cache is kept, and a prompt that starts with the same tokens (the next turn
+of a conversation) computes only what follows them (``prefix_cache``).
 
     llm = get_llm("hf:runs/base,adapter=planner:runs/planner-lora")
 """
@@ -64,6 +66,10 @@ class HFConfig(BaseModel):
                                              "pushes a small model into glued non-words). None: off.")
     kv_cache: str | None = Field(None, description="transformers cache_implementation for generate, e.g. "
                                  "'static'; None keeps the dynamic cache (see bench/llm_speed.py).")
+    prefix_cache: bool = Field(True, description="Keep the last call's KV cache and reuse the part the next "
+                               "prompt shares with it (a tools-mode conversation re-sends everything before "
+                               "its newest turn), as llama.cpp's server does. Only with the dynamic cache.")
+    min_prefix: int = Field(16, ge=1, description="Shared prompt tokens below which the kept cache is not reused.")
 
 
 def _check_folder(path: str, what: str, marker: str) -> Path:
@@ -86,6 +92,10 @@ class HFLLM(LLM):
         self._constrainer: Any = None
         self._warned = False
         self._gen_threads: int | None = None
+        # (adapter, token ids whose keys/values the cache holds, the cache): see _reuse
+        self._kv: tuple[str | None, list[int], Any] | None = None
+        self.prefix_hits = 0  # calls that reused a kept cache, and the prompt tokens they skipped
+        self.prefix_tokens = 0
         self.tokenizer = self._load_tokenizer()
         self.model, self.device = self._load_model()
 
@@ -207,7 +217,13 @@ class HFLLM(LLM):
         with self._lock, torch.inference_mode(), self._adapter_for(role), _threads(self._gen_threads):
             if seed is not None:
                 torch.manual_seed(seed)
-            out = self.model.generate(**enc, **kw, logits_processor=processors or None)
+            ids = enc["input_ids"][0].tolist()
+            cache = self._reuse(role, ids)
+            if cache is not None:
+                kw["past_key_values"] = cache
+            res = self.model.generate(**enc, **kw, logits_processor=processors or None, return_dict_in_generate=True)
+            out = res.sequences
+            self._keep(role, out[0].tolist(), getattr(res, "past_key_values", None))
         new = out[0, n_prompt:].tolist()
         eos = set(_as_list(self.model.generation_config.eos_token_id)) | {tok.eos_token_id}
         n_new = next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
@@ -216,6 +232,40 @@ class HFLLM(LLM):
         # Cut by the budget: no end-of-turn token and no stop string ended it.
         truncated = n_new >= kw["max_new_tokens"] and new[n_new - 1] not in eos and cut == text
         return Reply(cut, constrained=constrained, truncated=truncated), n_prompt, n_new
+
+    def _adapter_key(self, role: str | None) -> str | None:
+        ad = self.config.adapters
+        return role if role in ad else (ALL_ROLES if ALL_ROLES in ad else None)
+
+    def _reuse(self, role: str | None, ids: list[int]) -> Any:
+        """The kept cache cropped to the prefix ``ids`` shares with it, or None (start afresh).
+        At least the prompt's last token is left to compute: generate needs its logits."""
+        if not self.config.prefix_cache or self.config.kv_cache or self._kv is None:
+            return None
+        key, held, cache = self._kv
+        self._kv = None  # generate extends the cache in place: it is the new call's from here on
+        n = 0
+        for a, b in zip(held, ids[:-1]):
+            if a != b:
+                break
+            n += 1
+        if key != self._adapter_key(role) or n < self.config.min_prefix:
+            return None
+        extra = cache.get_seq_length() - n
+        try:
+            if extra > 0:
+                cache.crop(-extra)  # a negative count removes that many tokens (transformers 4.5x and 5.x)
+        except (RuntimeError, ValueError):  # layers that cannot roll back (sliding windows, linear attention)
+            return None
+        self.prefix_hits += 1
+        self.prefix_tokens += n
+        return cache
+
+    def _keep(self, role: str | None, seq: list[int], cache: Any) -> None:
+        if not self.config.prefix_cache or self.config.kv_cache or cache is None or not hasattr(cache, "crop"):
+            return
+        n = cache.get_seq_length()
+        self._kv = (self._adapter_key(role), seq[:n], cache) if 0 < n <= len(seq) else None
 
     async def _achat(self, messages: list[Message], *, role: str | None, temperature: float | None,
                      max_tokens: int | None, stop: Sequence[str] | None, **extra: Any) -> Reply:
@@ -246,7 +296,7 @@ class HFLLM(LLM):
         return f"HFLLM({self.config.path!r}, adapters={self.config.adapters!r})"
 
     def close(self) -> None:
-        self.model = None
+        self.model, self._kv = None, None
         try:
             import torch
 

@@ -10,7 +10,8 @@ jitter; any other error fails at once with :class:`LLMStatusError`. The client's
 retries are off so ours are the only ones, and they are counted in ``usage.retries``.
 
 Every request carries ``max_tokens`` (the role's, else ``default_max_tokens``) and the
-call's temperature / top_p / seed. A timed-out request is cancelled, which closes its
+call's temperature / top_p / seed; an unset temperature is sent as 0 (greedy, as on the hf
+backend) to a self-hosted endpoint (``base_url`` set), whose own default would apply otherwise. A timed-out request is cancelled, which closes its
 connection, before any retry, so a server that stops on disconnect stops generating.
 A reply cut at ``max_tokens`` (``finish_reason == "length"``) comes back flagged
 ``truncated``. With ``context_length`` set, a prompt that cannot fit (estimated at 4
@@ -19,9 +20,14 @@ characters a token) fails before it is sent.
 Structured outputs: a call with a JSON-schema :class:`OutputFormat` sends
 ``response_format={"type": "json_schema", ...}`` (vLLM, SGLang, llama.cpp's llama-server,
 Ollama and OpenAI accept it). A server that refuses it (HTTP 400/422 naming response_format
-or an unsupported feature) is asked again with ``{"type": "json_object", "schema": ...}``
-(llama-cpp-python's server), and if that is refused too, without it: every later call of
-the run then goes unconstrained, with one warning. Regex formats (tagged replies) have no common
+or an unsupported feature, as llama-cpp-python's server does) is asked again with the schema
+as a GBNF ``grammar``, converted on this side by llama-cpp-python's own converter
+(:func:`deepr.llm.gbnf.schema_to_gbnf`; that server's ``json_object`` + schema silently degrades
+to "any JSON" for schemas its converter cannot read, so it is not relied on); without that
+package (the ``llamacpp`` extra) the run says which extra to install and sends no JSON formats.
+A server that refuses or ignores the grammar too is asked with ``{"type": "json_object",
+"schema": ...}`` (Anyscale-style APIs), and after that without any: every later call of the run
+then goes unconstrained, with one warning. Regex formats (tagged replies) have no common
 field: they go out as a GBNF ``grammar`` (llama.cpp's servers; see :mod:`deepr.llm.gbnf`), else as
 vLLM's ``structured_outputs={"regex": ...}``; a server that refuses a style, or answers with text
 the regex does not match (it ignored the field), moves the run to the next style, then to
@@ -40,6 +46,7 @@ put in an exception message or shown by ``repr``.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import logging
 import os
@@ -56,7 +63,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from deepr.llm.base import LLM, LLMError, Message, OutputFormat, Reply
 from deepr.llm.cache import LLMCache
-from deepr.llm.gbnf import regex_to_gbnf
+from deepr.llm.gbnf import LLAMACPP_EXTRA, regex_to_gbnf, schema_to_gbnf
 from deepr.llm.openai_reply import _FORMAT_REFUSAL, _REGEX_STYLES, _STYLES, _BadReply, _fmt_dict, _read_completion, _Result
 
 log = logging.getLogger("deepr.llm")
@@ -190,6 +197,11 @@ class OpenAIBackend(LLM):
                  stop: Sequence[str] | None, top_p: float | None = None, seed: int | None = None,
                  fmt: OutputFormat | None = None) -> dict[str, Any]:
         """Everything that shapes the reply: the body we send and the cache key."""
+        if temperature is None and self.config.base_url:
+            # Unset means greedy, as on the hf backend. Self-hosted servers would otherwise sample at
+            # their own default (llama-cpp-python: 0.8, which turned SmolLM2's plans into babble);
+            # api.openai.com keeps its default (some of its models take no other temperature).
+            temperature = 0.0
         return {"backend": self.name, "model": self.config.model, "base_url": safe_url(self.config.base_url),
                 "messages": messages, "temperature": temperature,
                 "max_tokens": max_tokens or self.config.default_max_tokens,
@@ -231,14 +243,16 @@ class OpenAIBackend(LLM):
         fmt = request["fmt"]
         style = self._style
         sent = bool(fmt and "json_schema" in fmt and style)
+        if self.config.extra_body:
+            kw["extra_body"] = dict(self.config.extra_body)
         if sent and style == "json_schema":
             kw["response_format"] = {"type": "json_schema", "json_schema": {
                 "name": re.sub(r"[^A-Za-z0-9_-]", "_", fmt["name"])[:64] or "reply",
                 "schema": fmt["json_schema"], "strict": self.config.strict_schema}}
-        elif sent:  # llama-cpp-python's server (and Anyscale-style APIs) take the schema this way
+        elif sent and style == "gbnf":  # llama-cpp-python's server: the schema as a grammar
+            sent = self._send_schema_grammar(kw, fmt)
+        elif sent:  # Anyscale-style APIs take the schema this way
             kw["response_format"] = {"type": "json_object", "schema": fmt["json_schema"]}
-        if self.config.extra_body:
-            kw["extra_body"] = self.config.extra_body
         if fmt and fmt.get("regex") and self._rstyle:
             sent = self._send_regex(kw, fmt["regex"])
         from openai.types.chat import ChatCompletion
@@ -252,6 +266,31 @@ class OpenAIBackend(LLM):
         usage = getattr(resp, "usage", None)
         return _Result(text, getattr(usage, "prompt_tokens", 0) or 0, getattr(usage, "completion_tokens", 0) or 0,
                        finish, sent)
+
+    def _send_schema_grammar(self, kw: dict[str, Any], fmt: dict[str, Any]) -> bool:
+        try:
+            grammar = schema_to_gbnf(fmt["json_schema"])
+        except ValueError as e:  # this schema only: the call goes unconstrained and says why
+            self._warn_once(f"schema-gbnf-{e}", f"format {fmt['name']!r}: {e}; such calls are unconstrained")
+            return False
+        kw["extra_body"] = {**kw.get("extra_body", {}), "grammar": grammar}
+        return True
+
+    def _next_style(self, style: str, reason: str) -> str | None:
+        """The JSON style after ``style`` was refused. A server that refuses json_schema gets the
+        schema as a GBNF grammar (llama-cpp-python's server takes no other form it honours), which
+        needs llama-cpp-python's converter on this side."""
+        nxt = _next(_STYLES, style)
+        if nxt != "gbnf":
+            return nxt
+        if not has_schema_converter():
+            self._warn_once("refused-no-converter", f"the server refused json_schema response formats ({reason}); "
+                            f"to send JSON schemas as grammars instead, install the llamacpp extra ({LLAMACPP_EXTRA}). "
+                            "Until then this run sends no JSON formats (replies are parsed and re-asked)")
+            return None
+        self._warn_once("schema-as-gbnf", "the server refused json_schema response formats; JSON schemas go out as "
+                        "GBNF grammars converted here by llama-cpp-python's converter")
+        return nxt
 
     def _send_regex(self, kw: dict[str, Any], regex: str) -> bool:
         body = dict(kw.get("extra_body") or {})
@@ -307,6 +346,11 @@ class OpenAIBackend(LLM):
         try:
             json.loads(res.text)
         except ValueError:
+            if self._style == "gbnf":  # the grammar field was ignored: try the next style from now on
+                self._style = _next(_STYLES, "gbnf")
+                self._warn_once("ignored-gbnf", "the server accepted a JSON schema as a GBNF grammar but its reply "
+                                "is not JSON; trying response_format json_object next")
+                return False
             self._warn_once("ignored", "the server accepted response_format but replied with text that is not "
                             "JSON; such replies are marked unconstrained")
             return False
@@ -329,7 +373,7 @@ class OpenAIBackend(LLM):
                 continue
             if outcome.format_refused and self._style:
                 # The same request again, in the next style or without response_format.
-                self._style = _next(_STYLES, self._style)
+                self._style = self._next_style(self._style, reason)
                 if self._style is None:
                     self._warn_once("refused", f"the server refused structured outputs ({reason}); this run "
                                     "continues without constrained decoding (replies are parsed and re-asked)")
@@ -431,6 +475,11 @@ class _IOLoop:
             self.thread.join(timeout=5)
             if not self.thread.is_alive():
                 self.loop.close()
+
+
+def has_schema_converter() -> bool:
+    """Is llama-cpp-python's JSON-schema→GBNF converter importable here (the llamacpp extra)?"""
+    return importlib.util.find_spec("llama_cpp") is not None
 
 
 def _next(styles: tuple[str, ...], style: str | None) -> str | None:

@@ -31,9 +31,10 @@ class _BadReply(Exception):
         self.retryable = retryable
 
 
-# response_format styles, tried in order: OpenAI's (vLLM, SGLang, llama-server, Ollama),
-# then {"type": "json_object", "schema": ...} (llama-cpp-python's server).
-_STYLES = ("json_schema", "json_object")
+# JSON-schema styles, tried in order: OpenAI's response_format (vLLM, SGLang, llama-server,
+# Ollama), a GBNF "grammar" converted on the client (llama-cpp-python's server), then
+# response_format {"type": "json_object", "schema": ...} (Anyscale-style APIs).
+_STYLES = ("json_schema", "gbnf", "json_object")
 # Regex formats: a GBNF "grammar" field (llama-server, llama-cpp-python), then vLLM's
 # structured_outputs {"regex": ...}. OpenAI's own API has neither and refuses both with a 400.
 _REGEX_STYLES = ("gbnf", "vllm")
