@@ -19,14 +19,16 @@ from tree_helpers import LEAF_STATEMENTS, small_tree
 LIMITS = RubricLimits()
 
 
-def _sentence(words: str, end: str) -> str:
-    """Prose a careful model would write: the evidence's own words, punctuation dropped."""
-    kept = [w.strip(".;:()\"") for w in words.split()]
-    return "States that " + " ".join(w for w in kept if w)[:120].rsplit(" ", 1)[0] + end
+def _sentence(evidence: str, end: str) -> str:
+    """Prose a careful model would write: the evidence's own words (the format makes a description
+    open with its evidence's first four), the final full stop dropped."""
+    return " ".join(evidence.rstrip(".").split()[:16]) + end
 
 
 def fill(schema: dict, hint: str = "") -> object:
     """An instance of a strict format, chosen the way a well-behaved model would fill it."""
+    if "anyOf" in schema:
+        return fill(schema["anyOf"][0], hint)
     if "const" in schema:
         return schema["const"]
     if "enum" in schema:
@@ -86,10 +88,11 @@ def test_strict_format_fixes_structure_and_admits_only_the_trees_statements():
     selected = [x["const"] for x in props["selected_leaf_ids"]["prefixItems"]]
     assert selected == ["n0.3", "n0.1.1", "n0.1.2", "n0.2.1", "n0.2.2"]  # the tree's 5 leaves
     rubrics = props["rubrics"]["prefixItems"]
-    assert [r["properties"]["id"]["const"] for r in rubrics] == [f"R{k}" for k in range(1, 7)]
+    assert [(r.get("anyOf") or [r])[0]["properties"]["id"]["const"] for r in rubrics] == [f"R{k}" for k in range(1, 7)]
     for r in rubrics[:-1]:
-        leaf = r["properties"]["source_leaf_ids"]["prefixItems"][0]["const"]
-        assert r["properties"]["evidence"]["prefixItems"][0]["enum"] == LEAF_STATEMENTS[leaf]
+        alts = r["anyOf"]
+        leaf = alts[0]["properties"]["source_leaf_ids"]["prefixItems"][0]["const"]
+        assert [a["properties"]["evidence"]["prefixItems"][0]["const"] for a in alts] == LEAF_STATEMENTS[leaf]
     assert rubrics[-1]["properties"]["type"]["const"] == "logical"
     reply = json.dumps(fill(schema))
     assert _accepts(schema, reply)
@@ -98,8 +101,9 @@ def test_strict_format_fixes_structure_and_admits_only_the_trees_statements():
     invented = value | {"rubrics": [value["rubrics"][0] | {"evidence": ["Lava is cold on Mars."]},
                                     *value["rubrics"][1:]]}
     assert not _accepts(schema, json.dumps(invented))
-    for words in ("States that N4-N4 lava flows fast", "States that lava from n0.1.1 flows fast",
-                  "States that lava flows fast [S1-R2]", "..."):
+    opening = " ".join(value["rubrics"][0]["evidence"][0].split()[:4])
+    for words in (f"{opening} N4-N4 lava flows fast", f"{opening} lava from n0.1.1 flows fast",
+                  f"{opening} lava flows fast [S1-R2]", "...", "States that the index rates eruptions"):
         r1 = value["rubrics"][0] | {"description": words}
         assert not _accepts(schema, json.dumps(value | {"rubrics": [r1, *value["rubrics"][1:]]})), words
     other_leaf = value["rubrics"][0] | {"source_leaf_ids": ["n0.2.1"]}

@@ -114,8 +114,21 @@ def _criterion(k: int, slot: Slot, selected: Sequence[str], max_words: int) -> d
         return _obj(id={"const": f"R{k}"}, type={"const": "logical"},
                     source_leaf_ids={"type": "array", "minItems": 1, "maxItems": 2, "items": {"enum": list(selected)}},
                     evidence={"type": "array", "maxItems": 0}, description=desc, weight={"enum": LOGIC_WEIGHTS})
-    return _obj(id={"const": f"R{k}"}, type={"const": "factual"}, source_leaf_ids=_consts([slot.leaf]),
-                evidence=_fixed([{"enum": list(slot.pool)}]), description=desc, weight={"enum": FACT_WEIGHTS})
+    # One alternative per statement: the description opens with its evidence's first words, so two
+    # criteria over different statements cannot read the same (SmolLM2 wrote one description three
+    # times and every re-ask failed the duplicate check).
+    return {"anyOf": [_obj(id={"const": f"R{k}"}, type={"const": "factual"}, source_leaf_ids=_consts([slot.leaf]),
+                           evidence=_fixed([{"const": st}]), description=text(_opening(st, max_words)),
+                           weight={"enum": FACT_WEIGHTS}) for st in slot.pool]}
+
+
+def _opening(statement: str, max_words: int) -> str:
+    first = " ".join(statement.replace('"', "").split()[:4]).rstrip(".,;:")
+    return rf"{_literal(first)}(?:,? {WORD}){{2,{max(2, min(max_words, 24) - 5)}}}\.?"
+
+
+def _literal(text_: str) -> str:
+    return "".join(f"\\{c}" if c in ".^$*+?()[]{}|\\/" else c for c in text_)
 
 
 def pair_schema(selected: Sequence[str], slots: Sequence[Slot], limits: RubricLimits) -> dict[str, Any]:
