@@ -170,7 +170,7 @@ def main() -> None:
             if prec == "auto":
                 res[info["embedder"]]["latency"] = latency(r, [q for q, _ in test][: args.queries])
             first = first or info
-            info["build_ratio_to_first"] = info["build_s"] / first["build_s"]
+            info["build_ratio_to_first"] = info["build_s"] / first["build_s"] if first["build_s"] else None  # reused index
             info["first"] = first["embedder"]
     res["load_avg_end"] = os.getloadavg()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -201,7 +201,7 @@ class Embedder:
         """
         with self._lock:
             if self._lite is None:
-                self._lite = False
+                lite: Any = False  # assigned at the end: an interrupted load is retried, not kept
                 # int8 on onnxruntime keeps fp32 queries, as bf16 does: the passages' vectors are
                 # within cosine 0.99 of fp32 ones (bench/retrieval.py measures the recall)
                 if (self.precision != "int8" or self._use_onnx) and os.environ.get("DEEPR_NUMPY_QUERIES", "1") != "0":
@@ -209,21 +209,22 @@ class Embedder:
 
                     ref = default_model_path() if self.model_ref == DEFAULT_MODEL else self.model_ref
                     try:
-                        self._lite = NumpyBert.load(ref, self._max_seq) if Path(ref).is_dir() else False
+                        lite = NumpyBert.load(ref, self._max_seq) if Path(ref).is_dir() else False
                     except (Unsupported, OSError, ValueError, KeyError):
-                        self._lite = False
+                        lite = False
+                self._lite = lite
             return self._lite or None
 
     def _onnx_encoder(self) -> Any:
         """The onnxruntime encoder (built on first use, ~1 s; int8 quantises once, ~3 s), or None."""
         with self._lock:
-            if self._ort is None:
+            if self._ort is None and not self._use_onnx:
                 self._ort = False
-                if self._use_onnx:
-                    from deepr.corpus.onnxbert import OnnxBert
+            elif self._ort is None:  # set only once built: an interrupted build must not leave
+                from deepr.corpus.onnxbert import OnnxBert  # an int8-onnx index on numpy vectors
 
-                    self._ort = OnnxBert.load(_resolve_ref(self.model_ref), self._max_seq,
-                                              quantize=self.precision == "int8")
+                self._ort = OnnxBert.load(_resolve_ref(self.model_ref), self._max_seq,
+                                          quantize=self.precision == "int8")
             return self._ort or None
 
     def _autocast(self) -> contextlib.AbstractContextManager:
