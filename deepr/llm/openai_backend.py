@@ -64,6 +64,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from deepr.llm.base import LLM, LLMError, Message, OutputFormat, Reply
 from deepr.llm.cache import LLMCache
 from deepr.llm.gbnf import LLAMACPP_EXTRA, regex_to_gbnf, schema_to_gbnf
+from deepr.llm.io_loop import IOLoop
 from deepr.llm.openai_reply import _FORMAT_REFUSAL, _REGEX_STYLES, _STYLES, _BadReply, _fmt_dict, _read_completion, _Result
 
 log = logging.getLogger("deepr.llm")
@@ -167,7 +168,7 @@ class OpenAIBackend(LLM):
         self.config = config.model_copy(update={"base_url": base_url})
         self.cache = cache
         self._key = _Secret(key)  # used only to build clients and to scrub messages
-        self._io: _IOLoop | None = None
+        self._io: IOLoop | None = None
         self._io_lock = threading.Lock()
         # How JSON schemas are sent; the next style once a server refuses one, None at the end.
         self._style: str | None = _STYLES[0] if config.structured_outputs else None
@@ -177,14 +178,14 @@ class OpenAIBackend(LLM):
         self._warned: set[str] = set()
 
     # -- plumbing ----------------------------------------------------------------------
-    def _loop(self) -> _IOLoop:
+    def _loop(self) -> IOLoop:
         # One private event loop owns the HTTP client: its connection pool is bound to a loop,
         # while callers may come from many (each run_sync starts a new one).
         with self._io_lock:
             if self._io is None:
                 import openai
 
-                self._io = _IOLoop(lambda: openai.AsyncOpenAI(
+                self._io = IOLoop(lambda: openai.AsyncOpenAI(
                     api_key=self._key.reveal(), base_url=self.config.base_url,
                     timeout=self.config.timeout, max_retries=0))
             return self._io
@@ -448,33 +449,6 @@ class OpenAIBackend(LLM):
             io.stop()
         if self.cache is not None:
             self.cache.close()
-
-
-class _IOLoop:
-    """An event loop in a daemon thread that owns one async HTTP client."""
-
-    def __init__(self, make_client: Any):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="deepr-llm-io")
-        self.thread.start()
-        self.client = asyncio.run_coroutine_threadsafe(self._make(make_client), self.loop).result()
-
-    @staticmethod
-    async def _make(make_client: Any) -> Any:
-        return make_client()  # created on the loop that will use it
-
-    async def run(self, coro: Any) -> Any:
-        """Await ``coro`` on this loop from any other loop; cancelling the caller cancels it."""
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
-
-    def stop(self) -> None:
-        try:
-            asyncio.run_coroutine_threadsafe(self.client.close(), self.loop).result(timeout=5)
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(timeout=5)
-            if not self.thread.is_alive():
-                self.loop.close()
 
 
 def has_schema_converter() -> bool:
