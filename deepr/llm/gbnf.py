@@ -52,19 +52,22 @@ def _char(code: int, in_class: bool) -> str:
     return ch
 
 
-def _class(items: list[tuple[Any, Any]]) -> str:
+def _class(items: list[tuple[Any, Any]], char: Any = None, dialect: str = "GBNF") -> str:
+    """A character class in GBNF (``char`` = _char) or in llama.cpp's pattern dialect (``_lit``,
+    where a space inside a class must be written as an escape)."""
+    char = char or _char
     negate, parts = False, []
     for op, av in items:
         if op is C.NEGATE:
             negate = True
         elif op is C.LITERAL:
-            parts.append(_char(av, True))
+            parts.append(char(av, True))
         elif op is C.RANGE:
-            parts.append(f"{_char(av[0], True)}-{_char(av[1], True)}")
+            parts.append(f"{char(av[0], True)}-{char(av[1], True)}")
         elif op is C.CATEGORY and av in _CATEGORY:
-            parts.append(_CATEGORY[av])
+            parts.append(_CATEGORY[av] if char is _char else _CATEGORY[av].replace(" ", "\\x20"))
         else:
-            raise ValueError(f"regex class item {op} {av} has no GBNF form here")
+            raise ValueError(f"regex class item {op} {av} has no {dialect} form here")
     return f"[{'^' if negate else ''}{''.join(parts)}]"
 
 
@@ -137,22 +140,6 @@ def _lit(code: int, in_class: bool = False) -> str:
     return _hex(code) if in_class else f"[{_hex(code)}]"
 
 
-def _plain_class(items: list[tuple[Any, Any]]) -> str:
-    negate, parts = False, []
-    for op, av in items:
-        if op is C.NEGATE:
-            negate = True
-        elif op is C.LITERAL:
-            parts.append(_lit(av, True))
-        elif op is C.RANGE:
-            parts.append(f"{_lit(av[0], True)}-{_lit(av[1], True)}")
-        elif op is C.CATEGORY and av in _CATEGORY:
-            parts.append(_CATEGORY[av].replace(" ", "\\x20"))
-        else:
-            raise ValueError(f"regex class item {op} {av} has no form in llama.cpp's pattern dialect")
-    return f"[{'^' if negate else ''}{''.join(parts)}]"
-
-
 def _plain(items: Any) -> str:
     out = []
     for op, av in items:
@@ -161,7 +148,7 @@ def _plain(items: Any) -> str:
         elif op is C.NOT_LITERAL:
             out.append(f"[^{_lit(av, True)}]")
         elif op is C.IN:
-            out.append(_plain_class(av))
+            out.append(_class(av, _lit, "llama.cpp pattern"))
         elif op is C.ANY:
             out.append(".")
         elif op is C.AT:
