@@ -99,15 +99,16 @@ def _modules():
 
 def _duck() -> SimpleNamespace:
     """An input with what every role's ``constrain`` reads (ids, memory, outline, hits …)."""
-    hit = SimpleNamespace(title="Volcano", text="A volcano is a rupture in the crust of a planet. Magma rises "
+    hit = SimpleNamespace(title="Volcano", doc_id="volcano", text="A volcano is a rupture in the crust of a planet. Magma rises "
                           'through vents and erupts as lava, ash and "gases" at the surface.')
     outline = SimpleNamespace(expandable=lambda levels: [SimpleNamespace(pos="1"), SimpleNamespace(pos="2")])
     return SimpleNamespace(
         ids=IDS, allowed={"N1": IDS[:2], "N2": IDS[2:]}, wave=["N1", "N2"], limit=3, forced=False, hit=hit,
         sec=SimpleNamespace(ids=IDS, pos="1"), memory=[SimpleNamespace(evidence="Magma rises [N1-R1]. Lava [N2-R1].")],
         run=SimpleNamespace(outline=outline, ctx=SimpleNamespace(config=SimpleNamespace(max_levels=2))),
-        results={"N1": IDS[:2], "N2": IDS[2:]}, ctx=SimpleNamespace(hits=[hit, hit], config=SimpleNamespace(fetch_limit=2)),
-        roles=SimpleNamespace(max_words=11, max_docs=3, max_statements=4))
+        results={"N1": IDS[:2], "N2": IDS[2:]}, ctx=SimpleNamespace(hits=[hit, hit], config=SimpleNamespace(fetch_limit=2), depth=0, seen_docs=set()),
+        roles=SimpleNamespace(max_words=11, max_docs=3, max_statements=4, min_leaves=2),
+        seed=SimpleNamespace(title="Volcano", text=hit.text), strict=False)  # synthesize-rubrics' strict format is built from a tree: its tests are in test_rubrics_strict.py
 
 
 def role_schemas() -> dict[str, dict]:
