@@ -55,7 +55,10 @@ def _finished(out: Path) -> int:
 
 def _interrupt(cmd: list[str], out: Path, sig: int, after: int) -> tuple[int, str]:
     """Start the command, wait until ``after`` items are finished, send ``sig``; return (code, stderr)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+    # SIGINT as a terminal delivers it: a shell that starts jobs with `&` (no job control) leaves
+    # SIGINT ignored in its children, and Python then never raises KeyboardInterrupt
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 300
     while _finished(out) < after and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
