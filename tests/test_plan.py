@@ -170,6 +170,17 @@ def test_children_map_counts_a_repeated_input_once():
     assert children_map(plan)["N1"] == ["N2"]
 
 
+def _shape_objects(node):
+    if isinstance(node, dict):
+        if node.get("type") == "object":
+            yield node
+        for v in node.values():
+            yield from _shape_objects(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _shape_objects(v)
+
+
 def test_planner_decoding_schema_bounds_what_a_plan_may_hold():
     """The schema a constrained backend decodes with must end a plan inside its token budget, even
     for a model that copies the whole question into every query (SmolLM2 did, and ran out at 400
@@ -181,15 +192,54 @@ def test_planner_decoding_schema_bounds_what_a_plan_may_hold():
     for role in (INITIAL, REVISE):
         schema = role.output.fmt(role.action).json_schema
         assert schema["properties"]["nodes"]["maxItems"] == 10
-        assert "additionalProperties" not in json.dumps(schema)  # no open-ended keys to ramble in
+        objects = list(_shape_objects(schema))
+        assert len(objects) >= 4 and all(o.get("additionalProperties") is False for o in objects)  # no keys to ramble in
     question = ("What roles do Soul Train and Funk, African-American and R B play in Hip-hop, and how should "
                 "their causes, consequences and relative significance be weighed?")
+    answer = {"id": "N11", "type": "answer", "need": "the answer", "inputs": ["N1"]}
     with pytest.raises(ValidationError, match="at most 100 characters"):
-        _PlanShape.model_validate({"nodes": [{"id": "N1", "type": "search", "query": question}]})
+        _PlanShape.model_validate({"nodes": [{"id": "N1", "type": "search", "query": question}, answer]})
     ten = [{"id": f"N{i}", "type": "search", "query": "soul train and funk"} for i in range(1, 11)]
     _PlanShape.model_validate({"nodes": ten})
     with pytest.raises(ValidationError, match="at most 10 items"):
-        _PlanShape.model_validate({"nodes": [*ten, {"id": "N11", "type": "answer", "need": "the answer"}]})
+        _PlanShape.model_validate({"nodes": [*ten, answer]})
     with pytest.raises(ValidationError, match="at most 4 items"):
-        _PlanShape.model_validate({"nodes": [{"id": "N1", "type": "search", "query": "funk",
-                                              "key_points": ["a", "b", "c", "d", "e"]}]})
+        _PlanShape.model_validate({"nodes": [{"id": "N1", "type": "search", "query": "funk music",
+                                              "key_points": ["a", "b", "c", "d", "e"]}, answer]})
+
+
+def test_planner_decoding_schema_gives_each_node_type_its_own_fields():
+    """What a small model got wrong after SFT and the schema can rule out: one-word queries, search
+    nodes with inputs, readers without inputs, ids in another style. Wiring between ids stays the
+    validator's job (and the model's to learn)."""
+    from pydantic import ValidationError
+
+    from deepr.agent.planner import _PlanShape
+
+    ok = {"nodes": [{"id": "N1", "type": "search", "query": "plate tectonics causes", "key_points": ["why"]},
+                    {"id": "N2", "type": "search", "query": "volcano eruption triggers"},
+                    {"id": "N3", "type": "aggregate", "need": "how both combine", "inputs": ["N1", "N2"]},
+                    {"id": "N4", "type": "answer", "need": "the report", "inputs": ["N3"]}]}
+    _PlanShape.model_validate(ok)
+    bad = [({"id": "N1", "type": "search", "query": "volcanoes"}, "pattern"),
+           ({"id": "N1", "type": "search", "query": "volcano causes", "inputs": ["N2"]}, "Extra inputs"),
+           ({"id": "N3", "type": "aggregate", "need": "combine"}, "inputs"),
+           ({"id": "node-1", "type": "search", "query": "volcano causes"}, "pattern"),
+           ({"id": "N5", "type": "summary", "need": "x", "inputs": ["N1"]}, "type")]
+    for node, why in bad:
+        with pytest.raises(ValidationError, match=why):
+            _PlanShape.model_validate({"nodes": [node, ok["nodes"][-1]]})
+
+
+def test_planner_decoding_schema_compiles_for_xgrammar(tok):
+    """The hf backend compiles each role's schema with xgrammar; a keyword it cannot compile (a
+    regex feature, a union form) would fail every planner call at run time."""
+    xgr = pytest.importorskip("xgrammar")
+    from deepr.agent.planner import INITIAL, REVISE
+
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok))
+    for role in (INITIAL, REVISE):
+        compiled = compiler.compile_json_schema(json.dumps(role.output.fmt(role.action).json_schema))
+        matcher = xgr.GrammarMatcher(compiled)
+        assert matcher.accept_string('{"nodes": [{"id": "N1", "type": "search", "query": "plate')
+        assert not matcher.accept_string('"], "inputs"')  # a search node has no inputs

@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -128,16 +128,46 @@ def _fetch_check(ctx: Ctx, value: Any) -> list[str]:
 _Short = Annotated[str, Field(max_length=150)]
 
 
-class _NodeShape(PlanNode):
-    model_config = ConfigDict(extra="ignore")  # no open-ended extra keys in the decoding schema
-    query: str | None = Field(None, max_length=100)
-    need: _Short | None = None
+_NodeId = Annotated[str, Field(pattern=r"^N[0-9]{1,2}$")]  # the prompt's id style (N1, N2, ...)
+# two words at least (the acceptance check wants two content words; this keeps one-word queries out)
+_Query = Annotated[str, Field(max_length=100, pattern=r"^[^ ]+( [^ ]+)+$")]
+
+
+class _SearchShape(BaseModel):
+    """A search node as the prompt describes it: a query and key points, never inputs."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: _NodeId
+    type: Literal["search"]
+    query: _Query
     key_points: list[_Short] = Field(default_factory=list, max_length=4)
-    inputs: list[str] = Field(default_factory=list, max_length=8)
+
+
+class _AggregateShape(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: _NodeId
+    type: Literal["aggregate"]
+    need: _Short
+    key_points: list[_Short] = Field(default_factory=list, max_length=4)
+    inputs: list[_NodeId] = Field(min_length=1, max_length=8)
+
+
+class _AnswerShape(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: _NodeId
+    type: Literal["answer"]
+    need: _Short
+    inputs: list[_NodeId] = Field(min_length=1, max_length=8)
 
 
 class _PlanShape(BaseModel):
-    nodes: list[_NodeShape] = Field(max_length=10)  # rule 4: at most 6 searches, their aggregates, one answer
+    """The decoding schema of a plan (``--formats schema``): each node type with its own fields, so
+    a search node cannot take inputs nor a reader lack them. Which ids exist, the single answer
+    node and reachability are the validator's (code) and what the model must learn."""
+
+    model_config = ConfigDict(extra="forbid")
+    # rule 4: at most 6 searches, their aggregates, one answer
+    nodes: list[_SearchShape | _AggregateShape | _AnswerShape] = Field(min_length=2, max_length=10)
 
 
 class _RevisionShape(_PlanShape):
