@@ -32,6 +32,18 @@ def test_each_stage_defaults_to_its_papers_loss_aggregation_and_optimiser(tmp_pa
     assert trl_args(p).loss_type == "grpo"
 
 
+def test_grpo_recomputes_activations_by_default_even_on_cpu(tmp_path: Path):
+    """A planner revision call trains on ~3k tokens: storing every activation of a few of them took
+    a 135M model's first GRPO step past 12 GB on CPU (bench/sft_memory.py --grpo-scripted), and the
+    learning run's first step was killed at 22.9 GB. A --config file may still turn it off."""
+    from deepr.train.grpo import GrpoConfig, trl_args
+
+    on = trl_args(GrpoConfig(stage="planner", model="m", out=tmp_path))
+    assert on.gradient_checkpointing and on.gradient_checkpointing_kwargs == {"use_reentrant": False}
+    assert not trl_args(GrpoConfig(stage="planner", model="m", out=tmp_path, gradient_checkpointing=False)
+                        ).gradient_checkpointing
+
+
 @pytest.mark.parametrize("stage", ["answerer", "rubric", "decor", "warp-report", "warp-atomic"])
 def test_require_judge_llm_refuses_every_judged_stage_without_a_judge(stage, tmp_path):
     from typer.testing import CliRunner

@@ -81,6 +81,10 @@ class GrpoConfig(BaseModel):
                                               "turns included; None: 8192 planner, 16384 answerer.")
     max_turn_tokens: int | None = Field(None, ge=8, description="Most tokens of one model turn (None: only the "
                                         "rollout budget bounds it); a turn cut here ends its rollout.")
+    train_turns: int | None = Field(None, ge=1, description="Train on the first N model turns of each rollout "
+                                    "only; every turn is still sampled and the reward reads them all. None: all. "
+                                    "planner 1 trains the initial plan alone: its revision call carries ~2.5k "
+                                    "tokens of search results and cost ~4x the plan's training compute on CPU.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of rollouts (Table 5: 1.0).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of rollouts (Table 5: 1.0).")
     loss_type: str | None = Field(None, description="TRL loss aggregation; None: the stage paper's. grpo = mean "
@@ -108,7 +112,9 @@ class GrpoConfig(BaseModel):
                                                            "constant in the first steps: stop, warn or off.")
     report_to: str = Field("none", description="Extra logging integration: none, tensorboard, wandb.")
     bf16: bool | None = Field(None, description="bf16; None: on when the GPU supports it.")
-    gradient_checkpointing: bool | None = Field(None, description="None: on with a GPU.")
+    gradient_checkpointing: bool | None = Field(None, description="Recompute activations in the backward pass; "
+                                                "None: on (turn 2 of a planner rollout is ~3k tokens; storing them "
+                                                "took a 135M model's step past 12 GB on CPU, bench/sft_memory.py).")
     seed: int = Field(0, ge=0, lt=2**32, description="Seed of sampling, data order and LoRA initialisation.")
     resume: bool = Field(False, description="Continue from the last checkpoint in --out.")
     corpus: str = Field("wiki", description="planner: corpus the environment searches (as `deepr run --corpus`).")
@@ -299,6 +305,8 @@ def trl_args(config: GrpoConfig) -> Any:
     import torch
     from trl import GRPOConfig
 
+    from deepr.train.memory import checkpointing_args
+
     on_gpu = torch.cuda.is_available()
     bf16_ok = on_gpu and torch.cuda.is_bf16_supported()
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -316,7 +324,8 @@ def trl_args(config: GrpoConfig) -> Any:
         beta=config.beta, loss_type=config.loss_type, epsilon=config.epsilon, epsilon_high=config.epsilon_high,
         importance_sampling_level=config.importance_sampling_level, scale_rewards=config.scale_rewards,
         use_vllm=config.use_vllm, **vllm, bf16=bf16_ok if config.bf16 is None else config.bf16,
-        gradient_checkpointing=on_gpu if config.gradient_checkpointing is None else config.gradient_checkpointing,
+        # CPU too: each revision call trains on ~3k tokens and a micro-batch holds several (see the field)
+        **checkpointing_args(GRPOConfig, config.gradient_checkpointing is not False),
         save_strategy="steps", save_steps=config.save_steps, save_total_limit=2,
         logging_steps=config.logging_steps, report_to=config.report_to, seed=config.seed,
         use_cpu=not on_gpu, dataloader_num_workers=0, log_completions=False)
@@ -375,7 +384,8 @@ def train_grpo(config: GrpoConfig, rows: Sequence[dict[str, Any]], lookup: dict[
         base = str(merged if (merged / "config.json").is_file() else merge_adapter(config.model,
                                                                                     config.planner_adapter, merged))
     rollout = make_rollout_func(config.stage, lookup, budget=config.max_completion_length, env=env,
-                                generate_for=generate_for, turn_cap=config.max_turn_tokens)
+                                generate_for=generate_for, turn_cap=config.max_turn_tokens,
+                                train_turns=config.train_turns)
     stop, log = _make_stop_callback(), metrics_callback(config.out / METRICS)
     guard = zero_advantage_callback(config.zero_advantage, stage=config.stage)  # before `log`: it adds to the row
     trainer = build_trainer(config, base, rows, rollout, reward_fn or default_reward(config),
@@ -401,9 +411,10 @@ def fit_and_save(config: GrpoConfig, trainer: Any, stop: Any, log: Any, *, data_
                  resume_now: bool, t0: float) -> GrpoResult:
     """Train (Ctrl-C stops cleanly at a step), then save adapter + tokenizer + run metadata on rank 0.
     Every stage ends here, so outputs and deepr_meta.json look the same whatever the stage."""
-    from deepr.train.memory import lean_lm_head
+    from deepr.train.memory import lean_lm_head, return_freed_memory_to_os
     from deepr.train.sft import graceful_interrupt
 
+    return_freed_memory_to_os()
     main = trainer.is_world_process_zero()
     if main:
         write_run_meta(config, "running", data_fp, base, {"rows": n_rows})

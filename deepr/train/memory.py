@@ -20,6 +20,15 @@ from typing import Any
 CPU_VOCAB_CHUNK = 4096
 
 
+def checkpointing_args(args_cls: type, on: bool) -> dict[str, Any]:
+    """Activation checkpointing settings for a TRL config class, under the name its transformers
+    uses (5.x renamed ``gradient_checkpointing``; the old name still works but warns). Non-reentrant:
+    the reentrant form gives LoRA's frozen base no gradient path unless inputs are forced to need one."""
+    name = ("activation_checkpointing" if "activation_checkpointing" in getattr(args_cls, "__dataclass_fields__", {})
+            else "gradient_checkpointing")
+    return {name: on, name + "_kwargs": {"use_reentrant": False}}
+
+
 def return_freed_memory_to_os() -> bool:
     """Make glibc hand freed activation buffers back to the OS (Linux; a no-op elsewhere).
 

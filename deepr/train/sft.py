@@ -256,9 +256,7 @@ def write_run_meta(config: SftConfig, status: str, data_fp: str, counts: dict[st
 def _trl_args(config: SftConfig, on_gpu: bool, bf16_ok: bool) -> Any:
     from trl import SFTConfig
 
-    # transformers 5 renamed gradient checkpointing; the old name still works but warns.
-    ckpt_field = ("activation_checkpointing" if "activation_checkpointing" in SFTConfig.__dataclass_fields__
-                   else "gradient_checkpointing")
+    from deepr.train.memory import checkpointing_args
 
     return SFTConfig(
         output_dir=str(config.out), learning_rate=config.learning_rate, num_train_epochs=config.epochs,
@@ -269,7 +267,7 @@ def _trl_args(config: SftConfig, on_gpu: bool, bf16_ok: bool) -> Any:
         bf16=bf16_ok if config.bf16 is None else config.bf16,
         # Stored activations filled memory on CPU (SmolLM2-135M at ~3.5k tokens peaked at 11.4 GB without
         # checkpointing, see bench/sft_memory.py); recomputing them costs ~30 % more time.
-        **{ckpt_field: config.gradient_checkpointing is not False, ckpt_field + "_kwargs": {"use_reentrant": False}},
+        **checkpointing_args(SFTConfig, config.gradient_checkpointing is not False),
         max_length=config.max_length, completion_only_loss=config.loss == "completion",
         assistant_only_loss=config.loss == "assistant", save_strategy="steps", save_steps=config.save_steps,
         save_total_limit=2, logging_steps=config.logging_steps, report_to=config.report_to, seed=config.seed,
