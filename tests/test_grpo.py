@@ -106,6 +106,28 @@ def test_planner_turns_are_separate_calls_under_their_own_prompts(tok, retriever
     assert extra["plan"] == [REVISED, REVISED] and extra["initial_valid"] == [1.0, 1.0]
 
 
+def test_train_turns_keeps_the_first_calls_for_training_while_the_reward_reads_every_turn(tok, retriever):
+    """--stage planner with train_turns 1: both turns are sampled (R_plan scores the revised plan),
+    only the initial plan's call reaches the loss."""
+    from types import SimpleNamespace
+
+    from deepr.train.grpo import planner_dataset
+    from deepr.train.rollouts import PlannerEnvironment, make_rollout_func
+
+    rows, lookup = planner_dataset(_pairs(2))
+    prompts = [r["prompt"] for r in rows]
+    for turns, trained in ((None, 2), (1, 1)):
+        func = make_rollout_func("planner", lookup, budget=4000, env=PlannerEnvironment(retriever, k=2),
+                                 generate_for=lambda _t: scripted(tok, [json.dumps(PLAN), json.dumps(REVISED)]),
+                                 train_turns=turns)
+        trainer = SimpleNamespace(processing_class=tok, eos_token_ids=[tok.eos_token_id])
+        out = func(prompts, trainer)
+        assert out["plan"] == [REVISED, REVISED]  # the reward's input is the revised plan either way
+        assert [len(calls) for calls in trainer._warp_calls] == [trained, trained]
+        first = trainer._warp_calls[0][0]
+        assert tok.decode(first.completion_ids, skip_special_tokens=True) == json.dumps(PLAN)
+
+
 def test_planner_invalid_first_plan_is_reasked_and_budget_bounds_model_tokens(tok, retriever):
     from deepr.agent.planner import INITIAL
     from deepr.train.grpo import planner_dataset

@@ -381,12 +381,14 @@ def answerer_rollouts(prompts: Sequence[Any], records: dict[str, dict[str, Any]]
     return eps, extra
 
 
-def placeholders(trainer: Any, prompts: Sequence[Any], episodes: Sequence[Episode]) -> dict[str, Any]:
+def placeholders(trainer: Any, prompts: Sequence[Any], episodes: Sequence[Episode],
+                 train_turns: int | None = None) -> dict[str, Any]:
     """What TRL scores: one masked end token per episode; the episodes' calls are what trains
-    (``trainer._warp_calls``, read by :func:`deepr.train.warp_calls.call_batch`)."""
+    (``trainer._warp_calls``, read by :func:`deepr.train.warp_calls.call_batch`): all of them, or
+    the first ``train_turns`` of each (the reward still reads every turn)."""
     tok = trainer.processing_class
     eos = (list(getattr(trainer, "eos_token_ids", None) or []) or [tok.eos_token_id])[0]
-    trainer._warp_calls = [e.calls for e in episodes]
+    trainer._warp_calls = [e.calls[:train_turns] if train_turns else e.calls for e in episodes]
     call_stats(trainer, episodes)
     return {"prompt_ids": [prompt_ids(tok, p) for p in prompts], "completion_ids": [[eos] for _ in prompts],
             "logprobs": [[0.0] for _ in prompts], "env_mask": [[0] for _ in prompts]}
@@ -394,7 +396,7 @@ def placeholders(trainer: Any, prompts: Sequence[Any], episodes: Sequence[Episod
 
 def make_rollout_func(stage: str, lookup: dict[str, Any], *, budget: int, env: PlannerEnvironment | None = None,
                       generate_for: Callable[[Any], Generate] | None = None,
-                      turn_cap: int | None = None) -> Callable[[list[Any], Any], dict]:
+                      turn_cap: int | None = None, train_turns: int | None = None) -> Callable[[list[Any], Any], dict]:
     """A TRL ``rollout_func`` for ``stage``; ``lookup`` maps a prompt's last user message to its
     query (planner) or prepared record (answerer), since TRL hands the function prompts only.
     ``generate_for(trainer)`` swaps the generator (default: the trainer's own backend). Train with
@@ -414,6 +416,6 @@ def make_rollout_func(stage: str, lookup: dict[str, Any], *, budget: int, env: P
             eps, extra = answerer_rollouts(prompts, lookup, gen, tok, budget=budget, eos_ids=eos_ids,
                                            turn_cap=turn_cap)
             _log(trainer, "rollout/waves_done", extra["waves_done"])
-        return {**placeholders(trainer, prompts, eps), **extra}
+        return {**placeholders(trainer, prompts, eps, train_turns), **extra}
 
     return rollout_func

@@ -38,6 +38,8 @@ class StageConfig(GrpoConfig):
                              f"{self.mini_batch_prompts}")
         if self.planner_adapter is not None:
             raise ValueError(f"--planner-adapter is for --stage answerer, not {self.stage}")
+        if self.train_turns is not None:
+            raise ValueError(f"train_turns is for --stage planner and answerer, not {self.stage}")
         return self
 
     @property
