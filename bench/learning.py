@@ -136,7 +136,7 @@ def evaluate(cfg: LearnConfig, spec: str, name: str, held: Path, seed: int, log:
         return scores
     deepr(["run", "--queries", str(held), "--mode", "dag", "--corpus", cfg.corpus, "--top-k", str(cfg.top_k), "--llm", spec, "--out", str(runs), "--no-cache",
            "--temperature", "0", "--seed", str(seed), "--max-tokens", str(cfg.eval_max_tokens), "--timeout", "900",
-           "--max-reasks", "0", "--allow-fallback"], log, threads=cfg.threads)
+           "--max-reasks", "0", "--formats", cfg.formats, "--allow-fallback"], log, threads=cfg.threads)
     scores.parent.mkdir(parents=True, exist_ok=True)
     deepr(["eval", str(runs), "--metric", "plan_reward,rubric,citation", "--rubrics", str(held), "--out",
            str(scores), "--allow-fallback"], log, threads=cfg.threads)
@@ -172,7 +172,7 @@ def train_grpo(cfg: LearnConfig, merged: Path, train: Path, seed: int, log: Path
     if not done(grpo):
         conf = {"seed": seed, "lora_r": cfg.lora_r, "lora_alpha": 2 * cfg.lora_r, "learning_rate": cfg.grpo_lr,
                 "temperature": 0.8, "max_turn_tokens": cfg.eval_max_tokens, "zero_advantage": "warn", "save_steps": 1, "report_to": cfg.report_to,
-                "use_vllm": cfg.use_vllm}
+                "use_vllm": cfg.use_vllm, "train_turns": cfg.grpo_train_turns or None}
         write_atomic(w / "grpo.json", conf)
         deepr(["grpo", "--stage", "planner", "--model", str(merged), "--data", str(train), "--out", str(grpo),
                "--config", str(w / "grpo.json"), "--corpus", cfg.corpus, "--k", str(cfg.top_k), "--max-steps", str(cfg.grpo_steps),

@@ -38,6 +38,7 @@ class LearnConfig:
     sft_actions: str = "plan"  # planner turns to learn from: plan, or plan,revise
     grpo_steps: int = 3
     grpo_lr: float = 1e-4
+    grpo_train_turns: int = 1  # planner turns GRPO trains on (0: both); 1 = the initial plan, see GrpoConfig
     num_generations: int = 4
     prompts_per_step: int = 2
     rollout_tokens: int = 800
@@ -46,6 +47,7 @@ class LearnConfig:
     top_k: int = 3
     minutes: float = 60.0
     llm: str = "smollm2"
+    formats: str = "schema"  # decoding constraints of every evaluation (deepr run --formats), one for all stages
     corpus: str = "wiki"
     use_vllm: bool = False
     threads: int = 1
@@ -70,6 +72,10 @@ def validate(cfg: LearnConfig) -> LearnConfig:
         raise ValueError(f"--trees {cfg.trees}: too few to hold out {cfg.heldout_topics} topics and train on others")
     if not cfg.seeds or len(set(cfg.seeds)) != len(cfg.seeds):
         raise ValueError(f"--seeds {cfg.seeds}: give distinct seeds, e.g. 0,1,2")
+    if cfg.grpo_train_turns not in (0, 1, 2):
+        raise ValueError(f"--grpo-train-turns {cfg.grpo_train_turns}: give 1 (the initial plan), 2 or 0 (both turns)")
+    if cfg.formats not in ("schema", "strict"):
+        raise ValueError(f"--formats {cfg.formats!r}: give schema or strict")
     bad = set(cfg.sft_actions.split(",")) - {"plan", "revise"}
     if bad or not cfg.sft_actions:
         raise ValueError(f"--sft-actions {cfg.sft_actions!r}: give plan, or plan,revise")
@@ -86,13 +92,16 @@ def parse_args(argv: list[str] | None = None) -> LearnConfig:
     p.add_argument("--results", type=Path, default=d.results, help="where learning.json goes")
     p.add_argument("--img", type=Path, default=d.img, help="where the PNG figures go")
     for name in ("trees", "heldout_topics", "heldout", "max_train", "sft_steps", "sft_batch", "grpo_steps", "num_generations",
-                 "prompts_per_step", "rollout_tokens", "eval_max_tokens", "lora_r", "top_k", "threads", "jobs"):
+                 "prompts_per_step", "rollout_tokens", "eval_max_tokens", "lora_r", "top_k", "threads", "jobs",
+                 "grpo_train_turns"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
     for name in ("sft_lr", "grpo_lr", "minutes"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
     p.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds")
     p.add_argument("--sft-actions", default=d.sft_actions, help="planner turns SFT learns from: plan, or plan,revise")
     p.add_argument("--corpus", default=d.corpus, help="corpus of trees, runs and rollouts (as deepr --corpus)")
+    p.add_argument("--formats", default=d.formats, help="decoding constraints of every evaluation: schema (each "
+                   "role's JSON schema; the plan's structure is the model's) or strict (fixed plan skeleton)")
     p.add_argument("--llm", default=d.llm, help="base model spec (smollm2, or hf:<folder> of a chat model)")
     p.add_argument("--use-vllm", action="store_true", help="GRPO rollouts with vLLM (GPU)")
     p.add_argument("--report-only", action="store_true", help="run nothing: rescore what --work holds and "

@@ -135,6 +135,8 @@ def test_plots_are_written_from_a_small_metrics_file(tmp_path):
     (["--heldout", "0"], "--heldout 0: must be at least 1"),
     (["--sft-actions", "plan,answer"], "--sft-actions 'plan,answer': give plan, or plan,revise"),
     (["--sft-batch", "0"], "--sft-batch 0: must be at least 1"),
+    (["--grpo-train-turns", "3"], "--grpo-train-turns 3: give 1"),
+    (["--formats", "free"], "--formats 'free': give schema or strict"),
 ])
 def test_size_and_budget_flags_are_checked_before_anything_runs(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
