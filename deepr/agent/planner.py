@@ -135,31 +135,28 @@ _NodeId = Annotated[str, Field(pattern=r"^N[0-9]{1,2}$")]  # the prompt's id sty
 _Query = Annotated[str, Field(max_length=250, pattern=r'^[^ "\\]{1,24}( [^ "\\]{1,24}){1,9}$')]
 
 
-class _SearchShape(BaseModel):
-    """A search node as the prompt describes it: a query and key points, never inputs."""
-
+class _Shape(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: _NodeId
+
+
+class _SearchShape(_Shape):
+    """A search node as the prompt describes it: a query and key points, never inputs."""
+
     type: Literal["search"]
     query: _Query
     key_points: list[_Short] = Field(default_factory=list, max_length=4)
 
 
-class _AggregateShape(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    id: _NodeId
-    type: Literal["aggregate"]
-    need: _Short
-    key_points: list[_Short] = Field(default_factory=list, max_length=4)
-    inputs: list[_NodeId] = Field(min_length=1, max_length=8)
-
-
-class _AnswerShape(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    id: _NodeId
+class _AnswerShape(_Shape):
     type: Literal["answer"]
     need: _Short
     inputs: list[_NodeId] = Field(min_length=1, max_length=8)
+
+
+class _AggregateShape(_AnswerShape):
+    type: Literal["aggregate"]  # type: ignore[assignment]
+    key_points: list[_Short] = Field(default_factory=list, max_length=4)
 
 
 class _PlanShape(BaseModel):
