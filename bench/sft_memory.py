@@ -21,6 +21,14 @@ how the "before" row is produced with the same script.
     python bench/sft_memory.py --model /tmp/smollm2-hf \
         --label before --code /tmp/before --label after --code . --out bench/results/sft_memory.json
 
+``--grpo-scripted`` measures one planner GRPO step at the learning bench's sizes with scripted
+turns (no generation), e.g. activation recomputation off / on and ``train_turns`` 1:
+
+    python bench/sft_memory.py --grpo-scripted --model learn-work/seed0/sft-merged --data learn-work/train.jsonl \
+        --plan-from learn-work/trajectories.jsonl --steps 1 --rss-cap-mb 12000 \
+        --label off --code . --overrides '{"gradient_checkpointing": false}' \
+        --label on --code . --overrides '{"gradient_checkpointing": true}'
+
 The result keeps rows of earlier runs under other labels; ``ratios`` compares each row of one run
 with that run's first row (peak RSS, CPU seconds per step, and the largest loss difference).
 """
@@ -89,6 +97,21 @@ print("RESULT " + json.dumps({"step_seconds": timer.times, "step_cpu_seconds": t
 """
 
 
+# --grpo-scripted: the same planner step, but every model turn is a fixed reply (a valid plan,
+# padded to --turn-tokens tokens), so the training step's memory is measured at the learning bench's
+# sizes without paying for CPU generation. Turn 1 is valid, so turn 2's prompt carries real search results.
+GRPO_SCRIPTED_CHILD = GRPO_CHILD.replace("timer = Timer()", r"""
+plan_text, turn_tokens = opts_extra["plan"], opts_extra["turn_tokens"]
+def generate_for(trainer):
+    tok = trainer.processing_class
+    ids = tok(plan_text, add_special_tokens=False)["input_ids"]
+    pad = tok(" ", add_special_tokens=False)["input_ids"]
+    reply = (ids + pad * turn_tokens)[:max(turn_tokens - 1, len(ids))] + [tok.eos_token_id]  # ends inside the cap
+    return lambda seqs, first, max_new: ([reply[:max_new] for _ in seqs], None)
+timer = Timer()""").replace("callbacks=[timer])", "callbacks=[timer], generate_for=generate_for)").replace(
+    "opts = json.loads(sys.argv[1])", "opts = json.loads(sys.argv[1]); opts_extra = opts.pop('scripted')")
+
+
 def vm_hwm_kb(pid: int) -> int:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -99,7 +122,7 @@ def vm_hwm_kb(pid: int) -> int:
     return 0
 
 
-def measure(code: Path, opts: dict, child: str = CHILD) -> dict:
+def measure(code: Path, opts: dict, child: str = CHILD, rss_cap_mb: int | None = None) -> dict:
     """One sft (or grpo) run in a child process: peak RSS (MB) and seconds per step."""
     env = {**os.environ, "PYTHONPATH": str(code.resolve()), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -109,11 +132,14 @@ def measure(code: Path, opts: dict, child: str = CHILD) -> dict:
     # one imported, not the copy in whatever folder the bench was started from.
     proc = subprocess.Popen([sys.executable, "-c", child, json.dumps(opts)], env=env, cwd=code.resolve(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    sampled = [0]
+    sampled, capped = [0], [False]
 
     def sample() -> None:  # the kernel keeps the high-water mark; sampling only guards against a reused pid
         while proc.poll() is None:
             sampled[0] = max(sampled[0], vm_hwm_kb(proc.pid))
+            if rss_cap_mb and sampled[0] > rss_cap_mb * 1024:  # a shared machine: stop before the OOM killer does
+                capped[0] = True
+                proc.kill()
             time.sleep(0.2)
 
     thread = threading.Thread(target=sample, daemon=True)
@@ -122,6 +148,8 @@ def measure(code: Path, opts: dict, child: str = CHILD) -> dict:
     thread.join()
     wall = time.perf_counter() - t0
     line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
+    if capped[0]:
+        return {"peak_rss_mb": None, "killed_above_rss_mb": rss_cap_mb, "wall_seconds": round(wall, 1)}
     if proc.returncode or line is None:
         raise SystemExit(f"sft child failed (exit {proc.returncode}):\n{err[-3000:]}")
     res = json.loads(line[len("RESULT "):])
@@ -162,9 +190,10 @@ def synthetic_data(path: Path, n: int = 8) -> Path:
 
 
 def ratios(rows: dict) -> dict:
-    """Each later row against the first of this run: peak RSS and CPU time per step as ratios, and
-    how far its losses (GRPO: rewards) are from the first row's (same data and seed: they should agree)."""
-    labels = list(rows)
+    """Each later row against the first of this run that finished (a row killed at --rss-cap-mb has
+    nothing to divide by): peak RSS and CPU time per step as ratios, and how far its losses (GRPO:
+    rewards) are from that row's (same data and seed: they should agree)."""
+    labels = [label for label in rows if rows[label].get("peak_rss_mb")]
     if len(labels) < 2:
         return {}
     base, out = rows[labels[0]], {}
@@ -186,6 +215,18 @@ def ratios(rows: dict) -> dict:
     return out
 
 
+def scripted_plan(path: Path) -> str:
+    for line in path.read_text(encoding="utf-8").splitlines():
+        turns = json.loads(line).get("turns", [])
+        plan = next((t["completion"] for t in turns if t.get("action") == "plan" and t.get("ok")), None)
+        if plan:  # the learning bench's compact form, so that it fits a turn and turn 2 gets the search results
+            sys.path.insert(0, str(ROOT))
+            from bench.learning import compact_plan
+
+            return compact_plan(plan) or plan
+    raise SystemExit(f"{path}: no accepted planner turn (action 'plan', ok) to script turn 1 with")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="Model folder (e.g. SmolLM2-135M-Instruct converted to HF).")
@@ -196,19 +237,44 @@ def main() -> None:
     ap.add_argument("--lora", action="store_true", help="LoRA (deepr's default) instead of the demo's --full.")
     ap.add_argument("--grpo", action="store_true", help="Measure `grpo --stage planner` at the demo's settings "
                     "instead (--data: verified.jsonl / pairs.jsonl; corpus wiki from $DEEPR_CACHE).")
+    ap.add_argument("--grpo-scripted", action="store_true", help="Measure one planner GRPO step at the learning "
+                    "bench's sizes with scripted turns (no generation): --generations x --prompts rollouts of two "
+                    "--turn-tokens turns; the plan of turn 1 is taken from --plan-from (a trajectories.jsonl).")
+    ap.add_argument("--rss-cap-mb", type=int, help="Kill a run whose resident memory passes this (recorded as "
+                    "killed_above_rss_mb), so that a measurement cannot take the machine down.")
+    ap.add_argument("--generations", type=int, default=4)
+    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--turn-tokens", type=int, default=400)
+    ap.add_argument("--plan-from", type=Path, help="trajectories.jsonl whose first planner turn is the scripted plan.")
+    ap.add_argument("--overrides", action="append", default=[], help="Per --label: a JSON object of config "
+                    "fields for that row (e.g. '{\"gradient_checkpointing\": false}').")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "sft_memory.json")
     args = ap.parse_args()
     if len(args.label) != len(args.code):
         ap.error("give one --code per --label")
+    if args.overrides and len(args.overrides) != len(args.label):
+        ap.error("give one --overrides per --label, or none")
+    overrides = [json.loads(o) for o in args.overrides] or [{} for _ in args.label]
+    args.grpo = args.grpo or args.grpo_scripted
+    if args.grpo_scripted and args.plan_from is None:
+        ap.error("--grpo-scripted needs --plan-from (a trajectories.jsonl with a planner turn)")
     rows = {}
     data_tmp = tempfile.TemporaryDirectory()
     if args.grpo and args.data is None:
         ap.error("--grpo needs --data (QRPair rows: verified.jsonl or pairs.jsonl)")
     if args.data is None:
         args.data = synthetic_data(Path(data_tmp.name) / "sft.jsonl")
-    for label, code in zip(args.label, args.code):
+    for label, code, extra in zip(args.label, args.code, overrides):
         with tempfile.TemporaryDirectory() as tmp:
-            if args.grpo:  # examples/demo.sh grpo-planner; "warn" keeps a zero-reward group from ending the run
+            if args.grpo_scripted:
+                opts = {"stage": "planner", "model": args.model, "data": str(args.data), "out": str(Path(tmp) / "o"),
+                        "max_steps": args.steps, "num_generations": args.generations,
+                        "prompts_per_step": args.prompts, "max_turn_tokens": args.turn_tokens,
+                        "max_completion_length": 2 * args.turn_tokens, "k": 3, "zero_advantage": "off",
+                        "save_steps": 10_000, "lora_r": 16, "lora_alpha": 32, **extra,
+                        "scripted": {"plan": scripted_plan(args.plan_from), "turn_tokens": args.turn_tokens}}
+                rows[label] = {"code": str(code), "overrides": extra, **measure(code, opts, GRPO_SCRIPTED_CHILD, args.rss_cap_mb)}
+            elif args.grpo:  # examples/demo.sh grpo-planner; "warn" keeps a zero-reward group from ending the run
                 opts = {"stage": "planner", "model": args.model, "data": str(args.data), "out": str(Path(tmp) / "o"),
                         "max_steps": args.steps, "num_generations": 2, "prompts_per_step": 1,
                         "max_completion_length": 256, "k": 2, "zero_advantage": "warn", "save_steps": 10_000}
@@ -221,13 +287,15 @@ def main() -> None:
         print(label, json.dumps(rows[label]), flush=True)
     result = {"model": args.model, "data": "synthetic (see docstring)" if args.data.is_relative_to(data_tmp.name)
               else str(args.data), "steps": args.steps,
-              "settings": ("demo.sh grpo-planner: --num-generations 2 --prompts-per-step 1 --max-completion-length "
+              "settings": (f"learning-bench grpo planner, scripted turns: {args.generations} generations x "
+                           f"{args.prompts} prompts, turns of {args.turn_tokens} tokens, k 3, LoRA r 16"
+                           if args.grpo_scripted else "demo.sh grpo-planner: --num-generations 2 --prompts-per-step 1 --max-completion-length "
                            "256 --k 2 (LoRA), zero_advantage warn" if args.grpo else
                            "demo.sh sft: --role planner --lr 1e-3 --grad-accum 1 --max-length 4096 "
                            + ("(LoRA)" if args.lora else "--full")),
               "machine": f"{os.cpu_count()} cpus; timings taken under load from other jobs", "runs": rows}
     existing = json.loads(args.out.read_text()) if args.out.is_file() else {}
-    key = "grpo_planner" if args.grpo else "lora" if args.lora else "full"
+    key = "grpo_planner_scripted" if args.grpo_scripted else "grpo_planner" if args.grpo else "lora" if args.lora else "full"
     result["ratios"] = {**existing.get(key, {}).get("ratios", {}), **ratios(rows)}
     result["runs"] = {**existing.get(key, {}).get("runs", {}), **rows}  # rows of other labels stay
     existing[key] = result
