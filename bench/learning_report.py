@@ -98,7 +98,8 @@ def rescore(cfg: LearnConfig) -> dict[str, Any]:
     runs = [("base", "base", cfg.seeds)] + [(f"{st}-s{s}", st, [s]) for s in cfg.seeds for st in ("sft", "grpo")]
     for name, stage, seeds in runs:
         folder = cfg.work / "runs" / name
-        if not (folder / "reports.jsonl").is_file():
+        finished = [f for f in folder.glob("*.json") if not f.name.endswith(".meta.json")]
+        if not finished:  # not started, or no question finished yet: nothing to score
             continue
         if not done(folder):
             open_runs.append(name)

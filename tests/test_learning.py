@@ -190,3 +190,24 @@ def test_sft_data_keeps_the_chosen_planner_turns_in_compact_form(tmp_path):
     assert node["query"] == "one two three four five six seven" and "key_points" not in node
     learning.compact_sft(src, tmp_path / "both.jsonl", actions=("plan", "revise"))
     assert [json.loads(x)["action"] for x in (tmp_path / "both.jsonl").read_text().splitlines()] == ["plan", "revise"]
+
+
+def test_report_only_skips_an_evaluation_with_no_finished_question(tmp_path, monkeypatch):
+    """`--report-only` during a run: an evaluation that has started (reports.jsonl exists) but
+    finished no question has nothing to score; it is listed as not finished instead of making
+    `deepr eval` fail on an empty folder and the whole report with it."""
+    from bench import learning_report
+
+    work = tmp_path / "w"
+    (work / "runs" / "sft-s0").mkdir(parents=True)
+    (work / "runs" / "sft-s0" / "reports.jsonl").write_text("")
+    (work / "runs" / "sft-s0" / "reports.jsonl.meta.json").write_text("{}")
+    (work / "heldout.jsonl").write_text(json.dumps({"id": "q1", "question": "q?"}) + "\n")
+    (work / "split.json").write_text(json.dumps({"heldout_topics": ["cat0"], "train_topics": ["cat1"], "train_ids": ["t1"]}))
+    called: list = []
+    monkeypatch.setattr(learning_report, "deepr", lambda args, *a, **k: called.append(args))
+    cfg = learning.parse_args(["--work", str(work), "--results", str(tmp_path / "r"), "--img", str(tmp_path / "i"),
+                               "--report-only", "--seeds", "0"])
+    res = learning_report.rescore(cfg)
+    assert called == []
+    assert "sft-s0" in res["status"] and res["status"].startswith("partial")
