@@ -355,6 +355,7 @@ def main() -> None:
     ap.add_argument("--backends", default="hf,llamacpp")
     ap.add_argument("--modes", default="dag,warp,decor,tools")
     ap.add_argument("--questions", type=int, default=1)
+    ap.add_argument("--first", type=int, default=0, help="index of the first question in QUESTIONS to ask")
     ap.add_argument("--corpus", default="wiki", help="a corpus spec, or wiki-subset: the articles that name the "
                     "questions' words plus 200 others (quick to index)")
     ap.add_argument("--deadline", type=float, default=None, help="seconds of model calls per run")
@@ -372,7 +373,7 @@ def main() -> None:
     if a.reaudit:
         return reaudit(Path(a.out))
     if a.corpus == "wiki-subset":
-        a.corpus = str(wiki_subset(Path(a.work) / "wiki-subset.jsonl", QUESTIONS[: a.questions]))
+        a.corpus = str(wiki_subset(Path(a.work) / "wiki-subset.jsonl", QUESTIONS[a.first : a.first + a.questions]))
     old = json.loads(Path(a.out).read_text()) if a.resume and Path(a.out).is_file() else {}
     rows: list[dict] = [r for r in old.get("runs", []) if "calls" in r]
     done = {(r["backend"], r["mode"], r["question"]) for r in rows}
@@ -389,7 +390,7 @@ def main() -> None:
         ctx = llama_server() if backend == "llamacpp" else contextlib.nullcontext(None)
         with ctx as base_url:
             # question-major: a run cut short still has every mode of its first question
-            for q_no, q in enumerate(QUESTIONS[: a.questions]):
+            for q_no, q in enumerate(QUESTIONS[a.first : a.first + a.questions], start=a.first):
                 for mode in a.modes.split(","):
                     if (backend, mode, q) in done:
                         continue
