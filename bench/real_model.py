@@ -136,14 +136,22 @@ def audit_turn(turn: dict, shown: set[str]) -> list[str]:
     """Why an accepted turn is junk (empty: it is not)."""
     bad = []
     system = " ".join(_flat(m["content"]) for m in turn["messages"] if m["role"] == "system")
+    # the loop's own corrections (tools mode keeps them in its conversation): user turns after
+    # the first that are not tool output
+    users = [m["content"] for m in turn["messages"] if m["role"] == "user"]
+    corrections = " | ".join(_flat(u) for u in users[1:] if not u.lstrip().startswith("<tool_response>"))
     for body in _bodies(turn["completion"]):
         flat = _flat(body)
+        copied = [x for x in (p.rstrip(".") for p in re.split(r"(?<=[.!?])\s+", flat))
+                  if len(x) >= 24 and (x in system or x in corrections)]
         if body.strip() and not re.search(r"[A-Za-z0-9]", re.sub(r"\[[^\]]*\]", "", body)):
             bad.append(f"placeholder {body.strip()[:40]!r}")
         elif "..." in body or "…" in body or _templated(flat):
             bad.append(f"template text in {body.strip()[:60]!r}")
         elif len(flat) >= 24 and flat in system:
             bad.append(f"echo of the instructions {body.strip()[:60]!r}")
+        elif copied:
+            bad.append(f"echo: a sentence copied from the instructions or a correction {copied[0][:60]!r}")
         elif why := _degenerate(body):
             bad.append(why)
     for q in _queries(turn):
