@@ -337,12 +337,19 @@ def _step_format(a: StepAsk, *, may_call: bool) -> OutputFormat | None:
                                                   terms=terms))
 
 
-def query_with(terms: Sequence[str], words: tuple[int, int] = (2, 8)) -> str:
-    """A search query (two to eight words, see :func:`search_query`) carrying one of ``terms``."""
+def query_with(terms: Sequence[str], words: tuple[int, int] = (2, 6)) -> str:
+    """A search query of ``words`` words in all (see :func:`search_query`) carrying one of
+    ``terms``: one branch per position of the term, so the total stays bounded (SmolLM2 copied a
+    long earlier query and appended a new word, 13 words, when only the two sides were)."""
     lo, hi = words
     term = "(?:" + "|".join(re.escape(t) for t in dict.fromkeys(terms)) + ")"
-    return (rf"(?:(?:{QUERY_WORD} ){{1,{hi - 1}}}{term}(?: {QUERY_WORD}){{0,{hi - 2}}}"
-            rf"|{term}(?: {QUERY_WORD}){{{lo - 1},{hi - 1}}})")
+    branches = []
+    for before in range(hi):
+        after_lo, after_hi = max(0, lo - 1 - before), hi - 1 - before
+        head = rf"(?:{QUERY_WORD} ){{{before}}}" if before else ""
+        tail = rf"(?: {QUERY_WORD}){{{after_lo},{after_hi}}}" if after_hi else ""
+        branches.append(f"{head}{term}{tail}")
+    return "(?:" + "|".join(branches) + ")"
 
 
 def _step_regex(shown: Sequence[str], *, may_call: bool, browse: Sequence[str], terms: Sequence[str] | None) -> str:
