@@ -274,6 +274,8 @@ def test_a_follow_up_search_must_add_a_new_term_and_a_browse_a_new_document(retr
     assert not re.fullmatch(second, search.format("volcano eruption causes"))  # the repeat
     assert not re.fullmatch(second, search.format("eruption causes volcano"))  # no new word either
     assert re.fullmatch(second, search.format("volcano erupts suddenly"))  # "erupts": the question's
+    # at most six words in all: SmolLM2 appended a new word to a long copy of its first query
+    assert not re.fullmatch(second, search.format("volcano eruption causes lava flows rocks erupts"))
     title_word = next(w for c in ctx.tracer.tools[0]["ids"] for w in re.findall(r"[A-Za-z]{4,}", ctx.catalog[c].title)
                       if w.lower() not in {"volcano", "eruption", "causes"})
     assert re.fullmatch(second, search.format(f"{title_word} magma"))  # a lead from a result title
