@@ -136,14 +136,22 @@ def audit_turn(turn: dict, shown: set[str]) -> list[str]:
     """Why an accepted turn is junk (empty: it is not)."""
     bad = []
     system = " ".join(_flat(m["content"]) for m in turn["messages"] if m["role"] == "system")
+    # the loop's own corrections (tools mode keeps them in its conversation): user turns after
+    # the first that are not tool output
+    users = [m["content"] for m in turn["messages"] if m["role"] == "user"]
+    corrections = " | ".join(_flat(u) for u in users[1:] if not u.lstrip().startswith("<tool_response>"))
     for body in _bodies(turn["completion"]):
         flat = _flat(body)
+        copied = [x for x in (p.rstrip(".") for p in re.split(r"(?<=[.!?])\s+", flat))
+                  if len(x) >= 24 and (x in system or x in corrections)]
         if body.strip() and not re.search(r"[A-Za-z0-9]", re.sub(r"\[[^\]]*\]", "", body)):
             bad.append(f"placeholder {body.strip()[:40]!r}")
         elif "..." in body or "…" in body or _templated(flat):
             bad.append(f"template text in {body.strip()[:60]!r}")
         elif len(flat) >= 24 and flat in system:
             bad.append(f"echo of the instructions {body.strip()[:60]!r}")
+        elif copied:
+            bad.append(f"echo: a sentence copied from the instructions or a correction {copied[0][:60]!r}")
         elif why := _degenerate(body):
             bad.append(why)
     for q in _queries(turn):
@@ -355,6 +363,7 @@ def main() -> None:
     ap.add_argument("--backends", default="hf,llamacpp")
     ap.add_argument("--modes", default="dag,warp,decor,tools")
     ap.add_argument("--questions", type=int, default=1)
+    ap.add_argument("--first", type=int, default=0, help="index of the first question in QUESTIONS to ask")
     ap.add_argument("--corpus", default="wiki", help="a corpus spec, or wiki-subset: the articles that name the "
                     "questions' words plus 200 others (quick to index)")
     ap.add_argument("--deadline", type=float, default=None, help="seconds of model calls per run")
@@ -372,7 +381,7 @@ def main() -> None:
     if a.reaudit:
         return reaudit(Path(a.out))
     if a.corpus == "wiki-subset":
-        a.corpus = str(wiki_subset(Path(a.work) / "wiki-subset.jsonl", QUESTIONS[: a.questions]))
+        a.corpus = str(wiki_subset(Path(a.work) / "wiki-subset.jsonl", QUESTIONS[a.first : a.first + a.questions]))
     old = json.loads(Path(a.out).read_text()) if a.resume and Path(a.out).is_file() else {}
     rows: list[dict] = [r for r in old.get("runs", []) if "calls" in r]
     done = {(r["backend"], r["mode"], r["question"]) for r in rows}
@@ -389,7 +398,7 @@ def main() -> None:
         ctx = llama_server() if backend == "llamacpp" else contextlib.nullcontext(None)
         with ctx as base_url:
             # question-major: a run cut short still has every mode of its first question
-            for q_no, q in enumerate(QUESTIONS[: a.questions]):
+            for q_no, q in enumerate(QUESTIONS[a.first : a.first + a.questions], start=a.first):
                 for mode in a.modes.split(","):
                     if (backend, mode, q) in done:
                         continue

@@ -72,11 +72,27 @@ def no_placeholder(value: Any, messages: Sequence[Message], reasks: Sequence[str
     return problems[:3]
 
 
+_QUOTE = re.compile(r"'[^']*'|\"[^\"]*\"")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+def _copied_sentence(text: str, sources: Sequence[str]) -> str | None:
+    """The first sentence of ``text`` (24+ characters) found verbatim in one of ``sources``."""
+    for sentence in _SENTENCE.split(text):
+        body = _norm(sentence)
+        if len(body) >= _ECHO_MIN and any(body in t for t in sources):
+            return sentence.strip()
+    return None
+
+
 def no_echo(value: Any, messages: Sequence[Message], reasks: Sequence[str] = ()) -> list[str]:
-    """A reply that repeats the instructions (system prompt), a re-ask, or the whole request."""
+    """A reply that repeats the instructions (system prompt), a re-ask, or the whole request;
+    in a longer text, one sentence copied from the instructions or a re-ask is enough."""
     instructions = [_norm(str(m.get("content", ""))) for m in messages if m.get("role") == "system"]
     requests = [_norm(str(m.get("content", ""))) for m in messages if m.get("role") == "user"]
     again = [_norm(r) for r in reasks]
+    # A re-ask may quote the rejected reply ('...'); a corrected reply may rightly keep that text.
+    own_words = [_norm(_QUOTE.sub(" ", r)) for r in reasks]
     for s in strings(value):
         body = _norm(s)
         if len(body) < _ECHO_MIN:
@@ -87,6 +103,10 @@ def no_echo(value: Any, messages: Sequence[Message], reasks: Sequence[str] = ())
             return ["the reply repeats the correction request instead of a corrected reply"]
         if any(body == t for t in requests):
             return ["the reply repeats the request instead of answering it"]
+        if copied := _copied_sentence(s, instructions):
+            return [f"the sentence {copied[:60]!r} is copied from the instructions, not written from the evidence"]
+        if copied := _copied_sentence(s, own_words):
+            return [f"the sentence {copied[:60]!r} is copied from the correction request, not an answer"]
     return []
 
 

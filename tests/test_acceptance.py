@@ -188,3 +188,22 @@ def test_degenerate_text_is_rejected_but_prose_with_numbers_is_not():
             "The Thames flows through London; the Thames is the longest river in England [S1-R1]."]
     for value in fine:
         assert no_babble(value, []) == [], value
+
+
+def test_one_sentence_copied_from_a_reask_or_the_instructions_is_an_echo():
+    """Seen from SmolLM2 in tools mode (hf): after a repeated search was refused, its answer began
+    with a sentence of the refusal, cited to a real id, and was accepted."""
+    reask = ("Your reply could not be used: not accepted: the search 'What causes the seasons on Earth' was "
+             "already made; search for something not yet covered, or answer. Reply with brief reasoning.")
+    echo = ("Search for something not yet covered, or answer. The seasons are caused by the tilt of the "
+            "axis of the Earth [S1-R2].")
+    assert "correction request" in no_echo(echo, PROMPT, [reask])[0]
+    copied = "You plan the searches of a system. Volcanoes erupt when magma rises [S1-R1]."
+    system = [{"role": "system", "content": "You plan the searches of a system. Reply exactly as: "
+                                             "<think>which fact</think> and more words here."}]
+    assert "copied from the instructions" in no_echo(copied, system)[0]
+    # the re-ask's quotation of the refused reply is the model's own text: keeping it is no echo
+    kept = "What causes the seasons on Earth is the tilt of its axis [S1-R2]. Summer has longer days [S1-R3]."
+    assert no_echo(kept, PROMPT, [reask]) == []
+    assert no_echo("The seasons are caused by the tilt of the axis [S1-R2]. Summer days are long [S1-R3].",
+                   PROMPT, [reask]) == []

@@ -119,3 +119,50 @@ def test_non_english_and_multi_part_questions_run(tools):
         result = run_agent(question, tools=tools, llm=ExtractiveLLM(), config=RunConfig(mode="decor"))
         assert result.answer and set(cited_ids(result.markdown)) == set(result.trace.citations)
         assert 1 <= len(result.trace.model_extra["queries"]) <= 4
+
+
+
+def test_the_filter_keeps_statements_of_the_results_not_prose_about_anything(tools):
+    """Seen from SmolLM2 (llama.cpp): under a free cited-prose format its filter wrote "The process
+    of scientific inquiry involves collecting data ... [S1-R3]" for a search about volcanoes, and the
+    answer followed that memory off topic. The strict format is now the results' own sentences, each
+    with its id, and the filter is told the question as well as the planner's query."""
+    import re
+
+    from deepr.agent import Ctx, Tracer
+    from deepr.agent.decor import FILTER, DecorAsk, MemoryItem, kept_statements
+
+    ctx = Ctx(llm=ExtractiveLLM(), tools=tools, config=RunConfig(mode="decor"), tracer=Tracer(QUERY, "decor"))
+    ids = ctx.search("S1", "Adam Smith economist")
+    ask = DecorAsk(ctx, "The question about Adam Smith", [], ids=ids, question=QUERY)
+    rx = FILTER.constrain(ask).regex
+    statements = kept_statements(ask)
+    assert statements and all(re.search(r" \[S1-R\d+\][.!?]?$", s) for s in statements)
+    assert re.fullmatch(rx, f"<filter>{statements[0]}</filter>")
+    assert re.fullmatch(rx, f"<filter>{statements[0]} {statements[-1]}</filter>")
+    # each statement at most once, in the results' order (a repeat made the check refuse it)
+    assert not re.fullmatch(rx, f"<filter>{statements[0]} {statements[0]}</filter>")
+    assert len(statements) < 2 or not re.fullmatch(rx, f"<filter>{statements[-1]} {statements[0]}</filter>")
+    junk = ("The process of scientific inquiry involves collecting data through experiments and observations, "
+            f"which allows scientists to refine their understanding [{ids[0]}].")
+    assert not re.fullmatch(rx, f"<filter>{junk}</filter>")
+    assert f"Question: {QUERY}" in FILTER.messages(ask)[1]["content"]
+    # a statement already in memory is not offered again
+    again = DecorAsk(ctx, "Adam Smith", [MemoryItem("Adam Smith", statements[0])], ids=ids, question=QUERY)
+    assert statements[0] not in kept_statements(again)
+
+
+def test_the_planners_query_names_a_word_of_the_question(tools):
+    """Seen from SmolLM2 (llama.cpp): the first decor query was "The question has nofetched facts
+    sofar"; its results (Westminster, literary theory) sent the whole run off topic."""
+    import re
+
+    from deepr.agent import Ctx, Tracer
+    from deepr.agent.decor import PLAN, DecorAsk
+
+    ctx = Ctx(llm=ExtractiveLLM(), tools=tools, config=RunConfig(mode="decor"), tracer=Tracer(QUERY, "decor"))
+    rx = PLAN.constrain(DecorAsk(ctx, QUERY)).regex
+    assert not re.fullmatch(rx, "<search>The question has nofetched facts sofar</search>")
+    assert re.fullmatch(rx, "<search>Adam Smith economist</search>")
+    assert re.fullmatch(rx, "<search>economist books written</search>")  # "books" is the question's
+    assert not re.fullmatch(rx, "<search>STOP</search>")  # nothing to answer from yet

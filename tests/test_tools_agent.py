@@ -218,10 +218,88 @@ def test_after_a_repeated_search_the_format_offers_only_browsing_and_the_answer(
                     f'<answer><cite id="S1-R1">{sentence}.</cite></answer>'])
     ctx = _ctx(retriever, llm)
     out = run_sync(run_tools(ctx, "What happens when a volcano erupts?"))
-    probe_search = '<tool_call>{"name": "search", "arguments": {"query": "volcano lava flows"}}</tool_call>'
+    # "erupts": a follow-up query must carry a term no earlier query had (the question's, here)
+    probe_search = '<tool_call>{"name": "search", "arguments": {"query": "volcano erupts lava"}}</tool_call>'
     probe_browse = '<tool_call>{"name": "browse", "arguments": {"doc_id": "S1-R1"}}</tool_call>'
     assert re.fullmatch(llm.formats[1], probe_search)  # before the repeat, searching is allowed
     after = llm.formats[2]
     assert not re.fullmatch(after, probe_search) and re.fullmatch(after, probe_browse)
     assert out.tool_calls == 2 and "S1-R1" in out.answer and not llm.replies
     assert not any(d.get("fallback") for d in ctx.tracer.decisions)  # the model wrote the answer
+
+
+class _Scripted:
+    """A model that replies from a script and keeps the format of every call."""
+
+    @staticmethod
+    def make(replies):
+        from deepr.llm.base import LLM
+
+        class Scripted(LLM):
+            strict_formats = True
+
+            def __init__(self):
+                super().__init__()
+                self.replies, self.formats = list(replies), []
+
+            async def _achat(self, messages, **kw):
+                self.formats.append(kw["fmt"].regex if kw.get("fmt") else None)
+                return self.replies.pop(0)
+
+        return Scripted()
+
+
+def _tool(name: str, **args) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': args})}</tool_call>"
+
+
+def test_a_follow_up_search_must_add_a_new_term_and_a_browse_a_new_document(retriever):
+    """SmolLM2 (greedy) repeated its first search in every tools run, and each repeat cost a
+    refused call (20 % of the calls); it also browsed the same result twice. The format now
+    excludes both: a later query carries a word of the question or of a result title that no
+    earlier query had, and a browse opens only a search result whose document is not open yet."""
+    import re
+
+    from deepr.llm.base import run_sync
+
+    hit = retriever.search("volcano eruption", k=1)[0]
+    sentence = " ".join(hit.text.split(".")[0].split()[:12]).rstrip(",;")
+    llm = _Scripted.make([_tool("search", query="volcano eruption causes"), _tool("browse", doc_id="S1-R1"),
+                          f'<answer><cite id="S1-R1">{sentence}.</cite></answer>'])
+    ctx = _ctx(retriever, llm)
+    out = run_sync(run_tools(ctx, "What happens when a volcano erupts?"))
+    assert out.tool_calls == 2 and not ctx.tracer.failures and "S1-R1" in out.answer
+    second, third = llm.formats[1], llm.formats[2]
+    search = '<tool_call>{{"name": "search", "arguments": {{"query": "{}"}}}}</tool_call>'
+    assert not re.fullmatch(second, search.format("volcano eruption causes"))  # the repeat
+    assert not re.fullmatch(second, search.format("eruption causes volcano"))  # no new word either
+    assert re.fullmatch(second, search.format("volcano erupts suddenly"))  # "erupts": the question's
+    # at most six words in all: SmolLM2 appended a new word to a long copy of its first query
+    assert not re.fullmatch(second, search.format("volcano eruption causes lava flows rocks erupts"))
+    title_word = next(w for c in ctx.tracer.tools[0]["ids"] for w in re.findall(r"[A-Za-z]{4,}", ctx.catalog[c].title)
+                      if w.lower() not in {"volcano", "eruption", "causes"})
+    assert re.fullmatch(second, search.format(f"{title_word} magma"))  # a lead from a result title
+    browse = '<tool_call>{{"name": "browse", "arguments": {{"doc_id": "{}"}}}}</tool_call>'
+    assert re.fullmatch(second, browse.format("S1-R1"))
+    others = [c for c in ctx.tracer.tools[0]["ids"] if ctx.catalog[c].doc_id != ctx.catalog["S1-R1"].doc_id]
+    assert not re.fullmatch(third, browse.format("S1-R1")) and not re.fullmatch(third, browse.format("S2-F1"))
+    assert not others or re.fullmatch(third, browse.format(others[0]))
+
+
+def test_an_answer_that_copies_a_sentence_of_the_refusal_is_rejected(retriever):
+    """Seen from SmolLM2 (hf): its answer opened with "Search for something not yet covered, or
+    answer.", a sentence of the loop's refusal of a repeated search, cited to a real id."""
+    from deepr.llm.base import run_sync
+
+    hit = retriever.search("volcano eruption", k=1)[0]
+    sentence = " ".join(hit.text.split(".")[0].split()[:12]).rstrip(",;")
+    search = _tool("search", query="volcano eruption causes")
+    echo = (f'<answer><cite id="S1-R1">Search for something not yet covered, or answer.</cite> '
+            f'<cite id="S1-R1">{sentence}.</cite></answer>')
+    good = f'<answer><cite id="S1-R1">{sentence}.</cite></answer>'
+    llm = _Scripted.make([search, search, echo, good])
+    ctx = _ctx(retriever, llm)
+    out = run_sync(run_tools(ctx, "What happens when a volcano erupts?"))
+    reasons = [f["reason"] for f in ctx.tracer.failures]
+    assert any("copied from the correction request" in r for r in reasons), reasons
+    assert out.raw_answer == good[8:-9] and not llm.replies

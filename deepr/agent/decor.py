@@ -19,11 +19,12 @@ from pydantic import BaseModel, Field
 
 from deepr.acceptance import no_babble, no_echo, no_placeholder, query_words
 from deepr.roles import JSONReply, Role, TaggedReply
-from deepr.text import strip_citations
+from deepr.text import STOP_WORDS, strip_citations
 
 from deepr.agent.citations import cited_ids, normalize
 from deepr.agent.env import Ctx
 from deepr.agent.formats import cited_prose, cited_sentence, search_query, tagged
+from deepr.agent.tools_agent import query_with
 from deepr.llm.base import OutputFormat
 from deepr.agent.extract import (FRAMING, anchored_query, approx_tokens, content_terms, focus_query,
                                  sub_questions)
@@ -35,9 +36,10 @@ search query for it that keeps every constraint of the question (names, dates, c
 Never repeat an earlier search. If the facts already answer the question, reply <search>STOP</search>.
 Reply exactly as: <think>which fact is missing</think><search>the query</search>"""
 
-FILTER_SYSTEM = """You filter search results. Keep every statement that helps answer the search query and \
-drop everything else; keep names, dates, numbers and titles exactly as written; add no commentary. Write \
-one paragraph and put the id of the result each statement comes from in brackets after it, e.g. [S1-R2].
+FILTER_SYSTEM = """You filter search results. Keep every statement that helps answer the question through \
+the search query and drop everything else; copy each kept statement exactly as written (names, dates, \
+numbers, titles); add no commentary. Write one paragraph and put the id of the result each statement comes \
+from in brackets after it, e.g. [S1-R2].
 Reply exactly as: <think>what matters</think><filter>the paragraph</filter>"""
 
 ANSWER_SYSTEM = """You answer a question strictly from the facts given. Start with a short, direct answer \
@@ -96,6 +98,7 @@ class DecorAsk:
     memory: list[MemoryItem] = field(default_factory=list)
     past: list[str] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
+    question: str = ""  # the user's question, when ``query`` is a search query (the filter)
 
 
 def _planner_messages(a: DecorAsk) -> list[dict[str, str]]:
@@ -106,8 +109,10 @@ def _planner_messages(a: DecorAsk) -> list[dict[str, str]]:
 
 def _filter_messages(a: DecorAsk) -> list[dict[str, str]]:
     results = a.ctx.catalog.evidence(a.ids) or "(none)"
+    # The question keeps the filter on topic when the planner's query drifts ("the question about …").
+    asked = f"Question: {a.question}\n" if a.question else ""
     return [{"role": "system", "content": FILTER_SYSTEM},
-            {"role": "user", "content": f"Search query: {a.query}\nResults:\n{results}"}]
+            {"role": "user", "content": f"{asked}Search query: {a.query}\nResults:\n{results}"}]
 
 
 def _condense_messages(a: DecorAsk) -> list[dict[str, str]]:
@@ -124,6 +129,14 @@ def _planned(a: DecorAsk, body: str) -> str | None:
     return None if _STOP.match(body) else " ".join(body.split())
 
 
+def _plan_query(a: DecorAsk) -> str:
+    """A query that names at least one content word of the question: SmolLM2's first query was
+    "The question has nofetched facts sofar", which retrieved Westminster and literary theory."""
+    terms = [w for w in dict.fromkeys(re.findall(r"[A-Za-z]{4,16}", a.query))
+             if w.lower() not in STOP_WORDS and re.fullmatch(r"[A-Za-z][a-z]{3,15}", w)]
+    return query_with(terms, (2, 8)) if terms else search_query()
+
+
 PLAN = Role(
     name="decor_planner", action="plan", messages=_planner_messages, output=TaggedReply("search", required=True),
     accept=(no_placeholder, no_echo, query_words(lambda b: [] if _STOP.match(b) else [b])),
@@ -131,7 +144,7 @@ PLAN = Role(
     extractive=lambda a: next_query(a.ctx, a.query, a.memory, a.past) or "STOP",
     result=_planned, fallback=lambda a: "STOP", max_tokens=256,
     # STOP only once there is something to answer from: an empty memory ends in a fallback answer.
-    constrain=lambda a: tagged("search", f"(?:STOP|{search_query()})" if a.memory else search_query()),
+    constrain=lambda a: tagged("search", f"(?:STOP|{_plan_query(a)})" if a.memory else _plan_query(a)),
     on_fail="step {step}: planner failed, the loop stops")
 
 FILTER = Role(
@@ -140,7 +153,7 @@ FILTER = Role(
     check=lambda a, b: a.ctx.catalog.check(normalize(b), a.ids, require=True),
     extractive=lambda a: filter_evidence(a.ctx, a.query, a.ids, a.memory),
     result=lambda a, b: normalize(b).strip(), max_tokens=768,
-    constrain=lambda a: tagged("filter", cited_prose(a.ids, sentences=(1, 4), words=(6, 30))) if a.ids else None,
+    constrain=lambda a: _filter_format(a),
     on_fail="step {step}: evidence filtered extractively after the model failed")
 
 CONDENSE = Role(
@@ -167,14 +180,42 @@ ANSWER = Role(
     on_fail="answer extracted from memory after the model failed")
 
 
+def kept_statements(a: DecorAsk, most: int = 12) -> list[str]:
+    """The statements the filter may keep: the first sentences of the results (5 to 45 words, not
+    in memory yet), each with its result's id, as the memory stores them."""
+    known = {" ".join(strip_citations(s).split()) for s in _memory_sentences(a.memory)}
+    out = [writer.cite(flat, cid) for cid in a.ids for s in a.ctx.sentences(cid)[:3]
+           if (flat := " ".join(s.split())) not in known and 5 <= len(flat.split()) <= 45]
+    return list(dict.fromkeys(out))[:most]
+
+
+def _literal(text: str) -> str:
+    """``text`` as a regex literal; unlike re.escape, spaces and '-' stay bare (xgrammar warns)."""
+    return re.sub(r"([.^$*+?{}\[\]\\|()])", r"\\\1", text)
+
+
+def _filter_format(a: DecorAsk) -> OutputFormat | None:
+    """One to four statements of the results, copied exactly with their ids (the filter's task
+    as DECOR states it). Free prose let SmolLM2 fill the memory with text about "the process of
+    scientific inquiry" behind real ids, and the answer followed it off topic."""
+    statements = kept_statements(a)
+    if not statements:
+        return tagged("filter", cited_prose(a.ids, sentences=(1, 4), words=(6, 30))) if a.ids else None
+    # In the results' order, each at most once: SmolLM2 otherwise kept one statement twice, and
+    # the degenerate-text check refused the whole paragraph (three times, then the fallback).
+    return tagged("filter", "".join(f"(?:{_literal(s)} )?" for s in statements[:-1])
+                  + f"(?:{_literal(statements[-1])})?")
+
+
 async def plan_step(ctx: Ctx, query: str, memory: list[MemoryItem], past: list[str], t: int) -> str | None:
     """The planner's next search query, or None for STOP."""
     return (await ctx.perform(PLAN, DecorAsk(ctx, query, memory, past), step=t)).value
 
 
-async def filter_step(ctx: Ctx, q: str, ids: list[str], t: int, memory: list[MemoryItem] = ()) -> str:
+async def filter_step(ctx: Ctx, q: str, ids: list[str], t: int, memory: list[MemoryItem] = (),
+                      question: str = "") -> str:
     """One evidence paragraph from the raw results of ``q`` (may be empty: nothing relevant)."""
-    return (await ctx.perform(FILTER, DecorAsk(ctx, q, list(memory), ids=ids), step=t)).value
+    return (await ctx.perform(FILTER, DecorAsk(ctx, q, list(memory), ids=ids, question=question), step=t)).value
 
 
 async def condense(ctx: Ctx, query: str, memory: list[MemoryItem]) -> list[MemoryItem]:
@@ -205,7 +246,7 @@ async def run_decor(ctx: Ctx, query: str) -> DecorOutcome:
         with tr.phase("search"):
             ids = ctx.search(f"S{t}", q, step=t)
         with tr.phase("filter"):
-            evidence = await filter_step(ctx, q, ids, t, memory)
+            evidence = await filter_step(ctx, q, ids, t, memory, question=query)
         if not evidence:
             tr.decide(f"step {t}: nothing relevant in the results of {q!r}", step=t)
             continue

@@ -28,12 +28,13 @@ from typing import Any
 
 from deepr.agent.citations import cited_ids, normalize, strip_ids
 from deepr.agent.env import Ctx
-from deepr.agent.formats import cite_spans as answer_spans, id_choice, tool_step
+from deepr.agent.formats import QUERY_WORD, cite_spans as answer_spans, id_choice, search_query, tool_step
 from deepr.agent.extract import shorten, sub_questions
 from deepr.agent.render import GNode, Graph, Section
 from deepr.llm.base import OutputFormat
 from deepr.acceptance import no_babble, no_echo, no_placeholder, query_words
 from deepr.roles import REASK_TEMPERATURE, Role, perform
+from deepr.text import STOP_WORDS
 
 RUN_TURNS, TRAIN_TURNS = 10, 20
 # 002 App. D (Fig. 13-14): one system prompt for training and inference, carrying the long-form
@@ -273,18 +274,30 @@ class StepAsk:
 REPEATED = "was already made"
 
 
+def _searched(messages: Sequence[dict[str, str]]) -> set[str]:
+    """The search queries of the conversation's earlier turns (accepted or not), normalized."""
+    return {" ".join(str(p.arguments.get("query", "")).lower().split())
+            for m in messages if m.get("role") == "assistant"
+            for p in [parse_step(str(m.get("content", "")))] if p.kind == "tool" and p.name in ("search", "scholar")}
+
+
+def _corrections(messages: Sequence[dict[str, str]]) -> list[str]:
+    """The loop's own correction messages (user turns after the question that are not tool
+    output): a reply that copies one of their sentences is an echo, not an answer."""
+    users = [str(m.get("content", "")) for m in messages if m.get("role") == "user"]
+    return [u for u in users[1:] if not u.lstrip().startswith("<tool_response>")]
+
+
 def _step_accept(reply: str, messages: Sequence[dict[str, str]], sent: Sequence[str]) -> list[str]:
     """Strict acceptance of one agent turn: a real answer, a real search query."""
     step = parse_step(reply)
     if step.kind == "answer":
         body = _CITE_TAG.sub("", step.answer)
-        return no_placeholder(body, messages, sent) + no_echo(body, messages, sent) + no_babble(body, messages, sent)
+        again = [*sent, *_corrections(messages)]
+        return no_placeholder(body, messages, again) + no_echo(body, messages, again) + no_babble(body, messages, again)
     if step.kind == "tool" and step.name in ("search", "scholar"):
         query = str(step.arguments.get("query", ""))
-        earlier = {" ".join(str(p.arguments.get("query", "")).lower().split())
-                   for m in messages if m.get("role") == "assistant"
-                   for p in [parse_step(str(m.get("content", "")))] if p.kind == "tool"}
-        if " ".join(query.lower().split()) in earlier:  # a weak model repeats one search until its turns run out
+        if " ".join(query.lower().split()) in _searched(messages):  # a weak model repeats one search
             return [f"the search {query!r} {REPEATED}; search for something not yet covered, or answer"]
         return no_placeholder(query, messages, sent) or query_words(lambda q: [q])(query, messages, sent)
     return []
@@ -300,18 +313,85 @@ ANSWER = replace(STEP, action="answer", max_tokens=1024, constrain=lambda a: _st
 
 def _step_format(a: StepAsk, *, may_call: bool) -> OutputFormat | None:
     """A search or browse call, or (once results were shown) an answer citing only shown ids.
-    Browsing stops after two pages: a weak model would otherwise browse until its turns run out."""
+    Browsing stops after two pages: a weak model would otherwise browse until its turns run out.
+    A search after the first must name a term no earlier query had (see :func:`new_terms`), and
+    a browse opens only a search result whose document was not opened yet: a small model,
+    decoding greedily, otherwise repeats its first search and its first browse."""
     shown = a.session.shown
     if not may_call and not shown:
         return None
     browsed = sum(1 for i in shown if "-F" in i)
+    openable = _openable(a.session)
+    may_browse = browsed < 2 and bool(openable)
     if a.no_search and shown:
         answer = rf"<answer>{answer_spans(shown)}</answer>"
-        if may_call and browsed < 2:
+        if may_call and may_browse:
             return OutputFormat("step", regex=rf'(?:<tool_call>\{{"name": "browse", "arguments": \{{"doc_id": '
-                                rf'"{id_choice(shown)}"\}}\}}</tool_call>)|(?:{answer})')
+                                rf'"{id_choice(openable)}"\}}\}}</tool_call>)|(?:{answer})')
         return OutputFormat("step", regex=answer)
-    return OutputFormat("step", regex=tool_step(shown, may_call=may_call, may_browse=browsed < 2))
+    searched = _searched(a.convo)
+    terms = new_terms(a.convo[1]["content"] if len(a.convo) > 1 else "", a.session, searched) if searched else None
+    if searched and not terms and not shown:
+        return None  # nothing new to search for and nothing to cite: the acceptance checks decide
+    return OutputFormat("step", regex=_step_regex(shown, may_call=may_call, browse=openable if may_browse else [],
+                                                  terms=terms))
+
+
+def query_with(terms: Sequence[str], words: tuple[int, int] = (2, 6)) -> str:
+    """A search query of ``words`` words in all (see :func:`search_query`) carrying one of
+    ``terms``: one branch per position of the term, so the total stays bounded (SmolLM2 copied a
+    long earlier query and appended a new word, 13 words, when only the two sides were)."""
+    lo, hi = words
+    term = "(?:" + "|".join(re.escape(t) for t in dict.fromkeys(terms)) + ")"
+    branches = []
+    for before in range(hi):
+        after_lo, after_hi = max(0, lo - 1 - before), hi - 1 - before
+        head = rf"(?:{QUERY_WORD} ){{{before}}}" if before else ""
+        tail = rf"(?: {QUERY_WORD}){{{after_lo},{after_hi}}}" if after_hi else ""
+        branches.append(f"{head}{term}{tail}")
+    return "(?:" + "|".join(branches) + ")"
+
+
+def _step_regex(shown: Sequence[str], *, may_call: bool, browse: Sequence[str], terms: Sequence[str] | None) -> str:
+    """:func:`~deepr.agent.formats.tool_step` with the follow-up rules: a search carries one of
+    ``terms`` (when given), a browse opens one of ``browse``."""
+    if not (terms or browse) or not may_call:
+        return tool_step(shown, may_call=may_call, may_browse=bool(browse))
+    options = [rf'<tool_call>\{{"name": "search", "arguments": \{{"query": '
+               rf'"{query_with(terms) if terms else search_query()}"\}}\}}</tool_call>']
+    if browse:
+        options.append(rf'<tool_call>\{{"name": "browse", "arguments": \{{"doc_id": "{id_choice(browse)}"\}}\}}'
+                       r"</tool_call>")
+    if shown:
+        options.append(rf"<answer>{answer_spans(shown)}</answer>")
+    return "|".join(f"(?:{o})" for o in options)
+
+
+_TERM = re.compile(r"[A-Za-z][a-z]{3,15}")
+
+
+def new_terms(question: str, session: ToolSession, searched: set[str], most: int = 40) -> list[str]:
+    """Words a follow-up search may add: those of the question and of the titles of the results
+    shown so far (4+ letters, not stop words) that no earlier query used. A query that carries
+    one of them cannot repeat an earlier query, and it follows a lead the results gave."""
+    used = {w for q in searched for w in re.findall(r"[a-z0-9']+", q)}
+    cat = session.ctx.catalog
+    titles = [cat[c].title or "" for c in session.shown if c in cat]
+    words = (w for text in [question, *titles] for w in re.findall(r"[A-Za-z]+", text))
+    out = [w for w in dict.fromkeys(words)
+           if _TERM.fullmatch(w) and w.lower() not in used and w.lower() not in STOP_WORDS]
+    return list(dict.fromkeys(out))[:most]
+
+
+def _openable(session: ToolSession) -> list[str]:
+    """Search results whose document no browse has opened yet (one id per document)."""
+    cat = session.ctx.catalog
+    opened = {cat[c].doc_id for c in session.shown if "-F" in c and c in cat}
+    out: dict[str, str] = {}
+    for c in session.shown:
+        if "-F" not in c and c in cat and cat[c].doc_id not in opened:
+            out.setdefault(cat[c].doc_id, c)
+    return list(out.values())
 
 
 async def run_tools(ctx: Ctx, query: str, *, max_turns: int = RUN_TURNS) -> ToolsOutcome:

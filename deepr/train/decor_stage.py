@@ -101,7 +101,7 @@ def observation(role: str, question: str, ep: Episode, ids: Sequence[str] = (), 
     if role == "planner":
         ask = DecorAsk(ep.ctx, question, list(ep.memory), list(ep.past))
     elif role == "filter":
-        ask = DecorAsk(ep.ctx, q, list(ep.memory), ids=list(ids))
+        ask = DecorAsk(ep.ctx, q, list(ep.memory), ids=list(ids), question=question)
     else:
         ask = DecorAsk(ep.ctx, question, list(ep.memory))
     return DECLARED[role].messages(ask)
