@@ -34,9 +34,9 @@ import numpy as np
 from deepr.corpus.npbert import NumpyBert, _padded
 
 OPSET = 17  # LayerNormalization is a standard op from 17 on
-# Texts per onnxruntime call. int8 MatMuls quantise their input per call, and a batch's
-# activations (16 x ~100 tokens x 1536 floats in the feed-forward layer) then still fit in a
-# core's cache: 64-text batches cost ~40 % more CPU per passage (bench/index_build.py)
+# Texts per onnxruntime call: the int8 MatMuls quantise their input per call and the
+# feed-forward layer's activations of 16 x ~100 tokens x 1536 floats nearly fit a core's L2;
+# 64-text batches cost ~15 % more CPU per wiki passage (docs/scaling.md, "Index build speed")
 BATCH = 16
 
 
