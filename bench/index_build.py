@@ -11,8 +11,11 @@
    - ``torch fp32``: Embedder(precision="fp32"), the new default on CPUs without AMX;
    - ``onnx fp32``: deepr/corpus/onnxbert.py's graph on onnxruntime, float32 weights;
    - ``onnx int8``: Embedder(precision="int8") with the ``onnx`` extra: that graph, int8 weights;
-   - ``onnx int8, spinning``: the same with onnxruntime's default of spinning idle threads
-     (deepr turns spinning off: under load it burnt CPU the other jobs needed);
+   - ``onnx int8, 64-text batches split over cores (before)``: the int8 encoder as it ran before
+     issue 16's last round: one 64-text batch at a time, each operator split over the cores
+     (deepr now runs 16-text batches, one per core, each on a single thread);
+   - ``onnx int8, split over cores, spinning``: that, with onnxruntime's default of spinning
+     idle threads (deepr turns spinning off: under load it burnt CPU the other jobs needed);
    - ``torch int8``: Embedder(precision="int8", onnx=False), torch's dynamic quantisation;
    - ``sentence-transformers fp32``: a plain SentenceTransformer.encode, the reference vectors.
    Each option's cosine to the reference vectors (min and mean) is recorded, and its projected
@@ -71,8 +74,11 @@ def encoders(texts: list[str], rounds: int) -> dict:
     runs = {name: (lambda e=e: e.encode_passages(texts)) for name, e in opts.items()}
     ort32 = OnnxBert.load(default_model_path())
     runs["onnx fp32"] = lambda: ort32.encode(texts)
-    spin = OnnxBert.load(default_model_path(), quantize=True, spin=True)  # onnxruntime's own default
-    runs["onnx int8, spinning"] = lambda: spin.encode(texts)
+    # before issue 16's last round: one 64-text batch at a time, its operators split over the cores
+    split = OnnxBert.load(default_model_path(), quantize=True, split_ops=True)
+    runs["onnx int8, 64-text batches split over cores (before)"] = lambda: split.encode(texts, batch_size=64)
+    spin = OnnxBert.load(default_model_path(), quantize=True, spin=True, split_ops=True)  # onnxruntime's default
+    runs["onnx int8, split over cores, spinning"] = lambda: spin.encode(texts, batch_size=64)
     runs["sentence-transformers fp32"] = lambda: st.encode(texts, normalize_embeddings=True)
     for fn in runs.values():  # model loads, quantisation and first-call costs stay out
         fn()

@@ -9,8 +9,9 @@ cached mode under cProfile. For each mode it records the texts that reached the 
 tokens, and the tokens of the padded batches the encoder ran: a forward pass costs about its
 padded tokens, so ``uncached padded / cached padded`` is the speed-up that caching alone can
 give, whatever the encoder. Reports the cached mode's share of time in the model forward and
-the functions with the most own time. Also counts the tokens of the aggregates' joined texts
-(read only by d_par, new in almost every rollout), to show what they cost the cached mode.
+the functions with the most own time. Also counts the tokens of the aggregates' joined texts:
+d_par read them until issue 16 (new in almost every rollout, they capped the cached mode near
+2x); it now reads the mean of the cached field vectors, so this count should stay 0.
 Writes bench/results/rplan_profile.json.
 """
 

@@ -431,6 +431,28 @@ def test_onnx_graph_gives_sentence_transformers_vectors(mini_corpus: Path) -> No
     assert np.allclose((int8 * int8).sum(1), 1.0, atol=1e-4)
 
 
+def test_onnx_worker_threads_give_the_vectors_of_one_thread(mini_corpus: Path) -> None:
+    """The index build runs 16-text batches on one thread per core (issue 16): the worker
+    threads must give every text the vector one thread gives it, in input order."""
+    pytest.importorskip("onnxruntime")
+    import numpy as np
+
+    from deepr.corpus.embed import default_model_path
+    from deepr.corpus.npbert import NumpyBert
+    from deepr.corpus.onnxbert import OnnxBert
+
+    texts = _sample_texts(mini_corpus, 60)
+    bert = NumpyBert.load(default_model_path())
+    one = OnnxBert(bert, quantize=True, threads=1).encode(texts, batch_size=4)
+    many = OnnxBert(bert, quantize=True, threads=3).encode(texts, batch_size=4)
+    assert np.array_equal(one, many)
+    # fp32: the same vectors whatever the batching (input order kept), as the numpy encoder gives
+    ref = bert.encode(texts)
+    for enc in (OnnxBert(bert, threads=2), OnnxBert(bert, threads=2, split_ops=True)):
+        got = enc.encode(texts, batch_size=5)
+        assert float((got * ref).sum(1).min()) >= 0.9999
+
+
 def test_int8_index_build_runs_without_torch(tiny_corpus: Path, tmp_path: Path) -> None:
     """With the onnx extra, `deepr index --precision int8` embeds on onnxruntime: no torch import,
     an index key of its own, and fp32 query vectors that still find the right passage."""

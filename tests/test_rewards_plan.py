@@ -18,7 +18,7 @@ VECS = {
     "qa": (0.6, 0.8, 0, 0), "qb": (0.8, 0, 0.6, 0), "qc": (0, 0, 0, 1),
     "kp1": (0, 0.6, 0.8, 0), "na1": (1, 0, 0, 0), "ka1": (0, 0, 1, 0),
     "na2": (0, 0.28, 0.96, 0), "final": (0, 1, 0, 0),
-    "qa kp1": (0, 0, 0, 1), "na1 ka1": (0.6, 0, 0.8, 0),
+    "qa kp1": (0, 0, 0, 1),
 }
 
 
@@ -58,15 +58,17 @@ def test_hand_worked_three_search_two_aggregate_graph():
     # D_search: pairs qa·qb = 0.48, qa·qc = 0, qb·qc = 0 -> 1 - 0.16.
     assert r.D_search == pytest.approx(0.84)
     assert r.Q_search == pytest.approx(0.5 * 0.8 + 0.5 * 0.84)
-    # B_synth: f(2) = 0.5 times d_par = 1 - cos("na1 ka1", "na2") = 1 - 0.768.
-    assert r.d_par == pytest.approx(0.232, abs=1e-6)
-    assert r.B_synth == pytest.approx(0.116, abs=1e-6)
+    # B_synth: f(2) = 0.5 times d_par. A1's vector is the unit mean of na1 and ka1,
+    # (1, 0, 1, 0)/√2; A2's is na2: d_par = 1 - 0.96/√2.
+    assert r.d_par == pytest.approx(1 - 0.96 / np.sqrt(2), abs=1e-6)
+    assert r.B_synth == pytest.approx(0.5 * (1 - 0.96 / np.sqrt(2)), abs=1e-6)
     # I_cross: S1 feeds A1 and A2 (r_fan 1/3); both aggregates have 2 parents (r_int 1).
     assert (r.r_fan, r.r_int) == (pytest.approx(1 / 3), 1.0)
     assert r.I_cross == pytest.approx(2 / 3)
     assert r.B_search == pytest.approx(2 / 3)
-    assert r.E_graph == pytest.approx(0.4 * 0.116 + 0.4 * 2 / 3 + 0.2 * 2 / 3, abs=1e-6)
-    assert r.plan_reward == pytest.approx(0.4 * 2.8 / 3 + 0.3 * 0.82 + 0.3 * 0.4464, abs=1e-6)
+    e_graph = 0.4 * r.B_synth + 0.4 * 2 / 3 + 0.2 * 2 / 3
+    assert r.E_graph == pytest.approx(0.46424, abs=1e-5) and r.E_graph == pytest.approx(e_graph, abs=1e-6)
+    assert r.plan_reward == pytest.approx(0.4 * 2.8 / 3 + 0.3 * 0.82 + 0.3 * e_graph, abs=1e-6)
 
 
 def test_diminishing_returns_function():
@@ -182,7 +184,7 @@ def test_repeated_input_cannot_raise_the_graph_terms():
     assert any("lists input 'S1' more than once" in e for e in r.errors)
     # and the terms themselves count distinct parents/children even on an unvalidated plan
     plan = Plan.model_validate(g)
-    terms = _graph_terms(plan, Vectors(FakeEmbed(), ["na1 ka1", "na2"]))
+    terms = _graph_terms(plan, Vectors(FakeEmbed(), ["na1", "ka1", "na2"]))
     assert (terms["r_fan"], terms["r_int"], terms["I_cross"]) == (0.0, 0.5, 0.25)
 
 
@@ -193,9 +195,63 @@ def test_rollouts_sharing_texts_embed_only_what_is_new():
     emb = FakeEmbed({**VECS, "kp2": (0, 0, 0.6, 0.8)})
     first = plan_reward(graph(), RUBRICS, emb)
     texts = set(emb.calls[0])
-    assert "qa kp1" not in texts and "na1 ka1" in texts  # d_par reads the answer parents' text only
+    assert "qa kp1" not in texts and "na1 ka1" not in texts  # no joined node text at all
     other = graph()
     other["nodes"][0]["key_points"] = ["kp2"]
     second = plan_reward(other, RUBRICS, emb)
     assert set(emb.calls[1]) - texts == {"kp2"}
     assert first.valid and second.valid and first.d_par == second.d_par
+
+
+def test_d_par_reads_the_unit_mean_of_each_parents_field_vectors():
+    """Issue 16 (lead's decision): an aggregate parent's vector for d_par is the normalised
+    mean of its field vectors, so d_par needs no text beyond the fields C_rub embeds."""
+    from deepr.records import Plan
+    from deepr.rewards.plan_reward import parent_distinctness
+    from deepr.text import Vectors
+
+    plan = Plan.model_validate(graph())
+    a1, a2 = plan.nodes[3], plan.nodes[4]
+    vec = Vectors(FakeEmbed(), ["na1", "ka1", "na2"])
+    assert parent_distinctness(vec, [a1, a2]) == pytest.approx(1 - 0.96 / np.sqrt(2), abs=1e-6)
+    assert parent_distinctness(vec, [a1]) == 1.0 and parent_distinctness(vec, []) == 1.0
+    # two parents with the same fields are not distinct at all
+    assert parent_distinctness(vec, [a1, a1.model_copy(update={"id": "A3"})]) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_identical_aggregate_parents_give_zero_d_par():
+    g = graph()
+    g["nodes"][4] = {**g["nodes"][3], "id": "A2", "inputs": ["S1", "S3"]}  # A2: A1's need and key point
+    r = plan_reward(g, RUBRICS, FakeEmbed())
+    assert r.valid and r.d_par == pytest.approx(0.0, abs=1e-6) and r.B_synth == pytest.approx(0.0, abs=1e-6)
+
+
+def test_cached_and_uncached_embedders_give_the_same_reward(embedder):
+    """The embedder's per-text cache must not move R_plan: score rollouts with the cache
+    cleared before each call, then again with it warm, and compare every sub-term."""
+    base = {"nodes": [
+        {"id": "S1", "type": "search", "query": "Eiffel Tower construction", "key_points": ["completed in 1889"]},
+        {"id": "S2", "type": "search", "query": "Eiffel Tower height"},
+        {"id": "S3", "type": "search", "query": "Gustave Eiffel company"},
+        {"id": "A1", "type": "aggregate", "need": "when the tower was built", "key_points": ["year of opening"],
+         "inputs": ["S1", "S2"]},
+        {"id": "A2", "type": "aggregate", "need": "who designed it", "key_points": ["engineer", "firm"],
+         "inputs": ["S2", "S3"]},
+        {"id": "ANS", "type": "answer", "need": "answer", "inputs": ["A1", "A2"]}]}
+    other = json.loads(json.dumps(base))
+    other["nodes"][4]["key_points"] = ["the engineering firm of Gustave Eiffel"]
+    rubrics = [{"id": "R1", "type": "factual", "description": "The Eiffel Tower was completed in 1889", "weight": 1}]
+    uncached = []
+    for plan in (base, other):
+        embedder.clear_cache()
+        uncached.append(plan_reward(plan, rubrics, embedder.encode))
+    embedder.clear_cache()
+    cached = [plan_reward(base, rubrics, embedder.encode)]
+    before = embedder.encoded
+    cached.append(plan_reward(other, rubrics, embedder.encode))
+    assert embedder.encoded == before + 1  # only the new key point reached the model
+    for u, c in zip(uncached, cached):
+        assert u.valid and 0.0 < u.d_par < 1.0
+        for key, value in u.as_dict().items():
+            if key != "errors":
+                assert getattr(c, key) == pytest.approx(value, abs=1e-6), key

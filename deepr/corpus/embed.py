@@ -113,14 +113,14 @@ def resolve_precision(precision: Precision, device: str, use: Use = "rewards",
 class Embedder:
     """A SentenceTransformer with a per-text cache; vectors are float32 and unit-length."""
 
-    def __init__(self, name: str | None = None, *, device: str = "cpu", batch_size: int = 64,
+    def __init__(self, name: str | None = None, *, device: str = "cpu", batch_size: int | None = None,
                  max_seq_length: int | None = None, precision: Precision = "auto",
                  cache_size: int = 50_000, onnx: bool | None = None, use: Use = "rewards"):
-        if batch_size < 1 or cache_size < 0:
+        if (batch_size is not None and batch_size < 1) or cache_size < 0:
             raise ValueError("embedder batch_size must be >= 1 and cache_size >= 0")
         self.model_ref = name or DEFAULT_MODEL
         self.device = device
-        self.batch_size = batch_size
+        self.batch_size = batch_size  # None: each encoder's own (torch 64, onnxruntime onnxbert.BATCH)
         self.cache_size = cache_size
         self.precision = resolve_precision(precision, device, use, self.model_ref)
         if self.precision not in ("fp32", "bf16", "int8"):
@@ -284,7 +284,7 @@ class Embedder:
         ort = ort or (self._onnx_encoder() if self._use_onnx else None)
         if ort is not None:
             with self._model_lock:
-                vecs = ort.encode(texts, batch_size=self.batch_size)
+                vecs = ort.encode(texts, batch_size=self.batch_size) if self.batch_size else ort.encode(texts)
             self.encoded += len(texts)
             return vecs
         model = self.model
@@ -292,7 +292,7 @@ class Embedder:
         # process-wide torch thread count (and two cores gain nothing from overlap)
         threads = 1 if len(texts) < SMALL_BATCH else usable_cores()
         with self._model_lock, self._autocast(), torch_threads(threads):
-            vecs = model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True,
+            vecs = model.encode(texts, batch_size=self.batch_size or 64, convert_to_numpy=True,
                                 normalize_embeddings=False, show_progress_bar=progress)
         vecs = np.asarray(vecs, dtype=np.float32)
         self.encoded += len(texts)

@@ -31,9 +31,13 @@ from typing import Any
 
 import numpy as np
 
-from deepr.corpus.npbert import NumpyBert
+from deepr.corpus.npbert import NumpyBert, _padded
 
 OPSET = 17  # LayerNormalization is a standard op from 17 on
+# Texts per onnxruntime call: the int8 MatMuls quantise their input per call and the
+# feed-forward layer's activations of 16 x ~100 tokens x 1536 floats nearly fit a core's L2;
+# 64-text batches cost ~15 % more CPU per wiki passage (docs/scaling.md, "Index build speed")
+BATCH = 16
 
 
 def available() -> bool:
@@ -177,29 +181,52 @@ def _filtered(logger: logging.Logger, keep: Callable[[logging.LogRecord], bool])
 
 
 class OnnxBert:
-    """NumpyBert's tokeniser and weights, run by onnxruntime; ``encode`` as NumpyBert.encode."""
+    """NumpyBert's tokeniser and weights, run by onnxruntime; ``encode`` as NumpyBert.encode.
+
+    ``threads`` worker threads each run whole batches on one core (onnxruntime releases the
+    GIL and a session may be run from several threads at once), instead of one batch split
+    over the cores operator by operator: the small matrices of a 16-text batch left the
+    split workers waiting on each other, and on a busy machine on a descheduled one.
+    """
 
     def __init__(self, bert: NumpyBert, *, quantize: bool = False, threads: int | None = None,
-                 fused: bool = True, spin: bool = False):
+                 fused: bool = True, spin: bool = False, split_ops: bool = False):
         self.bert, self.dim, self.quantize = bert, bert.dim, quantize
         model = build_model(bert, fused)
         data = _quantised(model) if quantize else model.SerializeToString()
-        self.session = _session(data, threads or _cores(), spin)
+        cores = threads or _cores()
+        # split_ops: the former way (one batch at a time over all cores), kept for the benches
+        self.workers = 1 if split_ops else cores
+        self.session = _session(data, cores if split_ops else 1, spin)
 
     @classmethod
     def load(cls, folder: str | Path, max_seq_length: int | None = None, *, quantize: bool = False,
-             threads: int | None = None, fused: bool = True, spin: bool = False) -> OnnxBert:
+             threads: int | None = None, fused: bool = True, spin: bool = False,
+             split_ops: bool = False) -> OnnxBert:
         return cls(NumpyBert.load(folder, max_seq_length), quantize=quantize, threads=threads, fused=fused,
-                   spin=spin)
+                   spin=spin, split_ops=split_ops)
 
-    def encode(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
-        """Unit vectors in input order; batches of length-sorted texts, so padding stays small."""
+    def encode(self, texts: list[str], batch_size: int = BATCH) -> np.ndarray:
+        """Unit vectors in input order. Texts are tokenised once, sorted by token count and cut
+        into batches of ``batch_size``, so a batch pads to within a few tokens of its texts."""
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        for s in range(0, len(order), batch_size):
-            rows = order[s: s + batch_size]
-            ids, mask = self.bert.tokenize([texts[i] for i in rows])
+        encs = self.bert.tok.encode_batch(texts)
+        order = sorted(range(len(texts)), key=lambda i: -len(encs[i].ids))
+        batches = [order[s: s + batch_size] for s in range(0, len(order), batch_size)]
+
+        def run(rows: list[int]) -> None:
+            ids, mask = _padded([encs[i] for i in rows])
             out[rows] = self.session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+
+        if self.workers > 1 and len(batches) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            # longest batches first, handed out one at a time: the workers finish together
+            with ThreadPoolExecutor(min(self.workers, len(batches)), thread_name_prefix="deepr-onnx") as pool:
+                list(pool.map(run, batches))
+        else:
+            for rows in batches:
+                run(rows)
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         return out / np.maximum(norms, 1e-12)
 

@@ -8,8 +8,11 @@ with :func:`plan_rewards`) is embedded in one ``embed`` call.
     deepr eval plans.jsonl --metric plan_reward --out plan_scores.jsonl
 
 Definitions this module fixes where the paper leaves room:
-- the "text" of an aggregate answer-parent (for d_par) is its need followed by its key
-  points; fields(n) are the non-empty query, need and each key point of node n;
+- fields(n) are the non-empty query, need and each key point of node n;
+- the "text" of an aggregate answer-parent (for d_par) is represented by the L2-normalised
+  mean of its field vectors (its need and key points), the vectors C_rub reads anyway. A
+  joined string would be new in almost every rollout, so a cached embedder would still have
+  to encode it (issue 16: the cached path could not reach 3x the uncached one);
 - rubric weights enter C_rub and C_search as |w| (a plan should make room to check a
   misleading claim as much as a true one), normalised by Σ|w|;
 - r_fan is 0 without search nodes and r_int is 0 without aggregate nodes; both count distinct
@@ -22,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, Field
 
 from deepr.agent.plan import answer_node, children_map, nodes_of, parents_of, validate_plan
@@ -76,19 +80,34 @@ def node_fields(node: PlanNode) -> list[str]:
 
 
 def node_text(node: PlanNode) -> str:
+    """The node's fields joined by spaces (what d_par read before issue 16; benches compare)."""
     return " ".join(node_fields(node))
 
 
 def _texts(plan: Plan, rubrics: Sequence[RubricItem]) -> list[str]:
-    """Every text the terms read, and no other: a node's joined text is read only for the
-    answer's aggregate parents (d_par). Joined texts are new strings in almost every rollout,
-    so embedding the unused ones made each cached call miss (bench/rewards.py)."""
+    """Every text the terms read, and no other: rubric items and each node's fields. No
+    joined node text: such strings are new in almost every rollout, so embedding them made
+    each cached call miss (bench/rewards.py)."""
     out = [r.description for r in rubrics]
     for n in plan.nodes:
         out.extend(node_fields(n))
-    by_id = {n.id: n for n in plan.nodes}
-    out.extend(node_text(by_id[p]) for p in parents_of(answer_node(plan)) if by_id[p].type == "aggregate")
     return out
+
+
+def node_vector(vec: Vectors, node: PlanNode) -> np.ndarray:
+    """The node's representation for d_par: the unit-length mean of its field vectors."""
+    mean = vec.rows(node_fields(node)).mean(axis=0)
+    norm = float(np.linalg.norm(mean))
+    return mean / norm if norm > 0 else mean
+
+
+def parent_distinctness(vec: Vectors, parents: Sequence[PlanNode]) -> float:
+    """d_par = 1 − mean pairwise cos⁺ of the parents' node vectors; 1 with fewer than two."""
+    if len(parents) < 2:
+        return 1.0
+    m = np.stack([node_vector(vec, p) for p in parents])
+    sims = np.clip(m @ m.T, 0.0, 1.0)
+    return 1.0 - float(sims[np.triu_indices(len(parents), k=1)].mean())
 
 
 def coverage_score(vec: Vectors, rubrics: Sequence[RubricItem], candidates: Sequence[str]) -> float:
@@ -107,8 +126,7 @@ def _graph_terms(plan: Plan, vec: Vectors) -> dict[str, float]:
     by_id = {n.id: n for n in plan.nodes}
     # graph terms count distinct edges (the validator also rejects repeated inputs)
     parents = [by_id[p] for p in parents_of(ans) if by_id[p].type == "aggregate"]
-    pair = mean_pairwise(vec, [node_text(p) for p in parents])
-    d_par = 1.0 if pair is None else 1.0 - pair
+    d_par = parent_distinctness(vec, parents)
     r_fan = sum(len(children[s.id]) >= 2 for s in searches) / len(searches) if searches else 0.0
     r_int = sum(len(parents_of(a)) >= 2 for a in aggs) / len(aggs) if aggs else 0.0
     return {"B_synth": diminishing(len(parents)) * d_par, "d_par": d_par, "r_fan": r_fan,
