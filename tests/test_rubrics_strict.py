@@ -9,9 +9,10 @@ import re
 
 import pytest
 
-from deepr.data.rubric_checks import RubricLimits, leaf_statements, pair_problems
+from deepr.data.rubric_checks import RubricLimits, duplicate_pairs, leaf_statements, pair_problems
 from deepr.data.rubrics import SynthConfig, SynthReply, serialize_tree, synthesize_rubrics
-from deepr.data.rubrics_strict import pick_leaves, plan_slots, strict_format
+from deepr.data.rubric_words import overlap_bound
+from deepr.data.rubrics_strict import pick_leaves, plan_slots, strict_format, strict_plan
 from deepr.llm.base import LLM
 from deepr.records import QRPair, Reject
 from tree_helpers import LEAF_STATEMENTS, small_tree
@@ -19,10 +20,31 @@ from tree_helpers import LEAF_STATEMENTS, small_tree
 LIMITS = RubricLimits()
 
 
-def _sentence(evidence: str, end: str) -> str:
-    """Prose a careful model would write: the evidence's own words (the format makes a description
-    open with its evidence's first four), the final full stop dropped."""
-    return " ".join(evidence.rstrip(".").split()[:16]) + end
+_DESC = re.compile(r"^\^(?P<open>.*?)\(\?:,\? \(\?:(?P<alts>[^()]*)\)\)\{(?P<lo>\d+),(?P<hi>\d+)\}\\\.\?\$$")
+
+
+def description_parts(pattern: str) -> tuple[str, list[str], int, int]:
+    """A strict description pattern's opening (the first option, for the logical one), its
+    vocabulary and the bounds on how many vocabulary words follow."""
+    m = _DESC.match(pattern)
+    assert m, pattern
+    opening = m["open"][3:-1].split("|")[0] if m["open"].startswith("(?:") else m["open"]
+    return opening, m["alts"].split("|"), int(m["lo"]), int(m["hi"])
+
+
+def _description(pattern: str, evidence: str) -> str:
+    """What a careful model writes: the forced opening, then the words that follow it in the
+    evidence (for the logical criterion: reasoning words)."""
+    opening, vocab, lo, hi = description_parts(pattern)
+    words = evidence.rstrip(".").split()
+    start = next((i for i in range(len(words)) if " ".join(words[i:]).startswith(opening)), None)
+    if start is None:  # the logical criterion
+        rest = [w for w in ("how", "both", "differ", "together") if w in vocab]
+    else:
+        rest = [w.strip(",;:") for w in words[start + len(opening.split()):]]
+        rest = [w for w in rest if w in vocab]
+    rest = rest[:hi]
+    return " ".join([opening, *rest, *vocab[:max(0, lo - len(rest))]])
 
 
 def fill(schema: dict, hint: str = "") -> object:
@@ -36,8 +58,10 @@ def fill(schema: dict, hint: str = "") -> object:
     if schema.get("type") == "object":
         out: dict = {}
         for key, sub in schema["properties"].items():
-            basis = (out.get("evidence") or [""])[0] if key == "description" else ""
-            out[key] = fill(sub, basis or key)
+            if key == "description":
+                out[key] = _description(sub["pattern"], (out.get("evidence") or [""])[0])
+            else:
+                out[key] = fill(sub, key)
         return out
     if schema.get("type") == "array" and schema.get("maxItems") == 0:
         return []
@@ -46,9 +70,7 @@ def fill(schema: dict, hint: str = "") -> object:
     pattern = schema["pattern"]
     if pattern.endswith(r"\?$"):
         return "How do lava behaviour and the size of historic eruptions shape the hazards volcanoes pose?"
-    if hint.startswith("States") or " " in hint:
-        return _sentence(hint, "")
-    return f"Compares what the {hint} evidence says about volcanic hazards"
+    return f"Notes what the {hint} evidence says about volcanic hazards"
 
 
 def _format(limits: RubricLimits = LIMITS, n_select: int = 5, per_leaf: int = 6):
@@ -156,3 +178,75 @@ def test_a_tree_with_too_few_leaves_is_rejected_before_any_call():
     [rej] = synthesize_rubrics([tree], llm, SynthConfig())
     assert isinstance(rej, Reject) and not llm.seen
     assert "2 leaf/leaves with statements; a pair selects at least 3" in rej.reason
+
+
+# The tree on which SmolLM2's three strict replies all failed the duplicate check (issue 14): the
+# Chronology leaf has two statements, so it gets two criteria, and the second statement opens with
+# stop words only ("It is also the"), which left nothing distinct in R4's forced opening.
+CHRONO = {
+    "n0.1": ["Run-DMC was an American hip-hop group formed in Hollis, Queens, New York City in 1983."],
+    "n0.2": ["Statistics is the discipline that concerns the collection, organization, analysis, "
+             "interpretation, and presentation of data."],
+    "n0.3": ["Chronology is the science of arranging events in their order of occurrence in time, such as "
+             "in a timeline or other sequence of events.",
+             "It is also \"the determination of the actual temporal sequence of past events\"."],
+}
+
+
+def _tree(leaves: dict[str, list[str]], topic: str = "Hip-hop"):
+    from deepr.records import SupportingDoc, Tree, TreeNode, TreeStats
+
+    def node(nid, parent, query, children=(), statements=()):
+        docs = [SupportingDoc(doc_id=f"D{nid}", snippet_id=f"D{nid}#0", statements=list(statements))]
+        return TreeNode(id=nid, parent=parent, depth=nid.count("."), query=query, children=list(children),
+                        supporting_docs=docs, statements=list(statements),
+                        stop_reason=None if children else "max_depth")
+
+    nodes = [node("n0", None, f"{topic} history", list(leaves), ["A root statement."])]
+    nodes += [node(lid, "n0", f"query {lid}", statements=st) for lid, st in leaves.items()]
+    return Tree(id="tree-t", topic=topic, root_id="n0", nodes=nodes,
+                stats=TreeStats(nodes=len(nodes), leaves=len(leaves), depth=1))
+
+
+def _most_alike(schema: dict) -> dict:
+    """A reply that fills every description with as many words the other criteria can also
+    write as its format allows: the closest to a duplicate a model can get."""
+    value = fill(schema)
+    rubrics = schema["properties"]["rubrics"]["prefixItems"]
+    parts = [description_parts((r.get("anyOf") or [r])[0]["properties"]["description"]["pattern"]) for r in rubrics]
+    for k, (opening, vocab, _lo, hi) in enumerate(parts):
+        others = {w for j, p in enumerate(parts) if j != k for w in p[1]}
+        shared = [w for w in vocab if w in others] + [w for w in vocab if w not in others]
+        value["rubrics"][k]["description"] = " ".join([opening, *shared[:hi]])
+    return value
+
+
+@pytest.mark.parametrize("leaves", [CHRONO, LEAF_STATEMENTS], ids=["chronology", "volcano"])
+def test_no_reply_the_format_admits_has_two_criteria_alike(leaves):
+    tree = _tree(leaves, "Hip-hop" if leaves is CHRONO else "Volcano")
+    compact = serialize_tree(tree, 6)
+    schema = strict_format(compact, 5, LIMITS).json_schema
+    worst = _most_alike(schema)
+    assert _accepts(schema, json.dumps(worst))
+    rubrics = SynthReply.model_validate(worst).rubrics
+    assert duplicate_pairs(rubrics, LIMITS.duplicate_overlap) == []
+    assert pair_problems(SynthReply.model_validate(worst), leaf_statements(tree), LIMITS) == []
+    selected, slots = strict_plan(compact, 5, LIMITS)
+    context = f"{compact['topic']} {compact['nodes'][0]['query']}"
+    assert overlap_bound([s.pool for s in slots if s.leaf], context, 24) < LIMITS.duplicate_overlap
+    # the reply SmolLM2 kept writing: one criterion's description copied into the next
+    r3, r4 = worst["rubrics"][2], worst["rubrics"][3]
+    copied = worst | {"rubrics": [*worst["rubrics"][:3], r4 | {"description": r3["description"]},
+                                  *worst["rubrics"][4:]]}
+    assert not _accepts(schema, json.dumps(copied))
+
+
+def test_a_statement_two_leaves_show_is_evidence_for_the_first_only():
+    shared = "Hip-hop emerged in the Bronx in the early 1970s."
+    leaves = {"n0.1": [shared, "DJ Kool Herc hosted block parties in the Bronx."], "n0.2": [shared],
+              "n0.3": ["Sampling reuses parts of earlier recordings."]}
+    _selected, slots = strict_plan(serialize_tree(_tree(leaves), 6), 5, LIMITS)
+    first = [st for s in slots if s.leaf == "n0.1" for st in s.pool]
+    assert sorted(first) == sorted(leaves["n0.1"])
+    assert [s.pool for s in slots if s.leaf == "n0.3"] == [tuple(leaves["n0.3"])]
+    assert [s.pool for s in slots if s.leaf == "n0.2"] == [(shared,)]  # its only statement: kept

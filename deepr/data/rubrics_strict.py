@@ -11,12 +11,14 @@
 - each factual criterion has a slot: its source leaf is a constant and its evidence is one
   statement chosen from an enum of that leaf's statements (shown in the prompt), so no evidence
   is invented; a leaf with several statements may get two slots over alternate statements;
-- the model writes the reasons, the question (6–30 real words, ending in "?"), the merge
-  rationale and each criterion's description (words only: no ids), and picks weights from a
-  short list; one logical criterion cites one or two of the selected leaves.
+- the model writes the reasons, the question (6–30 real words, ending in "?") and the merge
+  rationale, and picks weights from a short list; each criterion's description is words of its
+  own statement (the logical one: reasoning words and the topic's), opening with words no other
+  criterion can write, so two criteria cannot read the same (:mod:`deepr.data.rubric_words`);
+  one logical criterion cites one or two of the selected leaves.
 
-Every reply is still checked by :func:`deepr.data.rubric_checks.pair_problems` (duplicates and
-the question's wording are not expressible in a format).
+Every reply is still checked by :func:`deepr.data.rubric_checks.pair_problems` (the question's
+wording is not expressible in a format).
 
     deepr synthesize-rubrics trees.jsonl --llm smollm2 --out pairs.jsonl   (strict by default)
 """
@@ -30,6 +32,7 @@ from typing import Any
 
 from deepr.agent.formats import FIRST, PHRASE, WORD, text
 from deepr.data.rubric_checks import RubricLimits
+from deepr.data.rubric_words import exclusive_tokens, factual_pattern, logical_pattern
 from deepr.llm.base import OutputFormat
 
 SYSTEM_STRICT = (
@@ -41,9 +44,9 @@ SYSTEM_STRICT = (
     "needs the evidence of all the leaves together. Do not list the answers in it.\n"
     "3. merge_trace: one sentence on what the leaves cover together.\n"
     "4. rubrics, the criteria that grade a long answer to the question. For a factual criterion, choose "
-    "the statement that is its evidence, then describe in at most {max_words} words the fact an answer "
-    "must state. The logical criterion describes how the answer must reason, compare or qualify. Each "
-    "criterion checks something different.\n"
+    "the statement that is its evidence, then describe in at most {max_words} words, in the words of that "
+    "statement, the fact an answer must state. The logical criterion describes how the answer must "
+    "reason, compare or qualify. Each criterion checks something different.\n"
     "Reply with JSON only, in this shape (ids and leaves are fixed for you): {{\"selected_leaf_ids\": [leaf ids], "
     "\"selection_trace\": [{{\"leaf_id\": id, \"reason\": sentence}}], \"question\": question, \"merge_trace\": "
     "[{{\"id\": \"M1\", \"inputs\": [leaf ids], \"rationale\": sentence}}], \"rubrics\": [{{\"id\": \"R1\", "
@@ -108,30 +111,31 @@ def _consts(values: Sequence[str]) -> dict[str, Any]:
     return _fixed([{"const": v} for v in values])
 
 
-def _criterion(k: int, slot: Slot, selected: Sequence[str], max_words: int) -> dict[str, Any]:
-    desc = text(_words(4, min(max_words, 24), r"\.?"))
-    if slot.leaf is None:
-        return _obj(id={"const": f"R{k}"}, type={"const": "logical"},
-                    source_leaf_ids={"type": "array", "minItems": 1, "maxItems": 2, "items": {"enum": list(selected)}},
-                    evidence={"type": "array", "maxItems": 0}, description=desc, weight={"enum": LOGIC_WEIGHTS})
-    # One alternative per statement: the description opens with its evidence's first words, so two
-    # criteria over different statements cannot read the same (SmolLM2 wrote one description three
-    # times and every re-ask failed the duplicate check).
-    return {"anyOf": [_obj(id={"const": f"R{k}"}, type={"const": "factual"}, source_leaf_ids=_consts([slot.leaf]),
-                           evidence=_fixed([{"const": st}]), description=text(_opening(st, max_words)),
-                           weight={"enum": FACT_WEIGHTS}) for st in slot.pool]}
+def _criteria(slots: Sequence[Slot], selected: Sequence[str], max_words: int, context: str) -> list[dict[str, Any]]:
+    """One schema per slot. Descriptions come from closed vocabularies, each forced to hold words
+    no other criterion can write (:mod:`deepr.data.rubric_words`): SmolLM2 wrote one description for
+    two slots, and every re-ask failed the duplicate check."""
+    hi = min(max_words, 24)
+    pools = [s.pool for s in slots if s.leaf is not None]
+    excl = iter(exclusive_tokens(pools, context))
+    out = []
+    for k, slot in enumerate(slots, start=1):
+        if slot.leaf is None:
+            out.append(_obj(id={"const": f"R{k}"}, type={"const": "logical"},
+                            source_leaf_ids={"type": "array", "minItems": 1, "maxItems": 2,
+                                             "items": {"enum": list(selected)}},
+                            evidence={"type": "array", "maxItems": 0},
+                            description=text(logical_pattern(pools, context, hi)), weight={"enum": LOGIC_WEIGHTS}))
+            continue
+        out.append({"anyOf": [_obj(id={"const": f"R{k}"}, type={"const": "factual"},
+                                   source_leaf_ids=_consts([slot.leaf]), evidence=_fixed([{"const": st}]),
+                                   description=text(factual_pattern(st, e, hi)), weight={"enum": FACT_WEIGHTS})
+                              for st, e in zip(slot.pool, next(excl))]})
+    return out
 
 
-def _opening(statement: str, max_words: int) -> str:
-    first = " ".join(statement.replace('"', "").split()[:4]).rstrip(".,;:")
-    return rf"{_literal(first)}(?:,? {WORD}){{2,{max(2, min(max_words, 24) - 5)}}}\.?"
-
-
-def _literal(text_: str) -> str:
-    return "".join(f"\\{c}" if c in ".^$*+?()[]{}|\\/" else c for c in text_)
-
-
-def pair_schema(selected: Sequence[str], slots: Sequence[Slot], limits: RubricLimits) -> dict[str, Any]:
+def pair_schema(selected: Sequence[str], slots: Sequence[Slot], limits: RubricLimits,
+                context: str = "") -> dict[str, Any]:
     """The pair's JSON schema with the selection, ids and evidence pools fixed (see the module doc).
     The merge step has no ``output``: the parser fills in the question (see ``SynthReply``)."""
     q_lo, q_hi = limits.min_question_words, min(limits.max_question_words, 30)
@@ -140,7 +144,7 @@ def pair_schema(selected: Sequence[str], slots: Sequence[Slot], limits: RubricLi
         selection_trace=_fixed([_obj(leaf_id={"const": lid}, reason=text(PHRASE)) for lid in selected]),
         question=text(_words(q_lo, q_hi, r"\?")),
         merge_trace=_fixed([_obj(id={"const": "M1"}, inputs=_consts(selected), rationale=text(PHRASE))]),
-        rubrics=_fixed([_criterion(k, s, selected, limits.max_rubric_words) for k, s in enumerate(slots, start=1)]))
+        rubrics=_fixed(_criteria(slots, selected, limits.max_rubric_words, context)))
 
 
 def strict_plan(compact: Mapping[str, Any], n_select: int, limits: RubricLimits
@@ -149,19 +153,37 @@ def strict_plan(compact: Mapping[str, Any], n_select: int, limits: RubricLimits
     the tree has too few leaves with statements for a pair."""
     shown = {leaf["id"]: list(dict.fromkeys(leaf["statements"])) for leaf in compact["leaves"]}
     selected = pick_leaves(shown, n_select, limits)
-    return (selected, plan_slots(selected, shown, limits)) if selected else None
+    return (selected, plan_slots(selected, _distinct_pools(selected, shown), limits)) if selected else None
+
+
+def _distinct_pools(selected: Sequence[str], shown: Mapping[str, list[str]]) -> dict[str, list[str]]:
+    """Each selected leaf's statements less those an earlier selected leaf shows (one document can
+    ground two leaves): two criteria over one statement could only read the same. A leaf keeps
+    its statements when all are shared."""
+    seen: set[str] = set()
+    out = {}
+    for lid in selected:
+        own = [s for s in shown[lid] if s not in seen] or shown[lid]
+        seen.update(own)
+        out[lid] = own
+    return out
+
+
+def _root_query(compact: Mapping[str, Any]) -> str:
+    return next((n["query"] for n in compact["nodes"] if n["parent"] is None), compact.get("topic", ""))
 
 
 def strict_format(compact: Mapping[str, Any], n_select: int, limits: RubricLimits) -> OutputFormat | None:
     plan = strict_plan(compact, n_select, limits)
-    return OutputFormat("synthesize.pair.strict", json_schema=pair_schema(*plan, limits)) if plan else None
+    context = f"{compact.get('topic') or ''} {_root_query(compact)}"
+    return OutputFormat("synthesize.pair.strict", json_schema=pair_schema(*plan, limits, context)) if plan else None
 
 
 def strict_messages(compact: Mapping[str, Any], n_select: int, limits: RubricLimits) -> list[dict[str, str]]:
     """The short prompt of strict mode: the topic, the root query and only the selected leaves."""
     plan = strict_plan(compact, n_select, limits)
     chosen = set(plan[0]) if plan else set()
-    root = next((n["query"] for n in compact["nodes"] if n["parent"] is None), compact.get("topic", ""))
+    root = _root_query(compact)
     user = {"topic": compact.get("topic", ""), "root_query": root,
             "leaves": [leaf for leaf in compact["leaves"] if leaf["id"] in chosen]}
     system = SYSTEM_STRICT.format(q_lo=limits.min_question_words, q_hi=min(limits.max_question_words, 30),
