@@ -258,9 +258,29 @@ def test_strict_root_query_keeps_the_seed_title(embedder):
 
     roles = _roles(ExtractiveLLM(), embedder)
     fmt = ROOT_QUERY.constrain(TreeAsk(roles, seed=SeedTopic(id="t", title="Mercury (planet)"))).json_schema
-    assert _accepts(fmt, {"query": "Mercury (planet) orbit and surface"})
-    for bad in ("What isoodieh-hijabah", "Mercury planet orbit", "Mercury (planet)"):
+    assert _accepts(fmt, {"query": "Mercury (planet) history and science"})
+    # without a description the added words are broad aspects: no invented or stray word
+    for bad in ("What isoodieh-hijabah", "Mercury planet orbit", "Mercury (planet)",
+                "Mercury (planet) orbit and surface", "Mercury (planet) that's-arapitcally"):
         assert not _accepts(fmt, {"query": bad}), bad
+    described = SeedTopic(id="t", title="Mercury (planet)", description="Mercury has the smallest orbit of all.")
+    fmt = ROOT_QUERY.constrain(TreeAsk(roles, seed=described)).json_schema
+    assert _accepts(fmt, {"query": "Mercury (planet) smallest orbit"})
+    assert not _accepts(fmt, {"query": "Mercury (planet) history"})  # the description's words only
+
+
+def test_strict_child_queries_take_their_words_from_the_evidence_shown(embedder):
+    from deepr.data.tree_roles import _decompose_check, TreeAsk
+
+    roles = _roles(ExtractiveLLM(), embedder)
+    root = _decompose_fmt(roles, _ctx(), 3)
+    ok = [{"facet": "comparison", "query": "Comparison of molten rock"},
+          {"facet": "risks", "query": "Risks of volcano hazards"},
+          {"facet": "statistics", "query": "Statistics on lava"}]
+    assert _accepts(root, ok) and _decompose_check(TreeAsk(roles, _ctx(), limit=3), {"queries": ok}) == []
+    # SmolLM2's query: an invented word repeated, which grounding then matched to an unrelated article
+    invented = [{"facet": "statistics", "query": "Statistics on dejadores dejadores"}]
+    assert not _accepts(root, [*ok[:2], *invented])
 
 
 def test_strict_ground_needs_a_document_and_prefers_ones_the_branch_has_not_used(embedder):
@@ -285,7 +305,7 @@ def test_strict_decompose_format_splits_the_root_and_fixes_the_required_facets(e
     assert firsts == [{"comparison", "alternatives"}, {"risks", "failures"}, {"quantitative data", "statistics"}]
     # any reply the format admits passes the facet check
     reply = {"queries": [{"facet": sorted(f)[0], "query": q} for q, f in
-                         zip(["Alternatives to lava", "Problems with volcano eruptions", "Numbers on eruptions"], firsts)]}
+                         zip(["Alternatives to lava", "Problems with volcano hazards", "Numbers on molten rock"], firsts)]}
     assert _decompose_check(TreeAsk(roles, _ctx(), limit=3), reply) == []
     # a child's query opens with its facet's words, so it cannot repeat the parent
     assert _accepts(root, reply["queries"]) and not _accepts(root, [{"facet": "alternatives", "query": "Volcano hazards"},
