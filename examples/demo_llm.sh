@@ -25,7 +25,7 @@ LLM=(--llm smollm2 --seed 0)
 step convert        python -m deepr.llm.smollm2
 BASE=$(python -m deepr.llm.smollm2)   # the converted checkpoint folder (cached: instant)
 step index          deepr index --corpus "$CORPUS"
-step build-trees    deepr build-trees --corpus "$CORPUS" --n-trees "$N_TREES" --max-depth 1 --branching 4,2,2 \
+step build-trees    deepr build-trees --corpus "$CORPUS" --n-trees "$N_TREES" --max-depth 1 --branching 5,2,2 \
                       "${LLM[@]}" --fallback extractive --out "$D/trees.jsonl"
 step rubrics        deepr synthesize-rubrics "$D/trees.jsonl" "${LLM[@]}" --fallback extractive \
                       --out "$D/pairs.jsonl"

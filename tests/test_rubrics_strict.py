@@ -20,31 +20,31 @@ from tree_helpers import LEAF_STATEMENTS, small_tree
 LIMITS = RubricLimits()
 
 
-_DESC = re.compile(r"^\^(?P<open>.*?)\(\?:,\? \(\?:(?P<alts>[^()]*)\)\)\{(?P<lo>\d+),(?P<hi>\d+)\}\\\.\?\$$")
+_DESC = re.compile(r"^\^(?P<open>.*?)\(\?:,\? \(\?:\(\?:(?P<links>[^()]*)\) \)\{0,2\}\(\?:(?P<words>[^()]*)\)\)"
+                   r"\{(?P<lo>\d+),(?P<hi>\d+)\}\\\.\?\$$")
 
 
-def description_parts(pattern: str) -> tuple[str, list[str], int, int]:
-    """A strict description pattern's opening (the first option, for the logical one), its
-    vocabulary and the bounds on how many vocabulary words follow."""
+def description_parts(pattern: str) -> tuple[str, list[str], list[str], int, int]:
+    """A strict description pattern's opening (the first option, for the logical one), its link
+    and content words, and the bounds on how many (link +) content steps follow the opening."""
     m = _DESC.match(pattern)
     assert m, pattern
     opening = m["open"][3:-1].split("|")[0] if m["open"].startswith("(?:") else m["open"]
-    return opening, m["alts"].split("|"), int(m["lo"]), int(m["hi"])
+    return opening, m["links"].split("|"), m["words"].split("|"), int(m["lo"]), int(m["hi"])
 
 
 def _description(pattern: str, evidence: str) -> str:
-    """What a careful model writes: the forced opening, then the words that follow it in the
+    """What a careful model writes: the forced opening, then content words that follow it in the
     evidence (for the logical criterion: reasoning words)."""
-    opening, vocab, lo, hi = description_parts(pattern)
-    words = evidence.rstrip(".").split()
-    start = next((i for i in range(len(words)) if " ".join(words[i:]).startswith(opening)), None)
+    opening, _links, words, lo, hi = description_parts(pattern)
+    ev = evidence.rstrip(".").split()
+    start = next((i for i in range(len(ev)) if " ".join(ev[i:]).startswith(opening)), None)
     if start is None:  # the logical criterion
-        rest = [w for w in ("how", "both", "differ", "together") if w in vocab]
+        rest = [w for w in ("both", "differ", "together") if w in words]
     else:
-        rest = [w.strip(",;:") for w in words[start + len(opening.split()):]]
-        rest = [w for w in rest if w in vocab]
+        rest = [w for w in (x.strip(",;:") for x in ev[start + len(opening.split()):]) if w in words]
     rest = rest[:hi]
-    return " ".join([opening, *rest, *vocab[:max(0, lo - len(rest))]])
+    return " ".join([opening, *rest, *words[:max(0, lo - len(rest))]])
 
 
 def fill(schema: dict, hint: str = "") -> object:
@@ -69,7 +69,7 @@ def fill(schema: dict, hint: str = "") -> object:
         return [fill(s, hint) for s in schema.get("prefixItems", [])] or [fill(schema["items"], hint)]
     pattern = schema["pattern"]
     if pattern.endswith(r"\?$"):
-        return "How do lava behaviour and the size of historic eruptions shape the hazards volcanoes pose?"
+        return "How do Lava temperatures and the eruption of Mount Vesuvius shape the Volcanic Explosivity Index?"
     return f"Notes what the {hint} evidence says about volcanic hazards"
 
 
@@ -209,15 +209,18 @@ def _tree(leaves: dict[str, list[str]], topic: str = "Hip-hop"):
 
 
 def _most_alike(schema: dict) -> dict:
-    """A reply that fills every description with as many words the other criteria can also
-    write as its format allows: the closest to a duplicate a model can get."""
+    """A reply that fills every description with as many words the other criteria can also write
+    as its format allows (each step: a shared link word, then a shared content word first): the
+    closest to a duplicate a model can get."""
     value = fill(schema)
     rubrics = schema["properties"]["rubrics"]["prefixItems"]
     parts = [description_parts((r.get("anyOf") or [r])[0]["properties"]["description"]["pattern"]) for r in rubrics]
-    for k, (opening, vocab, _lo, hi) in enumerate(parts):
-        others = {w for j, p in enumerate(parts) if j != k for w in p[1]}
-        shared = [w for w in vocab if w in others] + [w for w in vocab if w not in others]
-        value["rubrics"][k]["description"] = " ".join([opening, *shared[:hi]])
+    for k, (opening, links, words, _lo, hi) in enumerate(parts):
+        others = {w for j, p in enumerate(parts) if j != k for w in p[2]}
+        shared = [w for w in words if w in others] + [w for w in words if w not in others]
+        said = ["answer", "states", "mentions", "notes"]
+        steps = [f"{said[i % 4]} {w}" for i, w in enumerate(shared[:hi])]
+        value["rubrics"][k]["description"] = " ".join([opening, *steps])
     return value
 
 
@@ -250,3 +253,15 @@ def test_a_statement_two_leaves_show_is_evidence_for_the_first_only():
     assert sorted(first) == sorted(leaves["n0.1"])
     assert [s.pool for s in slots if s.leaf == "n0.3"] == [tuple(leaves["n0.3"])]
     assert [s.pool for s in slots if s.leaf == "n0.2"] == [(shared,)]  # its only statement: kept
+
+
+def test_descriptions_cannot_loop_on_link_words_and_the_question_uses_real_words():
+    schema = _format().json_schema
+    value = fill(schema)
+    assert _accepts(schema, json.dumps(value))
+    r1 = value["rubrics"][0]
+    looping = r1 | {"description": r1["description"] + " the the the the the"}  # seen from SmolLM2
+    assert not _accepts(schema, json.dumps(value | {"rubrics": [looping, *value["rubrics"][1:]]}))
+    for q in ("How do lava flows relate to thes-saysitagfthn?",  # an invented word (seen from SmolLM2)
+              "Lava temperatures and Mount Vesuvius?"):  # no question word
+        assert not _accepts(schema, json.dumps(value | {"question": q, "merge_trace": value["merge_trace"]})), q

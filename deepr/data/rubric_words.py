@@ -36,6 +36,7 @@ LOGIC_OPENINGS = ("Compares and weighs", "Weighs and contrasts", "Contrasts and 
 LOGIC_WORDS = ("how", "why", "whether", "because", "while", "both", "differ", "differences", "together",
                "relation", "causes", "effects", "significance", "sources", "against", "each", "other")
 FORCED = 3  # exclusive tokens forced into each description
+MAX_STEPS = 6  # words (each with an optional link word) after a description's opening
 
 
 def clean_words(s: str) -> list[str]:
@@ -92,11 +93,27 @@ def exclusive_tokens(pools: Sequence[Sequence[str]], context: str) -> list[list[
     return out
 
 
+def _steps(content: Sequence[str], links: Sequence[str], lo: int, hi: int) -> str:
+    """``lo`` to ``hi`` steps, each up to two link words then a content word: link words cannot
+    run on (SmolLM2 filled a description with "the the the ...")."""
+    link = _alternation(links)
+    return rf"(?:,? (?:{link} ){{0,2}}{_alternation(content)}){{{lo},{hi}}}"
+
+
+def _content(words: Sequence[str]) -> list[str]:
+    links = {w.lower() for w in LINK_WORDS}
+    return [w for w in dict.fromkeys(words) if w.lower() not in links]
+
+
 def factual_pattern(statement: str, exclusive: set[str], hi: int) -> str:
     window = forced_window(statement, exclusive)
-    room = max(0, hi - len(window))
+    content = _content(clean_words(statement))
+    # a step writes up to three words; a short tail keeps a greedy small model from looping
+    room = max(0, min(MAX_STEPS, (hi - len(window)) // 3))
     lo = min(room, max(0, 4 - len(window)))
-    return rf"{' '.join(window)}(?:,? {_alternation(statement_vocab(statement))}){{{lo},{room}}}\.?"
+    if not content:
+        return rf"{' '.join(window)}\.?"
+    return rf"{' '.join(window)}{_steps(content, LINK_WORDS, lo, room)}\.?"
 
 
 def logic_openings(pools: Sequence[Sequence[str]]) -> list[str]:
@@ -108,7 +125,8 @@ def logic_openings(pools: Sequence[Sequence[str]]) -> list[str]:
 
 def logical_pattern(pools: Sequence[Sequence[str]], context: str, hi: int) -> str:
     opening = "(?:" + "|".join(logic_openings(pools)) + ")"
-    return rf"{opening}(?:,? {_alternation(logic_vocab(context))}){{2,{max(2, hi - 3)}}}\.?"
+    content = _content([*clean_words(context), *LOGIC_WORDS])
+    return rf"{opening}{_steps(content, LINK_WORDS, 2, max(2, min(MAX_STEPS, (hi - 3) // 3)))}\.?"
 
 
 def overlap_bound(pools: Sequence[Sequence[str]], context: str, hi: int) -> float:
@@ -131,3 +149,17 @@ def overlap_bound(pools: Sequence[Sequence[str]], context: str, hi: int) -> floa
                     total = shared + ei + ej
                     worst = max(worst, shared / total if total else 1.0)
     return worst
+
+
+QUESTION_OPENERS = ("How", "What", "Why", "Which", "To what extent")
+QUESTION_WORDS = ("do", "does", "did", "can", "between", "about", "how", "why", "what", "which", "compare",
+                  "differ", "relate", "explain", "shape", "affect")
+
+
+def question_pattern(statements: Sequence[str], context: str, lo: int, hi: int) -> str:
+    """The question: a question word, then words of the selected leaves' statements, the topic and
+    a few question words (SmolLM2's free question ended in "thes-saysitagfthn?")."""
+    content = _content([*clean_words(context), *(w for s in statements for w in clean_words(s))])
+    links = [*LINK_WORDS, *QUESTION_WORDS]
+    steps_hi = max(lo, (hi - 3) // 3)
+    return rf"(?:{'|'.join(QUESTION_OPENERS)}){_steps(content or list(QUESTION_WORDS), links, max(1, lo - 1), steps_hi)}\?"

@@ -32,7 +32,7 @@ from typing import Any
 
 from deepr.agent.formats import FIRST, PHRASE, WORD, text
 from deepr.data.rubric_checks import RubricLimits
-from deepr.data.rubric_words import exclusive_tokens, factual_pattern, logical_pattern
+from deepr.data.rubric_words import exclusive_tokens, factual_pattern, logical_pattern, question_pattern
 from deepr.llm.base import OutputFormat
 
 SYSTEM_STRICT = (
@@ -142,7 +142,7 @@ def pair_schema(selected: Sequence[str], slots: Sequence[Slot], limits: RubricLi
     return _obj(
         selected_leaf_ids=_consts(selected),
         selection_trace=_fixed([_obj(leaf_id={"const": lid}, reason=text(PHRASE)) for lid in selected]),
-        question=text(_words(q_lo, q_hi, r"\?")),
+        question=text(question_pattern([st for s in slots for st in s.pool], context, q_lo, q_hi)),
         merge_trace=_fixed([_obj(id={"const": "M1"}, inputs=_consts(selected), rationale=text(PHRASE))]),
         rubrics=_fixed(_criteria(slots, selected, limits.max_rubric_words, context)))
 

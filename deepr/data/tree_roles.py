@@ -279,12 +279,18 @@ def _child_words(a: TreeAsk) -> str:
 
 
 def _child(a: TreeAsk, facets: Sequence[str], words: str) -> dict[str, Any]:
-    """A child sub-query: its facet first, then a query opening with that facet's words."""
+    """A child sub-query: its facet first, then a query opening with that facet's words and the
+    tree's topic. Without the topic SmolLM2 wrote "Statistics on 1983" under "Hip-hop", and
+    grounding found an article on statistics."""
+    topic = " ".join(a.ctx.root_topic.split())
     def one(f: str) -> dict[str, Any]:
         opener = "(?:" + "|".join(OPENERS[f]) + ")"
         rest = max(1, a.roles.max_words - max(len(o.split()) for o in OPENERS[f]))
+        n = len(topic.split())
+        tail = (rf" {_literal(topic)}(?: {words}){{0,{rest - n}}}" if topic and '"' not in topic and n < rest
+                else rf"(?: {words}){{1,{rest}}}")
         return {"type": "object", "required": ["facet", "query"], "additionalProperties": False,
-                "properties": {"facet": {"const": f}, "query": _str(rf"{opener}(?: {words}){{1,{rest}}}")}}
+                "properties": {"facet": {"const": f}, "query": _str(opener + tail)}}
     return {"anyOf": [one(f) for f in facets]} if len(facets) > 1 else one(facets[0])
 
 
