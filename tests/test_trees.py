@@ -406,3 +406,20 @@ def test_a_failed_batched_search_reaches_every_waiting_node():
 
     out = asyncio.run(main())
     assert all(isinstance(e, RuntimeError) and "gone" in str(e) for e in out)
+
+
+def test_strict_children_past_the_required_three_each_get_their_own_facets(embedder):
+    from deepr.data.tree_roles import _decompose_check, TreeAsk
+
+    roles = _roles(ExtractiveLLM(), embedder)
+    root = _decompose_fmt(roles, _ctx(), 5)
+    assert len(root["prefixItems"]) == 5 and root["items"] is False
+    facets = [{alt["properties"]["facet"]["const"] for alt in p.get("anyOf", [p])} for p in root["prefixItems"]]
+    assert all(not (facets[i] & facets[j]) for i in range(5) for j in range(i + 1, 5))  # disjoint
+    five = [{"facet": "comparison", "query": "Comparison of Volcano"}, {"facet": "risks", "query": "Risks of Volcano"},
+            {"facet": "statistics", "query": "Statistics on Volcano"},
+            {"facet": "stakeholders", "query": "People involved in Volcano"},
+            {"facet": "timeline", "query": "History of Volcano lava"}]
+    assert _accepts(root, five) and _decompose_check(TreeAsk(roles, _ctx(), limit=5), {"queries": five}) == []
+    # SmolLM2 repeated a facet in the 4th and 5th children and wrote one query twice
+    assert not _accepts(root, [*five[:4], {"facet": "stakeholders", "query": "People involved in Volcano"}])

@@ -126,7 +126,8 @@ def logic_openings(pools: Sequence[Sequence[str]]) -> list[str]:
 def logical_pattern(pools: Sequence[Sequence[str]], context: str, hi: int) -> str:
     opening = "(?:" + "|".join(logic_openings(pools)) + ")"
     content = _content([*clean_words(context), *LOGIC_WORDS])
-    return rf"{opening}{_steps(content, LINK_WORDS, 2, max(2, min(MAX_STEPS, (hi - 3) // 3)))}\.?"
+    # 2 to 4 steps: a reasoning phrase, not a list (SmolLM2 looped "against in a against in a ...")
+    return rf"{opening}{_steps(content, LINK_WORDS, 2, max(2, min(4, (hi - 3) // 3)))}\.?"
 
 
 def overlap_bound(pools: Sequence[Sequence[str]], context: str, hi: int) -> float:

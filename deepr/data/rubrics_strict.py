@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from deepr.agent.formats import FIRST, PHRASE, WORD, text
+from deepr.agent.formats import PHRASE, text
 from deepr.data.rubric_checks import RubricLimits
 from deepr.data.rubric_words import exclusive_tokens, factual_pattern, logical_pattern, question_pattern
 from deepr.llm.base import OutputFormat
@@ -91,10 +91,6 @@ def plan_slots(selected: Sequence[str], shown: Mapping[str, Sequence[str]], limi
             i += 1
     slots = slots[: want - 1]
     return slots + [Slot(None)] * (want - len(slots))
-
-
-def _words(lo: int, hi: int, end: str) -> str:
-    return rf"{FIRST}(?:,? {WORD}){{{max(0, lo - 1)},{max(lo, hi) - 1}}}{end}"
 
 
 def _obj(**props: dict[str, Any]) -> dict[str, Any]:

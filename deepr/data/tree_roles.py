@@ -304,7 +304,15 @@ def _decompose_format(a: TreeAsk) -> OutputFormat:
     words = _child_words(a)
     arr: dict[str, Any] = {"type": "array", "minItems": lo, "maxItems": hi, "items": _child(a, FACETS, words)}
     if hi >= 3:
-        arr["prefixItems"] = [_child(a, [f for f in FACETS if facet_group(f) == g], words) for g in REQUIRED_FACETS]
+        groups = [[f for f in FACETS if facet_group(f) == g] for g in REQUIRED_FACETS]
+        # Past the required three, each child gets its own share of the other facets: two children
+        # on one facet open alike and, with the topic in both, SmolLM2 wrote the same query twice.
+        others = [f for f in FACETS if facet_group(f) is None]
+        extra = min(hi - 3, len(others))
+        groups += [others[k::extra] for k in range(extra)]
+        arr["prefixItems"] = [_child(a, g, words) for g in groups]
+        if len(groups) >= hi:
+            arr["items"] = False
     return _json("decompose", {"queries": arr})
 
 
