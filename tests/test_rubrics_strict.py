@@ -246,13 +246,22 @@ def test_no_reply_the_format_admits_has_two_criteria_alike(leaves):
 
 def test_a_statement_two_leaves_show_is_evidence_for_the_first_only():
     shared = "Hip-hop emerged in the Bronx in the early 1970s."
-    leaves = {"n0.1": [shared, "DJ Kool Herc hosted block parties in the Bronx."], "n0.2": [shared],
+    leaves = {"n0.1": [shared, "DJ Kool Herc hosted block parties in the Bronx."],
+              "n0.2": [shared, "Breakdancing grew up beside the music at those parties."],
               "n0.3": ["Sampling reuses parts of earlier recordings."]}
     _selected, slots = strict_plan(serialize_tree(_tree(leaves), 6), 5, LIMITS)
-    first = [st for s in slots if s.leaf == "n0.1" for st in s.pool]
-    assert sorted(first) == sorted(leaves["n0.1"])
-    assert [s.pool for s in slots if s.leaf == "n0.3"] == [tuple(leaves["n0.3"])]
-    assert [s.pool for s in slots if s.leaf == "n0.2"] == [(shared,)]  # its only statement: kept
+    assert sorted(st for s in slots if s.leaf == "n0.1" for st in s.pool) == sorted(leaves["n0.1"])
+    assert [s.pool for s in slots if s.leaf == "n0.2"] == [(leaves["n0.2"][1],)]
+
+
+def test_a_tree_whose_leaves_repeat_one_statement_is_rejected_before_any_call():
+    shared = "Hip-hop is a genre of popular music that emerged in the early 1970s."
+    tree = _tree({"n0.1": [shared], "n0.2": [shared], "n0.3": [shared, "Run-DMC formed in Queens in 1983."]})
+    assert strict_plan(serialize_tree(tree, 6), 5, LIMITS) is None
+    llm = _FillingLLM(strict=True)
+    [rej] = synthesize_rubrics([tree], llm, SynthConfig())
+    assert isinstance(rej, Reject) and not llm.seen
+    assert "2 leaf/leaves with statements of their own" in rej.reason
 
 
 def test_descriptions_cannot_loop_on_link_words_and_the_question_uses_real_words():

@@ -143,26 +143,26 @@ def pair_schema(selected: Sequence[str], slots: Sequence[Slot], limits: RubricLi
         rubrics=_fixed(_criteria(slots, selected, limits.max_rubric_words, context)))
 
 
-def strict_plan(compact: Mapping[str, Any], n_select: int, limits: RubricLimits
-                ) -> tuple[list[str], list[Slot]] | None:
-    """The selection and criteria slots for a serialised tree (its shown statements); None when
-    the tree has too few leaves with statements for a pair."""
-    shown = {leaf["id"]: list(dict.fromkeys(leaf["statements"])) for leaf in compact["leaves"]}
-    selected = pick_leaves(shown, n_select, limits)
-    return (selected, plan_slots(selected, _distinct_pools(selected, shown), limits)) if selected else None
-
-
-def _distinct_pools(selected: Sequence[str], shown: Mapping[str, list[str]]) -> dict[str, list[str]]:
-    """Each selected leaf's statements less those an earlier selected leaf shows (one document can
-    ground two leaves): two criteria over one statement could only read the same. A leaf keeps
-    its statements when all are shared."""
+def distinct_statements(compact: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Leaf id → its shown statements that no earlier leaf shows. One document often grounds
+    several leaves (four of the demo's five Hip-hop leaves opened with one sentence), and criteria
+    over one statement could only read the same: such a leaf brings nothing to a pair."""
     seen: set[str] = set()
     out = {}
-    for lid in selected:
-        own = [s for s in shown[lid] if s not in seen] or shown[lid]
-        seen.update(own)
-        out[lid] = own
+    for leaf in compact["leaves"]:
+        st = list(dict.fromkeys(leaf["statements"]))
+        out[leaf["id"]] = [s for s in st if s not in seen]
+        seen.update(st)
     return out
+
+
+def strict_plan(compact: Mapping[str, Any], n_select: int, limits: RubricLimits
+                ) -> tuple[list[str], list[Slot]] | None:
+    """The selection and criteria slots for a serialised tree (its leaves' own statements); None
+    when too few leaves have statements of their own for a pair."""
+    shown = distinct_statements(compact)
+    selected = pick_leaves(shown, n_select, limits)
+    return (selected, plan_slots(selected, shown, limits)) if selected else None
 
 
 def _root_query(compact: Mapping[str, Any]) -> str:
