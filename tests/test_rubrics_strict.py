@@ -77,12 +77,18 @@ def _format(limits: RubricLimits = LIMITS, n_select: int = 5, per_leaf: int = 6)
     return strict_format(serialize_tree(small_tree(), per_leaf), n_select, limits)
 
 
+_COMPILED: dict[str, object] = {}
+
+
 def _accepts(schema: dict, reply: str) -> bool:
-    """Whether xgrammar (the hf backend's decoder) admits ``reply`` under ``schema`` to the end."""
+    """Whether xgrammar (the hf backend's decoder) admits ``reply`` under ``schema`` to the end.
+    Each schema is compiled once: a strict pair schema takes seconds to compile."""
     xgr = pytest.importorskip("xgrammar")
-    info = xgr.TokenizerInfo(["a", "</s>"], stop_token_ids=[1])
-    compiled = xgr.GrammarCompiler(info).compile_json_schema(json.dumps(schema), any_whitespace=False)
-    m = xgr.GrammarMatcher(compiled)
+    key = json.dumps(schema)
+    if key not in _COMPILED:
+        info = xgr.TokenizerInfo(["a", "</s>"], stop_token_ids=[1])
+        _COMPILED[key] = xgr.GrammarCompiler(info).compile_json_schema(key, any_whitespace=False)
+    m = xgr.GrammarMatcher(_COMPILED[key])
     return m.accept_string(reply, debug_print=False) and m.accept_token(1) and m.is_terminated()
 
 
@@ -224,12 +230,16 @@ def _most_alike(schema: dict) -> dict:
     return value
 
 
-@pytest.mark.parametrize("leaves", [CHRONO, LEAF_STATEMENTS], ids=["chronology", "volcano"])
-def test_no_reply_the_format_admits_has_two_criteria_alike(leaves):
+@pytest.mark.parametrize("leaves,question", [
+    (CHRONO, "How do Run-DMC and Statistics relate to Chronology and the science of arranging events?"),
+    (LEAF_STATEMENTS, None)], ids=["chronology", "volcano"])
+def test_no_reply_the_format_admits_has_two_criteria_alike(leaves, question):
     tree = _tree(leaves, "Hip-hop" if leaves is CHRONO else "Volcano")
     compact = serialize_tree(tree, 6)
     schema = strict_format(compact, 5, LIMITS).json_schema
     worst = _most_alike(schema)
+    if question:  # the question is drawn from the tree's own words too
+        worst["question"] = question
     assert _accepts(schema, json.dumps(worst))
     rubrics = SynthReply.model_validate(worst).rubrics
     assert duplicate_pairs(rubrics, LIMITS.duplicate_overlap) == []
