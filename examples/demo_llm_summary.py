@@ -70,14 +70,19 @@ def rows(demo: Path) -> list[list[str]]:
     return out
 
 
+def _tsv(path: Path) -> dict[str, float]:
+    return {n: float(v) for n, v in (line.split("\t")[:2] for line in
+                                     (path.read_text().splitlines() if path.exists() else []) if "\t" in line)}
+
+
 def wall_times(demo: Path) -> str | None:
-    tsv = demo / "timings.tsv"
-    if not tsv.exists():
+    """Each step's wall seconds (and CPU seconds of its processes, from ``cpu.tsv``; above the wall
+    time when a step uses both cores), then the totals."""
+    wall, cpu = _tsv(demo / "timings.tsv"), _tsv(demo / "cpu.tsv")
+    if not wall:
         return None
-    steps = [line.split("\t") for line in tsv.read_text().splitlines() if "\t" in line]
-    total = sum(float(s) for _, s in steps)
-    index = sum(float(s) for n, s in steps if n == "index")
-    return (", ".join(f"{n} {s} s" for n, s in steps)
+    total, index = sum(wall.values()), wall.get("index", 0.0)
+    return (", ".join(f"{n} {s:.1f} s" + (f" (CPU {cpu[n]:.0f} s)" if n in cpu else "") for n, s in wall.items())
             + f"; total {total:.0f} s ({total / 60:.1f} min; {(total - index) / 60:.1f} min without the index step)")
 
 

@@ -25,6 +25,7 @@ def test_table_counts_calls_failures_records_and_who_wrote_them(tmp_path: Path):
     turns = [{"attempts": 1, "ok": True}, {"attempts": 3, "ok": False}, {"attempts": 0, "extractive": True}]
     (d / "trajectories.jsonl").write_text(json.dumps({"mode": "dag", "turns": turns}) + "\n")
     (d / "timings.tsv").write_text("index\t300\nbuild-trees\t60\nrubrics\t120\n")
+    (d / "cpu.tsv").write_text("index\t410\nbuild-trees\t95.4\n")  # rubrics: no CPU line (older demo)
     mod = _summary()
     rows = {r[0]: r for r in mod.rows(d)}
     assert rows["build-trees"] == ["build-trees", "20", "15 % (1 failed)", "2", "model 1 / fallback 1 / rejected 0"]
@@ -35,3 +36,4 @@ def test_table_counts_calls_failures_records_and_who_wrote_them(tmp_path: Path):
     md = (d / "summary.md").read_text()
     assert "| build-trees | 20 | 15 % (1 failed) | 2 |" in md
     assert "total 480 s (8.0 min; 3.0 min without the index step)" in md
+    assert "index 300.0 s (CPU 410 s), build-trees 60.0 s (CPU 95 s), rubrics 120.0 s;" in md

@@ -9,9 +9,10 @@ import re
 
 import pytest
 
-from deepr.data.rubric_checks import RubricLimits, leaf_statements, pair_problems
+from deepr.data.rubric_checks import RubricLimits, duplicate_pairs, leaf_statements, pair_problems
 from deepr.data.rubrics import SynthConfig, SynthReply, serialize_tree, synthesize_rubrics
-from deepr.data.rubrics_strict import pick_leaves, plan_slots, strict_format
+from deepr.data.rubric_words import overlap_bound
+from deepr.data.rubrics_strict import pick_leaves, plan_slots, strict_format, strict_plan
 from deepr.llm.base import LLM
 from deepr.records import QRPair, Reject
 from tree_helpers import LEAF_STATEMENTS, small_tree
@@ -19,10 +20,31 @@ from tree_helpers import LEAF_STATEMENTS, small_tree
 LIMITS = RubricLimits()
 
 
-def _sentence(evidence: str, end: str) -> str:
-    """Prose a careful model would write: the evidence's own words (the format makes a description
-    open with its evidence's first four), the final full stop dropped."""
-    return " ".join(evidence.rstrip(".").split()[:16]) + end
+_DESC = re.compile(r"^\^(?P<open>.*?)\(\?:,\? \(\?:\(\?:(?P<links>[^()]*)\) \)\{0,2\}\(\?:(?P<words>[^()]*)\)\)"
+                   r"\{(?P<lo>\d+),(?P<hi>\d+)\}\\\.\?\$$")
+
+
+def description_parts(pattern: str) -> tuple[str, list[str], list[str], int, int]:
+    """A strict description pattern's opening (the first option, for the logical one), its link
+    and content words, and the bounds on how many (link +) content steps follow the opening."""
+    m = _DESC.match(pattern)
+    assert m, pattern
+    opening = m["open"][3:-1].split("|")[0] if m["open"].startswith("(?:") else m["open"]
+    return opening, m["links"].split("|"), m["words"].split("|"), int(m["lo"]), int(m["hi"])
+
+
+def _description(pattern: str, evidence: str) -> str:
+    """What a careful model writes: the forced opening, then content words that follow it in the
+    evidence (for the logical criterion: reasoning words)."""
+    opening, _links, words, lo, hi = description_parts(pattern)
+    ev = evidence.rstrip(".").split()
+    start = next((i for i in range(len(ev)) if " ".join(ev[i:]).startswith(opening)), None)
+    if start is None:  # the logical criterion
+        rest = [w for w in ("both", "differ", "together") if w in words]
+    else:
+        rest = [w for w in (x.strip(",;:") for x in ev[start + len(opening.split()):]) if w in words]
+    rest = rest[:hi]
+    return " ".join([opening, *rest, *words[:max(0, lo - len(rest))]])
 
 
 def fill(schema: dict, hint: str = "") -> object:
@@ -36,8 +58,10 @@ def fill(schema: dict, hint: str = "") -> object:
     if schema.get("type") == "object":
         out: dict = {}
         for key, sub in schema["properties"].items():
-            basis = (out.get("evidence") or [""])[0] if key == "description" else ""
-            out[key] = fill(sub, basis or key)
+            if key == "description":
+                out[key] = _description(sub["pattern"], (out.get("evidence") or [""])[0])
+            else:
+                out[key] = fill(sub, key)
         return out
     if schema.get("type") == "array" and schema.get("maxItems") == 0:
         return []
@@ -45,22 +69,26 @@ def fill(schema: dict, hint: str = "") -> object:
         return [fill(s, hint) for s in schema.get("prefixItems", [])] or [fill(schema["items"], hint)]
     pattern = schema["pattern"]
     if pattern.endswith(r"\?$"):
-        return "How do lava behaviour and the size of historic eruptions shape the hazards volcanoes pose?"
-    if hint.startswith("States") or " " in hint:
-        return _sentence(hint, "")
-    return f"Compares what the {hint} evidence says about volcanic hazards"
+        return "How do Lava temperatures and the eruption of Mount Vesuvius shape the Volcanic Explosivity Index?"
+    return f"Notes what the {hint} evidence says about volcanic hazards"
 
 
 def _format(limits: RubricLimits = LIMITS, n_select: int = 5, per_leaf: int = 6):
     return strict_format(serialize_tree(small_tree(), per_leaf), n_select, limits)
 
 
+_COMPILED: dict[str, object] = {}
+
+
 def _accepts(schema: dict, reply: str) -> bool:
-    """Whether xgrammar (the hf backend's decoder) admits ``reply`` under ``schema`` to the end."""
+    """Whether xgrammar (the hf backend's decoder) admits ``reply`` under ``schema`` to the end.
+    Each schema is compiled once: a strict pair schema takes seconds to compile."""
     xgr = pytest.importorskip("xgrammar")
-    info = xgr.TokenizerInfo(["a", "</s>"], stop_token_ids=[1])
-    compiled = xgr.GrammarCompiler(info).compile_json_schema(json.dumps(schema), any_whitespace=False)
-    m = xgr.GrammarMatcher(compiled)
+    key = json.dumps(schema)
+    if key not in _COMPILED:
+        info = xgr.TokenizerInfo(["a", "</s>"], stop_token_ids=[1])
+        _COMPILED[key] = xgr.GrammarCompiler(info).compile_json_schema(key, any_whitespace=False)
+    m = xgr.GrammarMatcher(_COMPILED[key])
     return m.accept_string(reply, debug_print=False) and m.accept_token(1) and m.is_terminated()
 
 
@@ -156,3 +184,103 @@ def test_a_tree_with_too_few_leaves_is_rejected_before_any_call():
     [rej] = synthesize_rubrics([tree], llm, SynthConfig())
     assert isinstance(rej, Reject) and not llm.seen
     assert "2 leaf/leaves with statements; a pair selects at least 3" in rej.reason
+
+
+# The tree on which SmolLM2's three strict replies all failed the duplicate check (issue 14): the
+# Chronology leaf has two statements, so it gets two criteria, and the second statement opens with
+# stop words only ("It is also the"), which left nothing distinct in R4's forced opening.
+CHRONO = {
+    "n0.1": ["Run-DMC was an American hip-hop group formed in Hollis, Queens, New York City in 1983."],
+    "n0.2": ["Statistics is the discipline that concerns the collection, organization, analysis, "
+             "interpretation, and presentation of data."],
+    "n0.3": ["Chronology is the science of arranging events in their order of occurrence in time, such as "
+             "in a timeline or other sequence of events.",
+             "It is also \"the determination of the actual temporal sequence of past events\"."],
+}
+
+
+def _tree(leaves: dict[str, list[str]], topic: str = "Hip-hop"):
+    from deepr.records import SupportingDoc, Tree, TreeNode, TreeStats
+
+    def node(nid, parent, query, children=(), statements=()):
+        docs = [SupportingDoc(doc_id=f"D{nid}", snippet_id=f"D{nid}#0", statements=list(statements))]
+        return TreeNode(id=nid, parent=parent, depth=nid.count("."), query=query, children=list(children),
+                        supporting_docs=docs, statements=list(statements),
+                        stop_reason=None if children else "max_depth")
+
+    nodes = [node("n0", None, f"{topic} history", list(leaves), ["A root statement."])]
+    nodes += [node(lid, "n0", f"query {lid}", statements=st) for lid, st in leaves.items()]
+    return Tree(id="tree-t", topic=topic, root_id="n0", nodes=nodes,
+                stats=TreeStats(nodes=len(nodes), leaves=len(leaves), depth=1))
+
+
+def _most_alike(schema: dict) -> dict:
+    """A reply that fills every description with as many words the other criteria can also write
+    as its format allows (each step: a shared link word, then a shared content word first): the
+    closest to a duplicate a model can get."""
+    value = fill(schema)
+    rubrics = schema["properties"]["rubrics"]["prefixItems"]
+    parts = [description_parts((r.get("anyOf") or [r])[0]["properties"]["description"]["pattern"]) for r in rubrics]
+    for k, (opening, links, words, _lo, hi) in enumerate(parts):
+        others = {w for j, p in enumerate(parts) if j != k for w in p[2]}
+        shared = [w for w in words if w in others] + [w for w in words if w not in others]
+        said = ["answer", "states", "mentions", "notes"]
+        steps = [f"{said[i % 4]} {w}" for i, w in enumerate(shared[:hi])]
+        value["rubrics"][k]["description"] = " ".join([opening, *steps])
+    return value
+
+
+@pytest.mark.parametrize("leaves,question", [
+    (CHRONO, "How do Run-DMC and Statistics relate to Chronology and the science of arranging events?"),
+    (LEAF_STATEMENTS, None)], ids=["chronology", "volcano"])
+def test_no_reply_the_format_admits_has_two_criteria_alike(leaves, question):
+    tree = _tree(leaves, "Hip-hop" if leaves is CHRONO else "Volcano")
+    compact = serialize_tree(tree, 6)
+    schema = strict_format(compact, 5, LIMITS).json_schema
+    worst = _most_alike(schema)
+    if question:  # the question is drawn from the tree's own words too
+        worst["question"] = question
+    assert _accepts(schema, json.dumps(worst))
+    rubrics = SynthReply.model_validate(worst).rubrics
+    assert duplicate_pairs(rubrics, LIMITS.duplicate_overlap) == []
+    assert pair_problems(SynthReply.model_validate(worst), leaf_statements(tree), LIMITS) == []
+    selected, slots = strict_plan(compact, 5, LIMITS)
+    context = f"{compact['topic']} {compact['nodes'][0]['query']}"
+    assert overlap_bound([s.pool for s in slots if s.leaf], context, 24) < LIMITS.duplicate_overlap
+    # the reply SmolLM2 kept writing: one criterion's description copied into the next
+    r3, r4 = worst["rubrics"][2], worst["rubrics"][3]
+    copied = worst | {"rubrics": [*worst["rubrics"][:3], r4 | {"description": r3["description"]},
+                                  *worst["rubrics"][4:]]}
+    assert not _accepts(schema, json.dumps(copied))
+
+
+def test_a_statement_two_leaves_show_is_evidence_for_the_first_only():
+    shared = "Hip-hop emerged in the Bronx in the early 1970s."
+    leaves = {"n0.1": [shared, "DJ Kool Herc hosted block parties in the Bronx."],
+              "n0.2": [shared, "Breakdancing grew up beside the music at those parties."],
+              "n0.3": ["Sampling reuses parts of earlier recordings."]}
+    _selected, slots = strict_plan(serialize_tree(_tree(leaves), 6), 5, LIMITS)
+    assert sorted(st for s in slots if s.leaf == "n0.1" for st in s.pool) == sorted(leaves["n0.1"])
+    assert [s.pool for s in slots if s.leaf == "n0.2"] == [(leaves["n0.2"][1],)]
+
+
+def test_a_tree_whose_leaves_repeat_one_statement_is_rejected_before_any_call():
+    shared = "Hip-hop is a genre of popular music that emerged in the early 1970s."
+    tree = _tree({"n0.1": [shared], "n0.2": [shared], "n0.3": [shared, "Run-DMC formed in Queens in 1983."]})
+    assert strict_plan(serialize_tree(tree, 6), 5, LIMITS) is None
+    llm = _FillingLLM(strict=True)
+    [rej] = synthesize_rubrics([tree], llm, SynthConfig())
+    assert isinstance(rej, Reject) and not llm.seen
+    assert "2 leaf/leaves with statements of their own" in rej.reason
+
+
+def test_descriptions_cannot_loop_on_link_words_and_the_question_uses_real_words():
+    schema = _format().json_schema
+    value = fill(schema)
+    assert _accepts(schema, json.dumps(value))
+    r1 = value["rubrics"][0]
+    looping = r1 | {"description": r1["description"] + " the the the the the"}  # seen from SmolLM2
+    assert not _accepts(schema, json.dumps(value | {"rubrics": [looping, *value["rubrics"][1:]]}))
+    for q in ("How do lava flows relate to thes-saysitagfthn?",  # an invented word (seen from SmolLM2)
+              "Lava temperatures and Mount Vesuvius?"):  # no question word
+        assert not _accepts(schema, json.dumps(value | {"question": q, "merge_trace": value["merge_trace"]})), q

@@ -258,9 +258,30 @@ def test_strict_root_query_keeps_the_seed_title(embedder):
 
     roles = _roles(ExtractiveLLM(), embedder)
     fmt = ROOT_QUERY.constrain(TreeAsk(roles, seed=SeedTopic(id="t", title="Mercury (planet)"))).json_schema
-    assert _accepts(fmt, {"query": "Mercury (planet) orbit and surface"})
-    for bad in ("What isoodieh-hijabah", "Mercury planet orbit", "Mercury (planet)"):
+    assert _accepts(fmt, {"query": "Mercury (planet) history and science"})
+    # without a description the added words are broad aspects: no invented or stray word
+    for bad in ("What isoodieh-hijabah", "Mercury planet orbit", "Mercury (planet)",
+                "Mercury (planet) orbit and surface", "Mercury (planet) that's-arapitcally"):
         assert not _accepts(fmt, {"query": bad}), bad
+    described = SeedTopic(id="t", title="Mercury (planet)", description="Mercury has the smallest orbit of all.")
+    fmt = ROOT_QUERY.constrain(TreeAsk(roles, seed=described)).json_schema
+    assert _accepts(fmt, {"query": "Mercury (planet) smallest orbit"})
+    assert not _accepts(fmt, {"query": "Mercury (planet) history"})  # the description's words only
+
+
+def test_strict_child_queries_take_their_words_from_the_evidence_shown(embedder):
+    from deepr.data.tree_roles import _decompose_check, TreeAsk
+
+    roles = _roles(ExtractiveLLM(), embedder)
+    root = _decompose_fmt(roles, _ctx(), 3)
+    ok = [{"facet": "comparison", "query": "Comparison of Volcano molten rock"},
+          {"facet": "risks", "query": "Risks of Volcano hazards"},
+          {"facet": "statistics", "query": "Statistics on Volcano lava"}]
+    assert _accepts(root, ok) and _decompose_check(TreeAsk(roles, _ctx(), limit=3), {"queries": ok}) == []
+    # SmolLM2's queries: an invented word repeated, and a query without the topic ("Statistics on
+    # 1983" under Hip-hop); grounding matched both to unrelated articles
+    for bad in ("Statistics on Volcano dejadores dejadores", "Statistics on lava"):
+        assert not _accepts(root, [*ok[:2], {"facet": "statistics", "query": bad}]), bad
 
 
 def test_strict_ground_needs_a_document_and_prefers_ones_the_branch_has_not_used(embedder):
@@ -285,7 +306,8 @@ def test_strict_decompose_format_splits_the_root_and_fixes_the_required_facets(e
     assert firsts == [{"comparison", "alternatives"}, {"risks", "failures"}, {"quantitative data", "statistics"}]
     # any reply the format admits passes the facet check
     reply = {"queries": [{"facet": sorted(f)[0], "query": q} for q, f in
-                         zip(["Alternatives to lava", "Problems with volcano eruptions", "Numbers on eruptions"], firsts)]}
+                         zip(["Alternatives to Volcano lava", "Problems with Volcano hazards", "Numbers on Volcano"],
+                             firsts)]}
     assert _decompose_check(TreeAsk(roles, _ctx(), limit=3), reply) == []
     # a child's query opens with its facet's words, so it cannot repeat the parent
     assert _accepts(root, reply["queries"]) and not _accepts(root, [{"facet": "alternatives", "query": "Volcano hazards"},
@@ -384,3 +406,20 @@ def test_a_failed_batched_search_reaches_every_waiting_node():
 
     out = asyncio.run(main())
     assert all(isinstance(e, RuntimeError) and "gone" in str(e) for e in out)
+
+
+def test_strict_children_past_the_required_three_each_get_their_own_facets(embedder):
+    from deepr.data.tree_roles import _decompose_check, TreeAsk
+
+    roles = _roles(ExtractiveLLM(), embedder)
+    root = _decompose_fmt(roles, _ctx(), 5)
+    assert len(root["prefixItems"]) == 5 and root["items"] is False
+    facets = [{alt["properties"]["facet"]["const"] for alt in p.get("anyOf", [p])} for p in root["prefixItems"]]
+    assert all(not (facets[i] & facets[j]) for i in range(5) for j in range(i + 1, 5))  # disjoint
+    five = [{"facet": "comparison", "query": "Comparison of Volcano"}, {"facet": "risks", "query": "Risks of Volcano"},
+            {"facet": "statistics", "query": "Statistics on Volcano"},
+            {"facet": "stakeholders", "query": "People involved in Volcano"},
+            {"facet": "timeline", "query": "History of Volcano lava"}]
+    assert _accepts(root, five) and _decompose_check(TreeAsk(roles, _ctx(), limit=5), {"queries": five}) == []
+    # SmolLM2 repeated a facet in the 4th and 5th children and wrote one query twice
+    assert not _accepts(root, [*five[:4], {"facet": "stakeholders", "query": "People involved in Volcano"}])

@@ -192,3 +192,46 @@ def test_cli_names_file_and_line_of_a_bad_record(tmp_path: Path):
     pairs.write_text(_pair().model_dump_json() + "\n" + '{"id": "x", "tree_id": "t"}\n')
     r = CliRunner().invoke(app, ["verify", str(pairs), "--out", str(tmp_path / "v.jsonl")])
     assert r.exit_code == 2 and "pairs.jsonl:2" in r.output and "Traceback" not in r.output
+
+
+# --- strict audit (--formats strict) --------------------------------------------------------
+
+
+class _StrictJudge(ReplayLLM):
+    """A judge that decodes under strict formats and records the format of each call."""
+
+    strict_formats = True
+
+    def __init__(self, replies):
+        super().__init__(replies)
+        self.formats = []
+
+    async def _achat(self, messages, *, role, temperature, max_tokens, stop, **extra):
+        self.formats.append(extra.get("fmt"))
+        return await super()._achat(messages, role=role, temperature=temperature, max_tokens=max_tokens,
+                                    stop=stop, **extra)
+
+
+def _admits(schema: dict, value: dict) -> bool:
+    xgr = pytest.importorskip("xgrammar")
+    info = xgr.TokenizerInfo(["a", "</s>"], stop_token_ids=[1])
+    m = xgr.GrammarMatcher(xgr.GrammarCompiler(info).compile_json_schema(json.dumps(schema), any_whitespace=False))
+    return m.accept_string(json.dumps(value), debug_print=False) and m.accept_token(1) and m.is_terminated()
+
+
+def test_strict_audit_is_a_short_keep_or_drop():
+    keep = {"decision": "KEEP", "error_tags": ["not_deep"], "major_issues": [],
+            "justification": "The criteria follow the leaves and the question needs them all"}
+    judge = _StrictJudge({"verify": [json.dumps(keep)]})
+    v = _one(_pair(), judge)
+    assert v.kind == "verified" and v.record.decision == "KEEP"
+    [fmt] = judge.formats
+    schema = fmt.json_schema
+    assert schema["properties"]["decision"]["enum"] == ["KEEP", "DROP"]
+    assert _admits(schema, keep)
+    # SmolLM2 wrote 3,731 tokens for one audit under the reply's own schema: a revision, unknown
+    # tags and long prose are outside the strict format
+    for bad in ({**keep, "decision": "REVISE"}, {**keep, "error_tags": ["shallow"]},
+                {**keep, "justification": " ".join(["word"] * 40)},
+                {**keep, "revised_rubrics": REVISED}):
+        assert not _admits(schema, bad), bad

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from deepr.llm.base import OutputFormat
+from deepr.text import STOP_WORDS
 
 # Words are bounded: an unbounded class lets a small model chain one hyphenated "word" until
 # max_tokens runs out (seen: "vaccine-training-immune-system-vaccine-…"). Letters and digits never
@@ -72,6 +73,28 @@ def cited_prose(ids: Sequence[str], *, sentences: tuple[int, int] = (2, 6), word
     s = cited_sentence(ids, words)
     lo, hi = sentences
     return rf"{s}(?: {s}){{{lo - 1},{hi - 1}}}"
+
+
+_TEXT_WORD = re.compile(r"[A-Za-z][A-Za-z'-]*|[0-9]{3,4}s?")
+
+
+def word_choice(texts: Sequence[str], *, most: int = 60, least: int = 3) -> str | None:
+    """An alternation of the content words of ``texts`` that a query may hold (:data:`QUERY_WORD`),
+    first seen first, at most ``most``; None when there are fewer than ``least``. A query drawn
+    from the words of its evidence cannot invent words: SmolLM2 wrote "Statistics on dejadores
+    dejadores", and grounding then found an article on statistics."""
+    seen: dict[str, str] = {}
+    for t in texts:
+        for w in _TEXT_WORD.findall(t or ""):
+            w = w.strip("'-")
+            if w.lower() not in STOP_WORDS and w.lower() not in seen and re.fullmatch(QUERY_WORD, w):
+                seen[w.lower()] = w
+    kept = list(seen.values())[:most]
+    if len(kept) < least:
+        return None
+    # as first seen, and in lower case ("Volcano" opens a title; a query says "volcano")
+    words = {v for w in kept for v in (w, w.lower()) if re.fullmatch(QUERY_WORD, v)}
+    return "(?:" + "|".join(sorted(words, key=lambda w: (-len(w), w))) + ")"
 
 
 def search_query(words: tuple[int, int] = (2, 8)) -> str:

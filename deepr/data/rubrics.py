@@ -32,7 +32,7 @@ from deepr.roles import JSONReply, Recorder, Role, RoleFailed, perform
 from deepr.data.outcomes import Fallback, mark_fallback
 from deepr.data.rubric_checks import RubricLimits, leaf_statements, pair_problems
 from deepr.data.rubrics_extractive import synthesize as synthesize_extractive
-from deepr.data.rubrics_strict import strict_format, strict_messages
+from deepr.data.rubrics_strict import distinct_statements, strict_format, strict_messages, strict_plan
 
 SYSTEM = (
     "You design one deep-research task from an evidence tree. The input is a compact JSON tree: \"nodes\" "
@@ -208,6 +208,11 @@ async def synthesize_one(tree: Tree, llm: LLM, cfg: SynthConfig, embed: Callable
                       reason=f"the tree has {len(leaves)} leaf/leaves with statements; a pair selects at "
                              f"least {cfg.limits.min_selected} (limits.min_selected)")
     strict = llm.strict_formats and not llm.is_extractive
+    if strict and strict_plan(compact, cfg.n_select, cfg.limits) is None:
+        own = sum(1 for st in distinct_statements(compact).values() if st)
+        return Reject(id=pair_id(tree.id), stage="synthesize-rubrics", record={"tree_id": tree.id, "attempts": 0},
+                      reason=f"the tree has {own} leaf/leaves with statements of their own (the others repeat an "
+                             f"earlier leaf's); a pair selects at least {cfg.limits.min_selected} (limits.min_selected)")
     out = await perform(SYNTHESIZE, SynthAsk(tree, cfg, embed, leaves, compact, strict), llm=llm, rec=Recorder(),
                         max_reasks=cfg.max_reasks, max_tokens=cfg.max_tokens)
     if out.value is None:

@@ -11,12 +11,14 @@
 - each factual criterion has a slot: its source leaf is a constant and its evidence is one
   statement chosen from an enum of that leaf's statements (shown in the prompt), so no evidence
   is invented; a leaf with several statements may get two slots over alternate statements;
-- the model writes the reasons, the question (6–30 real words, ending in "?"), the merge
-  rationale and each criterion's description (words only: no ids), and picks weights from a
-  short list; one logical criterion cites one or two of the selected leaves.
+- the model writes the reasons, the question (6–30 real words, ending in "?") and the merge
+  rationale, and picks weights from a short list; each criterion's description is words of its
+  own statement (the logical one: reasoning words and the topic's), opening with words no other
+  criterion can write, so two criteria cannot read the same (:mod:`deepr.data.rubric_words`);
+  one logical criterion cites one or two of the selected leaves.
 
-Every reply is still checked by :func:`deepr.data.rubric_checks.pair_problems` (duplicates and
-the question's wording are not expressible in a format).
+Every reply is still checked by :func:`deepr.data.rubric_checks.pair_problems` (the question's
+wording is not expressible in a format).
 
     deepr synthesize-rubrics trees.jsonl --llm smollm2 --out pairs.jsonl   (strict by default)
 """
@@ -28,8 +30,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from deepr.agent.formats import FIRST, PHRASE, WORD, text
+from deepr.agent.formats import PHRASE, text
 from deepr.data.rubric_checks import RubricLimits
+from deepr.data.rubric_words import exclusive_tokens, factual_pattern, logical_pattern, question_pattern
 from deepr.llm.base import OutputFormat
 
 SYSTEM_STRICT = (
@@ -41,9 +44,9 @@ SYSTEM_STRICT = (
     "needs the evidence of all the leaves together. Do not list the answers in it.\n"
     "3. merge_trace: one sentence on what the leaves cover together.\n"
     "4. rubrics, the criteria that grade a long answer to the question. For a factual criterion, choose "
-    "the statement that is its evidence, then describe in at most {max_words} words the fact an answer "
-    "must state. The logical criterion describes how the answer must reason, compare or qualify. Each "
-    "criterion checks something different.\n"
+    "the statement that is its evidence, then describe in at most {max_words} words, in the words of that "
+    "statement, the fact an answer must state. The logical criterion describes how the answer must "
+    "reason, compare or qualify. Each criterion checks something different.\n"
     "Reply with JSON only, in this shape (ids and leaves are fixed for you): {{\"selected_leaf_ids\": [leaf ids], "
     "\"selection_trace\": [{{\"leaf_id\": id, \"reason\": sentence}}], \"question\": question, \"merge_trace\": "
     "[{{\"id\": \"M1\", \"inputs\": [leaf ids], \"rationale\": sentence}}], \"rubrics\": [{{\"id\": \"R1\", "
@@ -90,10 +93,6 @@ def plan_slots(selected: Sequence[str], shown: Mapping[str, Sequence[str]], limi
     return slots + [Slot(None)] * (want - len(slots))
 
 
-def _words(lo: int, hi: int, end: str) -> str:
-    return rf"{FIRST}(?:,? {WORD}){{{max(0, lo - 1)},{max(lo, hi) - 1}}}{end}"
-
-
 def _obj(**props: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
@@ -108,60 +107,79 @@ def _consts(values: Sequence[str]) -> dict[str, Any]:
     return _fixed([{"const": v} for v in values])
 
 
-def _criterion(k: int, slot: Slot, selected: Sequence[str], max_words: int) -> dict[str, Any]:
-    desc = text(_words(4, min(max_words, 24), r"\.?"))
-    if slot.leaf is None:
-        return _obj(id={"const": f"R{k}"}, type={"const": "logical"},
-                    source_leaf_ids={"type": "array", "minItems": 1, "maxItems": 2, "items": {"enum": list(selected)}},
-                    evidence={"type": "array", "maxItems": 0}, description=desc, weight={"enum": LOGIC_WEIGHTS})
-    # One alternative per statement: the description opens with its evidence's first words, so two
-    # criteria over different statements cannot read the same (SmolLM2 wrote one description three
-    # times and every re-ask failed the duplicate check).
-    return {"anyOf": [_obj(id={"const": f"R{k}"}, type={"const": "factual"}, source_leaf_ids=_consts([slot.leaf]),
-                           evidence=_fixed([{"const": st}]), description=text(_opening(st, max_words)),
-                           weight={"enum": FACT_WEIGHTS}) for st in slot.pool]}
+def _criteria(slots: Sequence[Slot], selected: Sequence[str], max_words: int, context: str) -> list[dict[str, Any]]:
+    """One schema per slot. Descriptions come from closed vocabularies, each forced to hold words
+    no other criterion can write (:mod:`deepr.data.rubric_words`): SmolLM2 wrote one description for
+    two slots, and every re-ask failed the duplicate check."""
+    hi = min(max_words, 24)
+    pools = [s.pool for s in slots if s.leaf is not None]
+    excl = iter(exclusive_tokens(pools, context))
+    out = []
+    for k, slot in enumerate(slots, start=1):
+        if slot.leaf is None:
+            out.append(_obj(id={"const": f"R{k}"}, type={"const": "logical"},
+                            source_leaf_ids={"type": "array", "minItems": 1, "maxItems": 2,
+                                             "items": {"enum": list(selected)}},
+                            evidence={"type": "array", "maxItems": 0},
+                            description=text(logical_pattern(pools, context, hi)), weight={"enum": LOGIC_WEIGHTS}))
+            continue
+        out.append({"anyOf": [_obj(id={"const": f"R{k}"}, type={"const": "factual"},
+                                   source_leaf_ids=_consts([slot.leaf]), evidence=_fixed([{"const": st}]),
+                                   description=text(factual_pattern(st, e, hi)), weight={"enum": FACT_WEIGHTS})
+                              for st, e in zip(slot.pool, next(excl))]})
+    return out
 
 
-def _opening(statement: str, max_words: int) -> str:
-    first = " ".join(statement.replace('"', "").split()[:4]).rstrip(".,;:")
-    return rf"{_literal(first)}(?:,? {WORD}){{2,{max(2, min(max_words, 24) - 5)}}}\.?"
-
-
-def _literal(text_: str) -> str:
-    return "".join(f"\\{c}" if c in ".^$*+?()[]{}|\\/" else c for c in text_)
-
-
-def pair_schema(selected: Sequence[str], slots: Sequence[Slot], limits: RubricLimits) -> dict[str, Any]:
+def pair_schema(selected: Sequence[str], slots: Sequence[Slot], limits: RubricLimits,
+                context: str = "") -> dict[str, Any]:
     """The pair's JSON schema with the selection, ids and evidence pools fixed (see the module doc).
     The merge step has no ``output``: the parser fills in the question (see ``SynthReply``)."""
     q_lo, q_hi = limits.min_question_words, min(limits.max_question_words, 30)
     return _obj(
         selected_leaf_ids=_consts(selected),
         selection_trace=_fixed([_obj(leaf_id={"const": lid}, reason=text(PHRASE)) for lid in selected]),
-        question=text(_words(q_lo, q_hi, r"\?")),
+        question=text(question_pattern([st for s in slots for st in s.pool], context, q_lo, q_hi)),
         merge_trace=_fixed([_obj(id={"const": "M1"}, inputs=_consts(selected), rationale=text(PHRASE))]),
-        rubrics=_fixed([_criterion(k, s, selected, limits.max_rubric_words) for k, s in enumerate(slots, start=1)]))
+        rubrics=_fixed(_criteria(slots, selected, limits.max_rubric_words, context)))
+
+
+def distinct_statements(compact: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Leaf id → its shown statements that no earlier leaf shows. One document often grounds
+    several leaves (four of the demo's five Hip-hop leaves opened with one sentence), and criteria
+    over one statement could only read the same: such a leaf brings nothing to a pair."""
+    seen: set[str] = set()
+    out = {}
+    for leaf in compact["leaves"]:
+        st = list(dict.fromkeys(leaf["statements"]))
+        out[leaf["id"]] = [s for s in st if s not in seen]
+        seen.update(st)
+    return out
 
 
 def strict_plan(compact: Mapping[str, Any], n_select: int, limits: RubricLimits
                 ) -> tuple[list[str], list[Slot]] | None:
-    """The selection and criteria slots for a serialised tree (its shown statements); None when
-    the tree has too few leaves with statements for a pair."""
-    shown = {leaf["id"]: list(dict.fromkeys(leaf["statements"])) for leaf in compact["leaves"]}
+    """The selection and criteria slots for a serialised tree (its leaves' own statements); None
+    when too few leaves have statements of their own for a pair."""
+    shown = distinct_statements(compact)
     selected = pick_leaves(shown, n_select, limits)
     return (selected, plan_slots(selected, shown, limits)) if selected else None
 
 
+def _root_query(compact: Mapping[str, Any]) -> str:
+    return next((n["query"] for n in compact["nodes"] if n["parent"] is None), compact.get("topic", ""))
+
+
 def strict_format(compact: Mapping[str, Any], n_select: int, limits: RubricLimits) -> OutputFormat | None:
     plan = strict_plan(compact, n_select, limits)
-    return OutputFormat("synthesize.pair.strict", json_schema=pair_schema(*plan, limits)) if plan else None
+    context = f"{compact.get('topic') or ''} {_root_query(compact)}"
+    return OutputFormat("synthesize.pair.strict", json_schema=pair_schema(*plan, limits, context)) if plan else None
 
 
 def strict_messages(compact: Mapping[str, Any], n_select: int, limits: RubricLimits) -> list[dict[str, str]]:
     """The short prompt of strict mode: the topic, the root query and only the selected leaves."""
     plan = strict_plan(compact, n_select, limits)
     chosen = set(plan[0]) if plan else set()
-    root = next((n["query"] for n in compact["nodes"] if n["parent"] is None), compact.get("topic", ""))
+    root = _root_query(compact)
     user = {"topic": compact.get("topic", ""), "root_query": root,
             "leaves": [leaf for leaf in compact["leaves"] if leaf["id"] in chosen]}
     system = SYSTEM_STRICT.format(q_lo=limits.min_question_words, q_hi=min(limits.max_question_words, 30),

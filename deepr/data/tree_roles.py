@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from deepr.data import tree_extractive as ex
-from deepr.agent.formats import PHRASE, QUERY_WORD, WORD, search_query
+from deepr.agent.formats import PHRASE, QUERY_WORD, search_query, word_choice
 from deepr.llm.base import LLM, OutputFormat
 from deepr.records import Hit
 from deepr.acceptance import no_placeholder, query_words
@@ -155,14 +155,24 @@ def _literal(text: str) -> str:
     return "".join(f"\\{c}" if c in ".^$*+?()[]{}|\\/" else c for c in text)
 
 
+# The words a root query may add to its seed's title when the seed has no description: broad
+# aspects of a topic as a whole. Free words gave "Hip-hop is a genre of music that's-arapitcally",
+# and its children searched for the invented word.
+ROOT_WORDS = ("history", "origins", "development", "culture", "society", "influence", "impact", "role",
+              "science", "economics", "politics", "technology", "evolution", "significance", "overview",
+              "characteristics", "legacy", "and", "its", "of", "in", "the")
+
+
 def _root_format(a: TreeAsk) -> OutputFormat:
     """The seed's title and a few words about it: SmolLM2 otherwise wrote "What isoodieh-hijabah"
-    for "Hip-hop", and every child then repeated it (issue 14)."""
+    for "Hip-hop", and every child then repeated it (issue 14). The added words come from the
+    seed's description, or are broad aspects (``ROOT_WORDS``)."""
     title, limit = " ".join(a.seed.title.split()), _root_limit(a)
     n = len(title.split())
     if '"' in title or n + 1 >= limit:
         return _json("root_query", {"query": _str(search_query((2, limit - 1)))})
-    return _json("root_query", {"query": _str(rf"{_literal(title)}(?: {WORD}){{1,{min(6, limit - 1 - n)}}}")})
+    words = word_choice([a.seed.description or ""]) or "(?:" + "|".join(ROOT_WORDS) + ")"
+    return _json("root_query", {"query": _str(rf"{_literal(title)}(?: {words}){{1,{min(6, limit - 1 - n)}}}")})
 
 
 # Formats built per call (see deepr.agent.formats): bounded real-word queries, document numbers
@@ -260,13 +270,27 @@ OPENERS = {"stakeholders": ("People involved in", "Groups affected by"), "timeli
 FACETS = tuple(OPENERS)
 
 
-def _child(a: TreeAsk, facets: Sequence[str]) -> dict[str, Any]:
-    """A child sub-query: its facet first, then a query opening with that facet's words."""
+def _child_words(a: TreeAsk) -> str:
+    """The words a child query may add after its facet opener: those of the parent's query, path,
+    statements and evidence shown in the prompt (any real word when they are too few)."""
+    ctx, r = a.ctx, a.roles
+    shown = [f"{h.title} {h.text[:r.snippet_chars // 2]}" for h in (ctx.hits[i] for i in ctx.support)]
+    return word_choice([ctx.query, *ctx.path, *ctx.statements[:8], *shown]) or QUERY_WORD
+
+
+def _child(a: TreeAsk, facets: Sequence[str], words: str) -> dict[str, Any]:
+    """A child sub-query: its facet first, then a query opening with that facet's words and the
+    tree's topic. Without the topic SmolLM2 wrote "Statistics on 1983" under "Hip-hop", and
+    grounding found an article on statistics."""
+    topic = " ".join(a.ctx.root_topic.split())
     def one(f: str) -> dict[str, Any]:
         opener = "(?:" + "|".join(OPENERS[f]) + ")"
         rest = max(1, a.roles.max_words - max(len(o.split()) for o in OPENERS[f]))
+        n = len(topic.split())
+        tail = (rf" {_literal(topic)}(?: {words}){{0,{rest - n}}}" if topic and '"' not in topic and n < rest
+                else rf"(?: {words}){{1,{rest}}}")
         return {"type": "object", "required": ["facet", "query"], "additionalProperties": False,
-                "properties": {"facet": {"const": f}, "query": _str(rf"{opener}(?: {QUERY_WORD}){{1,{rest}}}")}}
+                "properties": {"facet": {"const": f}, "query": _str(opener + tail)}}
     return {"anyOf": [one(f) for f in facets]} if len(facets) > 1 else one(facets[0])
 
 
@@ -277,9 +301,18 @@ def _decompose_format(a: TreeAsk) -> OutputFormat:
     three children, or ``min_leaves``, within the branching limit, so some survive grounding."""
     hi = max(1, a.limit)
     lo = min(hi, max(3, a.roles.min_leaves)) if a.ctx.depth == 0 and a.roles.min_leaves >= 2 else 1
-    arr: dict[str, Any] = {"type": "array", "minItems": lo, "maxItems": hi, "items": _child(a, FACETS)}
+    words = _child_words(a)
+    arr: dict[str, Any] = {"type": "array", "minItems": lo, "maxItems": hi, "items": _child(a, FACETS, words)}
     if hi >= 3:
-        arr["prefixItems"] = [_child(a, [f for f in FACETS if facet_group(f) == g]) for g in REQUIRED_FACETS]
+        groups = [[f for f in FACETS if facet_group(f) == g] for g in REQUIRED_FACETS]
+        # Past the required three, each child gets its own share of the other facets: two children
+        # on one facet open alike and, with the topic in both, SmolLM2 wrote the same query twice.
+        others = [f for f in FACETS if facet_group(f) is None]
+        extra = min(hi - 3, len(others))
+        groups += [others[k::extra] for k in range(extra)]
+        arr["prefixItems"] = [_child(a, g, words) for g in groups]
+        if len(groups) >= hi:
+            arr["items"] = False
     return _json("decompose", {"queries": arr})
 
 

@@ -27,7 +27,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from deepr.llm.base import LLM, run_sync
+from deepr.agent.formats import PHRASE, text
+from deepr.llm.base import LLM, OutputFormat, run_sync
 from deepr.llm.parse import parse_reply
 from deepr.records import QRPair, Reject, RubricItem
 from deepr.acceptance import no_placeholder
@@ -187,11 +188,32 @@ def audit_extractive(a: AuditAsk) -> dict[str, Any]:
             "revised_rubrics": [r.model_dump() for r in fixed]}
 
 
+# The tags the code checks give (deepr.data.verify_checks); a strict audit picks among them.
+AUDIT_TAGS = ("structure", "question_form", "too_many_rubrics", "source_outside_selection", "evidence_unsupported",
+              "negative_weight", "rubric_redundant", "logical_dominates", "not_deep", "rubric_misaligned",
+              "merge_unfaithful")
+
+
+def _audit_format(a: AuditAsk) -> OutputFormat:
+    """The strict audit (``--formats strict``): a decision, up to three known tags and a few
+    bounded words. Under the reply's own schema SmolLM2 wrote 3,731 tokens for one pair (414 s,
+    one reply rejected). Writing revised criteria is left to models that can: the decision is
+    KEEP or DROP, and the code checks still drop a kept pair that fails them (``_decide``)."""
+    phrase = text(PHRASE)
+    return OutputFormat("verify.audit.strict", json_schema={
+        "type": "object", "additionalProperties": False,
+        "required": ["decision", "error_tags", "major_issues", "justification"],
+        "properties": {"decision": {"enum": ["KEEP", "DROP"]},
+                       "error_tags": {"type": "array", "maxItems": 3, "items": {"enum": list(AUDIT_TAGS)}},
+                       "major_issues": {"type": "array", "maxItems": 2, "items": phrase},
+                       "justification": phrase}})
+
+
 AUDIT = Role(
     name="verify", action="audit", messages=_audit_messages, output=JSONReply(AuditReply),
     check=lambda a, v: _revision_problems(AuditReply.model_validate(v), a.pair, a.leaves, a.cfg),
     extractive=audit_extractive, result=lambda a, v: AuditReply.model_validate(v), fallback=None,
-    max_tokens=3072, accept=(no_placeholder,))
+    max_tokens=3072, accept=(no_placeholder,), constrain=_audit_format)
 
 
 def _decide(pair: QRPair, found: list[Finding], r: AuditReply, audit: dict[str, Any]) -> Verdict:
