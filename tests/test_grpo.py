@@ -387,3 +387,36 @@ def test_cli_prepare_writes_resumable_records(mini_corpus, tmp_path):
     assert r.exit_code == 0 and len(out.read_text().splitlines()) == 1
     r = CliRunner().invoke(app, [*args[:3], str(tmp_path / "nope"), *args[4:]])
     assert r.exit_code == 2 and "nope" in r.output
+
+
+def test_constrained_rollouts_sample_under_the_runs_decoding_format(tiny, tok):
+    """GRPO rollouts decode under the same format `deepr run` applies: even the random tiny model's
+    replies are then JSON of the requested shape, one group of `num_generations` per prompt."""
+    pytest.importorskip("xgrammar")
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from deepr.llm.base import OutputFormat
+    from deepr.train.rollouts import constrained_generate, planner_format, prompt_ids
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny))
+    trainer = SimpleNamespace(model_wrapped=model, accelerator=Accelerator(cpu=True), processing_class=tok,
+                              args=SimpleNamespace(gradient_checkpointing_kwargs=None), use_vllm=False,
+                              generation_config=GenerationConfig(do_sample=True, temperature=1.0, max_new_tokens=40,
+                                                                 pad_token_id=tok.pad_token_id),
+                              eos_token_ids=[tok.eos_token_id], num_generations=2)
+    shape = {"type": "object", "properties": {"q": {"type": "string", "maxLength": 8}}, "required": ["q"],
+             "additionalProperties": False}
+    gen = constrained_generate(trainer, lambda turn: OutputFormat("x", json_schema=shape) if turn == 0 else None)
+    seqs = [prompt_ids(tok, [{"role": "user", "content": q}]) for q in ("plates?", "volcanoes and ash?")]
+    replies, logprobs = gen(seqs, True, 40)
+    assert len(replies) == 4 and logprobs is None
+    for ids in replies:
+        assert ids[-1] == tok.eos_token_id
+        # strict=False: this test tokenizer decodes some tokens to raw control characters
+        assert set(json.loads(tok.decode(ids, skip_special_tokens=True), strict=False)) == {"q"}
+    # the planner's formats are deepr run's schema formats: the plan shape, then the revision shape
+    assert planner_format(0).json_schema["properties"].keys() == {"nodes"}
+    assert "fetch" in planner_format(1).json_schema["properties"]

@@ -85,6 +85,9 @@ class GrpoConfig(BaseModel):
                                     "only; every turn is still sampled and the reward reads them all. None: all. "
                                     "planner 1 trains the initial plan alone: its revision call carries ~2.5k "
                                     "tokens of search results and cost ~4x the plan's training compute on CPU.")
+    rollout_formats: Literal["schema", "off"] = Field("schema", description="planner: sample rollouts under "
+                                                      "the decoding schema `deepr run --formats schema` uses "
+                                                      "(xgrammar, transformers path), or off: unconstrained.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of rollouts (Table 5: 1.0).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of rollouts (Table 5: 1.0).")
     loss_type: str | None = Field(None, description="TRL loss aggregation; None: the stage paper's. grpo = mean "
@@ -385,7 +388,7 @@ def train_grpo(config: GrpoConfig, rows: Sequence[dict[str, Any]], lookup: dict[
                                                                                     config.planner_adapter, merged))
     rollout = make_rollout_func(config.stage, lookup, budget=config.max_completion_length, env=env,
                                 generate_for=generate_for, turn_cap=config.max_turn_tokens,
-                                train_turns=config.train_turns)
+                                train_turns=config.train_turns, formats=config.rollout_formats)
     stop, log = _make_stop_callback(), metrics_callback(config.out / METRICS)
     guard = zero_advantage_callback(config.zero_advantage, stage=config.stage)  # before `log`: it adds to the row
     trainer = build_trainer(config, base, rows, rollout, reward_fn or default_reward(config),
