@@ -131,8 +131,9 @@ _Short = Annotated[str, Field(max_length=150)]
 _NodeId = Annotated[str, Field(pattern=r"^N[0-9]{1,2}$")]  # the prompt's id style (N1, N2, ...)
 # 2 to 10 words of at most 24 characters: the acceptance check wants two content words, and the
 # length sits in the pattern because xgrammar drops maxLength from a string that has a pattern (a
-# query of "R B and R B and ..." ran to the 400-token cap with max_length alone).
-_Query = Annotated[str, Field(max_length=250, pattern=r'^[^ "\\]{1,24}( [^ "\\]{1,24}){1,9}$')]
+# query of "R B and R B and ..." ran to the 400-token cap with max_length alone). No maxLength beside
+# it: xgrammar warns on every compile and drops it anyway; the pattern bounds it to 249 characters.
+_Query = Annotated[str, Field(pattern=r'^[^ "\\]{1,24}( [^ "\\]{1,24}){1,9}$')]
 
 
 class _Shape(BaseModel):
