@@ -106,9 +106,11 @@ def _duck() -> SimpleNamespace:
         ids=IDS, allowed={"N1": IDS[:2], "N2": IDS[2:]}, wave=["N1", "N2"], limit=3, forced=False, hit=hit,
         sec=SimpleNamespace(ids=IDS, pos="1"), memory=[SimpleNamespace(evidence="Magma rises [N1-R1]. Lava [N2-R1].")],
         run=SimpleNamespace(outline=outline, ctx=SimpleNamespace(config=SimpleNamespace(max_levels=2))),
-        results={"N1": IDS[:2], "N2": IDS[2:]}, ctx=SimpleNamespace(hits=[hit, hit], config=SimpleNamespace(fetch_limit=2), depth=0, seen_docs=set()),
-        roles=SimpleNamespace(max_words=11, max_docs=3, max_statements=4, min_leaves=2),
-        seed=SimpleNamespace(title="Volcano", text=hit.text), strict=False)  # synthesize-rubrics' strict format is built from a tree: its tests are in test_rubrics_strict.py
+        results={"N1": IDS[:2], "N2": IDS[2:]}, ctx=SimpleNamespace(hits=[hit, hit], config=SimpleNamespace(fetch_limit=2), depth=0, seen_docs=set(),
+                            support=[0, 1], query="volcano eruptions", path=["Volcano"], root_topic="Volcano",
+                            statements=["Magma rises through vents and erupts as lava."]),
+        roles=SimpleNamespace(max_words=11, max_docs=3, max_statements=4, min_leaves=2, snippet_chars=200),
+        seed=SimpleNamespace(title="Volcano", text=hit.text, description=hit.text), strict=False)  # synthesize-rubrics' strict format is built from a tree: its tests are in test_rubrics_strict.py
 
 
 def role_schemas() -> dict[str, dict]:
