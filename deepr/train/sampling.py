@@ -1,0 +1,111 @@
+"""Rollout sampling: how the policy writes each model turn of a GRPO rollout.
+
+:func:`trainer_generate` samples through the trainer's own backend (transformers or vLLM), as
+TRL's tool loop does; :func:`constrained_generate` samples under the decoding formats ``deepr run``
+applies (xgrammar on the transformers path), so the policy is trained on replies of the shape the
+run decodes. Used by :mod:`deepr.train.rollouts` and the stages built on it.
+
+    deepr grpo --stage planner --model runs/sft-planner-merged --data verified.jsonl --out runs/rl-planner
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from deepr.agent.planner import INITIAL, REVISE
+
+log = logging.getLogger(__name__)
+
+# generate(token-id sequences, first_turn, max_new_tokens) -> (new ids per sequence, logprobs or None)
+Generate = Callable[[list[list[int]], bool, int], tuple[list[list[int]], list[list[float]] | None]]
+
+
+def trainer_generate(trainer: Any) -> Generate:
+    """Generation through the trainer's own backend (transformers or vLLM), exactly as TRL's
+    tool loop does: the first turn samples the group, later turns continue each sequence once."""
+
+    def generate(seqs: list[list[int]], first: bool, max_new: int) -> tuple[list[list[int]], list[list[float]] | None]:
+        n = trainer.num_generations if first else 1
+        # Later turns only have the budget's remainder; vLLM paths keep their own limit (output is cut anyway).
+        cfg, kw = getattr(trainer, "generation_config", None), getattr(trainer, "generation_kwargs", None)
+        before = (cfg.max_new_tokens if cfg is not None else None, dict(kw) if isinstance(kw, dict) else None)
+        if cfg is not None:
+            cfg.max_new_tokens = min(cfg.max_new_tokens or max_new, max_new)
+        if isinstance(kw, dict) and kw.get("max_new_tokens"):
+            kw["max_new_tokens"] = min(kw["max_new_tokens"], max_new)
+        try:
+            ids, lps = trainer._generate_single_turn(seqs, None, {}, n)
+        finally:
+            if cfg is not None:
+                cfg.max_new_tokens = before[0]
+            if before[1] is not None:
+                kw.update(before[1])
+        return [list(x) for x in ids], lps
+
+    return generate
+
+
+def planner_format(turn: int) -> Any:
+    """The schema format ``deepr run`` decodes planner turn ``turn`` with (``--formats schema``);
+    a re-asked initial plan fits the revision's shape too (its fetch list is optional)."""
+    return INITIAL.output.fmt("plan") if turn == 0 else REVISE.output.fmt("revise")
+
+
+def constrained_generate(trainer: Any, fmt_for: Callable[[int], Any]) -> Generate:
+    """Rollout sampling under the decoding formats ``deepr run`` applies (``fmt_for(turn)``: an
+    :class:`~deepr.llm.base.OutputFormat` or None), through xgrammar on the transformers path.
+    Unconstrained rollouts of a small model rarely parse (SmolLM2 after SFT: 1 valid initial plan
+    in 8, every reward 0), while the same model decoded under the schema gave valid plans, so
+    the policy was trained on replies ``deepr run`` never samples. Falls back to
+    :func:`trainer_generate` (said once) on vLLM or without xgrammar."""
+    from deepr.llm.hf_constrain import Constrainer
+
+    plain = trainer_generate(trainer)
+    if getattr(trainer, "use_vllm", False) or not Constrainer.available():
+        if not getattr(trainer, "_deepr_unconstrained_said", False):
+            trainer._deepr_unconstrained_said = True
+            log.warning("grpo rollouts are sampled without the run's decoding formats (%s)",
+                        "vLLM path" if getattr(trainer, "use_vllm", False) else "xgrammar is not installed")
+        return plain
+    turn = [0]
+
+    def generate(seqs: list[list[int]], first: bool, max_new: int) -> tuple[list[list[int]], None]:
+        turn[0] = 0 if first else turn[0] + 1
+        fmt = fmt_for(turn[0])
+        if fmt is None:
+            return plain(seqs, first, max_new)
+        return _sample_constrained(trainer, seqs, trainer.num_generations if first else 1, max_new, fmt), None
+
+    return generate
+
+
+def _sample_constrained(trainer: Any, seqs: list[list[int]], n: int, max_new: int, fmt: Any) -> list[list[int]]:
+    import copy
+
+    import torch
+    from trl.models.utils import unwrap_model_for_generation
+    from trl.trainer.utils import pad
+
+    from deepr.llm.hf_constrain import Constrainer
+
+    tok, dev = trainer.processing_class, trainer.accelerator.device
+    rows = [s for s in seqs for _ in range(n)]
+    ids = pad([torch.tensor(r) for r in rows], padding_value=tok.pad_token_id, padding_side="left").to(dev)
+    mask = pad([torch.ones(len(r), dtype=torch.long) for r in rows], padding_value=0, padding_side="left").to(dev)
+    cfg = copy.deepcopy(trainer.generation_config)
+    cfg.max_new_tokens = max_new
+    with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
+                                     gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs
+                                     ) as model, torch.no_grad():
+        if getattr(trainer, "_deepr_constrainer", None) is None:
+            trainer._deepr_constrainer = Constrainer(tok, int(model.config.vocab_size))
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg,
+                             logits_processor=[trainer._deepr_constrainer.processor(fmt)])
+    eos = set(trainer.eos_token_ids)
+    replies = []
+    for row in out[:, ids.size(1):].tolist():
+        end = next((i for i, t in enumerate(row) if t in eos), None)
+        replies.append(row if end is None else row[:end + 1])  # the end token stays: it is trained
+    return replies
