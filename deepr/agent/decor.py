@@ -19,12 +19,11 @@ from pydantic import BaseModel, Field
 
 from deepr.acceptance import no_babble, no_echo, no_placeholder, query_words
 from deepr.roles import JSONReply, Role, TaggedReply
-from deepr.text import STOP_WORDS, strip_citations
+from deepr.text import strip_citations
 
 from deepr.agent.citations import cited_ids, normalize
 from deepr.agent.env import Ctx
-from deepr.agent.formats import cited_prose, cited_sentence, search_query, tagged
-from deepr.agent.tools_agent import query_with
+from deepr.agent.formats import cited_prose, cited_sentence, literal, query_with, search_query, tagged, term_words
 from deepr.llm.base import OutputFormat
 from deepr.agent.extract import (FRAMING, anchored_query, approx_tokens, content_terms, focus_query,
                                  sub_questions)
@@ -132,8 +131,7 @@ def _planned(a: DecorAsk, body: str) -> str | None:
 def _plan_query(a: DecorAsk) -> str:
     """A query that names at least one content word of the question: SmolLM2's first query was
     "The question has nofetched facts sofar", which retrieved Westminster and literary theory."""
-    terms = [w for w in dict.fromkeys(re.findall(r"[A-Za-z]{4,16}", a.query))
-             if w.lower() not in STOP_WORDS and re.fullmatch(r"[A-Za-z][a-z]{3,15}", w)]
+    terms = term_words([a.query])
     return query_with(terms, (2, 8)) if terms else search_query()
 
 
@@ -189,11 +187,6 @@ def kept_statements(a: DecorAsk, most: int = 12) -> list[str]:
     return list(dict.fromkeys(out))[:most]
 
 
-def _literal(text: str) -> str:
-    """``text`` as a regex literal; unlike re.escape, spaces and '-' stay bare (xgrammar warns)."""
-    return re.sub(r"([.^$*+?{}\[\]\\|()])", r"\\\1", text)
-
-
 def _filter_format(a: DecorAsk) -> OutputFormat | None:
     """One to four statements of the results, copied exactly with their ids (the filter's task
     as DECOR states it). Free prose let SmolLM2 fill the memory with text about "the process of
@@ -203,8 +196,8 @@ def _filter_format(a: DecorAsk) -> OutputFormat | None:
         return tagged("filter", cited_prose(a.ids, sentences=(1, 4), words=(6, 30))) if a.ids else None
     # In the results' order, each at most once: SmolLM2 otherwise kept one statement twice, and
     # the degenerate-text check refused the whole paragraph (three times, then the fallback).
-    return tagged("filter", "".join(f"(?:{_literal(s)} )?" for s in statements[:-1])
-                  + f"(?:{_literal(statements[-1])})?")
+    return tagged("filter", "".join(f"(?:{literal(s)} )?" for s in statements[:-1])
+                  + f"(?:{literal(statements[-1])})?")
 
 
 async def plan_step(ctx: Ctx, query: str, memory: list[MemoryItem], past: list[str], t: int) -> str | None:

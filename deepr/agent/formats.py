@@ -97,6 +97,37 @@ def word_choice(texts: Sequence[str], *, most: int = 60, least: int = 3) -> str 
     return "(?:" + "|".join(sorted(words, key=lambda w: (-len(w), w))) + ")"
 
 
+def literal(text: str) -> str:
+    """``text`` as a regex that matches it exactly: the few metacharacters escaped one by one (unlike
+    re.escape, spaces and '-' stay bare), so the pattern stays in the subset xgrammar and the GBNF
+    converter read without warnings."""
+    return "".join(f"\\{c}" if c in ".^$*+?()[]{}|\\/" else c for c in text)
+
+
+_TERM = re.compile(r"[A-Za-z][a-z]{3,15}")
+
+
+def term_words(texts: Sequence[str]) -> list[str]:
+    """Content words of ``texts`` a query can name (4 to 16 letters, not stop words), first seen first."""
+    words = (w for t in texts for w in re.findall(r"[A-Za-z]+", t or ""))
+    return [w for w in dict.fromkeys(words) if _TERM.fullmatch(w) and w.lower() not in STOP_WORDS]
+
+
+def query_with(terms: Sequence[str], words: tuple[int, int] = (2, 6)) -> str:
+    """A search query of ``words`` words in all (see :func:`search_query`) carrying one of
+    ``terms``: one branch per position of the term, so the total stays bounded (SmolLM2 copied a
+    long earlier query and appended a new word, 13 words, when only the two sides were)."""
+    lo, hi = words
+    term = "(?:" + "|".join(re.escape(t) for t in dict.fromkeys(terms)) + ")"
+    branches = []
+    for before in range(hi):
+        after_lo, after_hi = max(0, lo - 1 - before), hi - 1 - before
+        head = rf"(?:{QUERY_WORD} ){{{before}}}" if before else ""
+        tail = rf"(?: {QUERY_WORD}){{{after_lo},{after_hi}}}" if after_hi else ""
+        branches.append(f"{head}{term}{tail}")
+    return "(?:" + "|".join(branches) + ")"
+
+
 def search_query(words: tuple[int, int] = (2, 8)) -> str:
     lo, hi = words
     return rf"{QUERY_WORD}(?: {QUERY_WORD}){{{lo - 1},{hi - 1}}}"

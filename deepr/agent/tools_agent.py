@@ -28,13 +28,12 @@ from typing import Any
 
 from deepr.agent.citations import cited_ids, normalize, strip_ids
 from deepr.agent.env import Ctx
-from deepr.agent.formats import QUERY_WORD, cite_spans as answer_spans, id_choice, search_query, tool_step
+from deepr.agent.formats import cite_spans as answer_spans, id_choice, query_with, search_query, term_words, tool_step
 from deepr.agent.extract import shorten, sub_questions
 from deepr.agent.render import GNode, Graph, Section
 from deepr.llm.base import OutputFormat
 from deepr.acceptance import no_babble, no_echo, no_placeholder, query_words
 from deepr.roles import REASK_TEMPERATURE, Role, perform
-from deepr.text import STOP_WORDS
 
 RUN_TURNS, TRAIN_TURNS = 10, 20
 # 002 App. D (Fig. 13-14): one system prompt for training and inference, carrying the long-form
@@ -337,21 +336,6 @@ def _step_format(a: StepAsk, *, may_call: bool) -> OutputFormat | None:
                                                   terms=terms))
 
 
-def query_with(terms: Sequence[str], words: tuple[int, int] = (2, 6)) -> str:
-    """A search query of ``words`` words in all (see :func:`search_query`) carrying one of
-    ``terms``: one branch per position of the term, so the total stays bounded (SmolLM2 copied a
-    long earlier query and appended a new word, 13 words, when only the two sides were)."""
-    lo, hi = words
-    term = "(?:" + "|".join(re.escape(t) for t in dict.fromkeys(terms)) + ")"
-    branches = []
-    for before in range(hi):
-        after_lo, after_hi = max(0, lo - 1 - before), hi - 1 - before
-        head = rf"(?:{QUERY_WORD} ){{{before}}}" if before else ""
-        tail = rf"(?: {QUERY_WORD}){{{after_lo},{after_hi}}}" if after_hi else ""
-        branches.append(f"{head}{term}{tail}")
-    return "(?:" + "|".join(branches) + ")"
-
-
 def _step_regex(shown: Sequence[str], *, may_call: bool, browse: Sequence[str], terms: Sequence[str] | None) -> str:
     """:func:`~deepr.agent.formats.tool_step` with the follow-up rules: a search carries one of
     ``terms`` (when given), a browse opens one of ``browse``."""
@@ -367,9 +351,6 @@ def _step_regex(shown: Sequence[str], *, may_call: bool, browse: Sequence[str], 
     return "|".join(f"(?:{o})" for o in options)
 
 
-_TERM = re.compile(r"[A-Za-z][a-z]{3,15}")
-
-
 def new_terms(question: str, session: ToolSession, searched: set[str], most: int = 40) -> list[str]:
     """Words a follow-up search may add: those of the question and of the titles of the results
     shown so far (4+ letters, not stop words) that no earlier query used. A query that carries
@@ -377,10 +358,7 @@ def new_terms(question: str, session: ToolSession, searched: set[str], most: int
     used = {w for q in searched for w in re.findall(r"[a-z0-9']+", q)}
     cat = session.ctx.catalog
     titles = [cat[c].title or "" for c in session.shown if c in cat]
-    words = (w for text in [question, *titles] for w in re.findall(r"[A-Za-z]+", text))
-    out = [w for w in dict.fromkeys(words)
-           if _TERM.fullmatch(w) and w.lower() not in used and w.lower() not in STOP_WORDS]
-    return list(dict.fromkeys(out))[:most]
+    return [w for w in term_words([question, *titles]) if w.lower() not in used][:most]
 
 
 def _openable(session: ToolSession) -> list[str]:

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from deepr.data import tree_extractive as ex
-from deepr.agent.formats import PHRASE, QUERY_WORD, search_query, word_choice
+from deepr.agent.formats import PHRASE, QUERY_WORD, literal, search_query, word_choice
 from deepr.llm.base import LLM, OutputFormat
 from deepr.records import Hit
 from deepr.acceptance import no_placeholder, query_words
@@ -149,12 +149,6 @@ ROOT_QUERY = Role(
     max_tokens=128, accept=(no_placeholder,), constrain=lambda a: _root_format(a))
 
 
-def _literal(text: str) -> str:
-    """``text`` as a regex that matches it exactly (the few metacharacters escaped one by one,
-    so the pattern stays in the subset xgrammar and the GBNF converter read)."""
-    return "".join(f"\\{c}" if c in ".^$*+?()[]{}|\\/" else c for c in text)
-
-
 # The words a root query may add to its seed's title when the seed has no description: broad
 # aspects of a topic as a whole. Free words gave "Hip-hop is a genre of music that's-arapitcally",
 # and its children searched for the invented word.
@@ -172,7 +166,7 @@ def _root_format(a: TreeAsk) -> OutputFormat:
     if '"' in title or n + 1 >= limit:
         return _json("root_query", {"query": _str(search_query((2, limit - 1)))})
     words = word_choice([a.seed.description or ""]) or "(?:" + "|".join(ROOT_WORDS) + ")"
-    return _json("root_query", {"query": _str(rf"{_literal(title)}(?: {words}){{1,{min(6, limit - 1 - n)}}}")})
+    return _json("root_query", {"query": _str(rf"{literal(title)}(?: {words}){{1,{min(6, limit - 1 - n)}}}")})
 
 
 # Formats built per call (see deepr.agent.formats): bounded real-word queries, document numbers
@@ -287,7 +281,7 @@ def _child(a: TreeAsk, facets: Sequence[str], words: str) -> dict[str, Any]:
         opener = "(?:" + "|".join(OPENERS[f]) + ")"
         rest = max(1, a.roles.max_words - max(len(o.split()) for o in OPENERS[f]))
         n = len(topic.split())
-        tail = (rf" {_literal(topic)}(?: {words}){{0,{rest - n}}}" if topic and '"' not in topic and n < rest
+        tail = (rf" {literal(topic)}(?: {words}){{0,{rest - n}}}" if topic and '"' not in topic and n < rest
                 else rf"(?: {words}){{1,{rest}}}")
         return {"type": "object", "required": ["facet", "query"], "additionalProperties": False,
                 "properties": {"facet": {"const": f}, "query": _str(opener + tail)}}
