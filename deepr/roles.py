@@ -362,6 +362,17 @@ def _problems(role: Role, inp: Any, value: Any, messages: list[Message], convo: 
     return "; ".join(parts) or None
 
 
+def judge_reply(role: Role, inp: Any, reply: str, messages: list[Message],
+                convo: list[Message] | None = None) -> tuple[Any, str | None]:
+    """What the executor makes of one reply to ``messages`` (``convo``: the conversation it
+    answered, re-asks included): ``(value, None)`` when accepted, else ``(None, reason)``. GRPO's
+    rollouts judge sampled turns with it, so training rewards what ``deepr run`` accepts."""
+    value, error = role.output.parse(reply)
+    if error is None:
+        error = _problems(role, inp, value, messages, list(convo or messages))
+    return (value, None) if error is None else (None, error)
+
+
 def _format(role: Role, inp: Any, llm: LLM) -> OutputFormat:
     name = f"{role.name}.{role.action}"
     strict = role.constrain is not None and llm.strict_formats
@@ -393,9 +404,7 @@ async def _ask(role: Role, inp: Any, messages: list[Message], llm: LLM, rec: Rec
         if getattr(reply, "truncated", False):
             value, error = None, f"the reply was cut at max_tokens ({room}); write a shorter reply"
         else:
-            value, error = role.output.parse(reply)
-        if error is None:
-            error = _problems(role, inp, value, messages, convo)
+            value, error = judge_reply(role, inp, reply, messages, convo)
         if error is None:
             out.ok, out.value, out.error = True, value, None
             return out

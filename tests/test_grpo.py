@@ -143,15 +143,68 @@ def test_planner_invalid_first_plan_is_reasked_and_budget_bounds_model_tokens(to
     assert [m["role"] for m in ep.prompts[1]] == ["system", "user", "assistant", "user"]
     assert ep.prompts[1][:2] == rows[0]["prompt"] and ep.prompts[1][2]["content"] == bad_g0
     assert ep.prompts[1][3]["content"].startswith(INITIAL.output.reask("")[:30]) and "N1-R1" not in str(ep.prompts)
-    assert extra["initial_valid"] == [0.0] and extra["plan"] == ["not json at all"]
+    assert extra["initial_valid"] == [0.0] and extra["plan_source"] == ["refused"]
+    assert extra["plan"][0].startswith("refused: ") and "JSON" in extra["plan"][0]  # the executor's reason
     small = scripted(tok, [json.dumps(PLAN), json.dumps(REVISED)])
     (ep,), extra = planner_rollouts([rows[0]["prompt"]], lookup, env, small, tok, budget=20,
                                     eos_ids=[tok.eos_token_id])
-    assert ep.used() <= 20 and ep.truncated and len(ep.calls) == 1 and extra["plan"] == [""]
+    assert ep.used() <= 20 and ep.truncated and len(ep.calls) == 1 and extra["plan_source"] == ["refused"]
     capped = scripted(tok, [json.dumps(PLAN), json.dumps(REVISED)])
     (ep,), extra = planner_rollouts([rows[0]["prompt"]], lookup, env, capped, tok, budget=4000,
                                     eos_ids=[tok.eos_token_id], turn_cap=10)
-    assert [len(c.completion_ids) for c in ep.calls] == [10] and ep.truncated and extra["plan"] == [""]
+    assert [len(c.completion_ids) for c in ep.calls] == [10] and ep.truncated and extra["plan_source"] == ["refused"]
+
+
+def _bow_embed(texts):
+    """Bag of words hashed into 64 dimensions: related texts get similar vectors, no model needed."""
+    import zlib
+
+    import numpy as np
+
+    out = np.zeros((len(texts), 64), dtype=np.float32)
+    for i, t in enumerate(texts):
+        for w in t.lower().split():
+            out[i, zlib.crc32(w.encode()) % 64] += 1.0
+    return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
+
+
+def _score(extra: dict) -> list[float]:
+    from deepr.rewards.trl_adapters import PlanRewardFn
+
+    n = len(extra["plan"])
+    return PlanRewardFn(_bow_embed)([""] * n, [""] * n, plan=extra["plan"], rubrics=[RUBRICS] * n)
+
+
+def test_planner_reward_scores_the_plan_deepr_run_goes_on_with(tok, retriever):
+    """A refused revision keeps G0 (as `deepr run` keeps the previous plan), so G0 is scored; a G0
+    that passes the plan checks but not the run's acceptance checks is refused and scores 0."""
+    from deepr.train.grpo import planner_dataset
+    from deepr.train.rollouts import PlannerEnvironment, planner_rollouts
+
+    rows, lookup = planner_dataset(_pairs(1))
+    env = PlannerEnvironment(retriever, k=2)
+    bad_revision = dict(REVISED, nodes=[*REVISED["nodes"][:-1], dict(REVISED["nodes"][-1], inputs=["N9"])])
+    cases = {"kept": [json.dumps(PLAN), json.dumps(bad_revision)], "revised": [json.dumps(PLAN), json.dumps(REVISED)],
+             "cut": [json.dumps(PLAN), json.dumps(REVISED)]}
+    got = {}
+    for name, turns in cases.items():
+        cap = 60 if name == "cut" else None  # turn 2 is cut: `deepr run` keeps G0 after a cut revision too
+        budget = len(tok(json.dumps(PLAN))["input_ids"]) + 20 if cap else 4000
+        (ep,), extra = planner_rollouts([rows[0]["prompt"]], lookup, env, scripted(tok, turns), tok,
+                                        budget=budget, eos_ids=[tok.eos_token_id])
+        got[name] = extra
+    assert got["kept"]["plan_source"] == ["kept"] and got["kept"]["plan"] == [PLAN]
+    assert got["revised"]["plan_source"] == ["revised"] and got["revised"]["plan"][0]["nodes"] == REVISED["nodes"]
+    assert got["cut"]["plan_source"] == ["kept"] and got["cut"]["plan"] == [PLAN]
+    assert _score(got["kept"])[0] > 0 and _score(got["revised"])[0] > 0
+    # one-word queries pass validate_plan, but the run's acceptance refuses them
+    vague = {"nodes": [dict(n, query="earthquakes") if n["type"] == "search" else n for n in PLAN["nodes"]]}
+    (ep,), extra = planner_rollouts([rows[0]["prompt"]], lookup, PlannerEnvironment(retriever, k=2, reask=False),
+                                    scripted(tok, [json.dumps(vague), json.dumps(REVISED)]), tok, budget=4000,
+                                    eos_ids=[tok.eos_token_id])
+    assert extra["initial_valid"] == [0.0] and extra["plan_source"] == ["refused"] and _score(extra) == [0.0]
+    assert "content words" in extra["plan"][0]
+    assert len(ep.calls) == 1  # reask=False: a refused G0 ends the episode, no second turn is sampled
 
 
 def test_planner_turn2_has_the_same_token_ids_in_run_sft_and_rl(tok, retriever):

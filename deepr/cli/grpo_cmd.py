@@ -157,7 +157,9 @@ def grpo_cmd(
             if config.stage == "planner":
                 from deepr.train.rollouts import PlannerEnvironment
 
-                env = PlannerEnvironment(source(config), k=config.k, fetch_limit=config.fetch_limit)
+                # A re-ask's plan would credit the refused G0 turn, which is the one that trains.
+                env = PlannerEnvironment(source(config), k=config.k, fetch_limit=config.fetch_limit,
+                                         reask=config.train_turns != 1)
             from deepr.train.grpo import train_grpo
 
             res, n_rows = train_grpo(config, rows, lookup, env=env), len(rows)

@@ -84,7 +84,8 @@ class GrpoConfig(BaseModel):
     train_turns: int | None = Field(None, ge=1, description="Train on the first N model turns of each rollout "
                                     "only; every turn is still sampled and the reward reads them all. None: all. "
                                     "planner 1 trains the initial plan alone: its revision call carries ~2.5k "
-                                    "tokens of search results and cost ~4x the plan's training compute on CPU.")
+                                    "tokens of search results and cost ~4x the plan's training compute on CPU; a "
+                                    "refused initial plan is then not re-asked (it scores 0).")
     rollout_formats: Literal["schema", "off"] = Field("schema", description="planner: sample rollouts under "
                                                       "the decoding schema `deepr run --formats schema` uses "
                                                       "(xgrammar, transformers path), or off: unconstrained.")

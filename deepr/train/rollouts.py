@@ -8,8 +8,10 @@ one wave of aggregate nodes per turn, then a last turn writes the ``<answer>``.
 Every model turn is sampled under a fresh prompt built by its role declaration
 (:mod:`deepr.agent.planner` ``INITIAL`` / ``REVISE``, :mod:`deepr.agent.answerer` ``WAVE`` /
 ``FINAL``): the same messages ``deepr run`` sends and the SFT examples of ``prune-trajectories``
-hold, so RL, SFT and inference train and run the model on one context per turn. Only an invalid
+hold, so RL, SFT and inference train and run the model on one context per turn. Only a refused
 G0 continues its conversation, with the executor's re-ask, as ``deepr run`` does. Each turn is
+judged as ``deepr run`` judges it, and R_plan scores the plan the run would have gone on with: the
+revision, or G0 when the revision is refused. Each turn is
 trained as its own sample under the prompt it was sampled from, with its sampling log-probs and
 the episode's advantage (:mod:`deepr.train.warp_calls`); TRL scores one placeholder per episode.
 ``budget`` (TRL's ``max_completion_length``) bounds the model tokens of one episode.
@@ -34,7 +36,8 @@ from deepr.agent.env import Ctx, RunConfig
 from deepr.agent.planner import INITIAL, REVISE, PlanAsk, initial_messages
 from deepr.agent.trace import Tracer
 from deepr.agent.plan import validate_plan, waves
-from deepr.rewards.trl_adapters import json_objects, last_plan, parse_answerer
+from deepr.rewards.trl_adapters import json_objects, parse_answerer
+from deepr.roles import judge_reply
 from deepr.train.sampling import Generate, constrained_generate, planner_format, trainer_generate
 from deepr.train.warp_calls import Call
 
@@ -196,10 +199,18 @@ def play_calls(first: Sequence[Sequence[dict[str, str]]], generate: Generate, ne
 
 
 class PlannerEnvironment:
-    """Runs G0's search nodes on the retriever and builds planner turn 2's prompt."""
+    """Runs G0's search nodes on the retriever, builds planner turn 2's prompt, and says which
+    plan of an episode ``deepr run`` would have gone on with (the one R_plan scores).
 
-    def __init__(self, retriever: Any, *, k: int = 5, fetch_limit: int = 4):
+    Every turn is judged as the executor judges a reply (:func:`deepr.roles.judge_reply`: the
+    plan checks plus the roles' acceptance checks), so a plan that ``deepr run`` refuses earns
+    no reward here either. ``reask``: a refused G0 gets a second turn with the executor's re-ask,
+    as ``deepr run`` does; without it the episode ends there (use that when only the first turn
+    trains: a re-ask's plan would otherwise credit a refused turn)."""
+
+    def __init__(self, retriever: Any, *, k: int = 5, fetch_limit: int = 4, reask: bool = True):
         self.retriever, self.config = retriever, RunConfig(k=k, fetch_limit=fetch_limit)
+        self.reask = reask
 
     def context(self, query: str) -> Ctx:
         from deepr.corpus.tools import ResearchTools
@@ -208,19 +219,44 @@ class PlannerEnvironment:
         return Ctx(ExtractiveLLM(), ResearchTools(self.retriever, k=self.config.k), self.config,
                    Tracer(query, "dag"))
 
-    def next_messages(self, query: str, turn1: str) -> tuple[list[dict[str, str]], dict[str, Any]]:
-        """Turn 2's prompt after turn 1 and what the environment did (for metrics): the REVISE
-        role's messages over G0's search results, or, for an invalid G0, the INITIAL role's
-        conversation with the executor's re-ask naming the validator's errors (as ``deepr run``)."""
-        plan, errors = validate_plan(last_plan(turn1))
-        if plan is None:
-            reask = INITIAL.output.reask("constraint violations: " + "; ".join(errors[:8]))
+    def next_messages(self, query: str, turn1: str) -> tuple[list[dict[str, str]] | None, dict[str, Any]]:
+        """Turn 2's prompt after turn 1 and what the environment did: the REVISE role's messages
+        over G0's search results, or, for a refused G0, the INITIAL role's conversation with the
+        executor's re-ask (None without ``reask``). The info keeps what :meth:`scored_plan` needs."""
+        value, error = judge_reply(INITIAL, PlanAsk(None, query), turn1,  # type: ignore[arg-type]
+                                   initial_messages(query))
+        if value is None:
+            reask = INITIAL.output.reask(error or "")
             msgs = [*initial_messages(query), {"role": "assistant", "content": turn1},
                     {"role": "user", "content": reask}]
-            return msgs, {"valid0": 0.0, "searches": 0}
+            return (msgs if self.reask else None), {"valid0": 0.0, "searches": 0, "error0": error}
+        plan = validate_plan(value)[0]
         ctx = self.context(query)
         results = {n.id: ctx.search(n.id, n.query or "") for n in plan.nodes if n.type == "search"}
-        return REVISE.messages(PlanAsk(ctx, query, plan, results)), {"valid0": 1.0, "searches": float(len(results))}
+        ask = PlanAsk(ctx, query, plan, results)
+        return REVISE.messages(ask), {"valid0": 1.0, "searches": float(len(results)), "initial": value, "ask": ask}
+
+    def scored_plan(self, query: str, ep: Episode, info: dict[str, Any] | None) -> tuple[Any, str]:
+        """(plan, where it came from): the accepted revision ("revised"); the accepted G0 when the
+        revision was refused or never came ("kept", as ``deepr run`` keeps the previous plan); an
+        accepted re-asked G0 ("reasked"); else a refusal note that scores 0 ("refused")."""
+        if info is None:  # turn 1 was cut or the episode had no room left
+            why = "the plan was cut at the token limit" if ep.truncated else "no plan was written"
+            return f"refused: {why}", "refused"
+        if info["valid0"]:
+            if len(ep.texts) > 1 and not ep.truncated:
+                ask = info["ask"]
+                value, _ = judge_reply(REVISE, ask, ep.texts[1], REVISE.messages(ask))
+                if value is not None:
+                    return value, "revised"
+            return info["initial"], "kept"
+        if len(ep.texts) > 1 and not ep.truncated:
+            value, error = judge_reply(INITIAL, PlanAsk(None, query), ep.texts[1],  # type: ignore[arg-type]
+                                       initial_messages(query), ep.prompts[1])
+            if value is not None:
+                return value, "reasked"
+            return f"refused: {error}", "refused"
+        return f"refused: {info['error0']}", "refused"
 
 
 def planner_prompt(query: str) -> list[dict[str, str]]:
@@ -300,24 +336,26 @@ def call_stats(trainer: Any, episodes: Sequence[Episode]) -> None:
 def planner_rollouts(prompts: Sequence[Any], queries: dict[str, str], env: PlannerEnvironment, generate: Generate,
                      tokenizer: Any, *, budget: int, eos_ids: Sequence[int],
                      turn_cap: int | None = None) -> tuple[list[Episode], dict]:
-    """Turn 1 → search → turn 2 for every prompt; returns episodes and per-episode extra columns."""
+    """Turn 1 → search → turn 2 for every prompt; returns episodes and per-episode extra columns
+    (``plan``: what R_plan scores, see :meth:`PlannerEnvironment.scored_plan`)."""
     infos: dict[int, dict[str, Any]] = {}
 
-    def reply(i: int, ep: Episode) -> list[dict[str, str]]:
+    def query_of(i: int) -> str:
         text = _user_text(prompts[i])
         if text not in queries:
             raise KeyError("a prompt the planner stage did not build reached the rollout; build the dataset with "
                            "deepr.train.grpo.planner_dataset")
-        msgs, infos[i] = env.next_messages(queries[text], ep.texts[0])
+        return queries[text]
+
+    def reply(i: int, ep: Episode) -> list[dict[str, str]] | None:
+        msgs, infos[i] = env.next_messages(query_of(i), ep.texts[0])
         return msgs
 
     eps = play_calls(list(prompts), generate, reply, tokenizer, budget=budget, eos_ids=eos_ids, max_turns=2,
                      turn_cap=turn_cap)
-    # No second turn (turn 1 ran out of budget) means no revised graph: "" fails validation and scores 0.
-    plans = [last_plan(e.texts[1]) if len(e.texts) > 1 else "" for e in eps]
-    extra = {"plan": [p if isinstance(p, dict) else str(p) for p in plans],
-             "initial_valid": [infos.get(i, {"valid0": float(validate_plan(last_plan(e.texts[0]))[0] is not None)})
-                               ["valid0"] for i, e in enumerate(eps)],
+    scored = [env.scored_plan(query_of(i), e, infos.get(i)) for i, e in enumerate(eps)]
+    extra = {"plan": [p for p, _ in scored], "plan_source": [src for _, src in scored],
+             "initial_valid": [infos.get(i, {}).get("valid0", 0.0) for i in range(len(eps))],
              "turns": [len(e.texts) for e in eps]}
     return eps, extra
 
@@ -393,6 +431,8 @@ def make_rollout_func(stage: str, lookup: dict[str, Any], *, budget: int, env: P
             eps, extra = planner_rollouts(prompts, lookup, env, gen, tok, budget=budget, eos_ids=eos_ids,
                                           turn_cap=turn_cap)
             _log(trainer, "rollout/initial_plan_valid", extra["initial_valid"])
+            for src in ("revised", "kept"):
+                _log(trainer, f"rollout/plan_{src}", [float(s == src) for s in extra["plan_source"]])
         else:
             eps, extra = answerer_rollouts(prompts, lookup, gen, tok, budget=budget, eos_ids=eos_ids,
                                            turn_cap=turn_cap)
