@@ -71,8 +71,17 @@ def teacher_sft_data(cfg: LearnConfig, train: Path, log: Path) -> Path:
     return out / "sft-compact.jsonl"
 
 
+_DANGLING = frozenset("the a an of in on and or to for is are was were be by with as at from that this its "
+                      "which who their do does how what why".split())
+
+
 def _words(text: Any, n: int) -> str:
-    return " ".join(str(text or "").replace("\u2026", " ").split()[:n])
+    """The first ``n`` words, without the function words and commas a cut leaves at the end
+    ("What roles do Liguria, Giacomo Casanova and" → "… Giacomo Casanova")."""
+    words = str(text or "").replace("\u2026", " ").split()[:n]
+    while len(words) > 2 and (words[-1].lower().strip(",;:") in _DANGLING):
+        words.pop()
+    return " ".join(words).rstrip(",;:")
 
 
 def compact_plan(reply: str, *, query_words: int = 7) -> str | None:
@@ -102,7 +111,11 @@ def compact_sft(src: Path, dest: Path, *, actions: tuple[str, ...] = ("plan",)) 
     :func:`compact_plan`) → ``dest``. Initial plans only by default: a revision turn carries the
     search results (~2,500 prompt tokens against ~500), so it costs five plan turns of CPU training,
     and the model writes a revision in the same JSON form it learns from the plans."""
-    kept, skipped = [], 0
+    sys.path.insert(0, str(ROOT))
+    from deepr.agent.planner import INITIAL, PlanAsk
+    from deepr.roles import judge_reply
+
+    kept, skipped, refused = [], 0, 0
     for ex in read_jsonl(src):
         if ex.get("role") != "planner" or ex.get("action") not in actions:
             continue
@@ -110,10 +123,14 @@ def compact_sft(src: Path, dest: Path, *, actions: tuple[str, ...] = ("plan",)) 
         if short is None:
             skipped += 1
             continue
+        # Teach only plans `deepr run` accepts: the cut can leave a query of one content word.
+        if ex["action"] == "plan" and judge_reply(INITIAL, PlanAsk(None, ""), short, ex["messages"][:-1])[0] is None:
+            refused += 1
+            continue
         ex["messages"][-1] = {**ex["messages"][-1], "content": short}
         kept.append(ex)
     write_jsonl(dest, kept)
-    return {"planner_examples": len(kept), "not_a_plan": skipped}
+    return {"planner_examples": len(kept), "not_a_plan": skipped, "refused_by_the_run": refused}
 
 
 def base_model(cfg: LearnConfig) -> str:

@@ -27,16 +27,16 @@ class LearnConfig:
     work: Path = Path("learn-work")
     results: Path = ROOT / "bench" / "results"
     img: Path = ROOT / "docs" / "img"
-    trees: int = 30
+    trees: int = 50  # ~24 train questions after the split and the verifier
     heldout_topics: int = 3
     heldout: int = 4
     max_train: int = 24
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    sft_steps: int = 20  # ~3 passes over ~14 initial plans at --sft-batch 2
+    sft_steps: int = 24  # ~2 passes over ~24 initial plans at --sft-batch 2
     sft_batch: int = 2
     sft_lr: float = 1e-3
     sft_actions: str = "plan"  # planner turns to learn from: plan, or plan,revise
-    grpo_steps: int = 3
+    grpo_steps: int = 2
     grpo_lr: float = 1e-4
     grpo_train_turns: int = 1  # planner turns GRPO trains on (0: both); 1 = the initial plan, see GrpoConfig
     num_generations: int = 4

@@ -185,11 +185,32 @@ def test_sft_data_keeps_the_chosen_planner_turns_in_compact_form(tmp_path):
         example("plan"), example("revise"), example("final", role="answerer"), example("plan", reply="not json")]))
     counts = learning.compact_sft(src, tmp_path / "plans.jsonl")
     rows = [json.loads(x) for x in (tmp_path / "plans.jsonl").read_text().splitlines()]
-    assert counts == {"planner_examples": 1, "not_a_plan": 1} and [r["action"] for r in rows] == ["plan"]
+    assert counts == {"planner_examples": 1, "not_a_plan": 1, "refused_by_the_run": 0}
+    assert [r["action"] for r in rows] == ["plan"]
     node = json.loads(rows[0]["messages"][-1]["content"])["nodes"][0]
     assert node["query"] == "one two three four five six seven" and "key_points" not in node
     learning.compact_sft(src, tmp_path / "both.jsonl", actions=("plan", "revise"))
     assert [json.loads(x)["action"] for x in (tmp_path / "both.jsonl").read_text().splitlines()] == ["plan", "revise"]
+
+
+def test_sft_data_drops_plans_the_run_would_refuse_and_trims_dangling_words(tmp_path):
+    """A cut query can end in a function word or keep one content word; `deepr run` refuses a
+    plan with such a query, so the model is not taught to write one."""
+    def plan(query):
+        return {"nodes": [{"id": "N1", "type": "search", "query": query},
+                          {"id": "N2", "type": "search", "query": "Genoa maritime republic trade"},
+                          {"id": "N3", "type": "aggregate", "need": "what the searches show", "inputs": ["N1", "N2"]},
+                          {"id": "N4", "type": "answer", "need": "the answer", "inputs": ["N3"]}]}
+
+    rows = [{"id": q[:5], "role": "planner", "action": "plan",
+             "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": json.dumps(plan(q))}]}
+            for q in ("What roles do Liguria, Giacomo Casanova and Italy play", "Optics and optics")]
+    src = tmp_path / "sft.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    counts = learning.compact_sft(src, tmp_path / "plans.jsonl")
+    kept = [json.loads(x) for x in (tmp_path / "plans.jsonl").read_text().splitlines()]
+    assert counts["planner_examples"] == 1 and counts["refused_by_the_run"] == 1
+    assert json.loads(kept[0]["messages"][-1]["content"])["nodes"][0]["query"] == "What roles do Liguria, Giacomo Casanova"
 
 
 def test_report_only_skips_an_evaluation_with_no_finished_question(tmp_path, monkeypatch):
