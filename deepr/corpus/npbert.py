@@ -176,7 +176,7 @@ class NumpyBert:
 
     def tokenize(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(ids, mask), padded to the longest text of this batch."""
-        return _padded(self.tok.encode_batch(texts))
+        return padded(self.tok.encode_batch(texts))
 
     def forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Mean-pooled last hidden states (not normalised), shape (batch, dim)."""
@@ -207,7 +207,7 @@ class NumpyBert:
         with _one_blas_thread(len(texts) > 1):
             for rows in _batches([len(encs[i].ids) for i in order], batch_size):
                 rows = [order[r] for r in rows]
-                out[rows] = self.forward(*_padded([encs[i] for i in rows]))
+                out[rows] = self.forward(*padded([encs[i] for i in rows]))
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         return out / np.maximum(norms, 1e-12)
 
@@ -232,7 +232,9 @@ def _batches(lengths: list[int], size: int) -> list[list[int]]:
     return out
 
 
-def _padded(encs: list) -> tuple[np.ndarray, np.ndarray]:
+def padded(encs: list) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids and attention mask of tokenizer encodings, right-padded to the longest (shared
+    with the ONNX encoder, which feeds the same batches)."""
     width = max(len(e.ids) for e in encs)
     ids = np.zeros((len(encs), width), dtype=np.int64)
     mask = np.zeros((len(encs), width), dtype=np.float32)

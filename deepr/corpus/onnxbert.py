@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from deepr.corpus.npbert import NumpyBert, _padded
+from deepr.corpus.npbert import NumpyBert, padded
 
 OPSET = 17  # LayerNormalization is a standard op from 17 on
 # Texts per onnxruntime call: the int8 MatMuls quantise their input per call and the
@@ -215,7 +215,7 @@ class OnnxBert:
         batches = [order[s: s + batch_size] for s in range(0, len(order), batch_size)]
 
         def run(rows: list[int]) -> None:
-            ids, mask = _padded([encs[i] for i in rows])
+            ids, mask = padded([encs[i] for i in rows])
             out[rows] = self.session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
 
         if self.workers > 1 and len(batches) > 1:
