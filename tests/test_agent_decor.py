@@ -144,6 +144,8 @@ def test_the_filter_keeps_statements_of_the_results_not_prose_about_anything(too
     assert re.fullmatch(rx, f"<filter>{statements[0]} {statements[-1]}</filter>")
     # each statement at most once, in the results' order (a repeat made the check refuse it)
     assert not re.fullmatch(rx, f"<filter>{statements[0]} {statements[0]}</filter>")
+    assert not re.fullmatch(rx, "<filter></filter>")  # the role refuses an empty filter; so does the format
+    assert re.fullmatch(rx, f"<filter>{statements[-1]}</filter>")
     assert len(statements) < 2 or not re.fullmatch(rx, f"<filter>{statements[-1]} {statements[0]}</filter>")
     junk = ("The process of scientific inquiry involves collecting data through experiments and observations, "
             f"which allows scientists to refine their understanding [{ids[0]}].")

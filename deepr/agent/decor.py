@@ -196,8 +196,10 @@ def _filter_format(a: DecorAsk) -> OutputFormat | None:
         return tagged("filter", cited_prose(a.ids, sentences=(1, 4), words=(6, 30))) if a.ids else None
     # In the results' order, each at most once: SmolLM2 otherwise kept one statement twice, and
     # the degenerate-text check refused the whole paragraph (three times, then the fallback).
-    return tagged("filter", "".join(f"(?:{literal(s)} )?" for s in statements[:-1])
-                  + f"(?:{literal(statements[-1])})?")
+    # At least one: the role refuses an empty filter, so the format must not offer one.
+    parts = [f"{literal(s)} " for s in statements[:-1]] + [literal(statements[-1])]
+    return tagged("filter", "(?:" + "|".join(parts[k] + "".join(f"(?:{p})?" for p in parts[k + 1:])
+                                             for k in range(len(parts))) + ")")
 
 
 async def plan_step(ctx: Ctx, query: str, memory: list[MemoryItem], past: list[str], t: int) -> str | None:
