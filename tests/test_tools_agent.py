@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from deepr.agent.tools_agent import ToolSession, answer_ids, cite_spans, parse_step, run_tools
+from deepr.agent.tools_agent import ToolSession, answer_ids, parse_step, run_tools
+from deepr.agent.tools_extractive import cite_tags
 
 
 def _ctx(retriever, llm, **cfg):
@@ -30,7 +31,7 @@ def test_parse_step_reads_calls_answers_and_says_why_not():
     assert "arguments" in parse_step('<tool_call>{"name": "search", "arguments": [1]}</tool_call>').reason
     assert parse_step("<answer>  </answer>").kind == "invalid"
     assert answer_ids('<cite id="S1-R1">a b</cite> and c [S2-R3].') == ["S1-R1", "S2-R3"]
-    assert cite_spans("Rome is old [S1-R2]. Paris too [S2-R1].") == \
+    assert cite_tags("Rome is old [S1-R2]. Paris too [S2-R1].") == \
         '<cite id="S1-R2">Rome is old.</cite> <cite id="S2-R1">Paris too.</cite>'
 
 

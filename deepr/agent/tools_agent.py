@@ -30,6 +30,7 @@ from deepr.agent.citations import cited_ids, normalize, strip_ids
 from deepr.agent.env import Ctx
 from deepr.agent.formats import cite_spans as answer_spans, id_choice, query_with, search_query, term_words, tool_step
 from deepr.agent.extract import shorten, sub_questions
+from deepr.agent.tools_extractive import ExtractivePolicy, cite_tags
 from deepr.agent.render import GNode, Graph, Section
 from deepr.llm.base import OutputFormat
 from deepr.acceptance import no_babble, no_echo, no_placeholder, query_words
@@ -197,46 +198,6 @@ class ToolsOutcome:
     raw_answer: str  # the <answer> body with <cite> spans
     transcript: list[dict[str, str]]
     tool_calls: int
-
-
-# --- the extractive policy --------------------------------------------------------------
-
-
-_MARKED = re.compile(r"(\s*)(.+?)\s*\[([^\[\]]+)\]([.!?]?)(?=\s|$)", re.S)
-
-
-def cite_spans(text: str) -> str:
-    """Turn writer sentences ending in ``[id]`` markers into ``<cite id="id">sentence</cite>``."""
-    def wrap(m: re.Match) -> str:
-        ids = [i.strip() for i in m.group(3).split(",") if i.strip()]
-        return f'{m.group(1)}<cite id="{ids[0]}">{m.group(2).strip()}{m.group(4)}</cite>' if ids else m.group(0)
-
-    return "\n\n".join(_MARKED.sub(wrap, para) for para in text.split("\n\n"))
-
-
-class ExtractivePolicy:
-    """Deterministic replies in the agent's protocol: search each part, browse once, answer."""
-
-    def __init__(self, ctx: Ctx, query: str, max_turns: int):
-        parts = sub_questions(query)
-        self.queries = list(dict.fromkeys([shorten(query, 24)] + [shorten(p, 24) for p in parts if p != query]))
-        self.ctx, self.query, self.parts, self.max_turns = ctx, query, parts, max_turns
-        self.browsed = False
-
-    def reply(self, session: ToolSession) -> str:
-        if session.calls < min(len(self.queries), self.max_turns):
-            q = self.queries[session.calls]
-            return (f"<think>Search for: {q}</think>\n<tool_call>"
-                    f"{json.dumps({'name': 'search', 'arguments': {'query': q}})}</tool_call>")
-        if not self.browsed and session.shown and session.calls < self.max_turns:
-            self.browsed = True
-            top = self.ctx.catalog[session.shown[0]].doc_id
-            return (f"<think>Read the most relevant page in full.</think>\n<tool_call>"
-                    f"{json.dumps({'name': 'browse', 'arguments': {'doc_id': top}})}</tool_call>")
-        from deepr.agent.writer import write_by_parts
-
-        text = write_by_parts(self.ctx, self.query, self.parts, session.shown, self.ctx.config.answer_sentences)
-        return f"<think>Answer from the cited evidence.</think>\n<answer>{cite_spans(text)}</answer>"
 
 
 # --- the loop ---------------------------------------------------------------------------
@@ -440,7 +401,7 @@ def _salvage(ctx: Ctx, query: str, step: Step, session: ToolSession) -> str:
     from deepr.agent.writer import write_by_parts
 
     ctx.tracer.decide("fallback", fallback=["agent answer"])
-    return cite_spans(write_by_parts(ctx, query, sub_questions(query), session.shown,
+    return cite_tags(write_by_parts(ctx, query, sub_questions(query), session.shown,
                                      ctx.config.answer_sentences))
 
 
