@@ -246,3 +246,23 @@ def test_planner_decoding_schema_compiles_for_xgrammar(tok):
         matcher = xgr.GrammarMatcher(compiled)
         assert matcher.accept_string('{"nodes": [{"id": "N1", "type": "search", "query": "' + "R B " * 4 + "R B")
         assert not matcher.accept_string(" and")  # an 11th word: the query's length is bounded in decoding
+
+
+def test_answerer_wave_schema_format_wants_non_empty_texts_under_both_local_backends(tok):
+    """`--formats schema` decodes a wave under the role's static schema: an object of texts of 20+
+    characters, at least one. It must mean the same under xgrammar (hf) and llama-cpp-python's
+    converter: a key pattern (patternProperties) turned into "{}" only under the latter."""
+    from deepr.agent.answerer import WAVE
+
+    schema = WAVE.output.fmt("wave").json_schema
+    good, empty, short = '{"N5": "Ash clouds ground flights for days [S1-R1]."}', "{}", '{"N5": "ok"}'
+    listed = '{"N5": ["Ash clouds ground flights for days"]}'
+    xgr = pytest.importorskip("xgrammar")
+    compiled = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok)).compile_json_schema(json.dumps(schema))
+    assert xgr.GrammarMatcher(compiled).accept_string(good)
+    assert not any(xgr.GrammarMatcher(compiled).accept_string(t) for t in (empty, short, listed))
+    pytest.importorskip("llama_cpp")
+    from deepr.llm.gbnf import schema_to_gbnf
+
+    grammar = schema_to_gbnf(schema)
+    assert "additional-kv" in grammar and 'char char char char char char char char char char' in grammar

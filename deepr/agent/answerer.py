@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import ConfigDict, Field, RootModel
 
 from deepr.agent.plan import answer_node
 from deepr.records import Plan, PlanNode
@@ -145,8 +147,16 @@ def _wave_extractive(a: WaveAsk) -> dict[str, str]:
             for nid in a.wave}
 
 
+# What `--formats schema` decodes a wave under: an object of non-empty texts. A bare object let
+# SmolLM2 write lists and empty strings. The keys stay free: patternProperties would pin them to
+# id-like names under xgrammar, but llama-cpp-python's converter turns it into "{}" only. Which
+# ids belong to the wave is the check's job.
+class _WaveShape(RootModel[dict[str, Annotated[str, Field(min_length=20)]]]):
+    model_config = ConfigDict(json_schema_extra={"minProperties": 1})
+
+
 WAVE = Role(
-    name="answerer", action="wave", messages=_wave_messages, output=JSONReply(),
+    name="answerer", action="wave", messages=_wave_messages, output=JSONReply(shape=_WaveShape),
     check=lambda a, v: _wave_check(a.ctx, a.wave, a.allowed, v), extractive=_wave_extractive,
     result=lambda a, v: {nid: normalize(v[nid]).strip() for nid in a.wave}, max_tokens=2048,
     accept=(no_placeholder, no_echo),
