@@ -85,8 +85,9 @@ def _words(text: Any, n: int) -> str:
 
 
 def compact_plan(reply: str, *, query_words: int = 7) -> str | None:
-    """The teacher's plan with queries and needs cut to a few words and the optional key points
-    dropped (ids, types, inputs and fetch lists untouched); None when the reply is not a plan. The
+    """The teacher's plan with queries and needs cut to a few words, the optional key points
+    dropped and the answer reading every aggregate (ids, types, the other inputs and fetch lists
+    untouched); None when the reply is not a plan. The
     extractive teacher copies whole evidence sentences into key points (~600 tokens a plan): a 135M
     model on CPU writes a plan of that length in minutes, so it learns the same graphs in short form."""
     try:
@@ -103,6 +104,13 @@ def compact_plan(reply: str, *, query_words: int = 7) -> str | None:
         if node.get("need"):
             node["need"] = _words(node["need"], query_words + 2)
         node.pop("key_points", None)  # optional; the teacher fills them with copied evidence sentences
+    aggregates = [n.get("id") for n in value["nodes"] if n.get("type") == "aggregate"]
+    for node in value["nodes"]:
+        if node.get("type") == "answer" and aggregates:
+            # The teacher's answer reads only the aggregates no other aggregate reads: a rule over
+            # the whole graph, which SFT'd SmolLM2 broke in most held-out plans ("aggregate N6 does
+            # not lead to the answer node"). Reading every aggregate is one local rule, same graph.
+            node["inputs"] = aggregates
     return json.dumps(value, ensure_ascii=False)
 
 

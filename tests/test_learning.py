@@ -165,6 +165,12 @@ def test_compact_teacher_plan_keeps_the_graph_and_still_validates():
     assert validate_plan(short)[1] == [] and short["fetch"] == ["N1-R1"]
     assert [(n["id"], n["type"], n.get("inputs")) for n in short["nodes"]] == [
         (n["id"], n["type"], n.get("inputs")) for n in plan["nodes"]]
+    # a second-level aggregate: the answer reads every aggregate, and the plan still validates
+    wider = dict(plan, nodes=[*plan["nodes"][:3], {"id": "N5", "type": "aggregate", "need": "how they connect",
+                                                   "inputs": ["N3", "N1"]},
+                              dict(plan["nodes"][3], inputs=["N5"])])
+    short = json.loads(learning.compact_plan(json.dumps(wider)))
+    assert short["nodes"][-1]["inputs"] == ["N3", "N5"] and validate_plan(short)[1] == []
     assert short["nodes"][0]["query"] == "volcano eruption magma word0 word1 word2 word3"
     assert all("key_points" not in n for n in short["nodes"]) and len(json.dumps(short)) < len(json.dumps(plan)) / 3
     assert learning.compact_plan("not json") is None and learning.compact_plan('{"answer": "x"}') is None
