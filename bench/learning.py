@@ -85,9 +85,10 @@ def _words(text: Any, n: int) -> str:
 
 
 def compact_plan(reply: str, *, query_words: int = 7) -> str | None:
-    """The teacher's plan with queries and needs cut to a few words, the optional key points
-    dropped and the answer reading every aggregate (ids, types, the other inputs and fetch lists
-    untouched); None when the reply is not a plan. The
+    """The teacher's plan in the form the planner's decoding schema (``--formats schema``) admits:
+    queries and needs cut to a few words, the optional key points and the search nodes' empty
+    inputs dropped, the answer reading every aggregate (ids, types, the other inputs and fetch
+    lists untouched); None when the reply is not a plan. The
     extractive teacher copies whole evidence sentences into key points (~600 tokens a plan): a 135M
     model on CPU writes a plan of that length in minutes, so it learns the same graphs in short form."""
     try:
@@ -104,6 +105,10 @@ def compact_plan(reply: str, *, query_words: int = 7) -> str | None:
         if node.get("need"):
             node["need"] = _words(node["need"], query_words + 2)
         node.pop("key_points", None)  # optional; the teacher fills them with copied evidence sentences
+        if node.get("type") == "search":
+            # The decoding schema has no inputs on a search node: trained on `"inputs": []` there,
+            # SmolLM2 was forced into `"key_points": [` instead, off its data, and lost the graph.
+            node.pop("inputs", None)
     aggregates = [n.get("id") for n in value["nodes"] if n.get("type") == "aggregate"]
     for node in value["nodes"]:
         if node.get("type") == "answer" and aggregates:

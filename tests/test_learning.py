@@ -163,17 +163,36 @@ def test_compact_teacher_plan_keeps_the_graph_and_still_validates():
             "fetch": ["N1-R1"]}
     short = json.loads(learning.compact_plan(json.dumps(plan)))
     assert validate_plan(short)[1] == [] and short["fetch"] == ["N1-R1"]
-    assert [(n["id"], n["type"], n.get("inputs")) for n in short["nodes"]] == [
-        (n["id"], n["type"], n.get("inputs")) for n in plan["nodes"]]
+    assert [(n["id"], n["type"], n.get("inputs") or []) for n in short["nodes"]] == [
+        (n["id"], n["type"], n.get("inputs") or []) for n in plan["nodes"]]
+    assert short["nodes"][0]["query"] == "volcano eruption magma word0 word1 word2 word3"
+    assert all("key_points" not in n for n in short["nodes"]) and len(json.dumps(short)) < len(json.dumps(plan)) / 3
+    assert learning.compact_plan("not json") is None and learning.compact_plan('{"answer": "x"}') is None
     # a second-level aggregate: the answer reads every aggregate, and the plan still validates
     wider = dict(plan, nodes=[*plan["nodes"][:3], {"id": "N5", "type": "aggregate", "need": "how they connect",
                                                    "inputs": ["N3", "N1"]},
                               dict(plan["nodes"][3], inputs=["N5"])])
     short = json.loads(learning.compact_plan(json.dumps(wider)))
     assert short["nodes"][-1]["inputs"] == ["N3", "N5"] and validate_plan(short)[1] == []
-    assert short["nodes"][0]["query"] == "volcano eruption magma word0 word1 word2 word3"
-    assert all("key_points" not in n for n in short["nodes"]) and len(json.dumps(short)) < len(json.dumps(plan)) / 3
-    assert learning.compact_plan("not json") is None and learning.compact_plan('{"answer": "x"}') is None
+
+
+def test_compact_teacher_plan_is_what_the_planner_decoding_schema_admits():
+    """SFT teaches the plan form `deepr run --formats schema` decodes under: a plan the schema
+    refuses (a search node with `"inputs": []`) taught a form the model could not write."""
+    from pydantic import ValidationError
+
+    from deepr.agent.planner import _PlanShape
+
+    teacher = {"nodes": [{"id": "N1", "type": "search", "query": "volcano eruption magma chambers", "inputs": [],
+                          "key_points": ["Magma rises."]},
+                         {"id": "N2", "type": "aggregate", "need": "why volcanoes erupt", "inputs": ["N1"],
+                          "key_points": ["pressure"]},
+                         {"id": "N3", "type": "answer", "need": "the answer", "inputs": ["N2"]}]}
+    with pytest.raises(ValidationError):
+        _PlanShape.model_validate(teacher)
+    short = json.loads(learning.compact_plan(json.dumps(teacher)))
+    _PlanShape.model_validate(short)
+    assert list(short["nodes"][0]) == ["id", "type", "query"]
 
 
 def test_sft_data_keeps_the_chosen_planner_turns_in_compact_form(tmp_path):
