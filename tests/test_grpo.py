@@ -106,7 +106,7 @@ def test_planner_turns_are_separate_calls_under_their_own_prompts(tok, retriever
     assert extra["plan"] == [REVISED, REVISED] and extra["initial_valid"] == [1.0, 1.0]
 
 
-def test_train_turns_keeps_the_first_calls_for_training_while_the_reward_reads_every_turn(tok, retriever):
+def test_train_turns_keeps_the_first_calls_for_training_while_the_reward_reads_every_turn(tok, retriever, tmp_path):
     """--stage planner with train_turns 1: both turns are sampled (R_plan scores the revised plan),
     only the initial plan's call reaches the loss."""
     from types import SimpleNamespace
@@ -126,6 +126,16 @@ def test_train_turns_keeps_the_first_calls_for_training_while_the_reward_reads_e
         assert [len(calls) for calls in trainer._warp_calls] == [trained, trained]
         first = trainer._warp_calls[0][0]
         assert tok.decode(first.completion_ids, skip_special_tokens=True) == json.dumps(PLAN)
+    # every rollout is logged with its turns and what was scored, so a run of zero rewards says why
+    log_dir = tmp_path / "run"
+    bad = make_rollout_func("planner", lookup, budget=4000, env=PlannerEnvironment(retriever, k=2, reask=False),
+                            generate_for=lambda _t: scripted(tok, ['{"nodes": []}']), train_turns=1)
+    bad(prompts, SimpleNamespace(processing_class=tok, eos_token_ids=[tok.eos_token_id],
+                                 args=SimpleNamespace(output_dir=str(log_dir)), state=SimpleNamespace(global_step=3)))
+    rows = [json.loads(x) for x in (log_dir / "rollouts.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(r["step"] == 3 and r["plan_source"] == "refused" for r in rows)
+    assert rows[0]["query"] == _pairs(2)[0].question and rows[0]["turns"] == ['{"nodes": []}']
+    assert "nodes" in rows[0]["refused"]  # the executor's reason, not an empty note
 
 
 def test_planner_invalid_first_plan_is_reasked_and_budget_bounds_model_tokens(tok, retriever):

@@ -394,6 +394,27 @@ def answerer_rollouts(prompts: Sequence[Any], records: dict[str, dict[str, Any]]
     return eps, extra
 
 
+def log_planner_rollouts(trainer: Any, prompts: Sequence[Any], queries: dict[str, str], episodes: Sequence[Episode],
+                         extra: dict[str, Any]) -> None:
+    """One line per planner rollout in ``<output_dir>/rollouts.jsonl``: the step, the question, each
+    turn's text, which plan R_plan scored and, for a refused one, the executor's reason. A run
+    whose rewards are all 0 then says why its plans were refused."""
+    from pathlib import Path
+
+    from deepr.io import JsonlAppender
+
+    out = getattr(getattr(trainer, "args", None), "output_dir", None)
+    if not out:
+        return
+    step = getattr(getattr(trainer, "state", None), "global_step", None)
+    with JsonlAppender(Path(out) / "rollouts.jsonl", fsync=False) as log:
+        for i, ep in enumerate(episodes):
+            plan, source = extra["plan"][i], extra["plan_source"][i]
+            log.write({"step": step, "query": queries.get(_user_text(prompts[i])), "turns": list(ep.texts),
+                       "truncated": ep.truncated, "plan_source": source,
+                       "refused": plan[len("refused: "):] if source == "refused" else None})
+
+
 def placeholders(trainer: Any, prompts: Sequence[Any], episodes: Sequence[Episode],
                  train_turns: int | None = None) -> dict[str, Any]:
     """What TRL scores: one masked end token per episode; the episodes' calls are what trains
@@ -431,6 +452,7 @@ def make_rollout_func(stage: str, lookup: dict[str, Any], *, budget: int, env: P
             eps, extra = planner_rollouts(prompts, lookup, env, gen, tok, budget=budget, eos_ids=eos_ids,
                                           turn_cap=turn_cap)
             _log(trainer, "rollout/initial_plan_valid", extra["initial_valid"])
+            log_planner_rollouts(trainer, prompts, lookup, eps, extra)
             for src in ("revised", "kept"):
                 _log(trainer, f"rollout/plan_{src}", [float(s == src) for s in extra["plan_source"]])
         else:
