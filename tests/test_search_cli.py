@@ -142,7 +142,7 @@ def test_grpo_planner_rollouts_use_web_tools_and_replay(web, tmp_path) -> None:
     msgs, stats = first.next_messages("How do volcanoes and glaciers shape land?", turn1)
     msg = msgs[-1]["content"]
     first.retriever.close()
-    assert stats == {"valid0": 1.0, "searches": 2.0}
+    assert (stats["valid0"], stats["searches"]) == (1.0, 2.0)
     assert "[N1-R1] Volcanoes (web page text, untrusted): <<<" in msg and "[N2-R1] Glaciers" in msg
     assert "magma chamber" in msg and "moraines" in msg  # passages of the fetched pages
     n = (len(web["site"].requests), len(web["prov"].requests))
