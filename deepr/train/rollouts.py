@@ -229,33 +229,31 @@ class PlannerEnvironment:
             msgs = [*initial_messages(query), {"role": "assistant", "content": turn1},
                     {"role": "user", "content": reask}]
             return (msgs if self.reask else None), {"valid0": 0.0, "searches": 0, "error0": error}
-        plan = validate_plan(value)[0]
+        plan = INITIAL.result(PlanAsk(None, query), value)  # type: ignore[arg-type]
         ctx = self.context(query)
         results = {n.id: ctx.search(n.id, n.query or "") for n in plan.nodes if n.type == "search"}
         ask = PlanAsk(ctx, query, plan, results)
         return REVISE.messages(ask), {"valid0": 1.0, "searches": float(len(results)), "initial": value, "ask": ask}
 
-    def scored_plan(self, query: str, ep: Episode, info: dict[str, Any] | None) -> tuple[Any, str]:
-        """(plan, where it came from): the accepted revision ("revised"); the accepted G0 when the
-        revision was refused or never came ("kept", as ``deepr run`` keeps the previous plan); an
-        accepted re-asked G0 ("reasked"); else a refusal note that scores 0 ("refused")."""
+    def scored_plan(self, query: str, ep: Episode, info: dict[str, Any] | None) -> tuple[Any, str, str | None]:
+        """(plan, where it came from, why it was refused): the accepted revision ("revised"); the
+        accepted G0 when the revision was refused or never came ("kept", as ``deepr run`` keeps the
+        previous plan); an accepted re-asked G0 ("reasked"); else a note that scores 0 ("refused")."""
+        second = len(ep.texts) > 1 and not ep.truncated
         if info is None:  # turn 1 was cut or the episode had no room left
             why = "the plan was cut at the token limit" if ep.truncated else "no plan was written"
-            return f"refused: {why}", "refused"
-        if info["valid0"]:
-            if len(ep.texts) > 1 and not ep.truncated:
-                ask = info["ask"]
-                value, _ = judge_reply(REVISE, ask, ep.texts[1], REVISE.messages(ask))
-                if value is not None:
-                    return value, "revised"
-            return info["initial"], "kept"
-        if len(ep.texts) > 1 and not ep.truncated:
-            value, error = judge_reply(INITIAL, PlanAsk(None, query), ep.texts[1],  # type: ignore[arg-type]
-                                       initial_messages(query), ep.prompts[1])
+        elif info["valid0"]:
+            if second and (value := judge_reply(REVISE, info["ask"], ep.texts[1], ep.prompts[1])[0]) is not None:
+                return value, "revised", None
+            return info["initial"], "kept", None
+        elif second:  # the re-ask's reply, judged in the conversation it answered
+            value, why = judge_reply(INITIAL, PlanAsk(None, query), ep.texts[1],  # type: ignore[arg-type]
+                                     initial_messages(query), ep.prompts[1])
             if value is not None:
-                return value, "reasked"
-            return f"refused: {error}", "refused"
-        return f"refused: {info['error0']}", "refused"
+                return value, "reasked", None
+        else:
+            why = info["error0"]
+        return f"refused: {why}", "refused", why
 
 
 def planner_prompt(query: str) -> list[dict[str, str]]:
@@ -353,7 +351,8 @@ def planner_rollouts(prompts: Sequence[Any], queries: dict[str, str], env: Plann
     eps = play_calls(list(prompts), generate, reply, tokenizer, budget=budget, eos_ids=eos_ids, max_turns=2,
                      turn_cap=turn_cap)
     scored = [env.scored_plan(query_of(i), e, infos.get(i)) for i, e in enumerate(eps)]
-    extra = {"plan": [p for p, _ in scored], "plan_source": [src for _, src in scored],
+    extra = {"plan": [p for p, _, _ in scored], "plan_source": [src for _, src, _ in scored],
+             "refused": [why for _, _, why in scored],
              "initial_valid": [infos.get(i, {}).get("valid0", 0.0) for i in range(len(eps))],
              "turns": [len(e.texts) for e in eps]}
     return eps, extra
@@ -408,10 +407,9 @@ def log_planner_rollouts(trainer: Any, prompts: Sequence[Any], queries: dict[str
     step = getattr(getattr(trainer, "state", None), "global_step", None)
     with JsonlAppender(Path(out) / "rollouts.jsonl", fsync=False) as log:
         for i, ep in enumerate(episodes):
-            plan, source = extra["plan"][i], extra["plan_source"][i]
             log.write({"step": step, "query": queries.get(_user_text(prompts[i])), "turns": list(ep.texts),
-                       "truncated": ep.truncated, "plan_source": source,
-                       "refused": plan[len("refused: "):] if source == "refused" else None})
+                       "truncated": ep.truncated, "plan_source": extra["plan_source"][i],
+                       "refused": extra["refused"][i]})
 
 
 def placeholders(trainer: Any, prompts: Sequence[Any], episodes: Sequence[Episode],
