@@ -216,3 +216,47 @@ def test_adapter_folder_as_the_model(tiny_dir, adapters, tmp_path):
     (orphan / "adapter_config.json").write_text("{}")
     with pytest.raises(ValueError, match="names no base model"):
         get_llm(f"hf:{orphan}")
+
+
+def test_greedy_calls_waiting_together_are_decoded_as_one_batch(tiny_dir):
+    """Four calls queued behind a busy model come back as they would one at a time: same text,
+    flags and token counts, whatever their prompt lengths and formats."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    pytest.importorskip("xgrammar")
+    from deepr.llm import OutputFormat
+
+    schema = {"type": "object", "properties": {"q": {"type": "string", "maxLength": 30}},
+              "required": ["q"], "additionalProperties": False}
+    plan = OutputFormat("plan", json_schema=schema)
+    calls = [([{"role": "user", "content": text}], fmt) for text, fmt in
+             [("Which river flows through London?", None), ("Name a planet " * 9, None),
+              ("Plan the search.", plan), ("Plan a much longer search about museums and rivers " * 4, plan)]]
+    alone = HFLLM(tiny_dir, batch_size=1)
+    expected = [alone.chat(m, max_tokens=24, fmt=f) for m, f in calls]
+    llm = HFLLM(tiny_dir)
+    with ThreadPoolExecutor(len(calls)) as pool:
+        with llm._lock:  # the model is busy: every call queues behind it
+            futures = [pool.submit(llm.chat, m, max_tokens=24, fmt=f) for m, f in calls]
+            t0 = time.monotonic()
+            while len(llm._queue.waiting) < len(calls) and time.monotonic() - t0 < 30:
+                time.sleep(0.01)
+        got = [f.result(timeout=60) for f in futures]
+    assert got == expected
+    assert [(r.constrained, r.truncated) for r in got] == [(r.constrained, r.truncated) for r in expected]
+    assert [bool(r.constrained) for r in got] == [False, False, True, True]
+    assert llm.batched_calls == 4 and not llm._queue.waiting
+    assert (llm.usage.prompt_tokens, llm.usage.completion_tokens) == (alone.usage.prompt_tokens,
+                                                                        alone.usage.completion_tokens)
+
+
+def test_sampled_calls_and_batch_size_one_run_alone(tiny_dir):
+    import asyncio
+
+    llm = HFLLM(tiny_dir)
+    asyncio.run(llm.abatch([PROMPT, PROMPT], temperature=1.0, max_tokens=6, seed=5))
+    assert llm.batched_calls == 0  # sampled: each call keeps its own seed
+    one = HFLLM(tiny_dir, batch_size=1)
+    asyncio.run(one.abatch([PROMPT, PROMPT], max_tokens=6))
+    assert one.batched_calls == 0 and one.usage.calls == 2

@@ -64,6 +64,36 @@ def test_batch_is_resumable_by_id(tmp_path, corpus_args):
     assert len((out / "reports.jsonl").read_text().splitlines()) == 2  # nothing re-run
 
 
+def test_parallel_queries_write_what_one_at_a_time_writes(tmp_path, corpus_args, tiny):
+    """--parallel keeps several questions in flight (a local model decodes their waiting calls
+    together); every id still gets its own report, with the replies a one-at-a-time run gets."""
+    queries = tmp_path / "q.jsonl"
+    queries.write_text("".join(json.dumps({"id": f"q{i}", "question": q}) + "\n" for i, q in enumerate(
+        ["Who was Adam Smith?", "Where is the Akashi Kaikyo Bridge?", "How did Greek architecture spread?"])))
+    answers = {}
+    for parallel in ("1", "3"):
+        out = tmp_path / f"p{parallel}"
+        r = invoke("--queries", str(queries), "--out", str(out), "--llm", f"hf:{tiny}", "--max-tokens", "24",
+                   "--max-reasks", "0", "--parallel", parallel, "--allow-fallback", "--no-cache", *corpus_args)
+        assert r.exit_code in (0, 3), r.output
+        index = {json.loads(x)["id"]: json.loads(x) for x in (out / "reports.jsonl").read_text().splitlines()}
+        assert set(index) == {"q0", "q1", "q2"}
+        traces = {i: json.loads((out / f"{i}.json").read_text()) for i in index}
+        assert all(t["query"] == index[i]["query"] for i, t in traces.items())
+        answers[parallel] = {i: ([c["reply"] for c in t["calls"]], index[i]["answer"]) for i, t in traces.items()}
+    assert answers["1"] == answers["3"]
+    assert any(calls for calls, _ in answers["3"].values())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--parallel", "0"], "--parallel 0: must be between 1 and 64"),
+    (["--parallel", "2"], "needs --queries FILE"),
+])
+def test_parallel_needs_a_batch_of_queries(args, message, tmp_path):
+    r = invoke("Who was Adam Smith?", "--out", str(tmp_path / "r.md"), *args)
+    assert r.exit_code == 2 and message in r.output
+
+
 def test_replay_backend_from_the_command_line(tmp_path, corpus_args):
     replies = tmp_path / "replies.jsonl"
     replies.write_text("\n".join(json.dumps(x) for x in [

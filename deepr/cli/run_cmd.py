@@ -147,46 +147,83 @@ def _unique(record: Path, base: str) -> str:
 
 
 def _batch(items: list[dict[str, Any]], out: Path, tools: Any, llm: Any, config: Any, *, html: bool,
-           record: Path | None, limit: int | None = None) -> dict[str, Any]:
-    """Run every query not yet in ``out/reports.jsonl``; returns counts for the summary."""
-    from deepr.agent import write_report
-    from deepr.cli.search_opts import attach, search_summary
+           record: Path | None, limit: int | None = None, parallel: int = 1) -> dict[str, Any]:
+    """Run every query not yet in ``out/reports.jsonl``, ``parallel`` at a time; returns counts for
+    the summary. Each finished query is written at once, so a stopped batch resumes where it was."""
     from deepr.io import JsonlAppender, done_ids, rejects_path
-    from deepr.llm.base import LLMError
-    from deepr.records import Reject, RubricItem
+    from deepr.llm.base import run_sync
 
     index = out / "reports.jsonl"
     done = done_ids(index)
     todo = [it for it in items if it["id"] not in done][:limit]
-    recorded = done_ids(record) if record else set()
     counts = {"queries": len(items), "already done": len(done & {i["id"] for i in items}), "run now": 0,
               "rejected": 0, "degraded": 0, "seconds": 0.0}
-    with JsonlAppender(index) as sink, JsonlAppender(rejects_path(index)) as rejects:
-        for n, it in enumerate(todo, 1):
-            try:
-                rubrics = [RubricItem.model_validate(r) for r in it.get("rubrics", [])]
-                before = search_summary(tools.retriever)
-                res = _run_one(it["query"], tools, llm, config, html=html, query_id=it["id"], rubrics=rubrics,
-                               label=f"[{n}/{len(todo)}] {it['id']} ")
-                attach(res, tools.retriever, before)
-            except (ValueError, LLMError, RuntimeError) as e:
-                rejects.write(Reject(id=it["id"], stage="run", reason=str(e), record={"query": it["query"]}))
-                counts["rejected"] += 1
-                continue
-            paths = write_report(res, out / f"{_safe_name(it['id'])}.md")
-            if record and res.trajectory.id not in recorded:
-                with JsonlAppender(record) as traj:
-                    traj.write(res.trajectory)
-            sink.write({"id": it["id"], "query": it["query"], "mode": res.mode, "answer": res.answer,
-                        "report_path": str(paths["report"]), "trace_path": str(paths["trace"]),
-                        "seconds": round(res.seconds, 3), "citations": len(res.trace.citations),
-                        "failures": len(res.trace.model_extra.get("failures", [])),
-                        **{k: it[k] for k in ("answers", "rubrics") if k in it}})
-            counts["run now"] += 1
-            counts["degraded"] += int(_turn_counts(res, llm)[1] > 0)
-            counts["seconds"] += res.seconds
-            console.print(f"{it['id']}: {res.seconds:.1f}s, {len(res.trace.citations)} citations -> {paths['report']}")
+    batch = _Batch(out, tools, llm, config, html, record, counts, done_ids(record) if record else set())
+    with JsonlAppender(index) as batch.sink, JsonlAppender(rejects_path(index)) as batch.rejects, \
+            console.status(f"{config.mode}: starting") as batch.status:
+        run_sync(batch.run_all(todo, parallel))
     return counts
+
+
+class _Batch:
+    """The queries of one ``deepr run --queries``, ``parallel`` in flight on one event loop (their
+    model calls meet in the backend: the hf backend decodes waiting greedy calls as one batch)."""
+
+    def __init__(self, out: Path, tools: Any, llm: Any, config: Any, html: bool, record: Path | None,
+                 counts: dict[str, Any], recorded: set[str]) -> None:
+        self.out, self.tools, self.llm, self.config, self.html = out, tools, llm, config, html
+        self.record, self.counts, self.recorded = record, counts, recorded
+        self.sink: Any = None
+        self.rejects: Any = None
+        self.status: Any = None
+
+    async def run_all(self, todo: list[dict[str, Any]], parallel: int) -> None:
+        import asyncio
+
+        gate = asyncio.Semaphore(parallel)
+
+        async def one(n: int, it: dict[str, Any]) -> None:
+            async with gate:
+                await self.run_one(it, f"[{n}/{len(todo)}] {it['id']} ")
+
+        await asyncio.gather(*(one(n, it) for n, it in enumerate(todo, 1)))
+
+    async def run_one(self, it: dict[str, Any], label: str) -> None:
+        from deepr.agent.runner import arun_agent
+        from deepr.cli.search_opts import attach, search_summary
+        from deepr.llm.base import LLMError
+        from deepr.records import Reject, RubricItem
+
+        try:
+            rubrics = [RubricItem.model_validate(r) for r in it.get("rubrics", [])]
+            before = search_summary(self.tools.retriever)
+            res = await arun_agent(it["query"], tools=self.tools.fresh(), llm=self.llm, config=self.config,
+                                   query_id=it["id"], rubrics=rubrics, html=self.html,
+                                   on_phase=lambda p: self.status.update(f"{label}{self.config.mode}: {p}"))
+            attach(res, self.tools.retriever, before)
+        except (ValueError, LLMError, RuntimeError) as e:
+            self.rejects.write(Reject(id=it["id"], stage="run", reason=str(e), record={"query": it["query"]}))
+            self.counts["rejected"] += 1
+            return
+        self.write(it, res)
+
+    def write(self, it: dict[str, Any], res: Any) -> None:
+        from deepr.agent import write_report
+        from deepr.io import JsonlAppender
+
+        paths = write_report(res, self.out / f"{_safe_name(it['id'])}.md")
+        if self.record and res.trajectory.id not in self.recorded:
+            with JsonlAppender(self.record) as traj:
+                traj.write(res.trajectory)
+        self.sink.write({"id": it["id"], "query": it["query"], "mode": res.mode, "answer": res.answer,
+                         "report_path": str(paths["report"]), "trace_path": str(paths["trace"]),
+                         "seconds": round(res.seconds, 3), "citations": len(res.trace.citations),
+                         "failures": len(res.trace.model_extra.get("failures", [])),
+                         **{k: it[k] for k in ("answers", "rubrics") if k in it}})
+        self.counts["run now"] += 1
+        self.counts["degraded"] += int(_turn_counts(res, self.llm)[1] > 0)
+        self.counts["seconds"] += res.seconds
+        console.print(f"{it['id']}: {res.seconds:.1f}s, {len(res.trace.citations)} citations -> {paths['report']}")
 
 
 @app.command("run", epilog=F.EXIT_HELP)
@@ -228,6 +265,9 @@ def run_command(
     max_reasks: int = typer.Option(2, "--max-reasks", help="Re-asks per model turn after an unusable reply."),
     queries: Path | None = typer.Option(None, "--queries", help="Run every query of this file (JSONL with id "
                                         "and question, or one question per line); resumable by id."),
+    parallel: int = typer.Option(1, "--parallel", help="With --queries: queries in flight at once. Their model "
+                                 "calls overlap (an hf model decodes waiting calls as one batch; a server "
+                                 "batches them itself). Not with web search: its per-run counts would mix."),
     limit: int | None = typer.Option(None, "--limit", help="With --queries: run at most N pending queries."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check the inputs and settings, run nothing."),
     search: str = SEARCH_OPT,
@@ -248,6 +288,7 @@ def run_command(
             raise ValueError(f"--out {out}: with --queries, --out is a folder (e.g. reports/)")
         if query is not None and not query.strip():
             raise ValueError("the query is empty: pass the research question as text")
+        _check_parallel(parallel, queries, search)
         config = _config(mode=mode, k=k, search_rounds=search_rounds, rubric_scaffold=rubric_scaffold,
                          max_cycles=max_cycles, force_expand=force_expand, decor_steps=steps,
                          memory_limit=memory_limit, max_reasks=max_reasks)
@@ -274,7 +315,8 @@ def run_command(
         if queries:
             out.mkdir(parents=True, exist_ok=True)
             with search_errors(source):
-                counts = _batch(items, out, tools, model, config, html=html, record=record, limit=limit)
+                counts = _batch(items, out, tools, model, config, html=html, record=record, limit=limit,
+                                parallel=parallel)
             _finish_batch(out, queries, config, counts, time.perf_counter() - t0)
             finish(exit_code(counts["run now"] - counts["degraded"], counts["degraded"], counts["rejected"],
                              allow_fallback=allow_fallback, auth=model.auth_failed))
@@ -293,6 +335,16 @@ def run_command(
                 sink.write(res.trajectory.model_copy(update={"id": _unique(record, res.trajectory.id)}))
     summary_table(f"deepr run — {out}", _stats(res) + [(f"wrote {k}", str(p)) for k, p in paths.items()])
     finish(exit_code(*_turn_counts(res, model), allow_fallback=allow_fallback, auth=model.auth_failed))
+
+
+def _check_parallel(parallel: int, queries: Path | None, search: str) -> None:
+    if not 1 <= parallel <= 64:
+        raise ValueError(f"--parallel {parallel}: must be between 1 and 64")
+    if parallel > 1 and queries is None:
+        raise ValueError(f"--parallel {parallel}: runs queries side by side, so it needs --queries FILE")
+    if parallel > 1 and search != "corpus":
+        raise ValueError(f"--parallel {parallel} with --search {search}: each report records its own web "
+                         "searches and their cost, which overlapping runs would mix; use --parallel 1")
 
 
 def _guard_run(query: str | None, queries: Path | None, out: Path, corpus: str, record: Path | None,

@@ -39,6 +39,10 @@ class ResearchTools:
         self._seen_docs: dict[str, Retriever] = {}
         self._seen_passages: dict[str, str] = {}
 
+    def fresh(self) -> ResearchTools:
+        """The same sources and limits for another run: an empty log, and nothing seen to browse."""
+        return ResearchTools(self.retriever, self.k, scholar=self.scholar_retriever, max_chars=self.max_chars)
+
     @property
     def names(self) -> list[str]:
         return ["search", "browse"] + (["scholar"] if self.scholar_retriever is not None else [])

@@ -13,7 +13,8 @@ Prompts are rendered with the tokenizer's chat template; decoding is greedy at t
 repeat). ``max_tokens`` defaults to ``max_new_tokens``; a reply cut there is flagged
 ``truncated``. A call with an :class:`OutputFormat` is constrained to it by xgrammar
 (see hf_constrain.py) and flagged ``constrained``. ``generate`` runs in a worker thread
-behind a lock: one model, one generation at a time, while the event loop keeps serving.
+behind a lock: one model, one generation at a time, while the event loop keeps serving; greedy
+calls that wait at the same time are decoded together as one batch (``batch_size``, hf_batch.py).
 The last call's KV cache is kept, and a prompt that starts with the same tokens (the next turn
 of a conversation) computes only what follows them (``prefix_cache``).
 
@@ -35,6 +36,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from deepr.llm.base import LLM, LLMError, Message, OutputFormat, Reply
+from deepr.llm.hf_batch import Pending, Queue, left_padded
 
 log = logging.getLogger("deepr.llm")
 ALL_ROLES = "*"  # adapter key: the adapter serves every role
@@ -70,6 +72,8 @@ class HFConfig(BaseModel):
                                "prompt shares with it (a tools-mode conversation re-sends everything before "
                                "its newest turn), as llama.cpp's server does. Only with the dynamic cache.")
     min_prefix: int = Field(16, ge=1, description="Shared prompt tokens below which the kept cache is not reused.")
+    batch_size: int = Field(8, ge=1, description="Greedy calls waiting for the model at the same time are "
+                            "decoded together, up to this many (see hf_batch.py); 1: one call at a time.")
 
 
 def _check_folder(path: str, what: str, marker: str) -> Path:
@@ -91,10 +95,12 @@ class HFLLM(LLM):
         self._lock = threading.Lock()
         self._constrainer: Any = None
         self._warned = False
+        self._queue = Queue(self.config.batch_size)
         self._gen_threads: int | None = None
         # (adapter, token ids whose keys/values the cache holds, the cache): see _reuse
         self._kv: tuple[str | None, list[int], Any] | None = None
         self.prefix_hits = 0  # calls that reused a kept cache, and the prompt tokens they skipped
+        self.batched_calls = 0  # calls decoded in a batch of two or more
         self.prefix_tokens = 0
         self.tokenizer = self._load_tokenizer()
         self.model, self.device = self._load_model()
@@ -182,9 +188,11 @@ class HFLLM(LLM):
             raise LLMError(f"prompt of {n_prompt} tokens + {max_new} reply tokens exceeds the model's context "
                            f"of {limit} tokens ({self.config.path}); shorten the prompt or max_tokens")
 
-    def _processors(self, fmt: OutputFormat | None) -> tuple[list[Any], bool]:
+    def _constrains(self, fmt: OutputFormat | None) -> bool:
+        """Whether replies in ``fmt`` are constrained: compiles its grammar now, so a format that
+        cannot compile fails its own call and never a batch it would have joined."""
         if fmt is None or not self.config.constrain:
-            return [], False
+            return False
         if self._constrainer is None:
             from deepr.llm.hf_constrain import INSTALL_HINT, Constrainer
 
@@ -193,45 +201,99 @@ class HFLLM(LLM):
                     self._warned = True
                     log.warning("hf backend: xgrammar is not installed, so replies are not constrained to "
                                 "their format; install it with: %s", INSTALL_HINT)
-                return [], False
+                return False
             self._constrainer = Constrainer(self.tokenizer, int(self.model.config.vocab_size))
-        return [self._constrainer.processor(fmt)], True
+        self._constrainer.compile(fmt)
+        return True
 
     def _generate(self, messages: list[Message], role: str | None, temperature: float | None,
                   max_tokens: int | None, stop: Sequence[str] | None, top_p: float | None = None,
                   seed: int | None = None, fmt: OutputFormat | None = None) -> tuple[Reply, int, int]:
+        ids = list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
+        kw = self._kwargs(max_tokens, temperature, top_p, stop)
+        self._check_context(len(ids), kw["max_new_tokens"])
+        constrained = self._constrains(fmt)
+        if self.config.batch_size > 1 and not temperature and not stop:
+            new = self._batched(ids, role, kw, fmt if constrained else None)
+        else:
+            with self._lock:
+                new = self._alone(ids, role, kw, fmt if constrained else None, seed)
+        reply, n_new = self._reply(new, kw["max_new_tokens"], stop, constrained)
+        return reply, len(ids), n_new
+
+    def _alone(self, ids: list[int], role: str | None, kw: dict[str, Any], fmt: OutputFormat | None,
+               seed: int | None) -> list[int]:
+        """One call's new token ids (the caller holds the model's lock); reuses the kept KV cache."""
         import torch
 
-        tok = self.tokenizer
-        enc = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                      return_dict=True).to(self.device)
-        kw = self._kwargs(max_tokens, temperature, top_p, stop)
-        n_prompt = int(enc["input_ids"].shape[1])
-        self._check_context(n_prompt, kw["max_new_tokens"])
-        processors, constrained = self._processors(fmt)
-        if self.config.repetition_penalty:  # before the grammar's mask, which must have the last word
-            from transformers import RepetitionPenaltyLogitsProcessor
-
-            processors = [RepetitionPenaltyLogitsProcessor(float(self.config.repetition_penalty),
-                                                           prompt_ignore_length=n_prompt), *processors]
-        with self._lock, torch.inference_mode(), self._adapter_for(role), _threads(self._gen_threads):
+        kw = dict(kw)
+        processors = self._penalty(len(ids)) + ([self._constrainer.processor(fmt)] if fmt is not None else [])
+        with torch.inference_mode(), self._adapter_for(role), _threads(self._gen_threads):
             if seed is not None:
                 torch.manual_seed(seed)
-            ids = enc["input_ids"][0].tolist()
             cache = self._reuse(role, ids)
             if cache is not None:
                 kw["past_key_values"] = cache
-            res = self.model.generate(**enc, **kw, logits_processor=processors or None, return_dict_in_generate=True)
+            x = torch.tensor([ids], dtype=torch.long, device=self.device)
+            res = self.model.generate(input_ids=x, attention_mask=torch.ones_like(x), **kw,
+                                      logits_processor=processors or None, return_dict_in_generate=True)
             out = res.sequences
             self._keep(role, out[0].tolist(), getattr(res, "past_key_values", None))
-        new = out[0, n_prompt:].tolist()
+        return out[0, len(ids):].tolist()
+
+    def _batched(self, ids: list[int], role: str | None, kw: dict[str, Any], fmt: OutputFormat | None) -> list[int]:
+        """This call's new ids, decoded together with the compatible calls waiting beside it."""
+        call = Pending(ids, (self._adapter_key(role), kw["max_new_tokens"], fmt is not None), fmt)
+        self._queue.add(call)
+        with self._lock:
+            if not call.finished:
+                batch = self._queue.take(call)
+                try:
+                    if len(batch) == 1:
+                        call.new = self._alone(ids, role, kw, fmt, None)
+                    else:
+                        self._decode_batch(batch, role, kw)
+                except Exception as e:
+                    for c in batch[1:]:
+                        c.error = e
+                    raise
+        if call.error is not None:
+            raise call.error
+        assert call.new is not None
+        return call.new
+
+    def _decode_batch(self, batch: list[Any], role: str | None, kw: dict[str, Any]) -> None:
+        import torch
+
+        ids, mask = left_padded([c.ids for c in batch], kw["pad_token_id"])
+        fmts = [c.fmt for c in batch]
+        processors = self._penalty(ids.shape[1])
+        if fmts[0] is not None:
+            processors.append(self._constrainer.processor(fmts))
+        with torch.inference_mode(), self._adapter_for(role), _threads(self._gen_threads):
+            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), **kw,
+                                      logits_processor=processors or None)
+        self.batched_calls += len(batch)
+        for i, c in enumerate(batch):
+            c.new = out[i, ids.shape[1]:].tolist()
+
+    def _penalty(self, n_prompt: int) -> list[Any]:
+        """The repetition penalty's processor, which must come before the grammar's mask."""
+        if not self.config.repetition_penalty:
+            return []
+        from transformers import RepetitionPenaltyLogitsProcessor
+
+        return [RepetitionPenaltyLogitsProcessor(float(self.config.repetition_penalty), prompt_ignore_length=n_prompt)]
+
+    def _reply(self, new: list[int], max_new: int, stop: Sequence[str] | None, constrained: bool) -> tuple[Reply, int]:
+        tok = self.tokenizer
         eos = set(_as_list(self.model.generation_config.eos_token_id)) | {tok.eos_token_id}
         n_new = next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
         text = tok.decode(new[:n_new], skip_special_tokens=True)
         cut = _cut_at_stop(text, stop)
         # Cut by the budget: no end-of-turn token and no stop string ended it.
-        truncated = n_new >= kw["max_new_tokens"] and new[n_new - 1] not in eos and cut == text
-        return Reply(cut, constrained=constrained, truncated=truncated), n_prompt, n_new
+        truncated = n_new >= max_new and new[n_new - 1] not in eos and cut == text
+        return Reply(cut, constrained=constrained, truncated=truncated), n_new
 
     def _adapter_key(self, role: str | None) -> str | None:
         ad = self.config.adapters

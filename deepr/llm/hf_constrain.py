@@ -34,7 +34,8 @@ class Constrainer:
 
         return importlib.util.find_spec("xgrammar") is not None
 
-    def _grammar(self, fmt: OutputFormat) -> Any:
+    def compile(self, fmt: OutputFormat) -> Any:
+        """The format's compiled grammar (compiled once per format)."""
         key = json.dumps([fmt.json_schema, fmt.regex], sort_keys=True)
         with self._lock:
             if key not in self._compiled:
@@ -56,8 +57,11 @@ class Constrainer:
                 self._compiled[key] = grammar
             return self._compiled[key]
 
-    def processor(self, fmt: OutputFormat) -> Any:
-        """A new logits processor (it keeps per-generation state, so one per call)."""
+    def processor(self, fmt: OutputFormat | list[OutputFormat]) -> Any:
+        """A new logits processor (it keeps per-generation state, so one per call); a list of
+        formats gives each row of a batch its own grammar, in order."""
         from xgrammar.contrib.hf import LogitsProcessor
 
-        return LogitsProcessor(self._grammar(fmt))
+        if isinstance(fmt, list):
+            return LogitsProcessor([self.compile(f) for f in fmt])
+        return LogitsProcessor(self.compile(fmt))
