@@ -166,7 +166,8 @@ def evaluate(cfg: LearnConfig, spec: str, name: str, held: Path, seed: int, log:
         return scores
     deepr(["run", "--queries", str(held), "--mode", "dag", "--corpus", cfg.corpus, "--top-k", str(cfg.top_k), "--llm", spec, "--out", str(runs), "--no-cache",
            "--temperature", "0", "--seed", str(seed), "--max-tokens", str(cfg.eval_max_tokens), "--timeout", "900",
-           "--max-reasks", "0", "--formats", cfg.formats, "--allow-fallback"], log, threads=cfg.threads)
+           "--max-reasks", "0", "--formats", cfg.formats, "--parallel", str(cfg.eval_parallel), "--allow-fallback"],
+          log, threads=cfg.threads)
     scores.parent.mkdir(parents=True, exist_ok=True)
     deepr(["eval", str(runs), "--metric", "plan_reward,rubric,citation", "--rubrics", str(held), "--out",
            str(scores), "--allow-fallback"], log, threads=cfg.threads)

@@ -43,6 +43,7 @@ class LearnConfig:
     prompts_per_step: int = 2
     rollout_tokens: int = 800
     eval_max_tokens: int = 400
+    eval_parallel: int = 4  # held-out questions in flight per evaluation; the hf backend batches their calls
     lora_r: int = 16
     top_k: int = 3
     minutes: float = 60.0
@@ -64,7 +65,7 @@ def positive(name: str, value: float, *, minimum: float = 1) -> None:
 def validate(cfg: LearnConfig) -> LearnConfig:
     """One-line errors for sizes and budgets that cannot work, before anything runs."""
     for name in ("trees", "heldout_topics", "heldout", "max_train", "sft_steps", "sft_batch", "grpo_steps", "prompts_per_step",
-                 "rollout_tokens", "eval_max_tokens", "lora_r", "top_k", "threads", "jobs"):
+                 "rollout_tokens", "eval_max_tokens", "eval_parallel", "lora_r", "top_k", "threads", "jobs"):
         positive(name, getattr(cfg, name))
     positive("num_generations", cfg.num_generations, minimum=2)  # a GRPO group needs two rollouts to compare
     positive("minutes", cfg.minutes, minimum=1)
@@ -92,8 +93,8 @@ def parse_args(argv: list[str] | None = None) -> LearnConfig:
     p.add_argument("--results", type=Path, default=d.results, help="where learning.json goes")
     p.add_argument("--img", type=Path, default=d.img, help="where the PNG figures go")
     for name in ("trees", "heldout_topics", "heldout", "max_train", "sft_steps", "sft_batch", "grpo_steps", "num_generations",
-                 "prompts_per_step", "rollout_tokens", "eval_max_tokens", "lora_r", "top_k", "threads", "jobs",
-                 "grpo_train_turns"):
+                 "prompts_per_step", "rollout_tokens", "eval_max_tokens", "eval_parallel", "lora_r", "top_k", "threads",
+                 "jobs", "grpo_train_turns"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
     for name in ("sft_lr", "grpo_lr", "minutes"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
