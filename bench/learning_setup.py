@@ -32,7 +32,7 @@ class LearnConfig:
     heldout: int = 4
     max_train: int = 24
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    sft_steps: int = 24  # ~2 passes over ~24 initial plans at --sft-batch 2
+    sft_steps: int = 48  # ~4 passes over ~24 initial plans at --sft-batch 2 (24 steps: 2 of 12 held-out plans valid)
     sft_batch: int = 2
     sft_lr: float = 1e-3
     sft_actions: str = "plan"  # planner turns to learn from: plan, or plan,revise

@@ -282,8 +282,8 @@ def main() -> None:
             else:
                 opts = {"model": args.model, "data": str(args.data), "out": str(Path(tmp) / "out"),
                         "role": "planner", "full": not args.lora, "learning_rate": 1e-3, "max_steps": args.steps,
-                        "grad_accum": 1, "max_length": 4096, "logging_steps": 1, "save_steps": 10_000}
-                rows[label] = {"code": str(code), **measure(code, opts)}
+                        "grad_accum": 1, "max_length": 4096, "logging_steps": 1, "save_steps": 10_000, **extra}
+                rows[label] = {"code": str(code), **({"overrides": extra} if extra else {}), **measure(code, opts)}
         print(label, json.dumps(rows[label]), flush=True)
     result = {"model": args.model, "data": "synthetic (see docstring)" if args.data.is_relative_to(data_tmp.name)
               else str(args.data), "steps": args.steps,
