@@ -237,11 +237,12 @@ def test_greedy_calls_waiting_together_are_decoded_as_one_batch(tiny_dir):
     expected = [alone.chat(m, max_tokens=24, fmt=f) for m, f in calls]
     llm = HFLLM(tiny_dir)
     with ThreadPoolExecutor(len(calls)) as pool:
-        with llm._lock:  # the model is busy: every call queues behind it
-            futures = [pool.submit(llm.chat, m, max_tokens=24, fmt=f) for m, f in calls]
-            t0 = time.monotonic()
-            while len(llm._queue.waiting) < len(calls) and time.monotonic() - t0 < 30:
-                time.sleep(0.01)
+        assert llm._gate.acquire()  # the model is busy: every call queues behind it
+        futures = [pool.submit(llm.chat, m, max_tokens=24, fmt=f) for m, f in calls]
+        t0 = time.monotonic()
+        while len(llm._queue.waiting) < len(calls) and time.monotonic() - t0 < 30:
+            time.sleep(0.01)
+        llm._gate.release()
         got = [f.result(timeout=60) for f in futures]
     assert got == expected
     assert [(r.constrained, r.truncated) for r in got] == [(r.constrained, r.truncated) for r in expected]

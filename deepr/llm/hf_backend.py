@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -36,7 +35,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from deepr.llm.base import LLM, LLMError, Message, OutputFormat, Reply
-from deepr.llm.hf_batch import Pending, Queue, left_padded
+from deepr.llm.hf_batch import Gate, Pending, Queue, left_padded
 
 log = logging.getLogger("deepr.llm")
 ALL_ROLES = "*"  # adapter key: the adapter serves every role
@@ -92,7 +91,7 @@ class HFLLM(LLM):
     def __init__(self, path: str | Path, *, adapters: dict[str, str | Path] | None = None, **kw: Any):
         self.config = HFConfig(path=str(path), adapters={k: str(v) for k, v in (adapters or {}).items()}, **kw)
         super().__init__(max_concurrency=self.config.max_concurrency)
-        self._lock = threading.Lock()
+        self._gate = Gate()  # one generation at a time
         self._constrainer: Any = None
         self._warned = False
         self._queue = Queue(self.config.batch_size)
@@ -216,14 +215,17 @@ class HFLLM(LLM):
         if self.config.batch_size > 1 and not temperature and not stop:
             new = self._batched(ids, role, kw, fmt if constrained else None)
         else:
-            with self._lock:
+            self._gate.acquire()
+            try:
                 new = self._alone(ids, role, kw, fmt if constrained else None, seed)
+            finally:
+                self._gate.release()
         reply, n_new = self._reply(new, kw["max_new_tokens"], stop, constrained)
         return reply, len(ids), n_new
 
     def _alone(self, ids: list[int], role: str | None, kw: dict[str, Any], fmt: OutputFormat | None,
                seed: int | None) -> list[int]:
-        """One call's new token ids (the caller holds the model's lock); reuses the kept KV cache."""
+        """One call's new token ids (the caller holds the model's gate); reuses the kept KV cache."""
         import torch
 
         kw = dict(kw)
@@ -245,18 +247,19 @@ class HFLLM(LLM):
         """This call's new ids, decoded together with the compatible calls waiting beside it."""
         call = Pending(ids, (self._adapter_key(role), kw["max_new_tokens"], fmt is not None), fmt)
         self._queue.add(call)
-        with self._lock:
-            if not call.finished:
-                batch = self._queue.take(call)
-                try:
-                    if len(batch) == 1:
-                        call.new = self._alone(ids, role, kw, fmt, None)
-                    else:
-                        self._decode_batch(batch, role, kw)
-                except Exception as e:
-                    for c in batch[1:]:
-                        c.error = e
-                    raise
+        if self._gate.acquire(lambda: call.finished):
+            batch = self._queue.take(call)
+            try:
+                if len(batch) == 1:
+                    call.new = self._alone(ids, role, kw, fmt, None)
+                else:
+                    self._decode_batch(batch, role, kw)
+            except Exception as e:
+                for c in batch[1:]:
+                    c.error = e
+                raise
+            finally:
+                self._gate.release()
         if call.error is not None:
             raise call.error
         assert call.new is not None

@@ -9,12 +9,13 @@ Only calls that decode the same way share a batch: greedy (a sampled call keeps 
 runs alone, so seeded sampling repeats exactly), no stop strings, the same adapter and reply
 budget, and all constrained or all not (each row gets its own grammar). The first waiting
 thread that takes the model's lock decodes its own call together with the compatible calls
-queued behind it; the others find their replies ready when they get the lock.
+queued behind it; the others return as soon as their replies are ready (see :class:`Gate`).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,31 @@ class Queue:
             batch = [first] + [c for c in self.waiting if c is not first and c.key == first.key][: self.limit - 1]
             self.waiting = [c for c in self.waiting if all(c is not b for b in batch)]
             return batch
+
+
+class Gate:
+    """The model runs one generation at a time. A waiting call wakes when the model is free or
+    when its own reply is ready, whichever comes first: a call decoded in someone else's batch
+    returns at once instead of waiting out the generation that starts after that batch."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._busy = False
+
+    def acquire(self, ready: Callable[[], bool] = lambda: False) -> bool:
+        """True: the caller now holds the model (release it); False: ``ready()`` came true first."""
+        with self._cv:
+            while self._busy and not ready():
+                self._cv.wait()
+            if ready():
+                return False
+            self._busy = True
+            return True
+
+    def release(self) -> None:
+        with self._cv:
+            self._busy = False
+            self._cv.notify_all()
 
 
 def left_padded(rows: list[list[int]], pad_id: int) -> tuple[Any, Any]:
