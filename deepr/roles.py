@@ -228,9 +228,14 @@ class _RecordedLLM(LLM):
         finally:
             rec._in_flight -= 1
         after = (self.inner.usage.prompt_tokens, self.inner.usage.completion_tokens)
-        counted = alone and after != before
-        p_tok = after[0] - before[0] if counted else _estimate_tokens(json.dumps(messages, ensure_ascii=False))
-        c_tok = after[1] - before[1] if counted else _estimate_tokens(reply)
+        own = getattr(reply, "tokens", None)
+        # The backend's totals also move with calls of other runs beside this one (deepr run --parallel).
+        counted = own is not None or (alone and after != before)
+        if own is not None:
+            p_tok, c_tok = own
+        else:
+            p_tok = after[0] - before[0] if counted else _estimate_tokens(json.dumps(messages, ensure_ascii=False))
+            c_tok = after[1] - before[1] if counted else _estimate_tokens(reply)
         rec.calls.append(ModelCall(role=self.role, action=self.action, prompt_hash=prompt_hash(messages),
                                    reply=reply, latency_s=round(time.perf_counter() - t0, 4),
                                    prompt_tokens=p_tok, completion_tokens=c_tok, tokens_estimated=not counted,

@@ -218,12 +218,24 @@ def test_adapter_folder_as_the_model(tiny_dir, adapters, tmp_path):
         get_llm(f"hf:{orphan}")
 
 
-def test_greedy_calls_waiting_together_are_decoded_as_one_batch(tiny_dir):
-    """Four calls queued behind a busy model come back as they would one at a time: same text,
-    flags and token counts, whatever their prompt lengths and formats."""
+def queued_behind_a_busy_model(llm, calls, **kw):
+    """Send ``calls`` while the model is held busy, so all of them wait together, then free it."""
     import time
     from concurrent.futures import ThreadPoolExecutor
 
+    with ThreadPoolExecutor(len(calls)) as pool:
+        assert llm._gate.acquire()
+        futures = [pool.submit(llm.chat, m, fmt=f, **kw) for m, f in calls]
+        t0 = time.monotonic()
+        while len(llm._queue.waiting) < len(calls) and time.monotonic() - t0 < 30:
+            time.sleep(0.01)
+        llm._gate.release()
+        return [f.result(timeout=60) for f in futures]
+
+
+def test_greedy_calls_waiting_together_are_decoded_as_one_batch(tiny_dir):
+    """Four calls queued behind a busy model come back as they would one at a time: same text,
+    flags and token counts, whatever their prompt lengths and formats."""
     pytest.importorskip("xgrammar")
     from deepr.llm import OutputFormat
 
@@ -236,14 +248,7 @@ def test_greedy_calls_waiting_together_are_decoded_as_one_batch(tiny_dir):
     alone = HFLLM(tiny_dir, batch_size=1)
     expected = [alone.chat(m, max_tokens=24, fmt=f) for m, f in calls]
     llm = HFLLM(tiny_dir)
-    with ThreadPoolExecutor(len(calls)) as pool:
-        assert llm._gate.acquire()  # the model is busy: every call queues behind it
-        futures = [pool.submit(llm.chat, m, max_tokens=24, fmt=f) for m, f in calls]
-        t0 = time.monotonic()
-        while len(llm._queue.waiting) < len(calls) and time.monotonic() - t0 < 30:
-            time.sleep(0.01)
-        llm._gate.release()
-        got = [f.result(timeout=60) for f in futures]
+    got = queued_behind_a_busy_model(llm, calls, max_tokens=24)
     assert got == expected
     assert [(r.constrained, r.truncated) for r in got] == [(r.constrained, r.truncated) for r in expected]
     assert [bool(r.constrained) for r in got] == [False, False, True, True]
@@ -252,7 +257,7 @@ def test_greedy_calls_waiting_together_are_decoded_as_one_batch(tiny_dir):
                                                                         alone.usage.completion_tokens)
 
 
-def test_sampled_calls_and_batch_size_one_run_alone(tiny_dir):
+def test_sampled_calls_long_prompts_and_batch_size_one_run_alone(tiny_dir):
     import asyncio
 
     llm = HFLLM(tiny_dir)
@@ -261,3 +266,9 @@ def test_sampled_calls_and_batch_size_one_run_alone(tiny_dir):
     one = HFLLM(tiny_dir, batch_size=1)
     asyncio.run(one.abatch([PROMPT, PROMPT], max_tokens=6))
     assert one.batched_calls == 0 and one.usage.calls == 2
+    # a prompt over batch_max_prompt runs alone: a padded prefill is slower than one by one
+    n = len(llm.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, return_dict=True)["input_ids"])
+    long, short = HFLLM(tiny_dir, batch_max_prompt=n - 1), HFLLM(tiny_dir, batch_max_prompt=n)
+    for model in (long, short):
+        assert queued_behind_a_busy_model(model, [(PROMPT, None)] * 2, max_tokens=6) == [llm.chat(PROMPT, max_tokens=6)] * 2
+    assert long.batched_calls == 0 and short.batched_calls == 2

@@ -53,15 +53,19 @@ class Reply(str):
 
     ``constrained``: decoding was constrained to the requested :class:`OutputFormat`;
     ``truncated``: generation stopped at ``max_tokens`` (a cut JSON reply is a failure, not a
-    reply to repair). A plain ``str`` where a Reply is expected means neither.
+    reply to repair). A plain ``str`` where a Reply is expected means neither. ``tokens``:
+    (prompt, completion) tokens of this call when the backend counted them; a trace reads them
+    instead of differencing the backend's totals, which calls running beside it also move.
     """
 
     constrained: bool
     truncated: bool
+    tokens: tuple[int, int] | None
 
-    def __new__(cls, text: str, *, constrained: bool = False, truncated: bool = False) -> Reply:
+    def __new__(cls, text: str, *, constrained: bool = False, truncated: bool = False,
+                tokens: tuple[int, int] | None = None) -> Reply:
         obj = super().__new__(cls, text)
-        obj.constrained, obj.truncated = constrained, truncated
+        obj.constrained, obj.truncated, obj.tokens = constrained, truncated, tokens
         return obj
 
 

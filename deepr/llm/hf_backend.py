@@ -73,6 +73,10 @@ class HFConfig(BaseModel):
     min_prefix: int = Field(16, ge=1, description="Shared prompt tokens below which the kept cache is not reused.")
     batch_size: int = Field(8, ge=1, description="Greedy calls waiting for the model at the same time are "
                             "decoded together, up to this many (see hf_batch.py); 1: one call at a time.")
+    batch_max_prompt: int = Field(1024, ge=1, description="Longest prompt (tokens) a call may have to join a "
+                                  "batch: a padded batch's prefill cannot use the causal attention kernel, "
+                                  "and four 3k-token prompts prefilled together took 1.8x as long as one "
+                                  "by one on CPU (bench/hf_batch.py).")
 
 
 def _check_folder(path: str, what: str, marker: str) -> Path:
@@ -212,7 +216,7 @@ class HFLLM(LLM):
         kw = self._kwargs(max_tokens, temperature, top_p, stop)
         self._check_context(len(ids), kw["max_new_tokens"])
         constrained = self._constrains(fmt)
-        if self.config.batch_size > 1 and not temperature and not stop:
+        if self.config.batch_size > 1 and not temperature and not stop and len(ids) <= self.config.batch_max_prompt:
             new = self._batched(ids, role, kw, fmt if constrained else None)
         else:
             self._gate.acquire()
@@ -348,6 +352,7 @@ class HFLLM(LLM):
                            f"({type(e).__name__}: {e})") from None
         secs = time.perf_counter() - t0
         self.usage.add(role=role, prompt_tokens=n_prompt, completion_tokens=n_new, seconds=secs)
+        reply.tokens = (n_prompt, n_new)
         log.debug("hf %s: %d prompt + %d new tokens in %.1f s%s%s", role, n_prompt, n_new, secs,
                   " constrained" if reply.constrained else "", " truncated" if reply.truncated else "")
         return reply

@@ -1,13 +1,14 @@
 """Greedy calls that wait for the hf backend's model at the same time are decoded as one batch.
 
 On a CPU a 135M model spends most of each decoding step on per-token overhead, not on the
-matrix products, so rows added to a step are nearly free: SmolLM2-135M on one thread gave 8.7
-tokens/s for one reply and 19.1 for four decoded together (``bench/llm_speed.py --batch``).
-``deepr run --queries ... --parallel N`` keeps N questions in flight, so their calls meet here.
+matrix products, so rows added to a step cost little. A padded batch's prefill, though, cannot
+use the causal attention kernel, so long prompts run alone (``batch_max_prompt``); measured in
+``bench/hf_batch.py``. ``deepr run --queries ... --parallel N`` keeps N questions in flight, so
+their calls meet here.
 
 Only calls that decode the same way share a batch: greedy (a sampled call keeps its own seed and
 runs alone, so seeded sampling repeats exactly), no stop strings, the same adapter and reply
-budget, and all constrained or all not (each row gets its own grammar). The first waiting
+budget, prompts up to ``batch_max_prompt`` tokens, and all constrained or all not (each row gets its own grammar). The first waiting
 thread that takes the model's lock decodes its own call together with the compatible calls
 queued behind it; the others return as soon as their replies are ready (see :class:`Gate`).
 """

@@ -322,7 +322,8 @@ class OpenAIBackend(LLM):
         res = await self._loop().run(self._with_retries(request))
         self.usage.add(role=role, prompt_tokens=res.prompt_tokens, completion_tokens=res.completion_tokens,
                        seconds=time.perf_counter() - t0)
-        reply = Reply(res.text, constrained=self._honoured(res, request["fmt"]), truncated=res.finish_reason == "length")
+        reply = Reply(res.text, constrained=self._honoured(res, request["fmt"]), truncated=res.finish_reason == "length",
+                      tokens=(res.prompt_tokens, res.completion_tokens) if res.prompt_tokens or res.completion_tokens else None)
         if self.cache is not None:
             self.cache.put(request, res.text, prompt_tokens=res.prompt_tokens, completion_tokens=res.completion_tokens,
                            flags={"constrained": reply.constrained, "truncated": reply.truncated})
