@@ -31,6 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.learning_setup import write_atomic  # noqa: E402
 from bench.llm_speed import TASKS  # noqa: E402
 from deepr.llm import OutputFormat  # noqa: E402
 
@@ -102,8 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                     "prompt_tokens": [len(tok.apply_chat_template(m, add_generation_prompt=True, return_dict=True)["input_ids"]) for m, _ in long],
                     "settings": compare(llms, long, a.long_max_tokens, a.rounds, "long")},
            "load_average_at_end": round(os.getloadavg()[0], 2)}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
+    write_atomic(a.out, res)
     print(json.dumps(res, indent=2))
     return 0
 

@@ -21,6 +21,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.learning_setup import write_atomic  # noqa: E402
 
 
 def run(queries: Path, out: Path, a: argparse.Namespace, parallel: int) -> float:
@@ -61,8 +64,7 @@ def main(argv: list[str] | None = None) -> int:
            "wall_s": {"parallel 1": round(one, 1), f"parallel {a.parallel}": round(many, 1)},
            "parallel_vs_one": round(many / one, 3), "same_replies": sum(r1[i] == rn.get(i) for i in r1),
            "load_average_at_end": round(os.getloadavg()[0], 2)}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
+    write_atomic(a.out, res)
     print(json.dumps(res, indent=2))
     return 0
 
