@@ -67,7 +67,8 @@ def teacher_sft_data(cfg: LearnConfig, train: Path, log: Path) -> Path:
                "--record", str(w / "trajectories.jsonl")], log, threads=cfg.threads)
         deepr(["prune-trajectories", str(w / "trajectories.jsonl"), "--rubrics", str(train), "--out-dir", str(out),
                "--heldout", "0", "--target-ratios", "none"], log, threads=cfg.threads)
-        mark(out, **compact_sft(out / "sft.jsonl", out / "sft-compact.jsonl", actions=tuple(cfg.sft_actions.split(","))))
+        mark(out, **compact_sft(out / "sft.jsonl", out / "sft-compact.jsonl", actions=tuple(cfg.sft_actions.split(",")),
+                                graph=cfg.sft_graph))
     return out / "sft-compact.jsonl"
 
 
@@ -84,11 +85,29 @@ def _words(text: Any, n: int) -> str:
     return " ".join(words).rstrip(",;:")
 
 
-def compact_plan(reply: str, *, query_words: int = 7) -> str | None:
+def flatten(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One level of aggregates: aggregates that read another aggregate go, and ids are renumbered
+    N1, N2, ... in order (inputs follow). Every plan then has the same two-layer shape (searches,
+    aggregates over searches, the answer over the aggregates); SmolLM2 after 48 SFT steps on the
+    teacher's graphs still wrote answers that skipped a second-level aggregate."""
+    kinds = {n.get("id"): n.get("type") for n in nodes}
+    kept = [n for n in nodes if not (n.get("type") == "aggregate"
+                                     and any(kinds.get(i) == "aggregate" for i in n.get("inputs") or []))]
+    new = {n.get("id"): f"N{k}" for k, n in enumerate(kept, 1)}
+    out = []
+    for n in kept:
+        m = dict(n, id=new[n.get("id")])
+        if "inputs" in n:
+            m["inputs"] = [new[i] for i in n["inputs"] if i in new]
+        out.append(m)
+    return out
+
+
+def compact_plan(reply: str, *, query_words: int = 7, graph: str = "teacher") -> str | None:
     """The teacher's plan in the form the planner's decoding schema (``--formats schema``) admits:
     queries and needs cut to a few words, the optional key points and the search nodes' empty
     inputs dropped, the answer reading every aggregate (ids, types, the other inputs and fetch
-    lists untouched); None when the reply is not a plan. The
+    lists untouched; ``graph="flat"``: see :func:`flatten`); None when the reply is not a plan. The
     extractive teacher copies whole evidence sentences into key points (~600 tokens a plan): a 135M
     model on CPU writes a plan of that length in minutes, so it learns the same graphs in short form."""
     try:
@@ -109,6 +128,8 @@ def compact_plan(reply: str, *, query_words: int = 7) -> str | None:
             # The decoding schema has no inputs on a search node: trained on `"inputs": []` there,
             # SmolLM2 was forced into `"key_points": [` instead, off its data, and lost the graph.
             node.pop("inputs", None)
+    if graph == "flat" and not value.get("fetch"):  # a fetch list names result ids: renumbering would break it
+        value["nodes"] = flatten(value["nodes"])
     aggregates = [n.get("id") for n in value["nodes"] if n.get("type") == "aggregate"]
     for node in value["nodes"]:
         if node.get("type") == "answer" and aggregates:
@@ -119,7 +140,7 @@ def compact_plan(reply: str, *, query_words: int = 7) -> str | None:
     return json.dumps(value, ensure_ascii=False)
 
 
-def compact_sft(src: Path, dest: Path, *, actions: tuple[str, ...] = ("plan",)) -> dict[str, int]:
+def compact_sft(src: Path, dest: Path, *, actions: tuple[str, ...] = ("plan",), graph: str = "teacher") -> dict[str, int]:
     """Planner examples of ``src`` whose action is in ``actions``, with compact plan replies (see
     :func:`compact_plan`) → ``dest``. Initial plans only by default: a revision turn carries the
     search results (~2,500 prompt tokens against ~500), so it costs five plan turns of CPU training,
@@ -132,7 +153,7 @@ def compact_sft(src: Path, dest: Path, *, actions: tuple[str, ...] = ("plan",)) 
     for ex in read_jsonl(src):
         if ex.get("role") != "planner" or ex.get("action") not in actions:
             continue
-        short = compact_plan(ex["messages"][-1]["content"])
+        short = compact_plan(ex["messages"][-1]["content"], graph=graph)
         if short is None:
             skipped += 1
             continue

@@ -137,6 +137,8 @@ def test_plots_are_written_from_a_small_metrics_file(tmp_path):
     (["--sft-batch", "0"], "--sft-batch 0: must be at least 1"),
     (["--grpo-train-turns", "3"], "--grpo-train-turns 3: give 1"),
     (["--formats", "free"], "--formats 'free': give schema or strict"),
+    (["--sft-graph", "deep"], "--sft-graph 'deep': give teacher or flat"),
+    (["--eval-parallel", "0"], "--eval-parallel 0: must be at least 1"),
 ])
 def test_size_and_budget_flags_are_checked_before_anything_runs(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
@@ -174,6 +176,26 @@ def test_compact_teacher_plan_keeps_the_graph_and_still_validates():
                               dict(plan["nodes"][3], inputs=["N5"])])
     short = json.loads(learning.compact_plan(json.dumps(wider)))
     assert short["nodes"][-1]["inputs"] == ["N3", "N5"] and validate_plan(short)[1] == []
+
+
+def test_flat_graphs_keep_one_level_of_aggregates_renumbered_and_valid():
+    from deepr.agent.plan import validate_plan
+
+    s = [{"id": f"N{i}", "type": "search", "query": f"topic {i} history facts"} for i in range(1, 6)]
+    teacher = {"nodes": [*s, {"id": "N6", "type": "aggregate", "need": "first", "inputs": ["N1", "N3"]},
+                         {"id": "N7", "type": "aggregate", "need": "second", "inputs": ["N4", "N5"]},
+                         {"id": "N8", "type": "aggregate", "need": "third", "inputs": ["N1", "N2"]},
+                         {"id": "N9", "type": "aggregate", "need": "how N6 and N8 connect", "inputs": ["N6", "N8"]},
+                         {"id": "N10", "type": "answer", "need": "the answer", "inputs": ["N9", "N7"]}]}
+    flat = json.loads(learning.compact_plan(json.dumps(teacher), graph="flat"))
+    assert [(n["id"], n["type"], n.get("inputs")) for n in flat["nodes"][5:]] == [
+        ("N6", "aggregate", ["N1", "N3"]), ("N7", "aggregate", ["N4", "N5"]), ("N8", "aggregate", ["N1", "N2"]),
+        ("N9", "answer", ["N6", "N7", "N8"])]
+    assert validate_plan(flat)[1] == []
+    assert json.loads(learning.compact_plan(json.dumps(teacher)))["nodes"][-1]["id"] == "N10"  # teacher: as written
+    # a fetch list names result ids of the nodes: such a plan keeps its ids
+    fetched = json.loads(learning.compact_plan(json.dumps({**teacher, "fetch": ["N1-R1"]}), graph="flat"))
+    assert len(fetched["nodes"]) == 10
 
 
 def test_compact_teacher_plan_is_what_the_planner_decoding_schema_admits():
