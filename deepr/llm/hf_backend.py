@@ -74,9 +74,9 @@ class HFConfig(BaseModel):
     batch_size: int = Field(8, ge=1, description="Greedy calls waiting for the model at the same time are "
                             "decoded together, up to this many (see hf_batch.py); 1: one call at a time.")
     batch_max_prompt: int = Field(1024, ge=1, description="Longest prompt (tokens) a call may have to join a "
-                                  "batch: a padded batch's prefill cannot use the causal attention kernel, "
-                                  "and four 3k-token prompts prefilled together took 1.8x as long as one "
-                                  "by one on CPU (bench/hf_batch.py).")
+                                  "batch. A padded batch's prefill cannot use the causal attention kernel, so "
+                                  "long prompts gain nothing from batching on CPU (four 1.8k-2.5k-token "
+                                  "prompts: 1.03x the one-by-one wall time, bench/hf_batch.py).")
 
 
 def _check_folder(path: str, what: str, marker: str) -> Path:
