@@ -13,7 +13,7 @@ Prompts are rendered with the tokenizer's chat template; decoding is greedy at t
 repeat). ``max_tokens`` defaults to ``max_new_tokens``; a reply cut there is flagged
 ``truncated``. A call with an :class:`OutputFormat` is constrained to it by xgrammar
 (see hf_constrain.py) and flagged ``constrained``. ``generate`` runs in a worker thread
-behind a lock: one model, one generation at a time, while the event loop keeps serving; greedy
+behind a gate: one model, one generation at a time, while the event loop keeps serving; greedy
 calls that wait at the same time are decoded together as one batch (``batch_size``, hf_batch.py).
 The last call's KV cache is kept, and a prompt that starts with the same tokens (the next turn
 of a conversation) computes only what follows them (``prefix_cache``).
@@ -216,14 +216,11 @@ class HFLLM(LLM):
         kw = self._kwargs(max_tokens, temperature, top_p, stop)
         self._check_context(len(ids), kw["max_new_tokens"])
         constrained = self._constrains(fmt)
-        if self.config.batch_size > 1 and not temperature and not stop and len(ids) <= self.config.batch_max_prompt:
-            new = self._batched(ids, role, kw, fmt if constrained else None)
-        else:
-            self._gate.acquire()
-            try:
-                new = self._alone(ids, role, kw, fmt if constrained else None, seed)
-            finally:
-                self._gate.release()
+        fmt = fmt if constrained else None
+        batchable = self.config.batch_size > 1 and not temperature and not stop and len(ids) <= self.config.batch_max_prompt
+        # A key of None never shares a batch: sampled calls keep their seed, long prompts their fast prefill.
+        key = (self._adapter_key(role), kw["max_new_tokens"], fmt is not None) if batchable else None
+        new = self._decode(Pending(ids, key, fmt), role, kw, seed)
         reply, n_new = self._reply(new, kw["max_new_tokens"], stop, constrained)
         return reply, len(ids), n_new
 
@@ -247,15 +244,15 @@ class HFLLM(LLM):
             self._keep(role, out[0].tolist(), getattr(res, "past_key_values", None))
         return out[0, len(ids):].tolist()
 
-    def _batched(self, ids: list[int], role: str | None, kw: dict[str, Any], fmt: OutputFormat | None) -> list[int]:
-        """This call's new ids, decoded together with the compatible calls waiting beside it."""
-        call = Pending(ids, (self._adapter_key(role), kw["max_new_tokens"], fmt is not None), fmt)
+    def _decode(self, call: Pending, role: str | None, kw: dict[str, Any], seed: int | None) -> list[int]:
+        """This call's new ids: decoded when the model is free, together with the compatible calls
+        waiting beside it, unless another call's batch already decoded it."""
         self._queue.add(call)
         if self._gate.acquire(lambda: call.finished):
             batch = self._queue.take(call)
             try:
                 if len(batch) == 1:
-                    call.new = self._alone(ids, role, kw, fmt, None)
+                    call.new = self._alone(call.ids, role, kw, call.fmt, seed)
                 else:
                     self._decode_batch(batch, role, kw)
             except Exception as e:

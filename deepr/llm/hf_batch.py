@@ -8,9 +8,10 @@ their calls meet here.
 
 Only calls that decode the same way share a batch: greedy (a sampled call keeps its own seed and
 runs alone, so seeded sampling repeats exactly), no stop strings, the same adapter and reply
-budget, prompts up to ``batch_max_prompt`` tokens, and all constrained or all not (each row gets its own grammar). The first waiting
-thread that takes the model's lock decodes its own call together with the compatible calls
-queued behind it; the others return as soon as their replies are ready (see :class:`Gate`).
+budget, prompts up to ``batch_max_prompt`` tokens, and all constrained or all not (each row gets
+its own grammar); a call with no key runs alone. The first waiting thread that gets the model
+decodes its own call together with the compatible calls queued behind it; the others return as
+soon as their replies are ready (see :class:`Gate`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class Pending:
     """One call waiting for the model: its prompt ids and, once decoded, its new token ids."""
 
     ids: list[int]
-    key: tuple[Any, ...]  # calls with equal keys may share a batch
+    key: tuple[Any, ...] | None  # calls with equal keys may share a batch; None: never shared
     fmt: OutputFormat | None
     new: list[int] | None = None
     error: BaseException | None = None
@@ -53,7 +54,8 @@ class Queue:
     def take(self, first: Pending) -> list[Pending]:
         """``first`` and up to ``limit - 1`` queued calls that may share its batch (removed)."""
         with self.lock:
-            batch = [first] + [c for c in self.waiting if c is not first and c.key == first.key][: self.limit - 1]
+            mates = [] if first.key is None else [c for c in self.waiting if c is not first and c.key == first.key]
+            batch = [first] + mates[: self.limit - 1]
             self.waiting = [c for c in self.waiting if all(c is not b for b in batch)]
             return batch
 

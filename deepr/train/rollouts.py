@@ -11,9 +11,10 @@ Every model turn is sampled under a fresh prompt built by its role declaration
 hold, so RL, SFT and inference train and run the model on one context per turn. Only a refused
 G0 continues its conversation, with the executor's re-ask, as ``deepr run`` does. Each turn is
 judged as ``deepr run`` judges it, and R_plan scores the plan the run would have gone on with: the
-revision, or G0 when the revision is refused. Every turn is trained as its own sample under the prompt it was sampled from, with its sampling log-probs and
-the episode's advantage (:mod:`deepr.train.warp_calls`); TRL scores one placeholder per episode.
-``budget`` (TRL's ``max_completion_length``) bounds the model tokens of one episode.
+revision, or G0 when the revision is refused. Every turn is trained as its own sample under the
+prompt it was sampled from, with its sampling log-probs and the episode's advantage
+(:mod:`deepr.train.warp_calls`); TRL scores one placeholder per episode. ``budget`` (TRL's
+``max_completion_length``) bounds the model tokens of one episode.
 
 :func:`run_turns` keeps the continuation format (model and environment turns in one completion,
 the environment's tokens masked) for the tool-calling agent, which is multi-turn in ``deepr run``
