@@ -15,6 +15,7 @@ build), and compared with
 
     python bench/tree_concurrency.py                      # latency 0.2 s; concurrency 1,8,32,64,128
     python bench/tree_concurrency.py --concurrency 8,64 --no-sequential
+    python bench/tree_concurrency.py --concurrency 64,128 --no-sequential --http-client httpx,aiohttp
 
 Target (issue 3): wall ≤ 1.5 × critical path at depth 3 with concurrency ≥ 8. A full
 6,4,3 tree makes ~370 calls, so below ~32 in flight the throughput bound (9.3 s at 8)
@@ -128,12 +129,13 @@ class Endpoint:
             self.proc.terminate()
 
 
-def build_one(retriever, base_url: str, concurrency: int, depth: int,
-              branching: list[int]) -> tuple[Tree, float, float, tuple[float, float]]:
+def build_one(retriever, base_url: str, concurrency: int, depth: int, branching: list[int],
+              http_client: str = "auto") -> tuple[Tree, float, float, tuple[float, float]]:
     from deepr.llm import get_llm
     from deepr.data.trees import TreeConfig, build_trees
 
-    llm = get_llm("openai:stub", base_url=base_url, cache=False, max_concurrency=concurrency, timeout=60)
+    llm = get_llm("openai:stub", base_url=base_url, cache=False, max_concurrency=concurrency, timeout=60,
+                  http_client=http_client)
     llm.chat([{"role": "user", "content": "warm-up"}])  # client set-up outside the timing
     cfg = TreeConfig(max_depth=depth, branching=branching, concurrency=1, min_leaves=1)
     t0, c0, e0 = time.perf_counter(), time.process_time(), time.time()
@@ -159,6 +161,22 @@ def endpoint_idle(served: list[tuple[float, float, str]], span: tuple[float, flo
     return (t1 - t0) - covered
 
 
+def summarise(runs: list, c: int, transport: str, latency: float) -> dict:
+    """One row: the fastest of a bound's runs (this machine is shared), with its critical path."""
+    wall, _, idle, tree, calls, in_flight = min(runs, key=lambda r: r[0])
+    calls -= 1  # the client warm-up call
+    rounds = 1 + 3 * tree.stats.depth + 2 if tree.stats.depth else 3
+    critical = rounds * latency
+    return {"http_client": transport, "concurrency": c, "wall_s": round(wall, 2),
+            "walls": [round(r[0], 2) for r in runs],
+            "client_cpu_s": round(min(r[1] for r in runs), 2),  # this process's CPU per tree: steadier under load
+            "endpoint_idle_s": round(idle, 2),  # no call in flight (fastest run)
+            "calls": calls, "max_in_flight": in_flight,
+            "nodes": tree.stats.nodes, "depth": tree.stats.depth, "critical_rounds": rounds,
+            "critical_s": round(critical, 2), "throughput_bound_s": round(calls * latency / c, 2),
+            "wall/critical": round(wall / critical, 2) if critical else None}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--latency", type=float, default=0.2, help="seconds the stub waits per call")
@@ -169,6 +187,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="runs per bound; the fastest counts (shared machines)")
     ap.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "deepr-bench-cache"))
     ap.add_argument("--precision", default="auto", help="embedder precision (reuse an index built with another)")
+    ap.add_argument("--http-client", default="auto", help="openai backend transports to compare, comma-separated "
+                    "(auto, aiohttp, httpx); their runs alternate, so each gets the same machine")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "tree_concurrency.json"))
     args = ap.parse_args()
 
@@ -185,39 +205,29 @@ def main() -> None:
     with Endpoint(titles, 0.0) as base_url:  # fills the embedding cache so every bound starts warm
         build_one(retriever, base_url, max(bounds), args.depth, branching)
     load_start = os.getloadavg()
+    transports = args.http_client.split(",")
     for c in bounds:
-        walls, cpus, idles = [], [], []
+        runs: dict[str, list] = {t: [] for t in transports}
         for _ in range(1 if c == 1 else args.repeat):  # best of N: this machine is shared
-            with (endpoint := Endpoint(titles, args.latency)) as base_url:
-                tree, wall, cpu, span = build_one(retriever, base_url, c, args.depth, branching)
-                calls, in_flight, served = endpoint.stats()
-            walls.append(wall)
-            cpus.append(cpu)
-            idles.append(endpoint_idle(served, span))
-        best = walls.index(min(walls))
-        wall = walls[best]
-        calls -= 1  # the client warm-up call
-        rounds = 1 + 3 * tree.stats.depth + 2 if tree.stats.depth else 3
-        critical = rounds * args.latency
-        rows.append({"concurrency": c, "wall_s": round(wall, 2), "walls": [round(w, 2) for w in walls],
-                     "client_cpu_s": round(min(cpus), 2),  # this process's CPU per tree: steadier under load
-                     "endpoint_idle_s": round(idles[best], 2),  # no call in flight (fastest run)
-                     "calls": calls, "max_in_flight": in_flight,
-                     "nodes": tree.stats.nodes, "depth": tree.stats.depth, "critical_rounds": rounds,
-                     "critical_s": round(critical, 2), "throughput_bound_s": round(calls * args.latency / c, 2),
-                     "wall/critical": round(wall / critical, 2) if critical else None})
-        print(json.dumps(rows[-1]), flush=True)
-    Path(args.out).write_text(json.dumps({"latency_s": args.latency, "depth": args.depth, "branching": args.branching,
+            for t in transports:  # alternated, so a load change hits every transport alike
+                with (endpoint := Endpoint(titles, args.latency)) as base_url:
+                    tree, wall, cpu, span = build_one(retriever, base_url, c, args.depth, branching, t)
+                    calls, in_flight, served = endpoint.stats()
+                runs[t].append((wall, cpu, endpoint_idle(served, span), tree, calls, in_flight))
+        for t in transports:
+            rows.append(summarise(runs[t], c, t, args.latency))
+            print(json.dumps(rows[-1]), flush=True)
+    Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), "latency_s": args.latency, "depth": args.depth, "branching": args.branching,
                                           "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
                                           "rows": rows}, indent=2) + "\n",
                               encoding="utf-8")
     seq = next((r for r in rows if r["concurrency"] == 1), None)
     print(f"\nlatency {args.latency}s, depth {args.depth}, branching {args.branching}")
-    print(f"{'conc':>5} {'wall s':>8} {'calls':>6} {'in flight':>9} {'nodes':>6} {'critical s':>10} "
+    print(f"{'transport':>9} {'conc':>5} {'wall s':>8} {'calls':>6} {'in flight':>9} {'nodes':>6} {'critical s':>10} "
           f"{'thru bound s':>12} {'wall/crit':>9} {'speed-up':>8}")
     for r in rows:
         speed = f"{seq['wall_s'] / r['wall_s']:.1f}x" if seq else "-"
-        print(f"{r['concurrency']:>5} {r['wall_s']:>8} {r['calls']:>6} {r['max_in_flight']:>9} {r['nodes']:>6} "
+        print(f"{r['http_client']:>9} {r['concurrency']:>5} {r['wall_s']:>8} {r['calls']:>6} {r['max_in_flight']:>9} {r['nodes']:>6} "
               f"{r['critical_s']:>10} {r['throughput_bound_s']:>12} {str(r['wall/critical']):>9} {speed:>8}")
 
 
