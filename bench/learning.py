@@ -36,20 +36,29 @@ from bench.learning_stats import STAGES, split_by_topic  # noqa: E402
 
 
 def build_data(cfg: LearnConfig, log: Path) -> tuple[Path, Path]:
-    """Trees, verified pairs, the by-topic split; returns (train.jsonl, heldout.jsonl)."""
-    w, t = cfg.work, cfg.threads
+    """Trees → pairs → verified pairs, split by topic. Re-run on a finished --work with another
+    --heldout, only the split is redone: the held-out set grows or shrinks (its first questions
+    stay the same) while training must not change, so trained models are reused and each
+    evaluation runs only the questions it has not run yet."""
+    w = cfg.work
     train, held = w / "train.jsonl", w / "heldout.jsonl"
-    if done(w / "data"):
-        return train, held
-    deepr(["build-trees", "--corpus", cfg.corpus, "--n-trees", str(cfg.trees), "--seed", "0", "--max-depth", "2",
-           "--out", str(w / "trees.jsonl")], log, threads=t)
-    deepr(["synthesize-rubrics", str(w / "trees.jsonl"), "--out", str(w / "pairs.jsonl")], log, threads=t)
-    deepr(["verify", str(w / "pairs.jsonl"), "--out", str(w / "verified.jsonl")], log, threads=t)
+    if not done(w / "data"):
+        deepr(["build-trees", "--corpus", cfg.corpus, "--n-trees", str(cfg.trees), "--seed", "0", "--max-depth", "2",
+               "--out", str(w / "trees.jsonl")], log, threads=cfg.threads)
+        deepr(["synthesize-rubrics", str(w / "trees.jsonl"), "--out", str(w / "pairs.jsonl")], log, threads=cfg.threads)
+        deepr(["verify", str(w / "pairs.jsonl"), "--out", str(w / "verified.jsonl")], log, threads=cfg.threads)
     pairs, trees = read_jsonl(w / "verified.jsonl"), read_jsonl(w / "trees.jsonl")
     tr, ho, record = split_by_topic(pairs, trees, heldout_topics=cfg.heldout_topics, seed=0,
                                     max_heldout=cfg.heldout, max_train=cfg.max_train)
     if not tr or not ho:
         raise RuntimeError(f"the split left {len(tr)} train and {len(ho)} held-out questions; raise --trees")
+    if done(w / "data"):
+        if [r["id"] for r in read_jsonl(train)] != [p["id"] for p in tr]:
+            raise RuntimeError(f"{w}: these flags change the training questions (only --heldout may change "
+                               "on a finished --work); give a new --work")
+        if [r["id"] for r in read_jsonl(held)] == [p["id"] for p in ho]:
+            return train, held
+        print(f"held-out set: {len(read_jsonl(held))} -> {len(ho)} questions (--heldout {cfg.heldout})", flush=True)
     write_jsonl(train, tr)
     write_jsonl(held, ho)
     write_atomic(w / "split.json", record)
@@ -183,7 +192,8 @@ def evaluate(cfg: LearnConfig, spec: str, name: str, held: Path, seed: int, log:
     """`deepr run` on the held-out questions with ``spec`` (greedy), then `deepr eval`; returns the
     scores file. The same command for every stage: only --llm differs."""
     runs, scores = cfg.work / "runs" / name, cfg.work / "scores" / f"{name}.jsonl"
-    if done(runs):
+    ids = [r["id"] for r in read_jsonl(held)]
+    if done(runs) and set(ids) <= _evaluated(runs):
         return scores
     deepr(["run", "--queries", str(held), "--mode", "dag", "--corpus", cfg.corpus, "--top-k", str(cfg.top_k), "--llm", spec, "--out", str(runs), "--no-cache",
            "--temperature", "0", "--seed", str(seed), "--max-tokens", str(cfg.eval_max_tokens), "--timeout", "900",
@@ -192,8 +202,18 @@ def evaluate(cfg: LearnConfig, spec: str, name: str, held: Path, seed: int, log:
     scores.parent.mkdir(parents=True, exist_ok=True)
     deepr(["eval", str(runs), "--metric", "plan_reward,rubric,citation", "--rubrics", str(held), "--out",
            str(scores), "--allow-fallback"], log, threads=cfg.threads)
-    mark(runs, spec=spec)
+    mark(runs, spec=spec, ids=ids)
     return scores
+
+
+def _evaluated(runs: Path) -> set[str]:
+    """The held-out ids a finished evaluation covered (markers from before --heldout could grow
+    list none: then the run's index and rejects say which questions ran)."""
+    info = json.loads((runs / ".done").read_text(encoding="utf-8"))
+    if "ids" in info:
+        return set(info["ids"])
+    return {r["id"] for r in read_jsonl(runs / "reports.jsonl")} | {
+        r["id"] for r in read_jsonl(runs / "reports.rejects.jsonl")}
 
 
 def train_sft(cfg: LearnConfig, base: str, sft_data: Path, seed: int, log: Path) -> Path:

@@ -279,3 +279,56 @@ def test_report_only_skips_an_evaluation_with_no_finished_question(tmp_path, mon
     res = learning_report.rescore(cfg)
     assert called == []
     assert "sft-s0" in res["status"] and res["status"].startswith("partial")
+
+
+def _finished_data(work: Path, cfg_args: list[str], tmp_path: Path, monkeypatch) -> list:
+    """A --work whose data stage finished (no model runs: the three data commands are recorded)."""
+    trees, pairs = _corpus(n_topics=6, per_topic=4)
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "trees.jsonl").write_text("".join(json.dumps(t) + "\n" for t in trees))
+    (work / "verified.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    calls: list = []
+    monkeypatch.setattr(learning, "deepr", lambda args, *a, **k: calls.append(args[0]) or 0)
+    cfg = learning.parse_args(["--work", str(work), "--results", str(tmp_path / "r"), "--img", str(tmp_path / "i"),
+                               "--trees", "12", *cfg_args])
+    learning.build_data(cfg, work / "log")
+    return calls
+
+
+def test_a_larger_heldout_on_a_finished_work_extends_the_split_and_keeps_training(tmp_path, monkeypatch):
+    work = tmp_path / "w"
+    calls = _finished_data(work, ["--heldout-topics", "2", "--heldout", "3", "--max-train", "10"], tmp_path, monkeypatch)
+    assert calls == ["build-trees", "synthesize-rubrics", "verify"]
+    read = lambda name: [r["id"] for r in learning.read_jsonl(work / name)]  # noqa: E731
+    train, held = read("train.jsonl"), read("heldout.jsonl")
+    assert len(held) == 3 and len(train) == 10
+    calls = _finished_data(work, ["--heldout-topics", "2", "--heldout", "8", "--max-train", "10"], tmp_path, monkeypatch)
+    assert calls == []  # nothing rebuilt
+    grown = read("heldout.jsonl")
+    assert len(grown) == 8 and grown[:3] == held and read("train.jsonl") == train
+    split = json.loads((work / "split.json").read_text())
+    assert split["heldout_ids"] == grown and not {split["topic_of"][q] for q in grown} & set(split["train_topics"])
+    with pytest.raises(RuntimeError, match="change the training questions"):
+        _finished_data(work, ["--heldout-topics", "2", "--heldout", "8", "--max-train", "6"], tmp_path, monkeypatch)
+
+
+def test_an_evaluation_reruns_only_when_the_heldout_set_has_questions_it_did_not_run(tmp_path, monkeypatch):
+    work = tmp_path / "w"
+    runs = work / "runs" / "base"
+    runs.mkdir(parents=True)
+    (runs / "reports.jsonl").write_text(json.dumps({"id": "q1"}) + "\n")
+    (runs / "reports.rejects.jsonl").write_text(json.dumps({"id": "q2", "reason": "x"}) + "\n")
+    (runs / ".done").write_text(json.dumps({"spec": "hf:m"}))  # a marker from before ids were kept
+    held = work / "heldout.jsonl"
+    calls: list = []
+    monkeypatch.setattr(learning, "deepr", lambda args, *a, **k: calls.append(args[0]) or 0)
+    cfg = learning.parse_args(["--work", str(work), "--results", str(tmp_path / "r"), "--img", str(tmp_path / "i")])
+    held.write_text("".join(json.dumps({"id": q}) + "\n" for q in ("q1", "q2")))
+    learning.evaluate(cfg, "hf:m", "base", held, 0, work / "log")
+    assert calls == []  # both questions ran (one was rejected: that is a result too)
+    held.write_text("".join(json.dumps({"id": q}) + "\n" for q in ("q1", "q2", "q3")))
+    learning.evaluate(cfg, "hf:m", "base", held, 0, work / "log")
+    assert calls == ["run", "eval"]  # deepr run and eval skip the ids they already have
+    assert json.loads((runs / ".done").read_text())["ids"] == ["q1", "q2", "q3"]
+    learning.evaluate(cfg, "hf:m", "base", held, 0, work / "log")
+    assert calls == ["run", "eval"]
