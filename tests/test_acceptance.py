@@ -207,3 +207,43 @@ def test_one_sentence_copied_from_a_reask_or_the_instructions_is_an_echo():
     assert no_echo(kept, PROMPT, [reask]) == []
     assert no_echo("The seasons are caused by the tilt of the axis [S1-R2]. Summer days are long [S1-R3].",
                    PROMPT, [reask]) == []
+
+
+# Roles whose replies are verdicts from a fixed set (no free text to echo or fill with a
+# template), and the tools agent, whose one role checks each tool call by its kind itself
+# (tools_agent._step_accept: placeholders, echoes and babble in answers, query words in searches).
+_NOT_FREE_TEXT = {"ground/judge", "judge/support", "agent/step", "agent/answer"}
+
+
+def _all_roles():
+    import importlib
+
+    from deepr.roles import Role
+
+    mods = ["deepr.agent.answerer", "deepr.agent.decor", "deepr.agent.planner", "deepr.agent.rubric",
+            "deepr.agent.search_agent", "deepr.agent.support", "deepr.agent.tools_agent", "deepr.agent.warp",
+            "deepr.data.rubrics", "deepr.data.tree_roles", "deepr.data.verify", "deepr.rewards.judges"]
+    return [v for m in mods for v in vars(importlib.import_module(m)).values() if isinstance(v, Role)]
+
+
+def test_every_free_text_role_rejects_placeholders_and_echoes():
+    roles = _all_roles()
+    assert len(roles) >= 25  # the module list still covers every role declaration
+    missing = [f"{r.name}/{r.action}" for r in roles if f"{r.name}/{r.action}" not in _NOT_FREE_TEXT
+               and not {no_placeholder, no_echo} <= set(r.accept)]
+    assert missing == []
+
+
+@pytest.mark.parametrize("role_name", ["warp/search", "warp/initialize", "warp/expand", "searcher/search",
+                                       "rubric/persistent", "planner/plan", "extract/quote"])
+def test_a_reply_copying_the_instructions_is_refused_with_the_reason(role_name):
+    role = next(r for r in _all_roles() if f"{r.name}/{r.action}" == role_name)
+    system = "You plan the searches of a question-answering system and write each one down."
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": QUERY}]
+    copied = {"name": "search", "keywords": [system], "queries": [system], "criteria": [system],
+              "statements": [system], "title": system, "sections": [system, "Adam Smith's books"]}
+    honest = {**copied, **{k: ["Adam Smith Wealth of Nations"] for k in ("keywords", "queries", "criteria", "statements")},
+              "title": "Adam Smith and his books", "sections": ["Life of Adam Smith", "Adam Smith's books"]}
+    problems = [p for accept in role.accept for p in accept(copied, messages, ())]
+    assert "the reply repeats the instructions instead of carrying out the task" in problems
+    assert [p for accept in role.accept for p in accept(honest, messages, ())] == []

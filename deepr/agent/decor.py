@@ -156,7 +156,7 @@ FILTER = Role(
 
 CONDENSE = Role(
     name="condenser", action="condense", messages=_condense_messages, output=JSONReply(Facts),
-    accept=(no_placeholder, no_babble),
+    accept=(no_placeholder, no_echo, no_babble),
     check=lambda a, v: [e for f in v["facts"] for e in a.ctx.catalog.check(normalize(f), _memory_ids(a.memory))],
     extractive=lambda a: {"facts": condense_facts(a.ctx, a.query, a.memory, a.ctx.config.memory_limit // 2)},
     result=lambda a, v: [normalize(f) for f in v["facts"]], max_tokens=1024,

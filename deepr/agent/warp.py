@@ -198,12 +198,12 @@ SEARCH = Role(
     extractive=lambda a: {"name": "search", "keywords": a.default},
     result=lambda a, v: [k.strip() for k in v["keywords"] if k.strip()] or a.default, max_tokens=256,
     constrain=lambda a: OutputFormat("search", json_schema=queries_schema("keywords", name="search")),
-    accept=(no_placeholder, no_babble, query_words(lambda v: v.get("keywords") or [])),
+    accept=(no_placeholder, no_echo, no_babble, query_words(lambda v: v.get("keywords") or [])),
     on_fail="searched with default keywords after the model's search action failed")
 
 INITIALIZE = Role(
     name="warp", action="initialize", messages=_init_messages, output=JSONReply(InitAction),
-    extractive=_initialize, max_tokens=1024, accept=(no_placeholder, no_babble),
+    extractive=_initialize, max_tokens=1024, accept=(no_placeholder, no_echo, no_babble),
     constrain=lambda a: OutputFormat("initialize", json_schema=action_schema(
         "initialize", title={"type": "string", "pattern": f"^{TITLE}$"}, sections=items_schema(2, 3))),
     on_fail="outline built extractively after the model's initialize action failed")
@@ -221,7 +221,7 @@ DEEPEN = Role(
     name="warp", action="expand", messages=_deepen_messages, output=JSONReply(DeepenAction),
     check=lambda a, v: a.run.deepen_check(DeepenAction.model_validate(v), a.forced),
     extractive=lambda a: deepen_choice(a.run.ctx, a.run.query, a.run.outline, a.forced),
-    result=_decision, turn_action=lambda v: v["name"], max_tokens=1024, accept=(no_placeholder, no_babble),
+    result=_decision, turn_action=lambda v: v["name"], max_tokens=1024, accept=(no_placeholder, no_echo, no_babble),
     constrain=lambda a: _deepen_format(a),
     on_fail="deepening decided extractively after the model's action failed")
 
