@@ -214,8 +214,42 @@ def test_adapter_folder_as_the_model(tiny_dir, adapters, tmp_path):
     orphan = tmp_path / "orphan"
     orphan.mkdir()
     (orphan / "adapter_config.json").write_text("{}")
-    with pytest.raises(ValueError, match="names no base model"):
+    with pytest.raises(ValueError, match="no base model recorded"):
         get_llm(f"hf:{orphan}")
+
+
+def test_an_adapter_naming_its_base_relative_to_another_directory_still_loads(tiny_dir, adapters, tmp_path,
+                                                                                monkeypatch):
+    """Trained from /work with --model runs/x/merged, an adapter used to record that relative path,
+    so `deepr run --llm hf:/work/runs/x/grpo` from anywhere else failed (learning run, issue 20).
+    Training now records absolute paths; older adapters are found under their folder's ancestors."""
+    from deepr.llm.hf_backend import adapter_base
+    from deepr.train.grpo import GrpoConfig
+    from deepr.train.sft import SftConfig
+
+    work = tmp_path / "work"
+    shutil.copytree(tiny_dir, work / "runs" / "x" / "merged")
+    adapter = work / "runs" / "x" / "grpo"
+    shutil.copytree(adapters["planner"], adapter)
+    (adapter / "deepr_meta.json").unlink(missing_ok=True)
+    cfg = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**cfg, "base_model_name_or_path": "runs/x/merged"}))
+    monkeypatch.chdir(tmp_path)  # not where training ran
+    assert adapter_base(adapter) == str(work / "runs" / "x" / "merged")
+    assert get_llm(f"hf:{adapter}").chat(PROMPT, max_tokens=4)
+    assert adapter_base(_with_base(tmp_path / "hub", adapter, "org/some-model")) == "org/some-model"  # a hub name
+    monkeypatch.chdir(work)
+    assert SftConfig(model="runs/x/merged", out=tmp_path / "o").model == str(work / "runs" / "x" / "merged")
+    assert GrpoConfig(stage="planner", model="runs/x/merged", out=tmp_path / "o").model == str(
+        work / "runs" / "x" / "merged")
+    assert SftConfig(model="org/some-model", out=tmp_path / "o").model == "org/some-model"
+
+
+def _with_base(dest: Path, adapter: Path, base: str) -> Path:
+    shutil.copytree(adapter, dest)
+    cfg = json.loads((dest / "adapter_config.json").read_text())
+    (dest / "adapter_config.json").write_text(json.dumps({**cfg, "base_model_name_or_path": base}))
+    return dest
 
 
 def queued_behind_a_busy_model(llm, calls, **kw):

@@ -424,6 +424,35 @@ def _meta_roles(meta: dict[str, Any], folder: Path) -> list[str]:
     return [role] if isinstance(role, str) and role else []
 
 
+def local_path(name: str) -> str:
+    """An existing local folder as an absolute path, anything else (a hub name) unchanged: what a
+    trained adapter records as its base must load from any working directory."""
+    p = Path(name).expanduser()
+    return str(p.resolve()) if p.exists() else name
+
+
+def adapter_base(folder: str | Path, fix: str = "pass --llm hf:<base>,adapter=<role>:<folder>") -> str:
+    """The base model an adapter folder was trained on: ``deepr_meta.json``'s ``base_model``,
+    else peft's ``adapter_config.json`` (``base_model_name_or_path``).
+
+    Adapters trained before deepr recorded absolute paths may name their base relative to the
+    folder training ran in; such a path that does not exist from here is looked up under the
+    adapter folder's ancestors (the usual place: ``runs/x/sft-merged`` beside ``runs/x/grpo``)."""
+    p = Path(folder).expanduser()
+    meta = _read_json(p / "deepr_meta.json")
+    base = meta.get("base_model") or _read_json(p / "adapter_config.json").get("base_model_name_or_path")
+    if not base or not isinstance(base, str):
+        raise ValueError(f"adapter folder {p}: no base model recorded (deepr_meta.json 'base_model' or "
+                         f"adapter_config.json 'base_model_name_or_path'); {fix.replace('<folder>', str(p))}")
+    rel = Path(base).expanduser()
+    if rel.is_absolute() or rel.exists():
+        return base
+    for parent in p.resolve().parents:
+        if (parent / rel / "config.json").is_file() or (parent / rel / "adapter_config.json").is_file():
+            return str(parent / rel)
+    return base  # a hub name (org/model) or a folder that is gone: the loader says which
+
+
 def resolve_adapter_folder(path: str, adapters: dict[str, str]) -> tuple[str, dict[str, str]]:
     """``hf:<adapter folder>`` -> (base model, {role: adapter}); other paths pass through.
 
@@ -435,10 +464,6 @@ def resolve_adapter_folder(path: str, adapters: dict[str, str]) -> tuple[str, di
     p = Path(path).expanduser()
     if (p / "config.json").is_file() or not (p / "adapter_config.json").is_file():
         return path, adapters
-    meta = _read_json(p / "deepr_meta.json")
-    base = meta.get("base_model") or _read_json(p / "adapter_config.json").get("base_model_name_or_path")
-    if not base or not isinstance(base, str):
-        raise ValueError(f"adapter folder {p} names no base model (deepr_meta.json 'base_model' or "
-                         f"adapter_config.json 'base_model_name_or_path'); pass --llm hf:<base>,adapter=<role>:{p}")
-    roles = _meta_roles(meta, p) or [ALL_ROLES]
+    base = adapter_base(p)
+    roles = _meta_roles(_read_json(p / "deepr_meta.json"), p) or [ALL_ROLES]
     return base, {**{r: str(p) for r in roles}, **adapters}

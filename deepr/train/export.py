@@ -64,15 +64,10 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def resolve_base(adapter: Path) -> str:
-    """The base model an adapter was trained on: deepr's metadata first, then PEFT's config."""
-    meta, peft_cfg = adapter / "deepr_meta.json", adapter / "adapter_config.json"
-    base = _read_json(meta).get("base_model") if meta.is_file() else None
-    if not base and peft_cfg.is_file():
-        base = _read_json(peft_cfg).get("base_model_name_or_path")
-    if not base:
-        raise ValueError(f"{adapter}: no base model recorded (neither deepr_meta.json 'base_model' nor "
-                         "adapter_config.json 'base_model_name_or_path'); pass --base")
-    return str(base)
+    """The base model an adapter was trained on (deepr.llm.hf_backend.adapter_base)."""
+    from deepr.llm.hf_backend import adapter_base
+
+    return adapter_base(adapter, fix="pass --base <model folder>")
 
 
 def is_adapter(path: Path) -> bool:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from deepr.io import redact, versions, write_json
 from deepr.llm.base import GenDefaults
@@ -132,6 +132,15 @@ class GrpoConfig(BaseModel):
                                    "line); a field left None keeps the judge role's own.")
     require_judge_llm: bool = Field(False, description="Refuse to start when the stage's reward has LLM-judged "
                                     "terms and judge_llm is extractive (runs that must be the paper's reward).")
+
+    @field_validator("model")
+    @classmethod
+    def _absolute_local_model(cls, v: str) -> str:
+        # the adapter records this as its base: relative to today's directory, it would not load
+        # from another one (`deepr run --llm hf:<adapter>` elsewhere)
+        from deepr.llm.hf_backend import local_path
+
+        return local_path(v)
 
     @model_validator(mode="after")
     def _judge_required(self) -> GrpoConfig:

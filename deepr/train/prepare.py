@@ -62,12 +62,9 @@ def planner_spec(planner: str) -> str:
     (or adapter_config.json) and runs as the planner role."""
     p = Path(planner)
     if (p / "adapter_config.json").is_file():
-        meta = json.loads((p / "deepr_meta.json").read_text()) if (p / "deepr_meta.json").is_file() else {}
-        base = meta.get("base_model") or json.loads((p / "adapter_config.json").read_text()).get(
-            "base_model_name_or_path")
-        if not base:
-            raise ValueError(f"{p}: adapter without a base model name; pass --planner hf:<base>,adapter=planner:{p}")
-        return f"hf:{base},adapter=planner:{p}"
+        from deepr.llm.hf_backend import adapter_base
+
+        return f"hf:{adapter_base(p, fix='pass --planner hf:<base>,adapter=planner:<folder>')},adapter=planner:{p}"
     if (p / "config.json").is_file():
         return f"hf:{p}"
     if p.exists():

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from deepr.io import redact, versions, write_json
 from deepr.records import ChatExample, Reject
@@ -79,6 +79,15 @@ class SftConfig(BaseModel):
     report_to: str = Field("none", description="Trainer logging integration: none, tensorboard, wandb, ...")
     seed: int = Field(0, ge=0, lt=2**32, description="Seed of initialisation and data order.")
     resume: bool = Field(False, description="Continue from the last checkpoint in --out.")
+
+    @field_validator("model")
+    @classmethod
+    def _absolute_local_model(cls, v: str) -> str:
+        # the adapter records this as its base: relative to today's directory, it would not load
+        # from another one (`deepr run --llm hf:<adapter>` elsewhere)
+        from deepr.llm.hf_backend import local_path
+
+        return local_path(v)
 
 
 @dataclass
