@@ -179,6 +179,7 @@ class OpenAIBackend(LLM):
         # outputs); the next one once a server refuses or ignores one, None at the end.
         self._rstyle: str | None = _REGEX_STYLES[0] if config.structured_outputs else None
         self._warned: set[str] = set()
+        self.transport = _transport(config.http_client)  # checked now: a missing package fails before any call
 
     # -- plumbing ----------------------------------------------------------------------
     def _loop(self) -> IOLoop:
@@ -196,15 +197,6 @@ class OpenAIBackend(LLM):
                     timeout=self.config.timeout, max_retries=0, **extra))
             return self._io
 
-    @property
-    def transport(self) -> str:
-        """'aiohttp' or 'httpx': what ``http_client`` resolves to here."""
-        choice = self.config.http_client
-        if choice == "httpx" or (choice == "auto" and not has_aiohttp()):
-            return "httpx"
-        if not has_aiohttp():
-            raise LLMError("http_client='aiohttp' needs the aiohttp package: pip install 'openai[aiohttp]'")
-        return "aiohttp"
 
     def _scrub(self, text: str) -> str:
         key = self._key.reveal()
@@ -467,6 +459,15 @@ class OpenAIBackend(LLM):
             io.stop()
         if self.cache is not None:
             self.cache.close()
+
+
+def _transport(choice: str) -> str:
+    """'aiohttp' or 'httpx': what ``OpenAIConfig.http_client`` resolves to here."""
+    if choice == "httpx" or (choice == "auto" and not has_aiohttp()):
+        return "httpx"
+    if not has_aiohttp():
+        raise LLMError("http_client='aiohttp' needs the aiohttp package: pip install 'openai[aiohttp]'")
+    return "aiohttp"
 
 
 def has_aiohttp() -> bool:
