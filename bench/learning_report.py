@@ -36,6 +36,8 @@ def collect(cfg: LearnConfig, name: str, held_ids: list[str], *, pending_ok: boo
             out[qid] = {**{m: 0.0 for m in METRICS}, "format_fail": 1.0, "note": f"run failed: {why}"[:300]}
             continue
         trace_path = Path(index[qid]["trace_path"])
+        if not trace_path.is_absolute() and not trace_path.exists():  # written relative to another directory
+            trace_path = runs / trace_path.name
         trace = json.loads(trace_path.read_text(encoding="utf-8"))
         key = str(trace_path.relative_to(runs).with_suffix("")) if trace_path.is_relative_to(runs) else trace_path.stem
         score = scores.get(key)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -59,6 +60,8 @@ def test_batch_is_resumable_by_id(tmp_path, corpus_args):
     index = [json.loads(x) for x in (out / "reports.jsonl").read_text().splitlines()]
     assert [i["id"] for i in index] == ["smith", "bridge/1"]
     assert json.loads((out / index[1]["trace_path"].split("/")[-1]).read_text())["query"].startswith("Where")
+    # the index is read from other directories (deepr drb, the learning bench): absolute paths
+    assert all(Path(i[k]).is_absolute() and Path(i[k]).is_file() for i in index for k in ("trace_path", "report_path"))
     assert len(traj.read_text().splitlines()) == 2
     assert invoke(*args).exit_code == 0
     assert len((out / "reports.jsonl").read_text().splitlines()) == 2  # nothing re-run

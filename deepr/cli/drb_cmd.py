@@ -32,7 +32,10 @@ def _rows(path: Path) -> list[dict]:
                     rec = json.loads(line)
                 except ValueError as e:
                     raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
-                trace = json.loads(Path(rec["trace_path"]).read_text(encoding="utf-8"))
+                trace_path = Path(rec["trace_path"])
+                if not trace_path.is_absolute() and not trace_path.exists():  # an index written elsewhere
+                    trace_path = path.parent / trace_path.name
+                trace = json.loads(trace_path.read_text(encoding="utf-8"))
                 out.append({**trace, "id": rec.get("id", trace.get("query"))})
         return out
     try:

@@ -216,7 +216,8 @@ class _Batch:
             with JsonlAppender(self.record) as traj:
                 traj.write(res.trajectory)
         self.sink.write({"id": it["id"], "query": it["query"], "mode": res.mode, "answer": res.answer,
-                         "report_path": str(paths["report"]), "trace_path": str(paths["trace"]),
+                         # absolute: the index is read from other directories (deepr drb, benches)
+                         "report_path": str(paths["report"].resolve()), "trace_path": str(paths["trace"].resolve()),
                          "seconds": round(res.seconds, 3), "citations": len(res.trace.citations),
                          "failures": len(res.trace.model_extra.get("failures", [])),
                          **{k: it[k] for k in ("answers", "rubrics") if k in it}})
