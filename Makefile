@@ -28,7 +28,7 @@ test: install
 	$(BIN)/python -m pytest -q
 
 # Does it learn? SFT then GRPO on SmolLM2-135M-Instruct, scored on held-out topics (docs/learning.md).
-# Default size: the seeds took 60 min on 2 CPU cores, a run from scratch about 65-75 (docs/learning.md). Scale with LEARN_ARGS, e.g.
+# Default size: a run from scratch took 95 min on 2 CPU cores (target 60; docs/learning.md). Scale with LEARN_ARGS, e.g.
 #   make learn LEARN_ARGS="--minutes 240 --trees 120 --heldout 40 --grpo-steps 60"
 LEARN_ARGS ?=
 learn: install
