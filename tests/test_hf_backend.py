@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from deepr.llm import LLMError, get_llm
+from deepr.llm.base import run_sync
 from deepr.llm.hf_backend import HFLLM
 from deepr.train.tiny import ADDED, build_tiny_model, build_tokenizer, default_texts
 
@@ -250,6 +251,40 @@ def _with_base(dest: Path, adapter: Path, base: str) -> Path:
     cfg = json.loads((dest / "adapter_config.json").read_text())
     (dest / "adapter_config.json").write_text(json.dumps({**cfg, "base_model_name_or_path": base}))
     return dest
+
+
+def test_the_hf_backend_reports_its_context_so_roles_trim_evidence_instead_of_failing(tiny_dir):
+    """SmolLM2 in tools mode once failed a call outright: 7,196 prompt tokens + 1,024 reply tokens
+    over its 8,192 context (bench/results/real_model.json), because the hf backend told the roles
+    neither its context nor its token counts, so nothing was trimmed before the call."""
+    from dataclasses import dataclass
+
+    from deepr.roles import Recorder, Role, TaggedReply, context_length, perform, prompt_tokens
+
+    llm = HFLLM(tiny_dir)
+    assert context_length(llm) == 4096
+    msgs = [{"role": "user", "content": "What is lava? " * 20}]
+    assert prompt_tokens(llm, msgs) == len(llm.tokenizer.apply_chat_template(msgs, add_generation_prompt=True,
+                                                                             return_dict=True)["input_ids"])
+
+    @dataclass
+    class Ask:
+        evidence: list[str]
+
+    def messages(a: Ask):
+        lines = "\n".join(f"[N1-R{i}] Source {i}: {t}" for i, t in enumerate(a.evidence, start=1))
+        return [{"role": "user", "content": f"Question: what is lava?\nEvidence:\n{lines}\nAnswer:"}]
+
+    role = Role(name="writer", action="answer", output=TaggedReply("answer"), messages=messages,
+                extractive=lambda a: "Lava is rock.", max_tokens=8, fallback=None)
+    long = "molten rock that flows from a volcano and cools into basalt " * 60
+    ask = Ask([long] * 8)
+    assert prompt_tokens(llm, messages(ask)) + 8 > 4096  # as sent whole, it would not fit
+    rec = Recorder()
+    run_sync(perform(role, ask, llm=llm, rec=rec, max_reasks=0))
+    trimmed = [d for d in rec.decisions if "trimmed" in d["what"]]
+    assert trimmed and trimmed[0]["context"] == 4096 and trimmed[0]["tokens_after"] + 8 <= 4096
+    assert llm.usage.calls == 1 and not [f for f in rec.failures if "context" in f["reason"]]
 
 
 def queued_behind_a_busy_model(llm, calls, **kw):

@@ -185,6 +185,18 @@ class HFLLM(LLM):
             kw["cache_implementation"] = self.config.kv_cache
         return kw
 
+    @property
+    def context_length(self) -> int | None:
+        """The model's context in tokens: roles trim their evidence to fit it before a call
+        (deepr.roles.fit_context) instead of failing in _check_context."""
+        n = getattr(self.model.config, "max_position_embeddings", None)
+        return int(n) if isinstance(n, int) and n > 0 else None
+
+    def count_tokens(self, messages: Sequence[Message]) -> int:
+        """Prompt tokens of ``messages`` as this model's chat template lays them out."""
+        return len(self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True,
+                                                      return_dict=True)["input_ids"])
+
     def _check_context(self, n_prompt: int, max_new: int) -> None:
         limit = getattr(self.model.config, "max_position_embeddings", None)
         if limit and n_prompt + max_new > limit:
