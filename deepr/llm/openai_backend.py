@@ -197,7 +197,6 @@ class OpenAIBackend(LLM):
                     timeout=self.config.timeout, max_retries=0, **extra))
             return self._io
 
-
     def _scrub(self, text: str) -> str:
         key = self._key.reveal()
         return text.replace(key, "***") if key != _NO_KEY else text
