@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from deepr.cli import app
-from deepr.eval.evaluate import EvalContext, item_from_record, score_item, summarize
+from deepr.eval.evaluate import EvalContext, item_from_record, score_item
+from deepr.eval.summary import summarize
 
 RUBRIC = {"id": "R1", "type": "factual", "description": "The Eiffel Tower was completed in 1889", "weight": 1.0}
 PLAN = {"nodes": [{"id": "S1", "type": "search", "query": "Eiffel Tower construction year"},

@@ -103,7 +103,7 @@ def _hist_svg(values: list[float], bins: int = 10) -> str:
 
 def render_html(scores: list[dict], rows: list[dict], totals: dict, metrics: list[str], title: str) -> str:
     """A self-contained page: summary table, a histogram per metric, per-component mean bars."""
-    from deepr.eval.evaluate import SUMMARY_FIELDS, values_of
+    from deepr.eval.summary import SUMMARY_FIELDS, values_of
 
     table = "".join(f"<tr><td>{r['metric']}</td><td>{r['field']}</td><td>{_num(r['mean'])}</td>"
                     f"<td>{_num(r['std'])}</td><td>{r['n']}</td><td>{'' if r['failures'] is None else r['failures']}"
@@ -211,7 +211,8 @@ def _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cac
          pages=(None, "use")) -> int:
     from pydantic import ValidationError
 
-    from deepr.eval.evaluate import EvalConfig, EvalContext, benchmark_totals, evaluate, summarize
+    from deepr.eval.evaluate import EvalConfig, EvalContext, evaluate
+    from deepr.eval.summary import benchmark_totals, summarize
     from deepr.io import JsonlAppender, done_ids, read_jsonl, require_records, write_meta, write_text
 
     try:

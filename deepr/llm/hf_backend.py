@@ -198,7 +198,7 @@ class HFLLM(LLM):
                                                       return_dict=True)["input_ids"])
 
     def _check_context(self, n_prompt: int, max_new: int) -> None:
-        limit = getattr(self.model.config, "max_position_embeddings", None)
+        limit = self.context_length
         if limit and n_prompt + max_new > limit:
             raise LLMError(f"prompt of {n_prompt} tokens + {max_new} reply tokens exceeds the model's context "
                            f"of {limit} tokens ({self.config.path}); shorten the prompt or max_tokens")
