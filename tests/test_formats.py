@@ -46,3 +46,25 @@ def test_a_citation_names_distinct_shown_ids():
     span = cite_spans(["S1-R1", "S1-R2"], sentences=(1, 1))
     assert re.fullmatch(span, '<cite id="S1-R2, S1-R1">Honey bees live in colonies of many thousand workers.</cite>')
     assert not re.fullmatch(span, '<cite id="S1-R2, S1-R2">Honey bees live in colonies of many thousand workers.</cite>')
+
+
+def test_grounded_warp_queries_and_outline_items_carry_a_question_word_and_no_numbers():
+    """SmolLM2's warp searches were "SOLICY 101" and "1234s 1234s ..." and its outline plans
+    "Section 1.1, Section 2.1, ..."; with the question's terms neither can be decoded."""
+    from deepr.agent.formats import items_schema, queries_schema, term_words
+
+    terms = term_words(["How did the printing press change Europe?"])
+    assert terms == ["printing", "press", "change", "Europe"]
+    query = queries_schema("keywords", name="search", terms=terms)["properties"]["keywords"]["items"]["pattern"]
+    for ok in ("printing press Europe", "Gutenberg printing", "printing spread 1450s"):
+        assert re.fullmatch(query.strip("^$"), ok), ok
+    for bad in ("SOLICY 101", "1234s 1234s 1234s", "SECTOR 111", "press"):
+        assert not re.fullmatch(query.strip("^$"), bad), bad
+    item = items_schema(2, 3, terms)["items"]["properties"]
+    title, plan = item["title"]["pattern"].strip("^$"), item["plan"]["pattern"].strip("^$")
+    assert re.fullmatch(title, "Printing in early modern Europe")
+    assert not re.fullmatch(title, "Section One") and not re.fullmatch(title, "Europe 1500")
+    assert re.fullmatch(plan, "Describe how presses spread across Europe")
+    assert not re.fullmatch(plan, "Section 1.1, Section 2.1, Section 3.1, Section 4.1")
+    # without terms (a question with no content word) the plain formats stand
+    assert items_schema(2, 3)["items"]["properties"]["title"]["pattern"] != item["title"]["pattern"]

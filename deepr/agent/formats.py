@@ -113,17 +113,18 @@ def term_words(texts: Sequence[str]) -> list[str]:
     return [w for w in dict.fromkeys(words) if _TERM.fullmatch(w) and w.lower() not in STOP_WORDS]
 
 
-def query_with(terms: Sequence[str], words: tuple[int, int] = (2, 6)) -> str:
+def query_with(terms: Sequence[str], words: tuple[int, int] = (2, 6), word: str = QUERY_WORD) -> str:
     """A search query of ``words`` words in all (see :func:`search_query`) carrying one of
     ``terms``: one branch per position of the term, so the total stays bounded (SmolLM2 copied a
-    long earlier query and appended a new word, 13 words, when only the two sides were)."""
+    long earlier query and appended a new word, 13 words, when only the two sides were).
+    ``word`` is the pattern of the other words (:data:`LABEL_WORD` for a title)."""
     lo, hi = words
     term = "(?:" + "|".join(re.escape(t) for t in dict.fromkeys(terms)) + ")"
     branches = []
     for before in range(hi):
         after_lo, after_hi = max(0, lo - 1 - before), hi - 1 - before
-        head = rf"(?:{QUERY_WORD} ){{{before}}}" if before else ""
-        tail = rf"(?: {QUERY_WORD}){{{after_lo},{after_hi}}}" if after_hi else ""
+        head = rf"(?:{word} ){{{before}}}" if before else ""
+        tail = rf"(?: {word}){{{after_lo},{after_hi}}}" if after_hi else ""
         branches.append(f"{head}{term}{tail}")
     return "(?:" + "|".join(branches) + ")"
 
@@ -183,12 +184,18 @@ def cited_map_schema(allowed: dict[str, Sequence[str]], sentences: tuple[int, in
 
 
 TITLE = rf"{FIRST}(?: {WORD}){{1,9}}"  # 2 to 10 words
+# Words without digits, for outline titles and plans: SmolLM2 numbered its way through warp
+# outlines ("Section 1.1, Section 2.1, Section 3.1, ...") until the budget ran out.
+LABEL_WORD = rf"(?:{_ALPHA}|{_CAPS})"
+LABEL_PHRASE = rf"{FIRST}(?:,? {LABEL_WORD}){{3,14}}"
 
 
-def items_schema(lo: int, hi: int) -> dict[str, Any]:
-    """Outline items (warp): a title and a one-sentence plan each."""
+def items_schema(lo: int, hi: int, terms: Sequence[str] = ()) -> dict[str, Any]:
+    """Outline items (warp): a title and a one-sentence plan each. With ``terms`` (the question's
+    content words) a title carries one of them and neither part holds a number."""
+    title, plan = (query_with(terms, (2, 10), LABEL_WORD), LABEL_PHRASE) if terms else (TITLE, PHRASE)
     return {"type": "array", "minItems": lo, "maxItems": hi, "items": {
-        "type": "object", "properties": {"title": text(TITLE), "plan": text(PHRASE)},
+        "type": "object", "properties": {"title": text(title), "plan": text(plan)},
         "required": ["title", "plan"], "additionalProperties": False}}
 
 
@@ -197,9 +204,12 @@ def action_schema(name: str, **props: dict[str, Any]) -> dict[str, Any]:
             "required": ["name", *props], "additionalProperties": False}
 
 
-def queries_schema(key: str, lo: int = 1, hi: int = 3, name: str | None = None) -> dict[str, Any]:
-    """``{key: [2–8 word queries]}`` (with ``name`` constant when given: a warp action)."""
-    arr = {"type": "array", "minItems": lo, "maxItems": hi, "items": text(search_query())}
+def queries_schema(key: str, lo: int = 1, hi: int = 3, name: str | None = None,
+                   terms: Sequence[str] = ()) -> dict[str, Any]:
+    """``{key: [2–8 word queries]}`` (with ``name`` constant when given: a warp action); with
+    ``terms`` each query carries one of them (see :func:`query_with`)."""
+    query = query_with(terms, (2, 6)) if terms else search_query()
+    arr = {"type": "array", "minItems": lo, "maxItems": hi, "items": text(query)}
     return action_schema(name, **{key: arr}) if name else {
         "type": "object", "properties": {key: arr}, "required": [key], "additionalProperties": False}
 

@@ -25,7 +25,7 @@ from deepr.roles import JSONReply, Role, TaggedReply
 
 from deepr.agent.citations import cited_ids, normalize
 from deepr.agent.env import Ctx
-from deepr.agent.formats import action_schema, cited_prose, items_schema, queries_schema, tagged, TITLE
+from deepr.agent.formats import action_schema, cited_prose, items_schema, queries_schema, tagged, term_words, TITLE
 from deepr.llm.base import OutputFormat
 from deepr.agent.extract import cluster, content_terms, distinctive_terms, focus_query, shorten, sub_questions
 from deepr.agent.outline import Outline, Section
@@ -176,10 +176,18 @@ def _write(a: WarpAsk) -> str:
                         run.ctx.config.section_sentences, avoid=run.outline.used_text())
 
 
+def _terms(a: WarpAsk, *texts: str) -> list[str]:
+    """Content words of the question and ``texts`` that a query or title must carry one of
+    (see formats.query_with): SmolLM2's warp searches were "SOLICY 101" and "1234s 1234s"."""
+    return term_words([a.run.query, *texts])
+
+
 def _deepen_format(a: WarpAsk) -> OutputFormat | None:
     """expand one of the expandable sections (by its real position) or, unless forced, terminate."""
-    can = [f"section-{s.pos}" for s in a.run.outline.expandable(a.run.ctx.config.max_levels)]
-    options = [action_schema("expand", position={"enum": can}, subsections=items_schema(2, 3))] if can else []
+    sections = a.run.outline.expandable(a.run.ctx.config.max_levels)
+    can = [f"section-{s.pos}" for s in sections]
+    items = items_schema(2, 3, _terms(a, *(s.title for s in sections)))
+    options = [action_schema("expand", position={"enum": can}, subsections=items)] if can else []
     if not a.forced:
         options.append(action_schema("terminate"))
     if not options:
@@ -197,7 +205,8 @@ SEARCH = Role(
     name="warp", action="search", messages=_search_messages, output=JSONReply(SearchAction),
     extractive=lambda a: {"name": "search", "keywords": a.default},
     result=lambda a, v: [k.strip() for k in v["keywords"] if k.strip()] or a.default, max_tokens=256,
-    constrain=lambda a: OutputFormat("search", json_schema=queries_schema("keywords", name="search")),
+    constrain=lambda a: OutputFormat("search", json_schema=queries_schema("keywords", name="search",
+                                                                          terms=_terms(a, *a.default))),
     accept=(no_placeholder, no_echo, no_babble, query_words(lambda v: v.get("keywords") or [])),
     on_fail="searched with default keywords after the model's search action failed")
 
@@ -205,7 +214,7 @@ INITIALIZE = Role(
     name="warp", action="initialize", messages=_init_messages, output=JSONReply(InitAction),
     extractive=_initialize, max_tokens=1024, accept=(no_placeholder, no_echo, no_babble),
     constrain=lambda a: OutputFormat("initialize", json_schema=action_schema(
-        "initialize", title={"type": "string", "pattern": f"^{TITLE}$"}, sections=items_schema(2, 3))),
+        "initialize", title={"type": "string", "pattern": f"^{TITLE}$"}, sections=items_schema(2, 3, _terms(a)))),
     on_fail="outline built extractively after the model's initialize action failed")
 
 WRITE = Role(
