@@ -30,13 +30,13 @@ from deepr.text import STOP_WORDS
 # max_tokens runs out (seen: "vaccine-training-immune-system-vaccine-…"). Letters and digits never
 # mix inside a word, so id-like tokens ("N4-N4", "S1", "n0.2") can only appear where a format
 # places an id on purpose (a citation, an enum); acronyms are capitals only, numbers digits only.
-_ALPHA = r"[A-Za-z][a-z']{0,15}(?:-[A-Za-z][a-z]{1,11})?"
+_ALPHA = r"[A-Za-z][a-z]{0,15}(?:'[a-z]{1,12})?(?:-[A-Za-z][a-z]{1,11})?"
 _CAPS = r"[A-Z]{2,6}"
 _NUMBER = r"[0-9]{1,4}(?:[.,][0-9]{1,3})?(?:s|%)?"
 WORD = rf"(?:{_ALPHA}|{_CAPS}|{_NUMBER})"
-FIRST = rf"(?:[A-Z][a-z']{{0,15}}(?:-[A-Za-z][a-z]{{1,11}})?|{_CAPS})"  # a sentence's first word
+FIRST = rf"(?:[A-Z][a-z]{{0,15}}(?:'[a-z]{{1,12}})?(?:-[A-Za-z][a-z]{{1,11}})?|{_CAPS})"  # a sentence's first word
 # 3+ characters: no "a", "of", "…"
-QUERY_WORD = rf"(?:[A-Za-z][a-z']{{2,15}}(?:-[A-Za-z][a-z]{{1,11}})?|{_CAPS}|[0-9]{{3,4}}s?)"
+QUERY_WORD = rf"(?:[A-Za-z][a-z]{{2,15}}(?:'[a-z]{{1,12}})?(?:-[A-Za-z][a-z]{{1,11}})?|{_CAPS}|[0-9]{{3,4}}s?)"
 
 
 def id_choice(ids: Sequence[str]) -> str:
@@ -129,9 +129,10 @@ def query_with(terms: Sequence[str], words: tuple[int, int] = (2, 6), word: str 
     return "(?:" + "|".join(branches) + ")"
 
 
-def search_query(words: tuple[int, int] = (2, 8)) -> str:
+def search_query(words: tuple[int, int] = (2, 8), word: str = QUERY_WORD) -> str:
+    """``words`` words of the pattern ``word`` (any real word, or a :func:`word_choice`)."""
     lo, hi = words
-    return rf"{QUERY_WORD}(?: {QUERY_WORD}){{{lo - 1},{hi - 1}}}"
+    return rf"{word}(?: {word}){{{lo - 1},{hi - 1}}}"
 
 
 def tagged(tag: str, body: str, name: str | None = None) -> OutputFormat:
@@ -205,10 +206,12 @@ def action_schema(name: str, **props: dict[str, Any]) -> dict[str, Any]:
 
 
 def queries_schema(key: str, lo: int = 1, hi: int = 3, name: str | None = None,
-                   terms: Sequence[str] = ()) -> dict[str, Any]:
+                   terms: Sequence[str] = (), vocab: str | None = None) -> dict[str, Any]:
     """``{key: [2–8 word queries]}`` (with ``name`` constant when given: a warp action); with
-    ``terms`` each query carries one of them (see :func:`query_with`)."""
-    query = query_with(terms, (2, 6)) if terms else search_query()
+    ``terms`` each query carries one of them (see :func:`query_with`), with ``vocab`` (a
+    :func:`word_choice`) every word comes from it."""
+    word = vocab or QUERY_WORD
+    query = query_with(terms, (2, 6), word) if terms else search_query(word=word)
     arr = {"type": "array", "minItems": lo, "maxItems": hi, "items": text(query)}
     return action_schema(name, **{key: arr}) if name else {
         "type": "object", "properties": {key: arr}, "required": [key], "additionalProperties": False}
@@ -221,12 +224,12 @@ def cite_spans(ids: Sequence[str], *, sentences: tuple[int, int] = (3, 6), words
     return rf"{span}(?: {span}){{{sentences[0] - 1},{sentences[1] - 1}}}"
 
 
-def tool_step(shown: Sequence[str], *, may_call: bool = True, may_browse: bool = True) -> str:
-    """One tools-mode turn: a search call (a real query), a browse of a document an earlier
-    search showed, or, once something was shown, the cited answer."""
+def tool_step(shown: Sequence[str], *, may_call: bool = True, may_browse: bool = True, query: str | None = None) -> str:
+    """One tools-mode turn: a search call (a real query, or one matching ``query``), a browse of
+    a document an earlier search showed, or, once something was shown, the cited answer."""
     options = []
     if may_call:
-        options.append(rf'<tool_call>\{{"name": "search", "arguments": \{{"query": "{search_query()}"\}}\}}</tool_call>')
+        options.append(rf'<tool_call>\{{"name": "search", "arguments": \{{"query": "{query or search_query()}"\}}\}}</tool_call>')
         if may_browse and shown:
             options.append(rf'<tool_call>\{{"name": "browse", "arguments": \{{"doc_id": "{id_choice(shown)}"\}}\}}'
                            r"</tool_call>")

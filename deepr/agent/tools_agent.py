@@ -28,7 +28,8 @@ from typing import Any
 
 from deepr.agent.citations import cited_ids, normalize, strip_ids
 from deepr.agent.env import Ctx
-from deepr.agent.formats import cite_spans as answer_spans, id_choice, query_with, search_query, term_words, tool_step
+from deepr.agent.formats import (QUERY_WORD, cite_spans as answer_spans, id_choice, query_with, search_query, term_words,
+                                 tool_step, word_choice)
 from deepr.agent.extract import shorten, sub_questions
 from deepr.agent.tools_extractive import ExtractivePolicy, cite_tags
 from deepr.agent.render import GNode, Graph, Section
@@ -290,20 +291,24 @@ def _step_format(a: StepAsk, *, may_call: bool) -> OutputFormat | None:
                                 rf'"{id_choice(openable)}"\}}\}}</tool_call>)|(?:{answer})')
         return OutputFormat("step", regex=answer)
     searched = _searched(a.convo)
-    terms = new_terms(a.convo[1]["content"] if len(a.convo) > 1 else "", a.session, searched) if searched else None
+    question = a.convo[1]["content"] if len(a.convo) > 1 else ""
+    terms = new_terms(question, a.session, searched) if searched else None
     if searched and not terms and not shown:
         return None  # nothing new to search for and nothing to cite: the acceptance checks decide
     return OutputFormat("step", regex=_step_regex(shown, may_call=may_call, browse=openable if may_browse else [],
-                                                  terms=terms))
+                                                  terms=terms, vocab=query_vocab(question, a.session)))
 
 
-def _step_regex(shown: Sequence[str], *, may_call: bool, browse: Sequence[str], terms: Sequence[str] | None) -> str:
+def _step_regex(shown: Sequence[str], *, may_call: bool, browse: Sequence[str], terms: Sequence[str] | None,
+                vocab: str | None = None) -> str:
     """:func:`~deepr.agent.formats.tool_step` with the follow-up rules: a search carries one of
-    ``terms`` (when given), a browse opens one of ``browse``."""
+    ``terms`` (when given) and draws its words from ``vocab`` (when given), a browse opens one of
+    ``browse``."""
+    word = vocab or QUERY_WORD
+    query = query_with(terms, word=word) if terms else search_query(word=word)
     if not (terms or browse) or not may_call:
-        return tool_step(shown, may_call=may_call, may_browse=bool(browse))
-    options = [rf'<tool_call>\{{"name": "search", "arguments": \{{"query": '
-               rf'"{query_with(terms) if terms else search_query()}"\}}\}}</tool_call>']
+        return tool_step(shown, may_call=may_call, may_browse=bool(browse), query=query)
+    options = [rf'<tool_call>\{{"name": "search", "arguments": \{{"query": "{query}"\}}\}}</tool_call>']
     if browse:
         options.append(rf'<tool_call>\{{"name": "browse", "arguments": \{{"doc_id": "{id_choice(browse)}"\}}\}}'
                        r"</tool_call>")
@@ -320,6 +325,14 @@ def new_terms(question: str, session: ToolSession, searched: set[str], most: int
     cat = session.ctx.catalog
     titles = [cat[c].title or "" for c in session.shown if c in cat]
     return [w for w in term_words([question, *titles]) if w.lower() not in used][:most]
+
+
+def query_vocab(question: str, session: ToolSession) -> str | None:
+    """The words a search may use (:func:`~deepr.agent.formats.word_choice`): those of the
+    question and of the titles shown so far. SmolLM2 searched "What causes the seasons
+    onearth's's's's' Autumn" and then "... onearth'ss'ss-soulunetrode Trojan"."""
+    cat = session.ctx.catalog
+    return word_choice([question, *(cat[c].title or "" for c in session.shown if c in cat)])
 
 
 def _openable(session: ToolSession) -> list[str]:

@@ -25,7 +25,8 @@ from deepr.roles import JSONReply, Role, TaggedReply
 
 from deepr.agent.citations import cited_ids, normalize
 from deepr.agent.env import Ctx
-from deepr.agent.formats import action_schema, cited_prose, items_schema, queries_schema, tagged, term_words, TITLE
+from deepr.agent.formats import (action_schema, cited_prose, items_schema, queries_schema, tagged, term_words, TITLE,
+                                 word_choice)
 from deepr.llm.base import OutputFormat
 from deepr.agent.extract import cluster, content_terms, distinctive_terms, focus_query, shorten, sub_questions
 from deepr.agent.outline import Outline, Section
@@ -205,8 +206,8 @@ SEARCH = Role(
     name="warp", action="search", messages=_search_messages, output=JSONReply(SearchAction),
     extractive=lambda a: {"name": "search", "keywords": a.default},
     result=lambda a, v: [k.strip() for k in v["keywords"] if k.strip()] or a.default, max_tokens=256,
-    constrain=lambda a: OutputFormat("search", json_schema=queries_schema("keywords", name="search",
-                                                                          terms=_terms(a, *a.default))),
+    constrain=lambda a: OutputFormat("search", json_schema=queries_schema(
+        "keywords", name="search", terms=_terms(a, *a.default), vocab=word_choice([a.run.query, *a.default]))),
     accept=(no_placeholder, no_echo, no_babble, query_words(lambda v: v.get("keywords") or [])),
     on_fail="searched with default keywords after the model's search action failed")
 
