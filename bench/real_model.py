@@ -186,10 +186,21 @@ def answer_figures(trace: dict, turns: list[dict], mode: str, shown: set[str]) -
             "text": answer[:1200]}
 
 
+def _one_per_run(traj: list[dict]) -> list[dict]:
+    """One record per run: warp records a trajectory per draft ("<id>#2" ...), each repeating the
+    turns before it, so counting every record counted those turns twice (until 2026-11-24)."""
+    best: dict[str, dict] = {}
+    for r in traj:
+        key = str(r.get("id", "")).split("#")[0]
+        if key not in best or len(r["turns"]) > len(best[key]["turns"]):
+            best[key] = r
+    return list(best.values())
+
+
 def audit_run(folder: Path, mode: str) -> dict:
     trace = json.loads((folder / "report.json").read_text())
     traj = [json.loads(x) for x in (folder / "traj.jsonl").read_text().splitlines() if x.strip()]
-    turns = [t for r in traj for t in r["turns"]]
+    turns = [t for r in _one_per_run(traj) for t in r["turns"]]
     shown = shown_ids(trace)
     model_turns = [t for t in turns if not t.get("extractive")]
     ok_turns = [t for t in model_turns if t.get("ok")]
