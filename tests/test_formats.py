@@ -11,14 +11,15 @@ from deepr.agent.formats import PHRASE, QUERY_WORD, WORD, cited_prose, search_qu
 
 
 @pytest.mark.parametrize("word", ["the", "don't", "Pompeii", "well-known", "Indo-European", "NATO", "1991",
-                                  "1990s", "45%", "0.5", "1,200", "Earth's"])
+                                  "1990s", "45%", "0.5", "1,200", "Earth's", "they're",
+                                  "we'll"])
 def test_ordinary_words_numbers_and_acronyms_are_words(word):
     assert re.fullmatch(WORD, word)
 
 
 @pytest.mark.parametrize("token", ["N4-N4", "N4", "S1-R2", "n0.1.1", "R12", "M1", "4N", "...", "…", "[1]",
                                    "vaccine-training-immune", "abcdefghijklmnopqrstu",
-                                   "onearth's's's", "s'ss'ss"])
+                                   "onearth's's's", "s'ss'ss", "but'mleeeeerrrrm"])
 def test_ids_placeholders_and_runaway_tokens_are_not_words(token):
     assert not re.fullmatch(WORD, token)
 

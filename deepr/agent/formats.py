@@ -30,13 +30,14 @@ from deepr.text import STOP_WORDS
 # max_tokens runs out (seen: "vaccine-training-immune-system-vaccine-…"). Letters and digits never
 # mix inside a word, so id-like tokens ("N4-N4", "S1", "n0.2") can only appear where a format
 # places an id on purpose (a citation, an enum); acronyms are capitals only, numbers digits only.
-_ALPHA = r"[A-Za-z][a-z]{0,15}(?:'[a-z]{1,12})?(?:-[A-Za-z][a-z]{1,11})?"
+_APOS = r"(?:'(?:s|t|d|m|re|ve|ll))?"  # one English clitic: SmolLM2 wrote "onearth's's's's'" and "but'mleeeeerrrrm"
+_ALPHA = rf"[A-Za-z][a-z]{{0,15}}{_APOS}(?:-[A-Za-z][a-z]{{1,11}})?"
 _CAPS = r"[A-Z]{2,6}"
 _NUMBER = r"[0-9]{1,4}(?:[.,][0-9]{1,3})?(?:s|%)?"
 WORD = rf"(?:{_ALPHA}|{_CAPS}|{_NUMBER})"
-FIRST = rf"(?:[A-Z][a-z]{{0,15}}(?:'[a-z]{{1,12}})?(?:-[A-Za-z][a-z]{{1,11}})?|{_CAPS})"  # a sentence's first word
+FIRST = rf"(?:[A-Z][a-z]{{0,15}}{_APOS}(?:-[A-Za-z][a-z]{{1,11}})?|{_CAPS})"  # a sentence's first word
 # 3+ characters: no "a", "of", "…"
-QUERY_WORD = rf"(?:[A-Za-z][a-z]{{2,15}}(?:'[a-z]{{1,12}})?(?:-[A-Za-z][a-z]{{1,11}})?|{_CAPS}|[0-9]{{3,4}}s?)"
+QUERY_WORD = rf"(?:[A-Za-z][a-z]{{2,15}}{_APOS}(?:-[A-Za-z][a-z]{{1,11}})?|{_CAPS}|[0-9]{{3,4}}s?)"
 
 
 def id_choice(ids: Sequence[str]) -> str:
