@@ -68,5 +68,17 @@ def test_grounded_warp_queries_and_outline_items_carry_a_question_word_and_no_nu
     assert not re.fullmatch(title, "Section One") and not re.fullmatch(title, "Europe 1500")
     assert re.fullmatch(plan, "Describe how presses spread across Europe")
     assert not re.fullmatch(plan, "Section 1.1, Section 2.1, Section 3.1, Section 4.1")
+    assert not re.fullmatch(plan, "The report is to be prepared for the next day")  # no word of the question
+    # with a vocabulary, every word comes from the question, the background or the glue words
+    from deepr.agent.formats import label_vocab
+
+    vocab = label_vocab(["How did the printing press change Europe?",
+                         "Johannes Gutenberg introduced movable type printing to Europe around 1440."])
+    grounded = items_schema(2, 3, terms, vocab)["items"]["properties"]
+    title, plan = grounded["title"]["pattern"].strip("^$"), grounded["plan"]["pattern"].strip("^$")
+    assert re.fullmatch(title, "Gutenberg and the printing press")
+    assert re.fullmatch(plan, "How movable type printing changed Europe") is None  # "changed": not in the texts
+    assert re.fullmatch(plan, "How movable type printing change Europe")
+    assert not re.fullmatch(title, "Sender's note to the printing press")
     # without terms (a question with no content word) the plain formats stand
     assert items_schema(2, 3)["items"]["properties"]["title"]["pattern"] != item["title"]["pattern"]

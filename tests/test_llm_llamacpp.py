@@ -101,12 +101,15 @@ def _duck() -> SimpleNamespace:
     """An input with what every role's ``constrain`` reads (ids, memory, outline, hits …)."""
     hit = SimpleNamespace(title="Volcano", doc_id="volcano", text="A volcano is a rupture in the crust of a planet. Magma rises "
                           'through vents and erupts as lava, ash and "gases" at the surface.')
-    outline = SimpleNamespace(expandable=lambda levels: [SimpleNamespace(pos="1", title="Eruption types"),
-                                                         SimpleNamespace(pos="2", title="Volcanic hazards")])
+    outline = SimpleNamespace(expandable=lambda levels: [
+        SimpleNamespace(pos="1", title="Eruption types", plan="Compare explosive and effusive eruptions"),
+        SimpleNamespace(pos="2", title="Volcanic hazards", plan="Describe lava flows and ash clouds")])
     return SimpleNamespace(
         ids=IDS, allowed={"N1": IDS[:2], "N2": IDS[2:]}, wave=["N1", "N2"], limit=3, forced=False, hit=hit,
         sec=SimpleNamespace(ids=IDS, pos="1"), memory=[SimpleNamespace(evidence="Magma rises [N1-R1]. Lava [N2-R1].")],
-        run=SimpleNamespace(outline=outline, ctx=SimpleNamespace(config=SimpleNamespace(max_levels=2)),
+        run=SimpleNamespace(outline=outline, ctx=SimpleNamespace(
+            config=SimpleNamespace(max_levels=2),
+            catalog=SimpleNamespace(evidence=lambda ids, chars=None: f"[{ids[0]}] Volcano: {hit.text}")),
                             query="How do volcanoes erupt?"), default=["volcano eruption causes"],
         results={"N1": IDS[:2], "N2": IDS[2:]}, ctx=SimpleNamespace(hits=[hit, hit], config=SimpleNamespace(fetch_limit=2), depth=0, seen_docs=set(),
                             support=[0, 1], query="volcano eruptions", path=["Volcano"], root_topic="Volcano",

@@ -189,13 +189,31 @@ TITLE = rf"{FIRST}(?: {WORD}){{1,9}}"  # 2 to 10 words
 # Words without digits, for outline titles and plans: SmolLM2 numbered its way through warp
 # outlines ("Section 1.1, Section 2.1, Section 3.1, ...") until the budget ran out.
 LABEL_WORD = rf"(?:{_ALPHA}|{_CAPS})"
-LABEL_PHRASE = rf"{FIRST}(?:,? {LABEL_WORD}){{3,14}}"
 
 
-def items_schema(lo: int, hi: int, terms: Sequence[str] = ()) -> dict[str, Any]:
+GLUE = ("a", "an", "the", "of", "and", "or", "in", "on", "at", "to", "for", "with", "by", "from", "as", "is",
+        "are", "its", "their", "how", "why", "what", "when", "which")
+
+
+def label_vocab(texts: Sequence[str], most: int = 80) -> str | None:
+    """The words an outline title or plan may use: the content words of ``texts`` (see
+    :func:`word_choice`) and the glue words between them; None when ``texts`` have too few."""
+    content = word_choice(texts, most=most)
+    if content is None:
+        return None
+    glue = sorted({v for g in GLUE for v in (g, g.capitalize())}, key=lambda w: (-len(w), w))
+    return f"(?:{content}|{'|'.join(glue)})"
+
+
+def items_schema(lo: int, hi: int, terms: Sequence[str] = (), vocab: str | None = None) -> dict[str, Any]:
     """Outline items (warp): a title and a one-sentence plan each. With ``terms`` (the question's
-    content words) a title carries one of them and neither part holds a number."""
-    title, plan = (query_with(terms, (2, 10), LABEL_WORD), LABEL_PHRASE) if terms else (TITLE, PHRASE)
+    content words) each part carries one of them and holds no number; with ``vocab`` (a
+    :func:`label_vocab`) every word comes from it."""
+    if terms:
+        word = vocab or LABEL_WORD
+        title, plan = query_with(terms, (2, 10), word), query_with(terms, (4, 15), word)
+    else:
+        title, plan = TITLE, PHRASE
     return {"type": "array", "minItems": lo, "maxItems": hi, "items": {
         "type": "object", "properties": {"title": text(title), "plan": text(plan)},
         "required": ["title", "plan"], "additionalProperties": False}}

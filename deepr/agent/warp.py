@@ -25,8 +25,8 @@ from deepr.roles import JSONReply, Role, TaggedReply
 
 from deepr.agent.citations import cited_ids, normalize
 from deepr.agent.env import Ctx
-from deepr.agent.formats import (action_schema, cited_prose, items_schema, queries_schema, tagged, term_words, TITLE,
-                                 word_choice)
+from deepr.agent.formats import (LABEL_WORD, TITLE, action_schema, cited_prose, items_schema, label_vocab, queries_schema,
+                                 query_with, tagged, term_words, text, word_choice)
 from deepr.llm.base import OutputFormat
 from deepr.agent.extract import cluster, content_terms, distinctive_terms, focus_query, shorten, sub_questions
 from deepr.agent.outline import Outline, Section
@@ -183,11 +183,23 @@ def _terms(a: WarpAsk, *texts: str) -> list[str]:
     return term_words([a.run.query, *texts])
 
 
+def _init_format(a: WarpAsk) -> OutputFormat:
+    """The report title and sections, in the question's and the background's words: SmolLM2
+    titled its outline "Initialize the report" and its sections "Sender's note to the report
+    writer's request", and the searches that followed looked for those words."""
+    terms = _terms(a)
+    vocab = label_vocab([a.run.query, a.run.ctx.catalog.evidence(a.ids, 300)]) if terms else None
+    title = query_with(terms, (2, 10), vocab or LABEL_WORD) if terms else TITLE
+    return OutputFormat("initialize", json_schema=action_schema(
+        "initialize", title=text(title), sections=items_schema(2, 3, terms, vocab)))
+
+
 def _deepen_format(a: WarpAsk) -> OutputFormat | None:
     """expand one of the expandable sections (by its real position) or, unless forced, terminate."""
     sections = a.run.outline.expandable(a.run.ctx.config.max_levels)
     can = [f"section-{s.pos}" for s in sections]
-    items = items_schema(2, 3, _terms(a, *(s.title for s in sections)))
+    texts = [f"{s.title}. {s.plan}" for s in sections]
+    items = items_schema(2, 3, _terms(a, *texts), label_vocab([a.run.query, *texts]))
     options = [action_schema("expand", position={"enum": can}, subsections=items)] if can else []
     if not a.forced:
         options.append(action_schema("terminate"))
@@ -214,8 +226,7 @@ SEARCH = Role(
 INITIALIZE = Role(
     name="warp", action="initialize", messages=_init_messages, output=JSONReply(InitAction),
     extractive=_initialize, max_tokens=1024, accept=(no_placeholder, no_echo, no_babble),
-    constrain=lambda a: OutputFormat("initialize", json_schema=action_schema(
-        "initialize", title={"type": "string", "pattern": f"^{TITLE}$"}, sections=items_schema(2, 3, _terms(a)))),
+    constrain=lambda a: _init_format(a),
     on_fail="outline built extractively after the model's initialize action failed")
 
 WRITE = Role(
