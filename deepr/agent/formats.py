@@ -7,7 +7,11 @@ itself excludes those replies:
 
 - cited prose: sentences of real words, each ending in a citation whose ids are an alternation
   of exactly the evidence ids the writer was shown (no other id, no ``...``, no ``[1]``);
-- search queries: two to eight words of at least three characters;
+- search queries: two to eight words of at least three characters; in tools and warp mode one
+  of them a word of the question (or of a section, or a result title), and every word one the
+  prompt showed, so a query cannot be invented or glued together ("onearth's's");
+- warp outlines: titles and plans carrying a word of the question, in the words of the question,
+  the background shown and a few glue words (no numbers, no "Section 1.1, Section 2.1, ...");
 - the dag plan: a fixed skeleton (search nodes → one aggregate → the answer) whose ids and edges
   are constants, so the model writes only queries, needs and key points.
 
