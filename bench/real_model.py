@@ -81,7 +81,8 @@ def _bodies(completion: str) -> list[str]:
         return [b for _, b in tags] or [completion]
 
 
-_DEGENERATE = ("numbers and ids instead of words", "one word repeated", "the same sentences repeated")
+_DEGENERATE = ("numbers and ids instead of words", "one word repeated", "the same sentences repeated",
+               "a phrase repeated")
 
 
 def _templated(flat: str) -> bool:
@@ -100,8 +101,14 @@ def on_topic(question: str, answer: str) -> bool:
 
 def _degenerate(body: str) -> str | None:
     """A loop: half or more of the sentences are copies of others; a sentence of 8+ words in which
-    one word (not a stop word) is 40 %+ of the words; or a span of 3+ words most of which (60 %+)
-    hold digits (a counter or ids)."""
+    one word (not a stop word) is 40 %+ of the words; a span of 3+ words most of which (60 %+)
+    hold digits (a counter or ids); or one 6-word phrase three times or more (a loop that changes
+    a number or an id per sentence)."""
+    flat = re.findall(r"[a-z0-9']+", re.sub(r"\[[^\]]*\]", " ", body.lower()))
+    grams = [" ".join(flat[i:i + 6]) for i in range(len(flat) - 5)]
+    top = max(((grams.count(g), g) for g in set(grams)), default=(0, ""))
+    if top[0] >= 3:
+        return f"a phrase repeated {top[0]} times: {top[1]!r}"
     sents = [" ".join(x.lower().split()) for x in re.split(r"[.!?\n]\s", re.sub(r"\[[^\]]*\]", " ", body))]
     sents = [x for x in sents if len(x.split()) >= 4]
     if len(sents) >= 3 and 2 * len(set(sents)) <= len(sents):
