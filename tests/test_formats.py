@@ -82,3 +82,16 @@ def test_grounded_warp_queries_and_outline_items_carry_a_question_word_and_no_nu
     assert not re.fullmatch(title, "Sender's note to the printing press")
     # without terms (a question with no content word) the plain formats stand
     assert items_schema(2, 3)["items"]["properties"]["title"]["pattern"] != item["title"]["pattern"]
+
+
+def test_a_strict_dag_plan_searches_with_the_words_of_the_question_and_the_results():
+    """SmolLM2's strict dag plans searched "How dovolcanoes form and whydotheyreject"."""
+    from deepr.agent.formats import plan_schema
+
+    schema = plan_schema(texts=["How do volcanoes form and why do they erupt?", "Mount Vesuvius"])
+    query = schema["properties"]["nodes"]["prefixItems"][0]["properties"]["query"]["pattern"].strip("^$")
+    for ok in ("volcanoes form", "volcanoes erupt Vesuvius", "Mount Vesuvius"):
+        assert re.fullmatch(query, ok), ok
+    # glued words, a word no text holds, and stop words (a query names things)
+    for bad in ("How dovolcanoes form", "whydotheyreject volcanoes", "volcanoes lava", "why volcanoes erupt"):
+        assert not re.fullmatch(query, bad), bad

@@ -156,27 +156,32 @@ def text(pattern: str) -> dict[str, Any]:
 PHRASE = rf"{FIRST}(?:,? {WORD}){{3,14}}"  # a need or key point: 4 to 15 words
 
 
-def _search_node(nid: str) -> dict[str, Any]:
+def _search_node(nid: str, query: str, phrase: str) -> dict[str, Any]:
     return {"type": "object", "properties": {
-        "id": {"const": nid}, "type": {"const": "search"}, "query": text(search_query()),
-        "key_points": {"type": "array", "minItems": 1, "maxItems": 1, "items": text(PHRASE)}},
+        "id": {"const": nid}, "type": {"const": "search"}, "query": text(query),
+        "key_points": {"type": "array", "minItems": 1, "maxItems": 1, "items": text(phrase)}},
         "required": ["id", "type", "query", "key_points"], "additionalProperties": False}
 
 
-def _reader_node(nid: str, kind: str, inputs: list[str]) -> dict[str, Any]:
+def _reader_node(nid: str, kind: str, inputs: list[str], phrase: str) -> dict[str, Any]:
     return {"type": "object", "properties": {
-        "id": {"const": nid}, "type": {"const": kind}, "need": text(PHRASE),
+        "id": {"const": nid}, "type": {"const": kind}, "need": text(phrase),
         "inputs": {"const": inputs}},
         "required": ["id", "type", "need", "inputs"], "additionalProperties": False}
 
 
-def plan_schema(n_search: int = 3, fetch_ids: Sequence[str] | None = None, fetch_limit: int = 2) -> dict[str, Any]:
+def plan_schema(n_search: int = 3, fetch_ids: Sequence[str] | None = None, fetch_limit: int = 2,
+                texts: Sequence[str] = ()) -> dict[str, Any]:
     """The dag plan skeleton: ``n_search`` search nodes N1.., one aggregate reading all of them,
-    the answer node reading the aggregate; with ``fetch_ids`` a ``fetch`` list drawn from them."""
+    the answer node reading the aggregate; with ``fetch_ids`` a ``fetch`` list drawn from them.
+    With ``texts`` (the question, the result titles) a query uses only their words: SmolLM2 planned
+    "How dovolcanoes form and whydotheyreject"."""
+    vocab = word_choice(texts)
+    query, phrase = search_query(word=vocab) if vocab else search_query(), PHRASE
     searches = [f"N{k}" for k in range(1, n_search + 1)]
     agg, ans = f"N{n_search + 1}", f"N{n_search + 2}"
-    nodes = [*map(_search_node, searches), _reader_node(agg, "aggregate", searches),
-             _reader_node(ans, "answer", [agg])]
+    nodes = [*(_search_node(s, query, phrase) for s in searches), _reader_node(agg, "aggregate", searches, phrase),
+             _reader_node(ans, "answer", [agg], phrase)]
     props: dict[str, Any] = {"nodes": {"type": "array", "prefixItems": nodes, "items": False,
                                        "minItems": len(nodes), "maxItems": len(nodes)}}
     if fetch_ids:

@@ -200,12 +200,17 @@ def _search_queries(value: Any) -> list[str]:
 
 STRICT = (no_placeholder, no_echo, no_babble, query_words(_search_queries))
 
+
+def _result_titles(a: Any) -> list[str]:
+    cat = a.ctx.catalog
+    return [cat[i].title or "" for ids in a.results.values() for i in ids if i in cat]
+
 INITIAL = Role(
     name="planner", action="plan", messages=lambda a: initial_messages(a.query),
     output=JSONReply(shape=_PlanShape), check=lambda a, v: _plan_check(v),
     extractive=lambda a: _as_value(extractive_plan(a.ctx, a.query)),
     result=lambda a, v: validate_plan(v)[0], max_tokens=1536, accept=STRICT,
-    constrain=lambda a: OutputFormat("plan", json_schema=plan_schema()),
+    constrain=lambda a: OutputFormat("plan", json_schema=plan_schema(texts=[a.query])),
     on_fail="initial plan written by the extractive planner because the model's plan never validated")
 
 REVISE = Role(
@@ -215,7 +220,8 @@ REVISE = Role(
     extractive=lambda a: _as_value(*extractive_revision(a.ctx, a.query, a.plan, a.results, a.gaps)),
     fallback=lambda a: _as_value(a.plan, []), result=_revised, max_tokens=2048, accept=STRICT,
     constrain=lambda a: OutputFormat("revision", json_schema=plan_schema(
-        fetch_ids=[i for ids in a.results.values() for i in ids], fetch_limit=a.ctx.config.fetch_limit)),
+        fetch_ids=[i for ids in a.results.values() for i in ids], fetch_limit=a.ctx.config.fetch_limit,
+        texts=[a.query, *_result_titles(a)])),
     on_fail="kept the previous plan because the revision never validated")
 
 _BY = {"llm": "llm", "extractive": "extractive", "fallback": "extractive-fallback"}
