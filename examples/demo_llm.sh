@@ -40,10 +40,12 @@ for m in $MODES; do
 done
 step prune          deepr prune-trajectories "$D/trajectories.jsonl" --rubrics "$D/verified.jsonl" \
                       --out-dir "$D/data" --heldout 0
-step sft            deepr sft --model "$BASE" --data "$D/data/sft.jsonl" --role planner \
-                      --out "$D/ckpt/planner-sft" --max-steps 4 --batch-size 1 --grad-accum 1 \
+# --role all: prune keeps only trajectories whose every turn the model got right, and with a 135M
+# model that may leave no planner turn at all (a looping dag answer fails the run's last turn)
+step sft            deepr sft --model "$BASE" --data "$D/data/sft.jsonl" --role all \
+                      --out "$D/ckpt/sft" --max-steps 4 --batch-size 1 --grad-accum 1 \
                       --max-length 2048 --resume
-step grpo-planner   deepr grpo --stage planner --model "$D/ckpt/planner-sft" --data "$D/verified.jsonl" \
+step grpo-planner   deepr grpo --stage planner --model "$D/ckpt/sft" --data "$D/verified.jsonl" \
                       --corpus "$CORPUS" --out "$D/ckpt/planner" --max-steps 2 --num-generations 2 \
                       --prompts-per-step 1 --max-completion-length 256 --k 2 --temperature 0.8 --seed 0 \
                       --resume

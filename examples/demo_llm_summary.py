@@ -63,7 +63,7 @@ def run_rows(demo: Path) -> list[list[str]]:
 def rows(demo: Path) -> list[list[str]]:
     out = [data_row(demo, name, file) for name, file in DATA] + run_rows(demo)
     out.append(["prune → sft.jsonl", "-", "-", str(_lines(demo / "data" / "sft.jsonl")), "-"])
-    for name, ckpt in (("sft", "ckpt/planner-sft"), ("grpo-planner", "ckpt/planner")):
+    for name, ckpt in (("sft", "ckpt/sft"), ("grpo-planner", "ckpt/planner")):
         done = (demo / ckpt / "deepr_meta.json").exists()
         out.append([name, "-", "-", "1 checkpoint" if done else "0", "-"])
     out.append(["eval (dag runs)", "-", "-", str(_lines(demo / "scores-dag.jsonl")), "-"])

@@ -243,3 +243,11 @@ def test_cli_sft_bad_seed_is_one_line_naming_the_flag(tiny: Path, tmp_path: Path
     res = CliRunner().invoke(app, ["sft", "--model", str(tiny), "--data", str(data), "--out", str(tmp_path / "o"),
                                    "--seed", "-1"])
     assert res.exit_code == 2 and "--seed -1: must be >= 0" in res.output and "Traceback" not in res.output
+
+
+def test_a_run_shorter_than_the_logging_interval_still_reports_its_loss(tiny: Path, tmp_path: Path) -> None:
+    """`deepr sft --max-steps 4` with the default --logging-steps 10 logged no loss, and the summary
+    printed "nan" for both losses (make demo-llm); the interval now shrinks to the run's length."""
+    result = train_sft([planner_example(i) for i in range(4)], config(tiny, tmp_path / "short", max_steps=2,
+                                                                       logging_steps=10))
+    assert result.steps == 2 and len(result.losses) == 1 and result.losses[0] > 0

@@ -217,7 +217,7 @@ def sft_cmd(
                        "rejected_by_reason": reject_counts(result.rejects), "steps": result.steps},
                timings={"seconds": round(result.seconds, 3)},
                extra={"status": "interrupted" if result.interrupted else "done"})
-    first, last = (result.losses[0], result.losses[-1]) if result.losses else (float("nan"),) * 2
+    first, last = (result.losses[0], result.losses[-1]) if result.losses else ("not logged",) * 2
     summary_table("sft", [("role", role), ("examples", result.examples), ("rejected", len(result.rejects)),
                           *_reject_rows(reject_counts(result.rejects), max_length), ("steps", result.steps),
                           ("first loss", first), ("last loss", last),

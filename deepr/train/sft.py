@@ -279,7 +279,9 @@ def _trl_args(config: SftConfig, on_gpu: bool, bf16_ok: bool) -> Any:
         **checkpointing_args(SFTConfig, config.gradient_checkpointing is not False),
         max_length=config.max_length, completion_only_loss=config.loss == "completion",
         assistant_only_loss=config.loss == "assistant", save_strategy="steps", save_steps=config.save_steps,
-        save_total_limit=2, logging_steps=config.logging_steps, report_to=config.report_to, seed=config.seed,
+        # a run shorter than the logging interval would log no loss at all (`deepr sft --max-steps 4`)
+        save_total_limit=2, report_to=config.report_to, seed=config.seed,
+        logging_steps=min(config.logging_steps, config.max_steps) if config.max_steps > 0 else config.logging_steps,
         dataset_num_proc=None, dataloader_pin_memory=on_gpu)
 
 
