@@ -341,3 +341,17 @@ def test_sampled_calls_long_prompts_and_batch_size_one_run_alone(tiny_dir):
     for model in (long, short):
         assert queued_behind_a_busy_model(model, [(PROMPT, None)] * 2, max_tokens=6) == [llm.chat(PROMPT, max_tokens=6)] * 2
     assert long.batched_calls == 0 and short.batched_calls == 2
+
+
+def test_a_windowed_repetition_penalty_reads_only_the_last_tokens(tiny_dir):
+    """llama.cpp penalises the last 64 tokens (repeat_last_n); transformers' processor reads every
+    token it is handed, so the hf backend hands it only the window."""
+    import torch
+
+    llm = HFLLM(tiny_dir, repetition_penalty=2.0, repetition_window=3)
+    (proc,) = llm._penalty(n_prompt=5)
+    ids = torch.tensor([[7, 8, 9, 10, 11]])
+    scores = proc(ids, torch.ones(1, 20))
+    assert scores[0, [9, 10, 11]].tolist() == [0.5, 0.5, 0.5] and scores[0, [7, 8]].tolist() == [1.0, 1.0]
+    assert llm.chat(PROMPT, max_tokens=6)  # generation runs with it
+    assert HFLLM(tiny_dir)._penalty(n_prompt=5) == []  # off unless asked for

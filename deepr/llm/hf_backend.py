@@ -62,9 +62,14 @@ class HFConfig(BaseModel):
                                 "models under 500M parameters (thread syncs cost more than they save on such "
                                 "small matmuls: 20x faster on a loaded 2-core machine, bench/llm_speed.py), "
                                 "else torch's default.")
-    repetition_penalty: float | None = Field(None, gt=0, description="Penalty (> 1 discourages) on tokens the "
-                                             "reply itself produced (prompt tokens are not penalised: that "
-                                             "pushes a small model into glued non-words). None: off.")
+    repetition_penalty: float | None = Field(None, gt=0, description="Penalty (> 1 discourages) on recent "
+                                             "tokens (see repetition_window). None: off. The built-in smollm2 "
+                                             "and gguf: specs use 1.1 over 64 tokens, llama.cpp's server "
+                                             "defaults (bench/results/real_model.json).")
+    repetition_window: int | None = Field(None, ge=1, description="Penalise only the last this many tokens, "
+                                          "prompt included, as llama.cpp's repeat_last_n does; None: every token "
+                                          "of the reply and none of the prompt (penalising a whole prompt "
+                                          "pushed SmolLM2 into glued non-words).")
     kv_cache: str | None = Field(None, description="transformers cache_implementation for generate, e.g. "
                                  "'static'; None keeps the dynamic cache (see bench/llm_speed.py).")
     prefix_cache: bool = Field(True, description="Keep the last call's KV cache and reuse the part the next "
@@ -299,7 +304,10 @@ class HFLLM(LLM):
             return []
         from transformers import RepetitionPenaltyLogitsProcessor
 
-        return [RepetitionPenaltyLogitsProcessor(float(self.config.repetition_penalty), prompt_ignore_length=n_prompt)]
+        penalty = float(self.config.repetition_penalty)
+        if self.config.repetition_window:
+            return [_Window(RepetitionPenaltyLogitsProcessor(penalty), self.config.repetition_window)]
+        return [RepetitionPenaltyLogitsProcessor(penalty, prompt_ignore_length=n_prompt)]
 
     def _reply(self, new: list[int], max_new: int, stop: Sequence[str] | None, constrained: bool) -> tuple[Reply, int]:
         tok = self.tokenizer
@@ -369,7 +377,8 @@ class HFLLM(LLM):
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "model": self.config.path, "adapters": dict(self.config.adapters),
                 "device": str(self.device), "dtype": self.config.dtype, "seed": self.config.seed,
-                "threads": self._gen_threads}
+                "threads": self._gen_threads, "repetition_penalty": self.config.repetition_penalty,
+                "repetition_window": self.config.repetition_window}
 
     def __repr__(self) -> str:
         return f"HFLLM({self.config.path!r}, adapters={self.config.adapters!r})"
@@ -383,6 +392,17 @@ class HFLLM(LLM):
                 torch.cuda.empty_cache()
         except ImportError:
             pass
+
+
+class _Window:
+    """A logits processor applied to the last ``window`` tokens only (transformers' repetition
+    penalty reads every token it is given; llama.cpp's reads repeat_last_n = 64)."""
+
+    def __init__(self, inner: Any, window: int):
+        self.inner, self.window = inner, window
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        return self.inner(input_ids[:, -self.window:], scores)
 
 
 @contextlib.contextmanager
