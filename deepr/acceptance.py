@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from deepr.llm.base import Message
-from deepr.text import tok
+from deepr.text import STOP_WORDS, tok, words as text_words
 
 Accept = Callable[[Any, Sequence[Message], Sequence[str]], list[str]]
 
@@ -125,10 +125,20 @@ def query_words(queries: Callable[[Any], Sequence[str]], least: int = 2) -> Acce
 
     def check(value: Any, messages: Sequence[Message], reasks: Sequence[str] = ()) -> list[str]:
         short = [q for q in queries(value) if _content_words(q) < least]
-        return [f"the search query {q!r} has fewer than {least} content words; name what to find"
-                for q in short[:3]]
+        looped = [(q, w) for q in queries(value) if q not in short and (w := _looped_word(q))]
+        return ([f"the search query {q!r} has fewer than {least} content words; name what to find"
+                 for q in short[:3]]
+                + [f"the search query {q!r} repeats {w!r}; name each thing once" for q, w in looped[:3]])
 
     return check
+
+
+def _looped_word(query: str) -> str | None:
+    """A word that makes up more than half of a query of 4+ words ("seasons seasons seasons seasons
+    Earth", seen from SmolLM2 in tools mode), or None."""
+    words = [w for w in text_words(query) if w not in STOP_WORDS]
+    top = max(set(words), key=words.count, default=None)
+    return top if len(words) >= 4 and 2 * words.count(top) > len(words) else None
 
 
 _WORD = re.compile(r"[^\W_][\w'\-]*")

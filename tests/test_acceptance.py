@@ -45,6 +45,9 @@ def test_shared_checks_on_their_own():
     short = query_words(lambda v: [v])
     assert short("economist", PROMPT) and not short("Adam Smith economist", PROMPT)
     assert not short("明石海峡大桥", PROMPT)  # no spaces, still several words
+    # two distinct words, one of them most of the query: SmolLM2's tools-mode searches
+    assert "repeats 'seasons'" in short("seasons seasons seasons seasons seasons Earth", PROMPT)[0]
+    assert not short("volcano eruption volcano Vesuvius", PROMPT)  # a word twice in four is a query
 
 
 @pytest.mark.parametrize("junk, reason", [
