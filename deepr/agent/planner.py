@@ -205,6 +205,7 @@ def _result_titles(a: Any) -> list[str]:
     cat = a.ctx.catalog
     return [cat[i].title or "" for ids in a.results.values() for i in ids if i in cat]
 
+
 INITIAL = Role(
     name="planner", action="plan", messages=lambda a: initial_messages(a.query),
     output=JSONReply(shape=_PlanShape), check=lambda a, v: _plan_check(v),
