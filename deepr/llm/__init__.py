@@ -123,8 +123,6 @@ def _build(spec: str, *, base_url: str | None, api_key: str | None, cache: bool,
 
         path, adapters = parse_hf_spec(rest) if kind == "hf" else (spec, {})
         path, adapters = resolve_adapter_folder(path, adapters)
-        if kind != "hf":  # the built-in GGUF models decode as llama.cpp's server does by default
-            kw = {"repetition_penalty": 1.1, "repetition_window": 64, **kw}
         return HFLLM(local_model_path(path), adapters=adapters, **kw)
     if kind == "replay" and sep:
         if not rest:

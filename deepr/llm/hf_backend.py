@@ -63,9 +63,11 @@ class HFConfig(BaseModel):
                                 "small matmuls: 20x faster on a loaded 2-core machine, bench/llm_speed.py), "
                                 "else torch's default.")
     repetition_penalty: float | None = Field(None, gt=0, description="Penalty (> 1 discourages) on recent "
-                                             "tokens (see repetition_window). None: off. The built-in smollm2 "
-                                             "and gguf: specs use 1.1 over 64 tokens, llama.cpp's server "
-                                             "defaults (bench/results/real_model.json).")
+                                             "tokens (see repetition_window). None: off. 1.1 over 64 tokens "
+                                             "(llama.cpp's server defaults) cut SmolLM2's format failures in "
+                                             "decor, tools and warp runs but thinned make demo-llm's trees "
+                                             "below a rubric pair, so no spec sets it yet "
+                                             "(bench/results/real_model.json, session_2026_11_24c_hf_penalty).")
     repetition_window: int | None = Field(None, ge=1, description="Penalise only the last this many tokens, "
                                           "prompt included, as llama.cpp's repeat_last_n does; None: every token "
                                           "of the reply and none of the prompt (penalising a whole prompt "
