@@ -194,3 +194,7 @@ def no_babble(value: Any, messages: Sequence[Message], reasks: Sequence[str] = (
     format can fill it with a counter or one word repeated, which no other check catches."""
     found = [why for s in strings(value) if (why := babble(s))]
     return [f"{why}; write real sentences about the question" for why in found[:2]]
+
+
+# What every reply of free text is checked for (queries add query_words, citations their own check).
+FREE_TEXT: tuple[Accept, ...] = (no_placeholder, no_echo, no_babble)

@@ -19,7 +19,7 @@ from pydantic import ConfigDict, Field, RootModel
 
 from deepr.agent.plan import answer_node
 from deepr.records import Plan, PlanNode
-from deepr.acceptance import no_babble, no_echo, no_placeholder
+from deepr.acceptance import FREE_TEXT
 from deepr.roles import JSONReply, Role, TaggedReply
 
 from deepr.agent.citations import cited_ids, normalize
@@ -159,7 +159,7 @@ WAVE = Role(
     name="answerer", action="wave", messages=_wave_messages, output=JSONReply(shape=_WaveShape),
     check=lambda a, v: _wave_check(a.ctx, a.wave, a.allowed, v), extractive=_wave_extractive,
     result=lambda a, v: {nid: normalize(v[nid]).strip() for nid in a.wave}, max_tokens=2048,
-    accept=(no_placeholder, no_echo, no_babble),
+    accept=FREE_TEXT,
     constrain=lambda a: OutputFormat("wave", json_schema=cited_map_schema(a.allowed))
     if all(a.allowed.get(n) for n in a.wave) else None,
     on_fail="wave {wave} written by the extractive writer after the model's replies failed",
@@ -217,7 +217,7 @@ def _final_extractive(a: FinalAsk) -> str:
 
 FINAL = Role(
     name="answerer", action="final", messages=_final_messages, output=TaggedReply("answer", required=True),
-    accept=(no_placeholder, no_echo, no_babble),
+    accept=FREE_TEXT,
     check=lambda a, t: a.ctx.catalog.check(normalize(t), a.ids, require=True), extractive=_final_extractive,
     constrain=lambda a: tagged("answer", cited_prose(a.ids, sentences=(3, 5), words=(8, 25))) if a.ids else None,
     result=lambda a, t: normalize(t).strip(), max_tokens=2048,

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, Field
 
-from deepr.acceptance import no_babble, no_echo, no_placeholder, query_words
+from deepr.acceptance import FREE_TEXT, no_echo, no_placeholder, query_words
 from deepr.roles import JSONReply, Role, TaggedReply
 from deepr.text import strip_citations
 
@@ -147,7 +147,7 @@ PLAN = Role(
 
 FILTER = Role(
     name="decor_filter", action="filter", messages=_filter_messages, output=TaggedReply("filter", required=True),
-    accept=(no_placeholder, no_echo, no_babble),
+    accept=FREE_TEXT,
     check=lambda a, b: a.ctx.catalog.check(normalize(b), a.ids, require=True),
     extractive=lambda a: filter_evidence(a.ctx, a.query, a.ids, a.memory),
     result=lambda a, b: normalize(b).strip(), max_tokens=768,
@@ -156,7 +156,7 @@ FILTER = Role(
 
 CONDENSE = Role(
     name="condenser", action="condense", messages=_condense_messages, output=JSONReply(Facts),
-    accept=(no_placeholder, no_echo, no_babble),
+    accept=FREE_TEXT,
     check=lambda a, v: [e for f in v["facts"] for e in a.ctx.catalog.check(normalize(f), _memory_ids(a.memory))],
     extractive=lambda a: {"facts": condense_facts(a.ctx, a.query, a.memory, a.ctx.config.memory_limit // 2)},
     result=lambda a, v: [normalize(f) for f in v["facts"]], max_tokens=1024,
@@ -169,7 +169,7 @@ CONDENSE = Role(
 
 ANSWER = Role(
     name="decor_answerer", action="answer", messages=_answer_messages, output=TaggedReply("answer", required=True),
-    accept=(no_placeholder, no_echo, no_babble),
+    accept=FREE_TEXT,
     check=lambda a, b: a.ctx.catalog.check(normalize(b), _memory_ids(a.memory), require=True),
     extractive=lambda a: short_answer(a.ctx, a.query, a.memory),
     result=lambda a, b: normalize(b).strip(), max_tokens=640,  # room for the format's longest answer

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from deepr.acceptance import no_babble, no_echo, no_placeholder, query_words
+from deepr.acceptance import FREE_TEXT, query_words
 from deepr.agent.plan import validate_plan
 from deepr.records import Hit, Plan, PlanNode
 from deepr.roles import JSONReply, Role
@@ -198,7 +198,7 @@ def _search_queries(value: Any) -> list[str]:
     return [str(n.get("query") or "") for n in nodes or [] if isinstance(n, dict) and n.get("type") == "search"]
 
 
-STRICT = (no_placeholder, no_echo, no_babble, query_words(_search_queries))
+STRICT = (*FREE_TEXT, query_words(_search_queries))
 
 
 def _result_titles(a: Any) -> list[str]:

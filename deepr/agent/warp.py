@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from deepr.acceptance import no_babble, no_echo, no_placeholder, query_words
+from deepr.acceptance import FREE_TEXT, query_words
 from deepr.roles import JSONReply, Role, TaggedReply
 
 from deepr.agent.citations import cited_ids, normalize
@@ -220,18 +220,18 @@ SEARCH = Role(
     result=lambda a, v: [k.strip() for k in v["keywords"] if k.strip()] or a.default, max_tokens=256,
     constrain=lambda a: OutputFormat("search", json_schema=queries_schema(
         "keywords", name="search", terms=_terms(a, *a.default), vocab=word_choice([a.run.query, *a.default]))),
-    accept=(no_placeholder, no_echo, no_babble, query_words(lambda v: v.get("keywords") or [])),
+    accept=(*FREE_TEXT, query_words(lambda v: v.get("keywords") or [])),
     on_fail="searched with default keywords after the model's search action failed")
 
 INITIALIZE = Role(
     name="warp", action="initialize", messages=_init_messages, output=JSONReply(InitAction),
-    extractive=_initialize, max_tokens=1024, accept=(no_placeholder, no_echo, no_babble),
+    extractive=_initialize, max_tokens=1024, accept=FREE_TEXT,
     constrain=lambda a: _init_format(a),
     on_fail="outline built extractively after the model's initialize action failed")
 
 WRITE = Role(
     name="warp", action="write", messages=_write_messages, output=TaggedReply("content", required=True),
-    accept=(no_placeholder, no_echo, no_babble),
+    accept=FREE_TEXT,
     check=lambda a, t: a.run.ctx.catalog.check(normalize(t), a.sec.ids, require=True), extractive=_write,
     result=lambda a, t: normalize(t).strip(), max_tokens=1536,
     constrain=lambda a: tagged("content", cited_prose(a.sec.ids, sentences=(2, 5))) if a.sec.ids else None,
@@ -242,7 +242,7 @@ DEEPEN = Role(
     name="warp", action="expand", messages=_deepen_messages, output=JSONReply(DeepenAction),
     check=lambda a, v: a.run.deepen_check(DeepenAction.model_validate(v), a.forced),
     extractive=lambda a: deepen_choice(a.run.ctx, a.run.query, a.run.outline, a.forced),
-    result=_decision, turn_action=lambda v: v["name"], max_tokens=1024, accept=(no_placeholder, no_echo, no_babble),
+    result=_decision, turn_action=lambda v: v["name"], max_tokens=1024, accept=FREE_TEXT,
     constrain=lambda a: _deepen_format(a),
     on_fail="deepening decided extractively after the model's action failed")
 

@@ -35,6 +35,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from deepr.llm.base import LLM, LLMError, Message, OutputFormat, Reply
+from deepr.llm.hf_constrain import penalty_processor
 from deepr.llm.hf_batch import Gate, Pending, Queue, left_padded
 
 log = logging.getLogger("deepr.llm")
@@ -304,12 +305,7 @@ class HFLLM(LLM):
         """The repetition penalty's processor, which must come before the grammar's mask."""
         if not self.config.repetition_penalty:
             return []
-        from transformers import RepetitionPenaltyLogitsProcessor
-
-        penalty = float(self.config.repetition_penalty)
-        if self.config.repetition_window:
-            return [_Window(RepetitionPenaltyLogitsProcessor(penalty), self.config.repetition_window)]
-        return [RepetitionPenaltyLogitsProcessor(penalty, prompt_ignore_length=n_prompt)]
+        return [penalty_processor(float(self.config.repetition_penalty), self.config.repetition_window, n_prompt)]
 
     def _reply(self, new: list[int], max_new: int, stop: Sequence[str] | None, constrained: bool) -> tuple[Reply, int]:
         tok = self.tokenizer
@@ -394,17 +390,6 @@ class HFLLM(LLM):
                 torch.cuda.empty_cache()
         except ImportError:
             pass
-
-
-class _Window:
-    """A logits processor applied to the last ``window`` tokens only (transformers' repetition
-    penalty reads every token it is given; llama.cpp's reads repeat_last_n = 64)."""
-
-    def __init__(self, inner: Any, window: int):
-        self.inner, self.window = inner, window
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        return self.inner(input_ids[:, -self.window:], scores)
 
 
 @contextlib.contextmanager

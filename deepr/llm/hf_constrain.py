@@ -1,4 +1,5 @@
-"""Constrained decoding for the hf backend: an :class:`OutputFormat` becomes a logits processor.
+"""The hf backend's logits processors: an :class:`OutputFormat` becomes a grammar mask
+(constrained decoding), and the optional repetition penalty (``penalty_processor``).
 
 xgrammar (``pip install xgrammar``) compiles a JSON schema or a regex against the model's
 tokenizer once (~0.3 s; cached per format here) and masks every token that would leave the
@@ -65,3 +66,24 @@ class Constrainer:
         if isinstance(fmt, list):
             return LogitsProcessor([self.compile(f) for f in fmt])
         return LogitsProcessor(self.compile(fmt))
+
+
+def penalty_processor(penalty: float, window: int | None, n_prompt: int) -> Any:
+    """transformers' repetition penalty over the last ``window`` tokens (prompt included, as
+    llama.cpp's repeat_last_n), or with no window over the reply's tokens only."""
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    if window:
+        return _Window(RepetitionPenaltyLogitsProcessor(penalty), window)
+    return RepetitionPenaltyLogitsProcessor(penalty, prompt_ignore_length=n_prompt)
+
+
+class _Window:
+    """A logits processor handed only the last ``window`` tokens (transformers' processor reads
+    every token it is given)."""
+
+    def __init__(self, inner: Any, window: int):
+        self.inner, self.window = inner, window
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        return self.inner(input_ids[:, -self.window:], scores)
