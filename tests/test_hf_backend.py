@@ -355,3 +355,21 @@ def test_a_windowed_repetition_penalty_reads_only_the_last_tokens(tiny_dir):
     assert scores[0, [9, 10, 11]].tolist() == [0.5, 0.5, 0.5] and scores[0, [7, 8]].tolist() == [1.0, 1.0]
     assert llm.chat(PROMPT, max_tokens=6)  # generation runs with it
     assert HFLLM(tiny_dir)._penalty(n_prompt=5) == []  # off unless asked for
+
+
+def test_sampled_calls_draw_only_from_the_likeliest_tokens_the_format_allows(tiny_dir):
+    """Re-asks sample; like llama.cpp's server, the hf backend cuts the tail first (top_k, min_p),
+    after the grammar's mask, so a cut can narrow a format's choices but never empty them."""
+    pytest.importorskip("xgrammar")
+    from deepr.llm import OutputFormat
+
+    greedy = HFLLM(tiny_dir).chat(PROMPT, max_tokens=12)
+    for cut in ({"top_k": 1, "min_p": None}, {"top_k": None, "min_p": 0.999}):
+        llm = HFLLM(tiny_dir, **cut)
+        assert [llm.chat(PROMPT, temperature=1.5, max_tokens=12, seed=s) for s in (1, 2)] == [greedy, greedy]
+    wide = HFLLM(tiny_dir, top_k=None, min_p=None)
+    assert len({wide.chat(PROMPT, temperature=1.5, max_tokens=12, seed=s) for s in (1, 2, 3)}) > 1
+    fmt = OutputFormat("search", regex=r"<search>[a-z]{2,8}</search>")
+    tag = HFLLM(tiny_dir, top_k=1).chat(PROMPT, temperature=1.5, max_tokens=40, fmt=fmt)
+    assert tag.constrained and re.fullmatch(r"<search>[a-z]{2,8}</search>", tag)
+    assert HFLLM(tiny_dir).describe()["top_k"] == 40 and HFLLM(tiny_dir).describe()["min_p"] == 0.05

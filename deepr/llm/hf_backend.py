@@ -73,6 +73,12 @@ class HFConfig(BaseModel):
                                           "prompt included, as llama.cpp's repeat_last_n does; None: every token "
                                           "of the reply and none of the prompt (penalising a whole prompt "
                                           "pushed SmolLM2 into glued non-words).")
+    top_k: int | None = Field(40, ge=1, description="Sampled calls (temperature > 0, e.g. re-asks) draw from "
+                              "the k likeliest tokens the format allows; None: all of them. 40 and min_p 0.05 are "
+                              "llama.cpp's server defaults: without them SmolLM2's re-asks at temperature 0.7 "
+                              "drew glued non-words from the tail (\"theyrerefining\").")
+    min_p: float | None = Field(0.05, gt=0, lt=1, description="Sampled calls drop tokens less likely than this "
+                                "share of the likeliest one; None: off (see top_k).")
     kv_cache: str | None = Field(None, description="transformers cache_implementation for generate, e.g. "
                                  "'static'; None keeps the dynamic cache (see bench/llm_speed.py).")
     prefix_cache: bool = Field(True, description="Keep the last call's KV cache and reuse the part the next "
@@ -183,10 +189,12 @@ class HFLLM(LLM):
         kw: dict[str, Any] = {"max_new_tokens": max_tokens or self.config.max_new_tokens,
                               "pad_token_id": tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id}
         if temperature:
-            kw.update(do_sample=True, temperature=float(temperature), top_k=None,
-                      top_p=float(top_p) if top_p is not None else None)
+            # transformers applies these after the logits processors, so they pick among the
+            # tokens the grammar left and can never empty a row.
+            kw.update(do_sample=True, temperature=float(temperature), top_k=self.config.top_k,
+                      min_p=self.config.min_p, top_p=float(top_p) if top_p is not None else None)
         else:
-            kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+            kw.update(do_sample=False, temperature=None, top_p=None, top_k=None, min_p=None)
         if stop:
             kw.update(stop_strings=list(stop), tokenizer=tok)
         if self.config.kv_cache:
@@ -376,7 +384,8 @@ class HFLLM(LLM):
         return {"backend": self.name, "model": self.config.path, "adapters": dict(self.config.adapters),
                 "device": str(self.device), "dtype": self.config.dtype, "seed": self.config.seed,
                 "threads": self._gen_threads, "repetition_penalty": self.config.repetition_penalty,
-                "repetition_window": self.config.repetition_window}
+                "repetition_window": self.config.repetition_window, "top_k": self.config.top_k,
+                "min_p": self.config.min_p}
 
     def __repr__(self) -> str:
         return f"HFLLM({self.config.path!r}, adapters={self.config.adapters!r})"
