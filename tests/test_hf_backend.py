@@ -373,3 +373,15 @@ def test_sampled_calls_draw_only_from_the_likeliest_tokens_the_format_allows(tin
     tag = HFLLM(tiny_dir, top_k=1).chat(PROMPT, temperature=1.5, max_tokens=40, fmt=fmt)
     assert tag.constrained and re.fullmatch(r"<search>[a-z]{2,8}</search>", tag)
     assert HFLLM(tiny_dir).describe()["top_k"] == 40 and HFLLM(tiny_dir).describe()["min_p"] == 0.05
+
+
+def test_decoding_options_ride_on_the_spec(tiny_dir):
+    """``--llm hf:<dir>,repetition_penalty=1.1,...`` sets the hf backend's decoding from any command."""
+    llm = get_llm(f"hf:{tiny_dir},repetition_penalty=1.1,repetition_window=64,top_k=none,min_p=0.1")
+    d = llm.describe()
+    assert (d["repetition_penalty"], d["repetition_window"], d["top_k"], d["min_p"]) == (1.1, 64, None, 0.1)
+    assert llm.chat(PROMPT, max_tokens=4)
+    with pytest.raises(ValueError, match=r"repetition_penalty: Input should be a valid number"):
+        get_llm(f"hf:{tiny_dir},repetition_penalty=strong")
+    with pytest.raises(ValueError, match=r"top_k: Input should be greater than or equal to 1"):
+        get_llm(f"hf:{tiny_dir},top_k=0")

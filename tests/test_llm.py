@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from deepr.io import RecordError, write_meta
-from deepr.llm import LLMError, get_llm, llm_from_flags, parse_hf_spec
+from deepr.llm import LLMError, get_llm, hf_options, llm_from_flags, parse_hf_spec
 from deepr.llm.cache import LLMCache, request_key
 from deepr.llm.extractive import ExtractiveLLM, select_sentences
 from deepr.llm.openai_backend import LLMStatusError
@@ -324,6 +324,14 @@ def test_spec_errors_name_the_accepted_forms():
 def test_hf_spec_parsing_and_flag_helper():
     assert parse_hf_spec("runs/base,adapter=planner:runs/p,adapter=answerer:/abs/a") == (
         "runs/base", {"planner": "runs/p", "answerer": "/abs/a"})
+    assert hf_options("smollm2,repetition_penalty=1.1,repetition_window=64") == (
+        "smollm2", {"repetition_penalty": "1.1", "repetition_window": "64"})
+    assert hf_options("hf:runs/m,adapter=planner:runs/p,top_k=none") == ("hf:runs/m,adapter=planner:runs/p", {"top_k": None})
+    assert hf_options("openai:qwen3:8b") == ("openai:qwen3:8b", {})
+    for bad, why in (("smollm2,temperature=1", "unknown option 'temperature'"),
+                     ("smollm2,top_k=4,top_k=5", "option 'top_k' is given twice")):
+        with pytest.raises(ValueError, match=why):
+            get_llm(bad)
     llm = llm_from_flags("extractive", None, None, no_cache=True, timeout=5.0, concurrency=2)
     assert llm.is_extractive and llm.max_concurrency == 2
 

@@ -8,6 +8,9 @@
     gguf:<file.gguf>                        any GGUF transformers reads, converted once, run by hf
     replay:<file.jsonl>                     recorded replies, for tests and demos
 
+The three hf forms take decoding options after a comma (HF_OPTIONS; ``none`` turns one off):
+``smollm2,repetition_penalty=1.1,repetition_window=64``, ``hf:runs/m,adapter=planner:runs/p,top_k=20``.
+
     llm = get_llm("openai:Qwen/Qwen3-8B", base_url="http://localhost:8000/v1")
     text = llm.chat([{"role": "user", "content": "Hello"}], role="planner")
 
@@ -21,14 +24,18 @@ import importlib
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from deepr.llm.base import LLM, GenDefaults, LLMError, Message, OutputFormat, Reply, Usage, run_sync
 
 __all__ = ["LLM", "GenDefaults", "OutputFormat", "Reply", "LLMError", "LLMStatusError", "Message", "Usage", "run_sync", "get_llm",
-           "llm_from_flags", "parse_hf_spec", "ExtractiveLLM", "ReplayLLM", "OpenAIBackend",
+           "llm_from_flags", "parse_hf_spec", "hf_options", "HF_OPTIONS", "ExtractiveLLM", "ReplayLLM", "OpenAIBackend",
            "HFLLM", "LLMCache", "StubServer", "SPEC_FORMS"]
 
-SPEC_FORMS = ("extractive", "openai:<model>", "hf:<path>[,adapter=<role>:<path>...]", "smollm2",
-              "gguf:<file.gguf>", "replay:<file.jsonl>")
+SPEC_FORMS = ("extractive", "openai:<model>", "hf:<path>[,adapter=<role>:<path>...][,<option>=<value>...]",
+              "smollm2[,<option>=<value>...]", "gguf:<file.gguf>[,<option>=<value>...]", "replay:<file.jsonl>")
+# The hf backend's decoding settings a spec may carry (HFConfig fields of the same names).
+HF_OPTIONS = ("repetition_penalty", "repetition_window", "top_k", "min_p")
 
 _LAZY = {
     "ExtractiveLLM": "deepr.llm.extractive",
@@ -68,16 +75,41 @@ def parse_hf_spec(rest: str) -> tuple[str, dict[str, str]]:
     return path, adapters
 
 
+def hf_options(spec: str) -> tuple[str, dict[str, str | None]]:
+    """``spec`` without its decoding options, and the options (see :data:`HF_OPTIONS`). Only the
+    hf forms take them; values are checked by HFConfig when the backend is built."""
+    spec = (spec or "").strip()
+    if not (spec == "smollm2" or spec.startswith(("smollm2,", "hf:", "gguf:"))):
+        return spec, {}
+    kept, options = [], {}
+    for item in spec.split(","):
+        key, eq, value = item.partition("=")
+        if eq and key.strip() in HF_OPTIONS:
+            if key.strip() in options:
+                raise _bad_spec(spec, f"option {key.strip()!r} is given twice")
+            value = value.strip()
+            options[key.strip()] = None if value.lower() in ("none", "off") else value
+        elif eq and kept and key.strip() != "adapter":
+            raise _bad_spec(spec, f"unknown option {key.strip()!r}; the hf forms take " + ", ".join(HF_OPTIONS))
+        else:
+            kept.append(item)
+    return ",".join(kept), options
+
+
 def get_llm(spec: str = "extractive", *, base_url: str | None = None, api_key: str | None = None,
             cache: bool = True, cache_dir: str | Path | None = None, timeout: float = 60.0,
             max_retries: int = 3, max_concurrency: int = 8, gen: GenDefaults | None = None,
             **kw: Any) -> LLM:
     """Build the backend named by ``spec`` with the user's generation settings ``gen``."""
-    llm = _build(spec, base_url=base_url, api_key=api_key, cache=cache, cache_dir=cache_dir, timeout=timeout,
-                 max_retries=max_retries, max_concurrency=max_concurrency, **kw)
+    base, options = hf_options(spec)
+    try:
+        llm = _build(base, base_url=base_url, api_key=api_key, cache=cache, cache_dir=cache_dir, timeout=timeout,
+                     max_retries=max_retries, max_concurrency=max_concurrency, **options, **kw)
+    except ValidationError as e:
+        raise _bad_spec(spec, "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())) from None
     if gen is not None:
         llm.gen = gen
-    llm.strict_formats = strict_formats(spec, gen)
+    llm.strict_formats = strict_formats(base, gen)
     return llm
 
 

@@ -442,9 +442,9 @@ def _meta_roles(meta: dict[str, Any], folder: Path) -> list[str]:
     """The roles a deepr training run trained this adapter for (DECOR's team shares one)."""
     spec = meta.get("llm_spec")
     if isinstance(spec, str) and spec.startswith("hf:"):
-        from deepr.llm import parse_hf_spec
+        from deepr.llm import hf_options, parse_hf_spec
 
-        _, adapters = parse_hf_spec(spec[3:])
+        _, adapters = parse_hf_spec(hf_options(spec)[0][3:])
         roles = [r for r, a in adapters.items() if Path(a).expanduser().resolve() == folder.resolve()]
         if roles:
             return roles
