@@ -294,9 +294,9 @@ def wiki_subset(path: Path, questions: list[str], per_question: int = 40, filler
     return path
 
 
-def llm_flags(backend: str, base_url: str | None) -> list[str]:
+def llm_flags(backend: str, base_url: str | None, hf_spec: str = "smollm2") -> list[str]:
     if backend == "hf":
-        return ["--llm", "smollm2"]
+        return ["--llm", hf_spec]
     # --formats strict: the per-call formats are on by default only for the built-in smollm2 spec
     return ["--llm", "openai:smollm2", "--base-url", base_url or "", "--no-cache", "--timeout", "600",
             "--formats", "strict"]
@@ -308,7 +308,7 @@ def run_one(backend: str, base_url: str | None, mode: str, q_no: int, question: 
     (folder / "traj.jsonl").unlink(missing_ok=True)
     args = ["run", question, "--mode", mode, "--corpus", a.corpus, "--out", str(folder / "report.md"),
             "--record", str(folder / "traj.jsonl"), "--allow-fallback", "--seed", "0",
-            *llm_flags(backend, base_url), *(["--deadline", str(a.deadline)] if a.deadline else []),
+            *llm_flags(backend, base_url, a.hf_spec), *(["--deadline", str(a.deadline)] if a.deadline else []),
             *(["--steps", "1"] if mode == "decor" else []),
             *(["--force-expand", "1"] if mode == "warp" else [])]
     rc, secs, err = deepr(*args, timeout=(a.deadline or 1800) + 120)
@@ -380,6 +380,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backends", default="hf,llamacpp")
     ap.add_argument("--modes", default="dag,warp,decor,tools")
+    ap.add_argument("--hf-spec", default="smollm2", help="the --llm spec of the hf backend, decoding options "
+                    "included (e.g. smollm2,repetition_penalty=1.1,repetition_window=64)")
     ap.add_argument("--questions", type=int, default=1)
     ap.add_argument("--first", type=int, default=0, help="index of the first question in QUESTIONS to ask")
     ap.add_argument("--corpus", default="wiki", help="a corpus spec, or wiki-subset: the articles that name the "
