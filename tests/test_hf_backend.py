@@ -385,3 +385,27 @@ def test_decoding_options_ride_on_the_spec(tiny_dir):
         get_llm(f"hf:{tiny_dir},repetition_penalty=strong")
     with pytest.raises(ValueError, match=r"top_k: Input should be greater than or equal to 1"):
         get_llm(f"hf:{tiny_dir},top_k=0")
+
+
+def test_a_repeated_run_ban_reads_the_reply_only_and_never_breaks_a_format(tiny_dir):
+    """no_repeat_ngram: no run of n tokens twice in a reply; a format that demands a repeat
+    (a constant recurring) still gets it, and the prompt's own runs stay free to quote."""
+    pytest.importorskip("xgrammar")
+    from deepr.llm import OutputFormat
+
+    def runs(ids, n):
+        return [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
+
+    def reply_ids(llm):
+        prompt = list(llm.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, return_dict=True)["input_ids"])
+        return llm._alone(prompt, None, llm._kwargs(40, None, None, None), None, None)
+
+    ids = reply_ids(HFLLM(tiny_dir))
+    assert len(set(runs(ids, 3))) < len(runs(ids, 3))  # the random model loops when let
+    banned = HFLLM(tiny_dir, no_repeat_ngram=3)
+    ids = reply_ids(banned)
+    assert len(ids) > 10 and len(set(runs(ids, 3))) == len(runs(ids, 3))
+    fmt = OutputFormat("list", regex=r"<list>(?:item one; ){4}[a-z]{2,6}</list>")
+    forced = banned.chat(PROMPT, max_tokens=60, fmt=fmt)
+    assert re.fullmatch(r"<list>(?:item one; ){4}[a-z]{2,6}</list>", forced)
+    assert banned.describe()["no_repeat_ngram"] == 3

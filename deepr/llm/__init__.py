@@ -35,7 +35,7 @@ __all__ = ["LLM", "GenDefaults", "OutputFormat", "Reply", "LLMError", "LLMStatus
 SPEC_FORMS = ("extractive", "openai:<model>", "hf:<path>[,adapter=<role>:<path>...][,<option>=<value>...]",
               "smollm2[,<option>=<value>...]", "gguf:<file.gguf>[,<option>=<value>...]", "replay:<file.jsonl>")
 # The hf backend's decoding settings a spec may carry (HFConfig fields of the same names).
-HF_OPTIONS = ("repetition_penalty", "repetition_window", "top_k", "min_p")
+HF_OPTIONS = ("repetition_penalty", "repetition_window", "no_repeat_ngram", "top_k", "min_p")
 
 _LAZY = {
     "ExtractiveLLM": "deepr.llm.extractive",

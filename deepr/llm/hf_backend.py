@@ -35,7 +35,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from deepr.llm.base import LLM, LLMError, Message, OutputFormat, Reply
-from deepr.llm.hf_constrain import penalty_processor
+from deepr.llm.hf_constrain import penalty_processor, repeat_ban_processor
 from deepr.llm.hf_batch import Gate, Pending, Queue, left_padded
 
 log = logging.getLogger("deepr.llm")
@@ -73,6 +73,9 @@ class HFConfig(BaseModel):
                                           "prompt included, as llama.cpp's repeat_last_n does; None: every token "
                                           "of the reply and none of the prompt (penalising a whole prompt "
                                           "pushed SmolLM2 into glued non-words).")
+    no_repeat_ngram: int | None = Field(None, ge=2, description="No run of this many tokens may occur twice "
+                                        "in a reply (transformers' no_repeat_ngram_size, over the reply only and "
+                                        "never emptying the format's choices); None: off.")
     top_k: int | None = Field(40, ge=1, description="Sampled calls (temperature > 0, e.g. re-asks) draw from "
                               "the k likeliest tokens the format allows; None: all of them. 40 and min_p 0.05 are "
                               "llama.cpp's server defaults: without them SmolLM2's re-asks at temperature 0.7 "
@@ -258,7 +261,8 @@ class HFLLM(LLM):
         import torch
 
         kw = dict(kw)
-        processors = self._penalty(len(ids)) + ([self._constrainer.processor(fmt)] if fmt is not None else [])
+        processors = self._penalty(len(ids)) + ([self._constrainer.processor(fmt)] if fmt is not None else []) \
+            + self._ban(len(ids))
         with torch.inference_mode(), self._adapter_for(role), _threads(self._gen_threads):
             if seed is not None:
                 torch.manual_seed(seed)
@@ -302,6 +306,7 @@ class HFLLM(LLM):
         processors = self._penalty(ids.shape[1])
         if fmts[0] is not None:
             processors.append(self._constrainer.processor(fmts))
+        processors += self._ban(ids.shape[1])
         with torch.inference_mode(), self._adapter_for(role), _threads(self._gen_threads):
             out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), **kw,
                                       logits_processor=processors or None)
@@ -314,6 +319,11 @@ class HFLLM(LLM):
         if not self.config.repetition_penalty:
             return []
         return [penalty_processor(float(self.config.repetition_penalty), self.config.repetition_window, n_prompt)]
+
+    def _ban(self, n_prompt: int) -> list[Any]:
+        """The repeated-run ban, which must come after the grammar's mask (it keeps a row's last choices)."""
+        n = self.config.no_repeat_ngram
+        return [repeat_ban_processor(n, n_prompt)] if n else []
 
     def _reply(self, new: list[int], max_new: int, stop: Sequence[str] | None, constrained: bool) -> tuple[Reply, int]:
         tok = self.tokenizer
@@ -384,7 +394,8 @@ class HFLLM(LLM):
         return {"backend": self.name, "model": self.config.path, "adapters": dict(self.config.adapters),
                 "device": str(self.device), "dtype": self.config.dtype, "seed": self.config.seed,
                 "threads": self._gen_threads, "repetition_penalty": self.config.repetition_penalty,
-                "repetition_window": self.config.repetition_window, "top_k": self.config.top_k,
+                "repetition_window": self.config.repetition_window, "no_repeat_ngram": self.config.no_repeat_ngram,
+                "top_k": self.config.top_k,
                 "min_p": self.config.min_p}
 
     def __repr__(self) -> str:

@@ -1,5 +1,6 @@
 """The hf backend's logits processors: an :class:`OutputFormat` becomes a grammar mask
-(constrained decoding), and the optional repetition penalty (``penalty_processor``).
+(constrained decoding), the optional repetition penalty (``penalty_processor``), and the optional
+ban on repeating a run of the reply's own tokens (``repeat_ban_processor``).
 
 xgrammar (``pip install xgrammar``) compiles a JSON schema or a regex against the model's
 tokenizer once (~0.3 s; cached per format here) and masks every token that would leave the
@@ -87,3 +88,25 @@ class _Window:
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         return self.inner(input_ids[:, -self.window:], scores)
+
+
+def repeat_ban_processor(n: int, n_prompt: int) -> Any:
+    """transformers' no-repeat-n-gram rule over the reply's tokens only (a prompt's phrases may be
+    quoted), placed after the grammar's mask: where the ban would leave no token the grammar
+    allows (a constant of the format recurring), the row keeps the mask's choices."""
+    from transformers import NoRepeatNGramLogitsProcessor
+
+    return _ReplyBan(NoRepeatNGramLogitsProcessor(n), n, n_prompt)
+
+
+class _ReplyBan:
+    def __init__(self, inner: Any, n: int, n_prompt: int):
+        self.inner, self.n, self.n_prompt = inner, n, n_prompt
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        reply = input_ids[:, self.n_prompt:]
+        if reply.shape[1] < self.n:
+            return scores
+        banned = self.inner(reply, scores)
+        left = (banned > float("-inf")).any(dim=-1, keepdim=True)
+        return banned.where(left, scores)
