@@ -5,7 +5,7 @@ sends (``messages(inp)``), the shape of its reply (:class:`JSONReply` from a pyd
 or :class:`TaggedReply` for ``<tag>text</tag>`` replies; both give the backend an
 :class:`~deepr.llm.base.OutputFormat` for constrained decoding and parse the reply; ``constrain``
 builds a tighter format from the call's input, e.g. citations limited to the ids the prompt
-shows, see :mod:`deepr.agent.formats`), its code
+shows, see :mod:`deepr.formats`), its code
 checks, its default generation limits, and its non-LLM implementation (``extractive(inp)``,
 which returns the reply a model should have given, already parsed).
 
@@ -30,6 +30,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, TypeAdapter
 
+from deepr.formats import ground
 from deepr.llm.base import LLM, LLMError, Message, OutputFormat, Reply
 from deepr.llm.context import CHARS_PER_TOKEN, context_length, prompt_tokens, trim_evidence  # noqa: F401
 from deepr.llm.parse import parse_reply, strip_thinking
@@ -171,7 +172,7 @@ class Role(Generic[I, T]):
     # cut). It should drop evidence first; the executor then trims evidence lines itself.
     shrink: Callable[[I, int], I | None] | None = None
     # The decoding format built from this call's input (e.g. citations limited to the ids the
-    # prompt shows, see deepr.agent.formats); None, or a None result, keeps ``output.fmt``.
+    # prompt shows, see deepr.formats); None, or a None result, keeps ``output.fmt``.
     constrain: Callable[[I], OutputFormat | None] | None = None
 
 
@@ -378,17 +379,18 @@ def judge_reply(role: Role, inp: Any, reply: str, messages: list[Message],
     return (value, None) if error is None else (None, error)
 
 
-def _format(role: Role, inp: Any, llm: LLM) -> OutputFormat:
+def _format(role: Role, inp: Any, llm: LLM, messages: list[Message]) -> OutputFormat:
     name = f"{role.name}.{role.action}"
     strict = role.constrain is not None and llm.strict_formats
-    built = role.constrain(inp) if strict else None
+    # acronyms and numbers only as the prompt shows them (the system prompt's own excluded)
+    built = ground(role.constrain(inp), [m["content"] for m in messages if m["role"] != "system"]) if strict else None
     return OutputFormat(name, json_schema=built.json_schema, regex=built.regex) if built else role.output.fmt(name)
 
 
 async def _ask(role: Role, inp: Any, messages: list[Message], llm: LLM, rec: Recorder, max_reasks: int,
                temperature: float | None, max_tokens: int) -> _Attempts:
     out = _Attempts()
-    convo, fmt = list(messages), _format(role, inp, llm)
+    convo, fmt = list(messages), _format(role, inp, llm, messages)
     wrapped = rec.llm(llm, role.name, role.action)
     limit = context_length(llm)
     for n in range(max_reasks + 1):

@@ -1,4 +1,4 @@
-"""The word classes of the strict formats (deepr.agent.formats): prose is made of real words, and
+"""The word classes of the strict formats (deepr.formats): prose is made of real words, and
 ids can appear only where a format places one (issue 14: SmolLM2 wrote "N4-N4" as a word)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from deepr.agent.formats import PHRASE, QUERY_WORD, WORD, cited_prose, search_query
+from deepr.formats import PHRASE, QUERY_WORD, WORD, cited_prose, search_query
 
 
 @pytest.mark.parametrize("word", ["the", "don't", "Pompeii", "well-known", "Indo-European", "NATO", "1991",
@@ -38,7 +38,7 @@ def test_ids_appear_only_in_the_citation_slot():
 
 
 def test_a_citation_names_distinct_shown_ids():
-    from deepr.agent.formats import cite_spans, id_list
+    from deepr.formats import cite_spans, id_list
 
     rx = id_list(["N1-R1", "N2-R1", "N1-R10"])
     for ok in ("N1-R1", "N1-R10", "N2-R1, N1-R1", "N1-R1, N1-R10"):
@@ -53,7 +53,7 @@ def test_a_citation_names_distinct_shown_ids():
 def test_grounded_warp_queries_and_outline_items_carry_a_question_word_and_no_numbers():
     """SmolLM2's warp searches were "SOLICY 101" and "1234s 1234s ..." and its outline plans
     "Section 1.1, Section 2.1, ..."; with the question's terms neither can be decoded."""
-    from deepr.agent.formats import items_schema, queries_schema, term_words
+    from deepr.formats import items_schema, queries_schema, term_words
 
     terms = term_words(["How did the printing press change Europe?"])
     assert terms == ["printing", "press", "change", "Europe"]
@@ -70,7 +70,7 @@ def test_grounded_warp_queries_and_outline_items_carry_a_question_word_and_no_nu
     assert not re.fullmatch(plan, "Section 1.1, Section 2.1, Section 3.1, Section 4.1")
     assert not re.fullmatch(plan, "The report is to be prepared for the next day")  # no word of the question
     # with a vocabulary, every word comes from the question, the background or the glue words
-    from deepr.agent.formats import label_vocab
+    from deepr.formats import label_vocab
 
     vocab = label_vocab(["How did the printing press change Europe?",
                          "Johannes Gutenberg introduced movable type printing to Europe around 1440."])
@@ -86,7 +86,7 @@ def test_grounded_warp_queries_and_outline_items_carry_a_question_word_and_no_nu
 
 def test_a_strict_dag_plan_searches_with_the_words_of_the_question_and_the_results():
     """SmolLM2's strict dag plans searched "How dovolcanoes form and whydotheyreject"."""
-    from deepr.agent.formats import plan_schema
+    from deepr.formats import plan_schema
 
     schema = plan_schema(texts=["How do volcanoes form and why do they erupt?", "Mount Vesuvius"])
     query = schema["properties"]["nodes"]["prefixItems"][0]["properties"]["query"]["pattern"].strip("^$")
@@ -95,3 +95,22 @@ def test_a_strict_dag_plan_searches_with_the_words_of_the_question_and_the_resul
     # glued words, a word no text holds, and stop words (a query names things)
     for bad in ("How dovolcanoes form", "whydotheyreject volcanoes", "volcanoes lava", "why volcanoes erupt"):
         assert not re.fullmatch(query, bad), bad
+
+
+def test_grounding_leaves_words_and_ids_alone_and_reaches_json_patterns():
+    """ground() rewrites only the acronym and number alternatives: plain words, the id slot and a
+    schema's patterns keep working, and a format without those patterns is unchanged."""
+    from deepr.formats import ground, plan_schema, tagged
+    from deepr.llm.base import OutputFormat
+
+    shown = ["How did NATO form in 1949?"]
+    plan = ground(OutputFormat("plan", json_schema=plan_schema(texts=shown)), shown)
+    point = plan.json_schema["properties"]["nodes"]["prefixItems"][0]["properties"]["key_points"]["items"]["pattern"]
+    assert re.fullmatch(point.strip("^$"), "NATO formed in 1949 after the war")
+    assert not re.fullmatch(point.strip("^$"), "NATO formed in 1950 after the war")
+    assert not re.fullmatch(point.strip("^$"), "SEATO formed in 1949 after the war")
+    prose = ground(tagged("answer", cited_prose(["N1-R2"], sentences=(1, 1))), [])
+    assert re.fullmatch(prose.regex, "<answer>The alliance formed after the war in the west [N1-R2].</answer>")
+    assert not re.fullmatch(prose.regex, "<answer>The alliance formed after the war in 1949 [N1-R2].</answer>")
+    fixed = OutputFormat("yes", regex="(?:yes|no)")
+    assert ground(fixed, shown) == fixed and ground(None, shown) is None

@@ -32,7 +32,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from deepr.agent.formats import PHRASE, TITLE, cited_prose, cited_sentence, search_query
+from deepr.formats import PHRASE, TITLE, cited_prose, cited_sentence, search_query
 from deepr.llm.gbnf import plain_pattern
 
 HAS_LLAMA = importlib.util.find_spec("llama_cpp") is not None
@@ -236,7 +236,7 @@ def test_the_server_takes_every_role_schema_as_a_grammar(llama_server, caplog):
 
 
 def test_a_constrained_reply_through_the_server_matches_its_schema(llama_server):
-    from deepr.agent.formats import queries_schema
+    from deepr.formats import queries_schema
     from deepr.llm import OutputFormat
 
     schema = queries_schema("keywords", lo=2, hi=3)

@@ -187,6 +187,30 @@ def test_per_call_formats_apply_only_when_strict_formats_are_on():
     assert strict.calls[0]["fmt"].regex == r'\{"keywords": \["lava flow"\]\}'
 
 
+def test_a_strict_format_allows_only_the_acronyms_and_numbers_the_prompt_shows():
+    """SmolLM2 looped on capitals no prompt held ("NXI, NXII, NXIII", "LONDON, LONDON"): a strict
+    prose format admits the prompt's acronyms and figures and no others; the system prompt's
+    own capitals (format instructions) do not count."""
+    import re
+    from dataclasses import replace
+
+    from deepr.formats import cited_prose, tagged
+
+    role = replace(ANSWER, messages=lambda a: [
+        {"role": "system", "content": "Reply in JSON with IDS."},
+        {"role": "user", "content": f"Explain {a.topic}. [E1] NASA saw 3,452 flows in 1969."}],
+        constrain=lambda a: tagged("answer", cited_prose(["E1"], sentences=(1, 1), words=(4, 12))))
+    llm = Scripted(["<answer>NASA counted 3,452 lava flows in 1969 [E1].</answer>"])
+    llm.strict_formats = True
+    out, _ = go(role, llm)
+    rx = llm.calls[0]["fmt"].regex
+    assert out.by == "llm" and re.fullmatch(rx, "<answer>NASA counted 3,452 lava flows in 1969 [E1].</answer>")
+    for made_up in ("NXI NXII NXIII were lava flows", "The JSON IDS were lava flows", "There were 3,453 lava flows",
+                    "LONDON saw lava in 1970"):
+        assert not re.fullmatch(rx, f"<answer>{made_up} [E1].</answer>"), made_up
+    assert re.fullmatch(rx, "<answer>There were many lava flows in the year [E1].</answer>")
+
+
 @pytest.mark.parametrize("spec, formats, strict", [
     ("smollm2", None, True), ("gguf:/m/x.gguf", None, True), ("hf:/m/ckpt", None, False),
     ("openai:qwen", None, False), ("openai:qwen", "strict", True), ("smollm2", "schema", False)])

@@ -25,7 +25,7 @@ from deepr.roles import JSONReply, Role, TaggedReply
 from deepr.agent.citations import cited_ids, normalize
 from deepr.agent.env import Ctx
 from deepr.agent.extract import sub_questions
-from deepr.agent.formats import cited_map_schema, cited_prose, tagged
+from deepr.formats import cited_map_schema, cited_prose, tagged
 from deepr.llm.base import OutputFormat
 from deepr.agent import writer
 

@@ -23,7 +23,7 @@ from deepr.text import strip_citations
 
 from deepr.agent.citations import cited_ids, normalize
 from deepr.agent.env import Ctx
-from deepr.agent.formats import cited_prose, cited_sentence, literal, query_with, search_query, tagged, term_words
+from deepr.formats import cited_prose, cited_sentence, literal, query_with, search_query, tagged, term_words
 from deepr.llm.base import OutputFormat
 from deepr.agent.extract import (FRAMING, anchored_query, approx_tokens, content_terms, focus_query,
                                  sub_questions)

@@ -25,7 +25,7 @@ from deepr.records import Hit, Plan, PlanNode
 from deepr.roles import JSONReply, Role
 
 from deepr.agent.env import Ctx
-from deepr.agent.formats import plan_schema
+from deepr.formats import plan_schema
 from deepr.llm.base import OutputFormat
 from deepr.agent.extract import (FRAMING, anchored_query, cluster, content_terms, distinctive_terms,
                                  focus_query, shorten, split_sentences, sub_questions)

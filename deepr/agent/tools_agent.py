@@ -28,7 +28,7 @@ from typing import Any
 
 from deepr.agent.citations import cited_ids, normalize, strip_ids
 from deepr.agent.env import Ctx
-from deepr.agent.formats import (QUERY_WORD, cite_spans as answer_spans, id_choice, query_with, search_query, term_words,
+from deepr.formats import (QUERY_WORD, cite_spans as answer_spans, id_choice, query_with, search_query, term_words,
                                  tool_step, word_choice)
 from deepr.agent.extract import shorten, sub_questions
 from deepr.agent.tools_extractive import ExtractivePolicy, cite_tags
@@ -301,7 +301,7 @@ def _step_format(a: StepAsk, *, may_call: bool) -> OutputFormat | None:
 
 def _step_regex(shown: Sequence[str], *, may_call: bool, browse: Sequence[str], terms: Sequence[str] | None,
                 vocab: str | None = None) -> str:
-    """:func:`~deepr.agent.formats.tool_step` with the follow-up rules: a search carries one of
+    """:func:`~deepr.formats.tool_step` with the follow-up rules: a search carries one of
     ``terms`` (when given) and draws its words from ``vocab`` (when given), a browse opens one of
     ``browse``."""
     word = vocab or QUERY_WORD
@@ -328,7 +328,7 @@ def new_terms(question: str, session: ToolSession, searched: set[str], most: int
 
 
 def query_vocab(question: str, session: ToolSession) -> str | None:
-    """The words a search may use (:func:`~deepr.agent.formats.word_choice`): those of the
+    """The words a search may use (:func:`~deepr.formats.word_choice`): those of the
     question and of the titles shown so far. SmolLM2 searched "What causes the seasons
     onearth's's's's' Autumn" and then "... onearth'ss'ss-soulunetrode Trojan"."""
     cat = session.ctx.catalog

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from deepr.agent.formats import PHRASE, text
+from deepr.formats import PHRASE, text
 from deepr.data.rubric_checks import RubricLimits
 from deepr.data.rubric_words import exclusive_tokens, factual_pattern, logical_pattern, question_pattern
 from deepr.llm.base import OutputFormat

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from deepr.data import tree_extractive as ex
-from deepr.agent.formats import PHRASE, QUERY_WORD, literal, search_query, word_choice
+from deepr.formats import PHRASE, QUERY_WORD, literal, search_query, word_choice
 from deepr.llm.base import LLM, OutputFormat
 from deepr.records import Hit
 from deepr.acceptance import no_echo, no_placeholder, query_words
@@ -169,7 +169,7 @@ def _root_format(a: TreeAsk) -> OutputFormat:
     return _json("root_query", {"query": _str(rf"{literal(title)}(?: {words}){{1,{min(6, limit - 1 - n)}}}")})
 
 
-# Formats built per call (see deepr.agent.formats): bounded real-word queries, document numbers
+# Formats built per call (see deepr.formats): bounded real-word queries, document numbers
 # that exist, and statements chosen among the document's own sentences.
 
 

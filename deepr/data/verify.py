@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from deepr.agent.formats import PHRASE, text
+from deepr.formats import PHRASE, text
 from deepr.llm.base import LLM, OutputFormat, run_sync
 from deepr.llm.parse import parse_reply
 from deepr.records import QRPair, Reject, RubricItem

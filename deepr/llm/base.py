@@ -78,7 +78,7 @@ class GenDefaults:
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
-    # "strict": per-call formats built from the prompt (deepr.agent.formats: fixed dag plan
+    # "strict": per-call formats built from the prompt (deepr.formats: fixed dag plan
     # skeleton, cited prose of plain words, ids limited to those shown) so a small model cannot
     # write placeholders; "schema": each role's own schema or tag only, leaving a capable model its
     # full language and plan shapes; None ("auto"): strict for the built-in small models only.

@@ -46,6 +46,46 @@ FIRST = rf"(?:[A-Z][a-z]{{1,15}}{_APOS}(?:-[A-Za-z][a-z]{{1,11}})?|[AI]|{_CAPS})
 QUERY_WORD = rf"(?:[A-Za-z][a-z]{{2,15}}{_APOS}(?:-[A-Za-z][a-z]{{1,11}})?|{_CAPS}|[0-9]{{3,4}}s?)"
 
 
+_SHOWN_CAPS = re.compile(rf"(?<![A-Za-z0-9]){_CAPS}(?![A-Za-z0-9])")
+_SHOWN_NUMBER = re.compile(rf"(?<![A-Za-z0-9.,]){_NUMBER}(?![A-Za-z0-9]|[.,][0-9])")
+
+
+def ground(fmt: OutputFormat | None, texts: Sequence[str]) -> OutputFormat | None:
+    """``fmt`` with its acronyms and numbers limited to those ``texts`` (the prompt) show.
+
+    Any capitals or digits were SmolLM2's favourite loops: "NXI, NXII, NXIII, …" in a plan's key
+    point, "LONDON, LONDON, …" and "NTRAM, NTRAM, …" in an answer about volcanoes, none of them in
+    the prompt. A cited answer has no business with an acronym or a figure its evidence lacks.
+    Only the word patterns of this module are rewritten; a format that uses none is unchanged."""
+    if fmt is None:
+        return None
+    caps = sorted({m for t in texts for m in _SHOWN_CAPS.findall(t or "")}, key=lambda w: (-len(w), w))
+    numbers = sorted({m for t in texts for m in _SHOWN_NUMBER.findall(t or "")}, key=lambda w: (-len(w), w))
+    caps_alt = "|".join(caps)
+    num_alt = "|".join(re.escape(n).replace("\\%", "%") for n in numbers)
+    subs = {  # longest first: no pattern here is a substring of another
+        WORD: "(?:" + "|".join(x for x in (_ALPHA, caps_alt, num_alt) if x) + ")",
+        FIRST: FIRST.replace(f"|{_CAPS})", f"|{caps_alt})" if caps else ")"),
+        LABEL_WORD: "(?:" + "|".join(x for x in (_ALPHA, caps_alt) if x) + ")",
+        QUERY_WORD: QUERY_WORD.replace(f"|{_CAPS}|", f"|{caps_alt}|" if caps else "|"),
+    }
+
+    def rewrite(pattern: str) -> str:
+        for old in sorted(subs, key=len, reverse=True):
+            pattern = pattern.replace(old, subs[old])
+        return pattern
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: rewrite(v) if k == "pattern" and isinstance(v, str) else walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    return OutputFormat(fmt.name, json_schema=walk(fmt.json_schema) if fmt.json_schema is not None else None,
+                        regex=rewrite(fmt.regex) if fmt.regex is not None else None)
+
+
 def id_choice(ids: Sequence[str]) -> str:
     """A regex alternation of exactly ``ids`` (longest first, so a prefix never wins early)."""
     unique = sorted(dict.fromkeys(i for i in ids if i), key=lambda i: (-len(i), i))
