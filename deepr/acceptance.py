@@ -60,8 +60,16 @@ def template_texts(messages: Sequence[Message]) -> set[str]:
     return {t for t in out if len(t.split()) >= 2}
 
 
+# A field that only names its slot: SmolLM2 filled a plan's answer need with "The answer to the
+# question", which no prompt showed as a template.
+_SLOT_NAME = re.compile(r"(?:(?:the|your|an?|my) )?(?:final )?(?:answer|query|question|paragraph|text|content|"
+                        r"summary|need|key point|result)s?(?: (?:to|for|of) (?:the|this|your) (?:question|query|"
+                        r"request|task))?(?: here| goes here)?")
+
+
 def no_placeholder(value: Any, messages: Sequence[Message], reasks: Sequence[str] = ()) -> list[str]:
-    """A reply (or a JSON field) that is only dots, or the prompt's template text copied back."""
+    """A reply (or a JSON field) that is only dots, only the name of its slot ("the answer to the
+    question"), or the prompt's template text copied back."""
     templates = template_texts(messages)
     problems = []
     for s in strings(value):
@@ -69,6 +77,8 @@ def no_placeholder(value: Any, messages: Sequence[Message], reasks: Sequence[str
             problems.append(f"{s.strip()!r} is a placeholder, not content; write the actual text")
         elif s.strip() and _norm(s) in templates:
             problems.append(f"{s.strip()!r} is the prompt's template text; replace it with real content")
+        elif len(_norm(s).split()) >= 2 and _SLOT_NAME.fullmatch(_norm(s)):  # "Summary" may be a title
+            problems.append(f"{s.strip()!r} only names what belongs there; write the actual text")
     return problems[:3]
 
 

@@ -31,6 +31,18 @@ PROMPT = [{"role": "system", "content": 'Reply exactly as: <think>which fact</th
           {"role": "user", "content": "Question: Who was Adam Smith? Facts so far: (empty)"}]
 
 
+@pytest.mark.parametrize("text, refused", [
+    ("The answer to the question", True), ("your answer here", True), ("the final answer", True),
+    ("The query", True), ("the summary of the question", True),
+    ("The answer to the question is that nitrogen oxides release nitric oxide", False),
+    ("Summary", False), ("Acid rain harms lakes", False), ("Answer choices in exams", False)])
+def test_a_field_that_only_names_its_slot_is_a_placeholder(text, refused):
+    """SmolLM2 filled a plan's answer need with "The answer to the question", a template no
+    prompt showed; a text that goes on to say something, or a one-word title, is content."""
+    problems = no_placeholder({"need": text}, [])
+    assert bool(problems) is refused and (not refused or "only names what belongs there" in problems[0])
+
+
 def test_shared_checks_on_their_own():
     assert "the query" in template_texts(PROMPT) and "search" not in template_texts(PROMPT)
     assert no_placeholder("...", PROMPT) and no_placeholder("…", PROMPT)

@@ -114,3 +114,16 @@ def test_grounding_leaves_words_and_ids_alone_and_reaches_json_patterns():
     assert not re.fullmatch(prose.regex, "<answer>The alliance formed after the war in 1949 [N1-R2].</answer>")
     fixed = OutputFormat("yes", regex="(?:yes|no)")
     assert ground(fixed, shown) == fixed and ground(None, shown) is None
+
+
+def test_a_query_names_its_term_once():
+    """SmolLM2 searched "Brady Brady" and "Algiers Algiers": over a word list, the query's other
+    words leave its term out in any case, while two different terms still combine."""
+    from deepr.formats import query_with, word_choice
+
+    vocab = word_choice(["What causes the seasons on Earth?", "Tom Brady", "Algiers"])
+    rx = query_with(["seasons", "Brady", "Algiers"], (2, 6), vocab)
+    for repeated in ("Brady Brady", "Algiers algiers", "seasons Earth seasons"):
+        assert not re.fullmatch(rx, repeated), repeated
+    for fine in ("seasons Earth", "Earth seasons causes", "Brady seasons"):
+        assert re.fullmatch(rx, fine), fine

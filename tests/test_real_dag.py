@@ -27,7 +27,10 @@ pytestmark = [pytest.mark.skipif(smollm2_missing(), reason=SMOLLM2_SKIP), pytest
 
 QUESTION = "What causes acid rain and how does it harm the environment?"
 _IDS = re.compile(r"\[([A-Z]+\d+-[A-Z]+\d+(?:, [A-Z]+\d+-[A-Z]+\d+)*)\]")
-_JUNK = re.compile(r"\.\.\.|…|\bthe query\b|\bthe answer\b|\bthe paragraph\b|<[a-z]+ [a-z ]{2,40}>", re.I)
+_JUNK = re.compile(r"\.\.\.|…|<[a-z]+ [a-z ]{2,40}>")
+# a slot's name standing in for its content; with three more words after it, it opens a real text
+# ("The answer to the question is that nitrogen oxides in fossil fuels release nitric oxide")
+_SLOT = re.compile(r"\b(?:the (?:query|answer|paragraph)(?: to the question)?)\b\W*((?:\w+\W*){0,2})$", re.I)
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +46,24 @@ def dag_run(smollm2_cache, mini_corpus: Path, tmp_path_factory: pytest.TempPathF
     trace = json.loads((out / "report.json").read_text())
     turns = [t for line in (out / "traj.jsonl").read_text().splitlines() for t in json.loads(line)["turns"]]
     return trace, turns
+
+
+def _fields(completion: str) -> list[str]:
+    """A reply's text fields: the strings of a JSON reply, else the reply itself."""
+    try:
+        value = json.loads(completion)
+    except ValueError:
+        return [completion]
+    out, todo = [], [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, str):
+            out.append(v)
+        elif isinstance(v, dict):
+            todo.extend(v.values())
+        elif isinstance(v, list):
+            todo.extend(v)
+    return out
 
 
 def _shown(trace: dict) -> set[str]:
@@ -68,6 +89,8 @@ def test_no_accepted_turn_is_a_placeholder_or_an_echo(dag_run):
     for t in accepted:
         system = " ".join(m["content"] for m in t["messages"] if m["role"] == "system")
         assert not _JUNK.search(t["completion"]), (t["role"], t["action"], t["completion"])
+        for field in _fields(t["completion"]):
+            assert not _SLOT.search(field), (t["role"], t["action"], field)
         for sentence in re.split(r"(?<=\.)\s+", _IDS.sub("", t["completion"])):
             if len(sentence) >= 40:
                 assert sentence.strip() not in system, (t["role"], sentence)

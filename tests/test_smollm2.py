@@ -47,7 +47,10 @@ def test_conversion_is_cached_and_complete(smollm2_cache, monkeypatch):
     monkeypatch.setenv("DEEPR_CACHE", str(cache))
     spec = get_llm("smollm2")  # the built-in spec finds the same folder without converting again
     assert spec.describe()["model"] == str(folder) and (folder / "model.safetensors").stat().st_mtime_ns == stamp
-    assert spec.describe()["repetition_penalty"] is None  # greedy, no penalty (see HFConfig.repetition_penalty)
+    d = spec.describe()  # greedy with llama.cpp's repeat penalty and no 6-token run twice
+    assert (d["repetition_penalty"], d["repetition_window"], d["no_repeat_ngram"]) == (1.1, 64, 6)
+    d = get_llm("smollm2,repetition_penalty=none,no_repeat_ngram=8").describe()  # the spec overrides
+    assert (d["repetition_penalty"], d["repetition_window"], d["no_repeat_ngram"]) == (None, 64, 8)
 
 
 def test_constrained_json_parses_against_the_schema(llm):

@@ -9,7 +9,8 @@
     replay:<file.jsonl>                     recorded replies, for tests and demos
 
 The three hf forms take decoding options after a comma (HF_OPTIONS; ``none`` turns one off):
-``smollm2,repetition_penalty=1.1,repetition_window=64``, ``hf:runs/m,adapter=planner:runs/p,top_k=20``.
+``smollm2,no_repeat_ngram=none``, ``hf:runs/m,adapter=planner:runs/p,repetition_penalty=1.1``.
+``smollm2`` and ``gguf:`` start from SMALL_MODEL_DECODING, ``hf:`` from plain greedy decoding.
 
     llm = get_llm("openai:Qwen/Qwen3-8B", base_url="http://localhost:8000/v1")
     text = llm.chat([{"role": "user", "content": "Hello"}], role="planner")
@@ -36,6 +37,10 @@ SPEC_FORMS = ("extractive", "openai:<model>", "hf:<path>[,adapter=<role>:<path>.
               "smollm2[,<option>=<value>...]", "gguf:<file.gguf>[,<option>=<value>...]", "replay:<file.jsonl>")
 # The hf backend's decoding settings a spec may carry (HFConfig fields of the same names).
 HF_OPTIONS = ("repetition_penalty", "repetition_window", "no_repeat_ngram", "top_k", "min_p")
+# What the built-in small models (smollm2, gguf:) decode with unless the spec says otherwise:
+# llama.cpp server's repeat penalty (1.1 over the last 64 tokens) and no 6-token run twice in a
+# reply. Greedy SmolLM2 looped in most agent turns without them (bench/results/real_model.json).
+SMALL_MODEL_DECODING = {"repetition_penalty": 1.1, "repetition_window": 64, "no_repeat_ngram": 6}
 
 _LAZY = {
     "ExtractiveLLM": "deepr.llm.extractive",
@@ -102,6 +107,8 @@ def get_llm(spec: str = "extractive", *, base_url: str | None = None, api_key: s
             **kw: Any) -> LLM:
     """Build the backend named by ``spec`` with the user's generation settings ``gen``."""
     base, options = hf_options(spec)
+    if base == "smollm2" or base.startswith("gguf:"):
+        options = {**SMALL_MODEL_DECODING, **options}
     try:
         llm = _build(base, base_url=base_url, api_key=api_key, cache=cache, cache_dir=cache_dir, timeout=timeout,
                      max_retries=max_retries, max_concurrency=max_concurrency, **options, **kw)

@@ -64,18 +64,17 @@ class HFConfig(BaseModel):
                                 "small matmuls: 20x faster on a loaded 2-core machine, bench/llm_speed.py), "
                                 "else torch's default.")
     repetition_penalty: float | None = Field(None, gt=0, description="Penalty (> 1 discourages) on recent "
-                                             "tokens (see repetition_window). None: off. 1.1 over 64 tokens "
-                                             "(llama.cpp's server defaults) cut SmolLM2's format failures in "
-                                             "decor, tools and warp runs but thinned make demo-llm's trees "
-                                             "below a rubric pair, so no spec sets it yet "
-                                             "(bench/results/real_model.json, session_2026_11_24c_hf_penalty).")
+                                             "tokens (see repetition_window). None: off. The smollm2 and gguf: "
+                                             "specs set 1.1 over 64 tokens, llama.cpp's server defaults "
+                                             "(deepr.llm.SMALL_MODEL_DECODING).")
     repetition_window: int | None = Field(None, ge=1, description="Penalise only the last this many tokens, "
                                           "prompt included, as llama.cpp's repeat_last_n does; None: every token "
                                           "of the reply and none of the prompt (penalising a whole prompt "
                                           "pushed SmolLM2 into glued non-words).")
     no_repeat_ngram: int | None = Field(None, ge=2, description="No run of this many tokens may occur twice "
                                         "in a reply (transformers' no_repeat_ngram_size, over the reply only and "
-                                        "never emptying the format's choices); None: off.")
+                                        "never emptying the format's choices); None: off. The smollm2 and "
+                                        "gguf: specs set 6.")
     top_k: int | None = Field(40, ge=1, description="Sampled calls (temperature > 0, e.g. re-asks) draw from "
                               "the k likeliest tokens the format allows; None: all of them. 40 and min_p 0.05 are "
                               "llama.cpp's server defaults: without them SmolLM2's re-asks at temperature 0.7 "
