@@ -388,7 +388,7 @@ def _format(role: Role, inp: Any, llm: LLM, messages: list[Message]) -> OutputFo
 
 
 async def _ask(role: Role, inp: Any, messages: list[Message], llm: LLM, rec: Recorder, max_reasks: int,
-               temperature: float | None, max_tokens: int) -> _Attempts:
+               temperature: float | None, max_tokens: int, earlier: int = 0) -> _Attempts:
     out = _Attempts()
     convo, fmt = list(messages), _format(role, inp, llm, messages)
     wrapped = rec.llm(llm, role.name, role.action)
@@ -401,8 +401,11 @@ async def _ask(role: Role, inp: Any, messages: list[Message], llm: LLM, rec: Rec
             break
         out.attempts += 1
         temp = temperature if n == 0 else max(temperature or 0.0, REASK_TEMPERATURE)
+        # a resampled re-ask sends the same prompt: only a new seed makes its sample differ
+        seed = (llm.gen.seed or 0) + earlier + n if (n or earlier) and llm.reask == "resample" else None
         try:
-            reply = await wrapped.achat(convo, role=role.name, temperature=temp, max_tokens=max_tokens, fmt=fmt)
+            reply = await wrapped.achat(convo, role=role.name, temperature=temp, max_tokens=max_tokens, fmt=fmt,
+                                        seed=seed)
         except LLMError as e:
             out.attempts += e.attempts - 1  # the backend's own retries were requests too
             out.error = f"model call failed: {e}"
@@ -417,19 +420,22 @@ async def _ask(role: Role, inp: Any, messages: list[Message], llm: LLM, rec: Rec
             return out
         out.error = error
         llm.usage.rejected += 1
-        convo = convo + [{"role": "assistant", "content": reply},
-                         {"role": "user", "content": role.output.reask(error)}]
+        if llm.reask != "resample":
+            convo = convo + [{"role": "assistant", "content": reply},
+                             {"role": "user", "content": role.output.reask(error)}]
     if out.attempts > 1:
         out.error = f"gave up after {out.attempts} attempts: {out.error}"
     return out
 
 
 async def perform(role: Role[I, T], inp: I, *, llm: LLM, rec: Recorder, max_reasks: int = 2,
-                  temperature: float | None = None, max_tokens: int | None = None,
+                  temperature: float | None = None, max_tokens: int | None = None, earlier: int = 0,
                   **extra: Any) -> Outcome[T]:
     """Perform ``role`` on ``inp``; see the module docstring. ``extra`` goes into the turn record.
 
     ``temperature`` / ``max_tokens`` override the role's defaults (the user's settings).
+    ``earlier``: attempts the caller's own loop already made at this turn (tools mode re-asks in
+    its conversation), so a resampled attempt draws a seed none of them used.
     """
     if llm.is_extractive:  # the one place that chooses the engine
         messages = role.messages(inp)
@@ -450,7 +456,8 @@ async def perform(role: Role[I, T], inp: I, *, llm: LLM, rec: Recorder, max_reas
         got = _Attempts(error=fit.error)  # nothing is sent: the backend would refuse or truncate it
     else:
         got = await _ask(role, fit.inp, messages, llm, rec, max_reasks,
-                         role.temperature if temperature is None else temperature, max_tokens or role.max_tokens)
+                         role.temperature if temperature is None else temperature, max_tokens or role.max_tokens,
+                         earlier)
     last = got.replies[-1] if got.replies else None
     action = role.turn_action(got.value) if (role.turn_action and got.ok) else role.action
     rec.turn(role.name, action, messages, last or "", ok=got.ok, attempts=got.attempts,

@@ -228,3 +228,35 @@ def test_the_formats_flag_is_checked():
     assert gen_defaults(formats="auto").formats is None and gen_defaults(formats="strict").formats == "strict"
     with pytest.raises(ValueError, match="--formats 'loose': choose auto, strict or schema"):
         gen_defaults(formats="loose")
+
+
+# -- how a refused reply is asked again (GenDefaults.reask, --reask) ---------------------------
+
+def test_a_resampled_reask_sends_the_same_prompt_with_a_new_seed():
+    """A looping reply shown back to a 135M model came back again, or the correction did; a
+    resampled re-ask sends the original prompt, sampled, with a seed no earlier attempt used."""
+    fine = '{"keywords": ["lava flow"]}'
+    resample = Scripted(['{"keywords": ["rock"]}', '{"keywords": ["stone"]}', fine], gen=GenDefaults(seed=7))
+    resample.reask = "resample"
+    out, _ = go(SEARCH, resample)
+    assert out.by == "llm" and out.value == ["lava flow"] and out.attempts == 3
+    prompts = [c["messages"] for c in resample.calls]
+    assert prompts[0] == prompts[1] == prompts[2]
+    assert [c["seed"] for c in resample.calls] == [7, 8, 9] and [c["temperature"] for c in resample.calls][1:] == [0.7, 0.7]
+    correct = Scripted(['{"keywords": ["rock"]}', fine])
+    out, _ = go(SEARCH, correct)
+    assert out.by == "llm" and len(correct.calls[1]["messages"]) == len(correct.calls[0]["messages"]) + 2
+    assert "mention lava" in correct.calls[1]["messages"][-1]["content"]
+
+
+@pytest.mark.parametrize("spec, reask, style", [
+    ("smollm2", None, "resample"), ("gguf:/m/x.gguf", None, "resample"), ("hf:/m/ckpt", None, "correct"),
+    ("openai:qwen", None, "correct"), ("smollm2", "correct", "correct"), ("openai:qwen", "resample", "resample")])
+def test_reasks_resample_by_default_for_the_built_in_small_models_only(spec, reask, style):
+    from deepr.cli.flags import gen_defaults
+    from deepr.llm import reask_style
+
+    assert reask_style(spec, GenDefaults(reask=reask)) == style
+    assert gen_defaults(reask="auto").reask is None and gen_defaults(reask="resample").reask == "resample"
+    with pytest.raises(ValueError, match="--reask 'again': choose auto, correct or resample"):
+        gen_defaults(reask="again")

@@ -244,10 +244,11 @@ class _Scripted:
 
             def __init__(self):
                 super().__init__()
-                self.replies, self.formats = list(replies), []
+                self.replies, self.formats, self.calls = list(replies), [], []
 
             async def _achat(self, messages, **kw):
                 self.formats.append(kw["fmt"].regex if kw.get("fmt") else None)
+                self.calls.append({"messages": list(messages), "seed": kw.get("seed")})
                 return self.replies.pop(0)
 
         return Scripted()
@@ -312,3 +313,24 @@ def test_an_answer_that_copies_a_sentence_of_the_refusal_is_rejected(retriever):
     reasons = [f["reason"] for f in ctx.tracer.failures]
     assert any("copied from the correction request" in r for r in reasons), reasons
     assert out.raw_answer == good[8:-9] and not llm.replies
+
+
+def test_a_resampled_reask_leaves_the_refused_turn_out_of_the_conversation(retriever):
+    """With --reask resample (the default for smollm2), a refused tool call is not put back in
+    front of the model with its correction: the same conversation is sampled again, seed moved
+    on (SmolLM2 answered "Algiers Algiers Algiers ..." to each correction that quoted it)."""
+    from deepr.llm.base import run_sync
+
+    hit = retriever.search("volcano eruption", k=1)[0]
+    sentence = " ".join(hit.text.split(".")[0].split()[:12]).rstrip(",;")
+    llm = _Scripted.make([_tool("search", query="..."), _tool("search", query="volcano eruption causes"),
+                          f'<answer><cite id="S1-R1">{sentence}.</cite></answer>'])
+    llm.reask = "resample"
+    ctx = _ctx(retriever, llm)
+    out = run_sync(run_tools(ctx, "What happens when a volcano erupts?"))
+    assert out.tool_calls == 1 and "S1-R1" in out.answer
+    first, again = llm.calls[0], llm.calls[1]
+    assert again["messages"] == first["messages"] and again["seed"] != first["seed"]
+    refused = _tool("search", query="...")
+    assert not any(m["content"] == refused for m in llm.calls[2]["messages"] if m["role"] == "assistant")
+    assert any(m["role"] == "assistant" for m in llm.calls[2]["messages"])  # the accepted search stays

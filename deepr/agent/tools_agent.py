@@ -359,7 +359,7 @@ async def run_tools(ctx: Ctx, query: str, *, max_turns: int = RUN_TURNS) -> Tool
             out = await perform(role, ask, llm=ctx.llm, rec=ctx.tracer, max_reasks=0,
                                 temperature=ctx.config.temperature if reasks == 0 else max(
                                     ctx.config.temperature or 0.0, REASK_TEMPERATURE),
-                                max_tokens=ctx.config.max_tokens)
+                                max_tokens=ctx.config.max_tokens, earlier=reasks)
         reply = out.value if out.ok else out.reply
         if reply is None:  # the call itself failed (after the backend's retries): answer from what was found
             answer = _salvage(ctx, query, Step("invalid", reason=out.error or ""), session)
@@ -382,7 +382,10 @@ async def run_tools(ctx: Ctx, query: str, *, max_turns: int = RUN_TURNS) -> Tool
             answer = _salvage(ctx, query, step if rejected is None and cited else Step("invalid"), session)
         else:
             reasks += 1
-            convo.append({"role": "user", "content": problem})
+            if rejected and ctx.llm.reask == "resample":
+                convo.pop()  # the same conversation again, sampled (see GenDefaults.reask)
+            else:
+                convo.append({"role": "user", "content": problem})
     md = strip_ids(normalize(answer), [i for i in answer_ids(answer) if i not in session.shown])
     ctx.tracer.decide("answer", tool_calls=session.calls, cited=answer_ids(answer))
     ctx.tracer.extra.update(tool_calls=session.calls)

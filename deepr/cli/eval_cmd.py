@@ -151,7 +151,7 @@ def eval_command(
                                             "across runs (e.g. when adding metrics later)."),
     timeout: float = F.TIMEOUT, deadline: float | None = F.DEADLINE, allow_fallback: bool = F.ALLOW_FALLBACK,
     max_tokens: int | None = F.MAX_TOKENS, temperature: float | None = F.TEMPERATURE,
-    top_p: float | None = F.TOP_P, seed: int | None = F.GEN_SEED, formats: str = F.FORMATS,
+    top_p: float | None = F.TOP_P, seed: int | None = F.GEN_SEED, formats: str = F.FORMATS, reask: str = F.REASK,
     concurrency: int = typer.Option(8, "--concurrency", help="Items (and judge calls) in flight at once."),
     race_criteria: Path | None = typer.Option(None, "--race-criteria", help="DeepResearch Bench criteria JSONL."),
     race_reference: Path | None = typer.Option(None, "--race-reference", help="DeepResearch Bench reference "
@@ -166,7 +166,7 @@ def eval_command(
     """Score reports, plans and answers with the metrics of SPEC §5 and the rewards of §6."""
     with user_errors():
         F.check_budget(timeout, deadline, concurrency, limit)
-        gen = F.gen_defaults(max_tokens, temperature, top_p, seed, formats)
+        gen = F.gen_defaults(max_tokens, temperature, top_p, seed, formats, reask)
         _guard(input, out, rubrics, gold, race_criteria, race_reference, html_out, judge_cache)
         code = _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cache, judge_cache,
                     (timeout, deadline, gen), concurrency, race_criteria, race_reference, html_out, limit, dry_run,

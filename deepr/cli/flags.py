@@ -33,6 +33,10 @@ FORMATS = typer.Option("auto", "--formats", help="Decoding constraints: 'strict'
                        "from its prompt (fixed dag plan skeleton, plain-word cited sentences, only shown ids; "
                        "keeps a small model from writing placeholders), 'schema' constrains to each role's "
                        "schema or tag only, 'auto' is strict for smollm2/gguf: and schema otherwise.")
+REASK = typer.Option("auto", "--reask", help="How a refused reply is asked again: 'correct' shows the model "
+                     "its reply and why it was refused, 'resample' sends the same prompt again sampled with a new "
+                     "seed (a small model copies a looping reply shown back to it), 'auto' resamples for "
+                     "smollm2/gguf: and corrects otherwise.")
 TIMEOUT = typer.Option(120.0, "--timeout", help="Seconds before one model call times out (> 0).")
 
 EXIT_HELP = ("Exit status: 0 all good; 2 bad input or flags (nothing run); 3 some records/turns failed or fell "
@@ -41,7 +45,7 @@ EXIT_HELP = ("Exit status: 0 all good; 2 bad input or flags (nothing run); 3 som
 
 
 def gen_defaults(max_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
-                 seed: int | None = None, formats: str | None = None) -> Any:
+                 seed: int | None = None, formats: str | None = None, reask: str | None = None) -> Any:
     """Check the generation flags and pack them; raises ValueError naming the flag."""
     from deepr.llm.base import GenDefaults
 
@@ -55,8 +59,10 @@ def gen_defaults(max_tokens: int | None = None, temperature: float | None = None
         raise ValueError(f"--seed {seed}: must be a non-negative integer")
     if formats not in (None, "auto", "strict", "schema"):
         raise ValueError(f"--formats {formats!r}: choose auto, strict or schema")
+    if reask not in (None, "auto", "correct", "resample"):
+        raise ValueError(f"--reask {reask!r}: choose auto, correct or resample")
     return GenDefaults(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                       formats=None if formats == "auto" else formats)
+                       formats=None if formats == "auto" else formats, reask=None if reask == "auto" else reask)
 
 
 def check_budget(timeout: float | None = None, deadline: float | None = None, concurrency: int | None = None,

@@ -250,7 +250,7 @@ def run_command(
     concurrency: int = typer.Option(8, "--concurrency", help="Model calls in flight at once."),
     deadline: float | None = F.DEADLINE, allow_fallback: bool = F.ALLOW_FALLBACK,
     max_tokens: int | None = F.MAX_TOKENS, temperature: float | None = F.TEMPERATURE,
-    top_p: float | None = F.TOP_P, seed: int | None = F.GEN_SEED, formats: str = F.FORMATS,
+    top_p: float | None = F.TOP_P, seed: int | None = F.GEN_SEED, formats: str = F.FORMATS, reask: str = F.REASK,
     record: Path | None = typer.Option(None, "--record", help="Append the run as a training trajectory "
                                        "(JSONL) for prune-trajectories."),
     html: bool = typer.Option(False, "--html", help="Also write a self-contained HTML report with the plan graph."),
@@ -278,7 +278,7 @@ def run_command(
     """Research a question and write a cited report plus its full audit trace."""
     with user_errors(_FLAGS):
         F.check_budget(timeout, deadline, concurrency, limit)
-        gen = F.gen_defaults(max_tokens, temperature, top_p, seed, formats)
+        gen = F.gen_defaults(max_tokens, temperature, top_p, seed, formats, reask)
         if mode not in MODES:
             raise ValueError(f"--mode {mode!r}: choose one of {', '.join(MODES)}")
         if (query is None) == (queries is None):

@@ -47,6 +47,7 @@ def _common() -> dict[str, Any]:
         "timeout": F.TIMEOUT, "deadline": F.DEADLINE, "allow_fallback": F.ALLOW_FALLBACK,
         "max_tokens": F.MAX_TOKENS, "temperature": F.TEMPERATURE, "top_p": F.TOP_P, "gen_seed": F.GEN_SEED,
         "formats": F.FORMATS,
+        "reask": F.REASK,
         "concurrency": typer.Option(8, "--concurrency",
                                     help="Model calls in flight at once, and items worked on at once."),
         "limit": typer.Option(None, "--limit", help="Process at most N pending items (a quick look)."),
@@ -184,7 +185,7 @@ def build_trees_command(
         "--snippets-only keeps the search results' own text.")),
     deadline: float | None = C["deadline"], allow_fallback: bool = C["allow_fallback"],
     max_tokens: int | None = C["max_tokens"], temperature: float | None = C["temperature"],
-    top_p: float | None = C["top_p"], formats: str = C["formats"],
+    top_p: float | None = C["top_p"], formats: str = C["formats"], reask: str = C["reask"],
     fallback: str = _fallback_opt(),
 ) -> None:
     """Grow evidence trees: seed topic → root query → breadth-first sub-queries, each grounded in
@@ -196,7 +197,7 @@ def build_trees_command(
     t0 = time.perf_counter()
     with user_errors():
         F.check_budget(timeout, deadline, concurrency, limit)
-        gen = F.gen_defaults(max_tokens, temperature, top_p, seed, formats)
+        gen = F.gen_defaults(max_tokens, temperature, top_p, seed, formats, reask)
         cfg = TreeConfig(max_depth=max_depth, branching=_parse_branching(branching), retrieve_k=retrieve_k,
                          concurrency=concurrency, seed=seed or 0, fallback=fallback)
         corpus_file = Path(corpus) if Path(corpus).is_file() else None
@@ -289,7 +290,7 @@ def synthesize_rubrics_command(
     dry_run: bool = C["dry_run"], shard: str | None = C["shard"], retry_rejects: bool = C["retry_rejects"],
     deadline: float | None = C["deadline"], allow_fallback: bool = C["allow_fallback"],
     max_tokens: int | None = C["max_tokens"], temperature: float | None = C["temperature"],
-    top_p: float | None = C["top_p"], seed: int | None = C["gen_seed"], formats: str = C["formats"],
+    top_p: float | None = C["top_p"], seed: int | None = C["gen_seed"], formats: str = C["formats"], reask: str = C["reask"],
     fallback: str = _fallback_opt(),
 ) -> None:
     """Co-generate one research question and ≥ 5 typed, weighted, leaf-grounded rubrics per tree,
@@ -302,7 +303,7 @@ def synthesize_rubrics_command(
     t0 = time.perf_counter()
     with user_errors():
         F.check_budget(timeout, deadline, concurrency, limit)
-        gen = F.gen_defaults(max_tokens, temperature, top_p, seed, formats)
+        gen = F.gen_defaults(max_tokens, temperature, top_p, seed, formats, reask)
         cfg = SynthConfig(n_select=n_select, concurrency=concurrency, limits=RubricLimits(min_rubrics=min_rubrics),
                           fallback=fallback)
         _guard([("TREES", trees)], out)
@@ -374,7 +375,7 @@ def verify_command(
     dry_run: bool = C["dry_run"], shard: str | None = C["shard"], retry_rejects: bool = C["retry_rejects"],
     deadline: float | None = C["deadline"], allow_fallback: bool = C["allow_fallback"],
     max_tokens: int | None = C["max_tokens"], temperature: float | None = C["temperature"],
-    top_p: float | None = C["top_p"], seed: int | None = C["gen_seed"], formats: str = C["formats"],
+    top_p: float | None = C["top_p"], seed: int | None = C["gen_seed"], formats: str = C["formats"], reask: str = C["reask"],
     fallback: str = _fallback_opt(),
 ) -> None:
     """Audit each pair on six dimensions and KEEP / REVISE / DROP it; revisions must stay grounded
@@ -386,7 +387,7 @@ def verify_command(
     t0 = time.perf_counter()
     with user_errors():
         F.check_budget(timeout, deadline, concurrency, limit)
-        gen = F.gen_defaults(max_tokens, temperature, top_p, seed, formats)
+        gen = F.gen_defaults(max_tokens, temperature, top_p, seed, formats, reask)
         cfg = VerifyConfig(concurrency=concurrency, fallback=fallback)
         drop_to, rejects = dropped or dropped_path(out), rejects_path(out)
         _guard([("PAIRS", pairs), ("--trees", trees)], out, ("--dropped", drop_to))

@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from deepr.llm.base import LLM, GenDefaults, LLMError, Message, OutputFormat, Reply, Usage, run_sync
 
 __all__ = ["LLM", "GenDefaults", "OutputFormat", "Reply", "LLMError", "LLMStatusError", "Message", "Usage", "run_sync", "get_llm",
-           "llm_from_flags", "parse_hf_spec", "hf_options", "HF_OPTIONS", "ExtractiveLLM", "ReplayLLM", "OpenAIBackend",
+           "llm_from_flags", "parse_hf_spec", "hf_options", "HF_OPTIONS", "reask_style", "strict_formats", "ExtractiveLLM", "ReplayLLM", "OpenAIBackend",
            "HFLLM", "LLMCache", "StubServer", "SPEC_FORMS"]
 
 SPEC_FORMS = ("extractive", "openai:<model>", "hf:<path>[,adapter=<role>:<path>...][,<option>=<value>...]",
@@ -117,7 +117,18 @@ def get_llm(spec: str = "extractive", *, base_url: str | None = None, api_key: s
     if gen is not None:
         llm.gen = gen
     llm.strict_formats = strict_formats(base, gen)
+    llm.reask = reask_style(base, gen)
     return llm
+
+
+def reask_style(spec: str, gen: GenDefaults | None) -> str:
+    """How refused replies are asked again (see GenDefaults.reask): as asked for, or by default
+    "resample" for the built-in small models and "correct" for every other."""
+    chosen = gen.reask if gen is not None else None
+    if chosen is not None:
+        return chosen
+    spec = (spec or "").strip()
+    return "resample" if spec == "smollm2" or spec.startswith("gguf:") else "correct"
 
 
 def strict_formats(spec: str, gen: GenDefaults | None) -> bool:

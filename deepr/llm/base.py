@@ -83,6 +83,11 @@ class GenDefaults:
     # write placeholders; "schema": each role's own schema or tag only, leaving a capable model its
     # full language and plan shapes; None ("auto"): strict for the built-in small models only.
     formats: str | None = None
+    # How a refused reply is asked again: "correct" shows the reply and why it was refused;
+    # "resample" sends the same prompt again, sampled with a new seed, so a looping reply is not
+    # put back in front of the model (a 135M model copied it, or the correction, into its next
+    # reply). None ("auto"): resample for the built-in small models, correct otherwise.
+    reask: str | None = None
 
 
 @dataclass
@@ -119,6 +124,7 @@ class LLM(ABC):
     name: str = "llm"
     is_extractive: bool = False
     strict_formats: bool = False  # set by get_llm from GenDefaults.formats (deepr.roles._format)
+    reask: str = "correct"  # set by get_llm from GenDefaults.reask (deepr.roles._ask)
     # Set once, then every later call fails at once: the --deadline passed, or the endpoint
     # refused the credentials (retrying with the same key cannot help).
     stopped: str | None = None
