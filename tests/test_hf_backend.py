@@ -409,3 +409,16 @@ def test_a_repeated_run_ban_reads_the_reply_only_and_never_breaks_a_format(tiny_
     forced = banned.chat(PROMPT, max_tokens=60, fmt=fmt)
     assert re.fullmatch(r"<list>(?:item one; ){4}[a-z]{2,6}</list>", forced)
     assert banned.describe()["no_repeat_ngram"] == 3
+
+
+def test_the_stutter_ban_never_breaks_a_format_that_demands_a_repeat(tiny_dir):
+    """no_repeat_word (tested on SmolLM2 in test_smollm2.py) keeps a row's choices where the
+    ban would leave the grammar nothing, and is off unless asked for."""
+    pytest.importorskip("xgrammar")
+    from deepr.llm import OutputFormat
+
+    banned = HFLLM(tiny_dir, no_repeat_word=True)
+    fmt = OutputFormat("echo", regex=r"<q>river river [a-z]{2,6}</q>")
+    assert re.fullmatch(r"<q>river river [a-z]{2,6}</q>", banned.chat(PROMPT, max_tokens=30, fmt=fmt))
+    assert banned._stutter is not None and banned._stutter.banned("the river") and not banned._stutter.banned("the river.")
+    assert banned.describe()["no_repeat_word"] is True and HFLLM(tiny_dir).describe()["no_repeat_word"] is False

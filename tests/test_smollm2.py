@@ -88,3 +88,23 @@ def test_prompt_over_the_context_is_refused_before_generating(llm):
 
     with pytest.raises(LLMError, match="exceeds the model's context of 8192 tokens"):
         llm.chat([{"role": "user", "content": "volcano " * 8200}], max_tokens=10)
+
+
+def test_with_the_built_in_decoding_no_word_follows_itself(smollm2_cache, monkeypatch):
+    """SmolLM2 searched "Algiers Algiers Algiers Algiers Burundi"; `--llm smollm2` decodes with
+    the stutter ban (SMALL_MODEL_DECODING), greedy and sampled re-asks alike."""
+    monkeypatch.setenv("DEEPR_CACHE", str(smollm2_cache[0]))
+    rx = r'\{"query": "(?:Algiers|Burundi|Africa|seasons|causes)(?: (?:Algiers|Burundi|Africa|seasons|causes)){3,5}"\}'
+    fmt = OutputFormat("query", regex=rx)
+    ask = [{"role": "user", "content": "Search results: Algiers. Algiers (city). Burundi. Write a search query "
+                                       "about what causes the seasons on Earth."}]
+
+    def stutters(text):
+        words = re.findall(r"[a-z]+", text.lower())
+        return [a for a, b in zip(words, words[1:]) if a == b]
+
+    plain, built_in = get_llm("smollm2,no_repeat_word=false"), get_llm("smollm2")
+    assert stutters(plain.chat(ask, max_tokens=60, fmt=fmt))  # "Algiers Algiers Burundi Algiers"
+    for seed in (None, 1, 2):
+        out = built_in.chat(ask, max_tokens=60, fmt=fmt, temperature=0.7 if seed else 0, seed=seed)
+        assert re.fullmatch(rx, out) and not stutters(out), out

@@ -36,11 +36,13 @@ __all__ = ["LLM", "GenDefaults", "OutputFormat", "Reply", "LLMError", "LLMStatus
 SPEC_FORMS = ("extractive", "openai:<model>", "hf:<path>[,adapter=<role>:<path>...][,<option>=<value>...]",
               "smollm2[,<option>=<value>...]", "gguf:<file.gguf>[,<option>=<value>...]", "replay:<file.jsonl>")
 # The hf backend's decoding settings a spec may carry (HFConfig fields of the same names).
-HF_OPTIONS = ("repetition_penalty", "repetition_window", "no_repeat_ngram", "top_k", "min_p")
+HF_OPTIONS = ("repetition_penalty", "repetition_window", "no_repeat_ngram", "no_repeat_word", "top_k", "min_p")
 # What the built-in small models (smollm2, gguf:) decode with unless the spec says otherwise:
 # llama.cpp server's repeat penalty (1.1 over the last 64 tokens) and no 6-token run twice in a
-# reply. Greedy SmolLM2 looped in most agent turns without them (bench/results/real_model.json).
-SMALL_MODEL_DECODING = {"repetition_penalty": 1.1, "repetition_window": 64, "no_repeat_ngram": 6}
+# reply, and no word right after itself. Greedy SmolLM2 looped in most agent turns without them
+# (bench/results/real_model.json).
+SMALL_MODEL_DECODING = {"repetition_penalty": 1.1, "repetition_window": 64, "no_repeat_ngram": 6,
+                        "no_repeat_word": True}
 
 _LAZY = {
     "ExtractiveLLM": "deepr.llm.extractive",

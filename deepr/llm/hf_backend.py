@@ -35,7 +35,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from deepr.llm.base import LLM, LLMError, Message, OutputFormat, Reply
-from deepr.llm.hf_constrain import penalty_processor, repeat_ban_processor
+from deepr.llm.hf_constrain import StutterBan, penalty_processor, repeat_ban_processor
 from deepr.llm.hf_batch import Gate, Pending, Queue, left_padded
 
 log = logging.getLogger("deepr.llm")
@@ -75,6 +75,9 @@ class HFConfig(BaseModel):
                                         "in a reply (transformers' no_repeat_ngram_size, over the reply only and "
                                         "never emptying the format's choices); None: off. The smollm2 and "
                                         "gguf: specs set 6.")
+    no_repeat_word: bool = Field(False, description="A word may not follow itself (\"Algiers Algiers\"): "
+                                 "the next word may not start with two or more of its letters. The smollm2 and "
+                                 "gguf: specs turn it on.")
     top_k: int | None = Field(40, ge=1, description="Sampled calls (temperature > 0, e.g. re-asks) draw from "
                               "the k likeliest tokens the format allows; None: all of them. 40 and min_p 0.05 are "
                               "llama.cpp's server defaults: without them SmolLM2's re-asks at temperature 0.7 "
@@ -113,6 +116,7 @@ class HFLLM(LLM):
         super().__init__(max_concurrency=self.config.max_concurrency)
         self._gate = Gate()  # one generation at a time
         self._constrainer: Any = None
+        self._stutter: Any = None  # StutterBan, built on the first call that needs it
         self._warned = False
         self._queue = Queue(self.config.batch_size)
         self._gen_threads: int | None = None
@@ -320,9 +324,15 @@ class HFLLM(LLM):
         return [penalty_processor(float(self.config.repetition_penalty), self.config.repetition_window, n_prompt)]
 
     def _ban(self, n_prompt: int) -> list[Any]:
-        """The repeated-run ban, which must come after the grammar's mask (it keeps a row's last choices)."""
+        """The repeated-run and stutter bans, which must come after the grammar's mask (they keep a
+        row's last choices)."""
         n = self.config.no_repeat_ngram
-        return [repeat_ban_processor(n, n_prompt)] if n else []
+        out = [repeat_ban_processor(n, n_prompt)] if n else []
+        if self.config.no_repeat_word:
+            if self._stutter is None:
+                self._stutter = StutterBan(self.tokenizer)
+            out.append(self._stutter.processor(n_prompt))
+        return out
 
     def _reply(self, new: list[int], max_new: int, stop: Sequence[str] | None, constrained: bool) -> tuple[Reply, int]:
         tok = self.tokenizer
@@ -394,6 +404,7 @@ class HFLLM(LLM):
                 "device": str(self.device), "dtype": self.config.dtype, "seed": self.config.seed,
                 "threads": self._gen_threads, "repetition_penalty": self.config.repetition_penalty,
                 "repetition_window": self.config.repetition_window, "no_repeat_ngram": self.config.no_repeat_ngram,
+                "no_repeat_word": self.config.no_repeat_word,
                 "top_k": self.config.top_k,
                 "min_p": self.config.min_p}
 

@@ -1,6 +1,7 @@
 """The hf backend's logits processors: an :class:`OutputFormat` becomes a grammar mask
 (constrained decoding), the optional repetition penalty (``penalty_processor``), and the optional
-ban on repeating a run of the reply's own tokens (``repeat_ban_processor``).
+ban on repeating a run of the reply's own tokens (``repeat_ban_processor``) and on a word
+following itself (``StutterBan``).
 
 xgrammar (``pip install xgrammar``) compiles a JSON schema or a regex against the model's
 tokenizer once (~0.3 s; cached per format here) and masks every token that would leave the
@@ -13,6 +14,7 @@ because it ships a ready transformers processor and needs no ``torch.compile`` w
 from __future__ import annotations
 
 import json
+import re
 import threading
 from typing import Any
 
@@ -110,3 +112,61 @@ class _ReplyBan:
         banned = self.inner(reply, scores)
         left = (banned > float("-inf")).any(dim=-1, keepdim=True)
         return banned.where(left, scores)
+
+
+_WORD_END = re.compile(r"([A-Za-z][A-Za-z'-]*)( ?)$")
+
+
+class StutterBan:
+    """Keeps a word from following itself ("Algiers Algiers Algiers", "seasons seasons"):
+    once a reply's text ends in a word (or a word and one space), the next token may not start
+    a new word with that word or a two-letter-plus beginning of it, in any case. Built once per
+    tokenizer (its word-initial tokens, " alg", and bare letter tokens, "alg", by lower-cased
+    text: under a grammar SmolLM2 often writes the space as its own token); :meth:`processor`
+    makes the per-call processor, which goes after the grammar's mask and keeps a row's
+    choices where it would empty them."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        spaced: dict[str, list[int]] = {}
+        bare: dict[str, list[int]] = {}
+        for tid in range(len(tokenizer)):
+            piece = tokenizer.decode([tid])
+            if len(piece) > 2 and piece[0] == " " and piece[1:].isalpha():
+                spaced.setdefault(piece[1:].lower(), []).append(tid)
+            elif len(piece) > 1 and piece.isalpha():
+                bare.setdefault(piece.lower(), []).append(tid)
+        self.spaced, self.bare = spaced, bare
+
+    def banned(self, tail: str) -> list[int]:
+        """Token ids that would start the last word of ``tail`` again (none unless it ends a word)."""
+        m = _WORD_END.search(tail)
+        if not m:
+            return []
+        word, starts = m.group(1).lower(), self.bare if m.group(2) else self.spaced
+        return [t for n in range(2, len(word) + 1) for t in starts.get(word[:n], ())]
+
+    def processor(self, n_prompt: int) -> Any:
+        return _StutterRows(self, n_prompt)
+
+
+class _StutterRows:
+    def __init__(self, ban: StutterBan, n_prompt: int):
+        self.ban, self.n_prompt = ban, n_prompt
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        out = scores
+        for row in range(input_ids.shape[0]):
+            tail = self.ban.tokenizer.decode(input_ids[row, self.n_prompt:][-8:].tolist())
+            ids = self.ban.banned(tail)
+            if not ids:
+                continue
+            if out is scores:
+                out = scores.clone()
+            kept = out[row].clone()
+            out[row, torch.tensor(ids, device=scores.device)] = float("-inf")
+            if not bool((out[row] > float("-inf")).any()):
+                out[row] = kept
+        return out
