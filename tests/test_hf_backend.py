@@ -224,7 +224,7 @@ def test_an_adapter_naming_its_base_relative_to_another_directory_still_loads(ti
     """Trained from /work with --model runs/x/merged, an adapter used to record that relative path,
     so `deepr run --llm hf:/work/runs/x/grpo` from anywhere else failed (learning run, issue 20).
     Training now records absolute paths; older adapters are found under their folder's ancestors."""
-    from deepr.llm.hf_backend import adapter_base
+    from deepr.llm.hf_adapters import adapter_base
     from deepr.train.grpo import GrpoConfig
     from deepr.train.sft import SftConfig
 

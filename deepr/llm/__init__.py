@@ -171,7 +171,8 @@ def _build(spec: str, *, base_url: str | None, api_key: str | None, cache: bool,
             backend.cache = LLMCache(Path(cache_dir) / "llm.sqlite" if cache_dir else None)
         return backend
     if spec == "smollm2" or (kind in ("hf", "gguf") and sep):
-        from deepr.llm.hf_backend import HFLLM, resolve_adapter_folder
+        from deepr.llm.hf_adapters import resolve_adapter_folder
+        from deepr.llm.hf_backend import HFLLM
 
         path, adapters = parse_hf_spec(rest) if kind == "hf" else (spec, {})
         path, adapters = resolve_adapter_folder(path, adapters)

@@ -65,7 +65,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def resolve_base(adapter: Path) -> str:
     """The base model an adapter was trained on (deepr.llm.hf_backend.adapter_base)."""
-    from deepr.llm.hf_backend import adapter_base
+    from deepr.llm.hf_adapters import adapter_base
 
     return adapter_base(adapter, fix="pass --base <model folder>")
 

@@ -138,7 +138,7 @@ class GrpoConfig(BaseModel):
     def _absolute_local_model(cls, v: str) -> str:
         # the adapter records this as its base: relative to today's directory, it would not load
         # from another one (`deepr run --llm hf:<adapter>` elsewhere)
-        from deepr.llm.hf_backend import local_path
+        from deepr.llm.hf_adapters import local_path
 
         return local_path(v)
 

@@ -62,7 +62,7 @@ def planner_spec(planner: str) -> str:
     (or adapter_config.json) and runs as the planner role."""
     p = Path(planner)
     if (p / "adapter_config.json").is_file():
-        from deepr.llm.hf_backend import adapter_base
+        from deepr.llm.hf_adapters import adapter_base
 
         return f"hf:{adapter_base(p, fix='pass --planner hf:<base>,adapter=planner:<folder>')},adapter=planner:{p}"
     if (p / "config.json").is_file():
