@@ -209,7 +209,7 @@ def test_compact_teacher_plan_is_what_the_planner_decoding_schema_admits():
                           "key_points": ["Magma rises."]},
                          {"id": "N2", "type": "aggregate", "need": "why volcanoes erupt", "inputs": ["N1"],
                           "key_points": ["pressure"]},
-                         {"id": "N3", "type": "answer", "need": "the answer", "inputs": ["N2"]}]}
+                         {"id": "N3", "type": "answer", "need": "how the nine steps combine", "inputs": ["N2"]}]}
     with pytest.raises(ValidationError):
         _PlanShape.model_validate(teacher)
     short = json.loads(learning.compact_plan(json.dumps(teacher)))
@@ -221,7 +221,7 @@ def test_sft_data_keeps_the_chosen_planner_turns_in_compact_form(tmp_path):
     plan = {"nodes": [{"id": "N1", "type": "search", "query": "one two three four five six seven eight nine",
                        "key_points": ["copied evidence"]},
                       {"id": "N2", "type": "aggregate", "need": "what the search shows", "inputs": ["N1"]},
-                      {"id": "N3", "type": "answer", "need": "the answer", "inputs": ["N2"]}]}
+                      {"id": "N3", "type": "answer", "need": "how the nine steps combine", "inputs": ["N2"]}]}
 
     def example(action, role="planner", reply=json.dumps(plan)):
         return {"id": action, "role": role, "action": action,
@@ -247,7 +247,7 @@ def test_sft_data_drops_plans_the_run_would_refuse_and_trims_dangling_words(tmp_
         return {"nodes": [{"id": "N1", "type": "search", "query": query},
                           {"id": "N2", "type": "search", "query": "Genoa maritime republic trade"},
                           {"id": "N3", "type": "aggregate", "need": "what the searches show", "inputs": ["N1", "N2"]},
-                          {"id": "N4", "type": "answer", "need": "the answer", "inputs": ["N3"]}]}
+                          {"id": "N4", "type": "answer", "need": "why Genoa traded by sea", "inputs": ["N3"]}]}
 
     rows = [{"id": q[:5], "role": "planner", "action": "plan",
              "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": json.dumps(plan(q))}]}
