@@ -28,11 +28,11 @@ from typing import Any
 
 from deepr.agent.citations import cited_ids, normalize, strip_ids
 from deepr.agent.env import Ctx
-from deepr.formats import (QUERY_WORD, cite_spans as answer_spans, id_choice, query_with, search_query, term_words,
-                                 tool_step, word_choice)
 from deepr.agent.extract import shorten, sub_questions
 from deepr.agent.tools_extractive import ExtractivePolicy, cite_tags
 from deepr.agent.render import GNode, Graph, Section
+from deepr.formats import (QUERY_WORD, cite_spans as answer_spans, id_choice, query_with, search_query, term_words,
+                           tool_step, word_choice)
 from deepr.llm.base import OutputFormat
 from deepr.acceptance import no_babble, no_echo, no_placeholder, query_words
 from deepr.roles import REASK_TEMPERATURE, Role, perform

@@ -26,7 +26,7 @@ from deepr.roles import JSONReply, Role, TaggedReply
 from deepr.agent.citations import cited_ids, normalize
 from deepr.agent.env import Ctx
 from deepr.formats import (LABEL_WORD, TITLE, action_schema, cited_prose, items_schema, label_vocab, queries_schema,
-                                 query_with, tagged, term_words, text, word_choice)
+                           query_with, tagged, term_words, text, word_choice)
 from deepr.llm.base import OutputFormat
 from deepr.agent.extract import cluster, content_terms, distinctive_terms, focus_query, shorten, sub_questions
 from deepr.agent.outline import Outline, Section
