@@ -30,8 +30,8 @@ from pydantic import ValidationError
 from deepr.llm.base import LLM, GenDefaults, LLMError, Message, OutputFormat, Reply, Usage, run_sync
 
 __all__ = ["LLM", "GenDefaults", "OutputFormat", "Reply", "LLMError", "LLMStatusError", "Message", "Usage", "run_sync", "get_llm",
-           "llm_from_flags", "parse_hf_spec", "hf_options", "HF_OPTIONS", "reask_style", "strict_formats", "ExtractiveLLM", "ReplayLLM", "OpenAIBackend",
-           "HFLLM", "LLMCache", "StubServer", "SPEC_FORMS"]
+           "llm_from_flags", "parse_hf_spec", "hf_options", "HF_OPTIONS", "reask_style", "strict_formats",
+           "ExtractiveLLM", "ReplayLLM", "OpenAIBackend", "HFLLM", "LLMCache", "StubServer", "SPEC_FORMS"]
 
 SPEC_FORMS = ("extractive", "openai:<model>", "hf:<path>[,adapter=<role>:<path>...][,<option>=<value>...]",
               "smollm2[,<option>=<value>...]", "gguf:<file.gguf>[,<option>=<value>...]", "replay:<file.jsonl>")
@@ -113,7 +113,7 @@ def get_llm(spec: str = "extractive", *, base_url: str | None = None, api_key: s
         options = {**SMALL_MODEL_DECODING, **options}
     try:
         llm = _build(base, base_url=base_url, api_key=api_key, cache=cache, cache_dir=cache_dir, timeout=timeout,
-                     max_retries=max_retries, max_concurrency=max_concurrency, **options, **kw)
+                     max_retries=max_retries, max_concurrency=max_concurrency, **{**options, **kw})
     except ValidationError as e:
         raise _bad_spec(spec, "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())) from None
     if gen is not None:
