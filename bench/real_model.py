@@ -43,6 +43,7 @@ QUESTIONS = [
     "How do volcanoes form and why do they erupt?",
     "What causes the seasons on Earth?",
     "How did the printing press change Europe?",
+    "How do honey bees make honey?",  # added 2026-11-24 as an unseen check after the decoding work
 ]
 FINAL_ROLES = {"dag": ("answerer", "final"), "decor": ("decor_answerer", "answer"), "tools": ("agent", "answer"),
                "warp": ("warp", "write")}
