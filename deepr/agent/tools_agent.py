@@ -34,7 +34,7 @@ from deepr.agent.render import GNode, Graph, Section
 from deepr.formats import (QUERY_WORD, cite_spans as answer_spans, id_choice, query_with, search_query, term_words,
                            tool_step, word_choice)
 from deepr.llm.base import OutputFormat
-from deepr.acceptance import no_babble, no_echo, no_placeholder, query_words
+from deepr.acceptance import FREE_TEXT, no_placeholder, query_words
 from deepr.roles import REASK_TEMPERATURE, Role, perform
 
 RUN_TURNS, TRAIN_TURNS = 10, 20
@@ -255,7 +255,7 @@ def _step_accept(reply: str, messages: Sequence[dict[str, str]], sent: Sequence[
     if step.kind == "answer":
         body = _CITE_TAG.sub("", step.answer)
         again = [*sent, *_corrections(messages)]
-        return no_placeholder(body, messages, again) + no_echo(body, messages, again) + no_babble(body, messages, again)
+        return [p for accept in FREE_TEXT for p in accept(body, messages, again)]
     if step.kind == "tool" and step.name in ("search", "scholar"):
         query = str(step.arguments.get("query", ""))
         if " ".join(query.lower().split()) in _searched(messages):  # a weak model repeats one search

@@ -109,9 +109,14 @@ class _ReplyBan:
         reply = input_ids[:, self.n_prompt:]
         if reply.shape[1] < self.n:
             return scores
-        banned = self.inner(reply, scores)
-        left = (banned > float("-inf")).any(dim=-1, keepdim=True)
-        return banned.where(left, scores)
+        return _keep_choices(self.inner(reply, scores), scores)
+
+
+def _keep_choices(banned: Any, scores: Any) -> Any:
+    """``banned``, except that a row it left with no token keeps its ``scores`` (the grammar's
+    only ways on, e.g. a format's recurring constant)."""
+    left = (banned > float("-inf")).any(dim=-1, keepdim=True)
+    return banned.where(left, scores)
 
 
 _WORD_END = re.compile(r"([A-Za-z][A-Za-z'-]*)( ?)$")
@@ -157,16 +162,10 @@ class _StutterRows:
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         import torch
 
-        out = scores
+        out = None
         for row in range(input_ids.shape[0]):
-            tail = self.ban.tokenizer.decode(input_ids[row, self.n_prompt:][-8:].tolist())
-            ids = self.ban.banned(tail)
-            if not ids:
-                continue
-            if out is scores:
-                out = scores.clone()
-            kept = out[row].clone()
-            out[row, torch.tensor(ids, device=scores.device)] = float("-inf")
-            if not bool((out[row] > float("-inf")).any()):
-                out[row] = kept
-        return out
+            ids = self.ban.banned(self.ban.tokenizer.decode(input_ids[row, self.n_prompt:][-8:].tolist()))
+            if ids:
+                out = scores.clone() if out is None else out
+                out[row, torch.tensor(ids, device=scores.device)] = float("-inf")
+        return scores if out is None else _keep_choices(out, scores)
