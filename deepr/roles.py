@@ -381,7 +381,7 @@ def judge_reply(role: Role, inp: Any, reply: str, messages: list[Message],
 
 def _format(role: Role, inp: Any, llm: LLM, messages: list[Message]) -> OutputFormat:
     name = f"{role.name}.{role.action}"
-    strict = role.constrain is not None and llm.strict_formats
+    strict = role.constrain is not None and llm.strict_for(role.name)
     # acronyms and numbers only as the prompt shows them (the system prompt's own excluded)
     built = ground(role.constrain(inp), [m["content"] for m in messages if m["role"] != "system"]) if strict else None
     return OutputFormat(name, json_schema=built.json_schema, regex=built.regex) if built else role.output.fmt(name)

@@ -226,8 +226,46 @@ def test_the_formats_flag_is_checked():
     from deepr.cli.flags import gen_defaults
 
     assert gen_defaults(formats="auto").formats is None and gen_defaults(formats="strict").formats == "strict"
-    with pytest.raises(ValueError, match="--formats 'loose': choose auto, strict or schema"):
-        gen_defaults(formats="loose")
+    assert gen_defaults(formats="strict,planner=schema").formats == "strict,planner=schema"
+    for bad, says in [("loose", "'loose' is not a mode"), ("strict,planner=auto", "'planner=auto' is not a mode"),
+                      ("strict,plannr=schema", "no role 'plannr' has strict formats"),
+                      ("strict,schema", "give one mode for all roles")]:
+        with pytest.raises(ValueError, match=says):
+            gen_defaults(formats=bad)
+
+
+def test_formats_per_role_hold_the_other_roles_to_their_mode():
+    """`--formats strict,planner=schema`: the planner decodes by its own schema (its plan's shape
+    is the model's), the answerer by the strict per-call format; `schema,answerer=strict` too."""
+    from deepr.agent.answerer import FINAL
+    from deepr.agent.planner import INITIAL
+    from deepr.llm import get_llm
+
+    for formats in ("strict,planner=schema", "schema,answerer=strict", "planner=schema"):
+        llm = get_llm("smollm2" if formats == "planner=schema" else "extractive", gen=GenDefaults(formats=formats))
+        assert not llm.strict_for(INITIAL.name) and llm.strict_for(FINAL.name), formats
+    plain = get_llm("extractive", gen=GenDefaults(formats="strict"))
+    assert plain.strict_for("planner") and plain.strict_for("answerer")
+
+
+def test_every_role_with_a_strict_format_can_be_named_in_the_formats_flag():
+    """FORMAT_ROLES is what `--formats ROLE=MODE` accepts: it must list every declared role that
+    has a per-call format, or that role could not be set on its own."""
+    import importlib
+    import pkgutil
+
+    import deepr
+    from deepr.llm.base import FORMAT_ROLES
+
+    names = set()
+    for mod in pkgutil.walk_packages(deepr.__path__, "deepr."):
+        if mod.name.startswith(("deepr.train", "deepr.cli")) or mod.name.endswith("__main__"):
+            continue  # training, CLI and entry modules import torch/typer or run; they declare no roles
+        for value in vars(importlib.import_module(mod.name)).values():
+            if isinstance(value, Role) and value.constrain is not None:
+                names.add(value.name)
+    assert names and names <= set(FORMAT_ROLES), sorted(names - set(FORMAT_ROLES))
+    assert {"planner", "answerer", "warp", "agent", "synthesize"} <= names
 
 
 # -- how a refused reply is asked again (GenDefaults.reask, --reask) ---------------------------

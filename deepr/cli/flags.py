@@ -32,7 +32,8 @@ ALLOW_FALLBACK = typer.Option(False, "--allow-fallback", help="Exit 0 when outpu
 FORMATS = typer.Option("auto", "--formats", help="Decoding constraints: 'strict' builds each call's format "
                        "from its prompt (fixed dag plan skeleton, plain-word cited sentences, only shown ids; "
                        "keeps a small model from writing placeholders), 'schema' constrains to each role's "
-                       "schema or tag only, 'auto' is strict for smollm2/gguf: and schema otherwise.")
+                       "schema or tag only, 'auto' is strict for smollm2/gguf: and schema otherwise. ROLE=MODE after it sets one "
+                       "role: 'strict,planner=schema' leaves the plan's shape to the model, every other role strict.")
 REASK = typer.Option("auto", "--reask", help="How a refused reply is asked again: 'correct' shows the model "
                      "its reply and why it was refused, 'resample' sends the same prompt again sampled with a new "
                      "seed (a small model copies a looping reply shown back to it), 'auto' resamples for "
@@ -47,7 +48,7 @@ EXIT_HELP = ("Exit status: 0 all good; 2 bad input or flags (nothing run); 3 som
 def gen_defaults(max_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
                  seed: int | None = None, formats: str | None = None, reask: str | None = None) -> Any:
     """Check the generation flags and pack them; raises ValueError naming the flag."""
-    from deepr.llm.base import GenDefaults
+    from deepr.llm.base import GenDefaults, parse_formats
 
     if max_tokens is not None and not 1 <= max_tokens <= 1_000_000:
         raise ValueError(f"--max-tokens {max_tokens}: must be a positive number of tokens (1..1000000)")
@@ -57,8 +58,8 @@ def gen_defaults(max_tokens: int | None = None, temperature: float | None = None
         raise ValueError(f"--top-p {top_p:g}: must be in (0, 1]")
     if seed is not None and not 0 <= seed < 2**63:
         raise ValueError(f"--seed {seed}: must be a non-negative integer")
-    if formats not in (None, "auto", "strict", "schema"):
-        raise ValueError(f"--formats {formats!r}: choose auto, strict or schema")
+    if formats is not None:
+        parse_formats(formats)  # raises naming the wrong part
     if reask not in (None, "auto", "correct", "resample"):
         raise ValueError(f"--reask {reask!r}: choose auto, correct or resample")
     return GenDefaults(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,

@@ -207,7 +207,7 @@ async def synthesize_one(tree: Tree, llm: LLM, cfg: SynthConfig, embed: Callable
         return Reject(id=pair_id(tree.id), stage="synthesize-rubrics", record={"tree_id": tree.id, "attempts": 0},
                       reason=f"the tree has {len(leaves)} leaf/leaves with statements; a pair selects at "
                              f"least {cfg.limits.min_selected} (limits.min_selected)")
-    strict = llm.strict_formats and not llm.is_extractive
+    strict = llm.strict_for(SYNTHESIZE.name) and not llm.is_extractive
     if strict and strict_plan(compact, cfg.n_select, cfg.limits) is None:
         own = sum(1 for st in distinct_statements(compact).values() if st)
         return Reject(id=pair_id(tree.id), stage="synthesize-rubrics", record={"tree_id": tree.id, "attempts": 0},

@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from deepr.llm.base import LLM, GenDefaults, LLMError, Message, OutputFormat, Reply, Usage, run_sync
+from deepr.llm.base import LLM, GenDefaults, LLMError, Message, OutputFormat, Reply, Usage, parse_formats, run_sync
 
 __all__ = ["LLM", "GenDefaults", "OutputFormat", "Reply", "LLMError", "LLMStatusError", "Message", "Usage", "run_sync", "get_llm",
            "llm_from_flags", "parse_hf_spec", "hf_options", "HF_OPTIONS", "reask_style", "strict_formats",
@@ -119,6 +119,7 @@ def get_llm(spec: str = "extractive", *, base_url: str | None = None, api_key: s
     if gen is not None:
         llm.gen = gen
     llm.strict_formats = strict_formats(base, gen)
+    llm.format_roles = parse_formats(gen.formats)[1] if gen is not None else {}
     llm.reask = reask_style(base, gen)
     return llm
 
@@ -136,7 +137,7 @@ def reask_style(spec: str, gen: GenDefaults | None) -> str:
 def strict_formats(spec: str, gen: GenDefaults | None) -> bool:
     """Whether roles build per-call formats from the prompt (see GenDefaults.formats): asked for,
     or by default for the built-in small models, whose free replies are mostly placeholders."""
-    chosen = gen.formats if gen is not None else None
+    chosen = parse_formats(gen.formats)[0] if gen is not None else None
     if chosen is not None:
         return chosen == "strict"
     spec = (spec or "").strip()
