@@ -224,9 +224,11 @@ def test_cli_sft_counts_examples_dropped_by_max_length(tiny: Path, tmp_path: Pat
     data.write_text("".join(e.model_dump_json() + "\n" for e in [planner_example(0), planner_example(1), long]))
     res = CliRunner().invoke(app, ["sft", "--model", str(tiny), "--data", str(data), "--role", "planner",
                                    "--out", str(tmp_path / "p"), "--max-steps", "1", "--batch-size", "2",
-                                   "--grad-accum", "1", "--max-length", "400", "--lora-r", "4", "--lora-alpha", "8"])
+                                   "--grad-accum", "1", "--max-length", "400", "--lora-r", "4", "--lora-alpha", "8",
+                                   "--no-gradient-checkpointing"])
     assert res.exit_code == 0, res.output
     assert "too long (> 400 tokens)" in res.output
+    assert json.loads((tmp_path / "p.meta.json").read_text())["config"]["gradient_checkpointing"] is False
     sidecar = json.loads((tmp_path / "p.meta.json").read_text())["counts"]
     meta = json.loads((tmp_path / "p" / "deepr_meta.json").read_text())["counts"]
     assert sidecar["rejected_by_reason"] == meta["rejected_by_reason"] == {"too_long": 1}
