@@ -112,11 +112,35 @@ def flatten(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def ordered(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The same graph with ids in reading order: searches numbered by the aggregate that first reads
+    them, then the aggregates, then the answer; each node's inputs ascending. "Every search feeds an
+    aggregate" then looks local (each aggregate reads the next unread searches) where the teacher's
+    numbering ("N1, N3", "N2, N5", "N1, N4") made it a rule over the whole plan, which SmolLM2 broke
+    ("plan is not connected") after SFT."""
+    kinds = {n.get("id"): n.get("type") for n in nodes}
+    readers = [n for n in nodes if n.get("type") == "aggregate"]
+    first: list[Any] = []
+    for n in readers:
+        first += [i for i in n.get("inputs") or [] if kinds.get(i) == "search" and i not in first]
+    searches = first + [n.get("id") for n in nodes if n.get("type") == "search" and n.get("id") not in first]
+    order = searches + [n.get("id") for n in readers] + [n.get("id") for n in nodes if n.get("type") == "answer"]
+    new = {old: f"N{k}" for k, old in enumerate(order, 1)}
+    by_id = {n.get("id"): n for n in nodes}
+    out = []
+    for old in order:
+        m = dict(by_id[old], id=new[old])
+        if "inputs" in m:
+            m["inputs"] = sorted((new[i] for i in m["inputs"] if i in new), key=lambda i: int(i[1:]))
+        out.append(m)
+    return out
+
+
 def compact_plan(reply: str, *, query_words: int = 7, graph: str = "teacher") -> str | None:
     """The teacher's plan in the form the planner's decoding schema (``--formats schema``) admits:
     queries and needs cut to a few words, the optional key points and the search nodes' empty
     inputs dropped, the answer reading every aggregate (ids, types, the other inputs and fetch
-    lists untouched; ``graph="flat"``: see :func:`flatten`); None when the reply is not a plan. The
+    lists untouched; ``graph="flat"``/``"ordered"``: :func:`flatten`/:func:`ordered`); None when the reply is not a plan. The
     extractive teacher copies whole evidence sentences into key points (~600 tokens a plan): a 135M
     model on CPU writes a plan of that length in minutes, so it learns the same graphs in short form."""
     try:
@@ -146,6 +170,9 @@ def compact_plan(reply: str, *, query_words: int = 7, graph: str = "teacher") ->
             # the whole graph, which SFT'd SmolLM2 broke in most held-out plans ("aggregate N6 does
             # not lead to the answer node"). Reading every aggregate is one local rule, same graph.
             node["inputs"] = aggregates
+    ids = {n.get("id") for n in value["nodes"]}
+    if graph == "ordered" and not value.get("fetch") and all(i in ids for n in value["nodes"] for i in n.get("inputs") or []):
+        value["nodes"] = ordered(value["nodes"])  # (a dangling input would have no new id)
     return json.dumps(value, ensure_ascii=False)
 
 
@@ -224,7 +251,8 @@ def train_sft(cfg: LearnConfig, base: str, sft_data: Path, seed: int, log: Path)
         deepr(["sft", "--model", base, "--data", str(sft_data), "--role", "planner", "--out", str(sft),
                "--lora-r", str(cfg.lora_r), "--lora-alpha", str(2 * cfg.lora_r), "--lr", str(cfg.sft_lr),
                "--max-steps", str(cfg.sft_steps), "--grad-accum", "1", "--batch-size", str(cfg.sft_batch), "--max-length", "4096",
-               "--logging-steps", "1", "--seed", str(seed), "--report-to", cfg.report_to, "--resume"],
+               "--logging-steps", "1", "--seed", str(seed), "--report-to", cfg.report_to, "--resume",
+               "--gradient-checkpointing" if cfg.sft_checkpointing else "--no-gradient-checkpointing"],
               log, threads=cfg.threads)
         mark(sft)
     if not done(merged):

@@ -137,7 +137,7 @@ def test_plots_are_written_from_a_small_metrics_file(tmp_path):
     (["--sft-batch", "0"], "--sft-batch 0: must be at least 1"),
     (["--grpo-train-turns", "3"], "--grpo-train-turns 3: give 1"),
     (["--formats", "free"], "--formats 'free': give schema or strict"),
-    (["--sft-graph", "deep"], "--sft-graph 'deep': give teacher or flat"),
+    (["--sft-graph", "deep"], "--sft-graph 'deep': give teacher, flat or ordered"),
     (["--eval-parallel", "0"], "--eval-parallel 0: must be at least 1"),
 ])
 def test_size_and_budget_flags_are_checked_before_anything_runs(argv, message, capsys):
@@ -196,6 +196,33 @@ def test_flat_graphs_keep_one_level_of_aggregates_renumbered_and_valid():
     # a fetch list names result ids of the nodes: such a plan keeps its ids
     fetched = json.loads(learning.compact_plan(json.dumps({**teacher, "fetch": ["N1-R1"]}), graph="flat"))
     assert len(fetched["nodes"]) == 10
+
+
+def test_ordered_graphs_are_the_teachers_graphs_with_ids_in_reading_order():
+    """`--sft-graph ordered`: the same edges, relabelled so each aggregate reads the next unread
+    searches and lists its inputs ascending; a plan with a fetch list keeps its ids."""
+    from deepr.agent.plan import validate_plan
+
+    s = [{"id": f"N{i}", "type": "search", "query": f"topic {i} history facts"} for i in range(1, 6)]
+    teacher = {"nodes": [*s, {"id": "N6", "type": "aggregate", "need": "first", "inputs": ["N3", "N1"]},
+                         {"id": "N7", "type": "aggregate", "need": "second", "inputs": ["N2", "N5"]},
+                         {"id": "N8", "type": "aggregate", "need": "third", "inputs": ["N1", "N4"]},
+                         {"id": "N9", "type": "aggregate", "need": "how N6 and N8 connect", "inputs": ["N8", "N6"]},
+                         {"id": "N10", "type": "answer", "need": "the answer", "inputs": ["N9", "N7"]}]}
+    out = json.loads(learning.compact_plan(json.dumps(teacher), graph="ordered"))
+    assert [n["query"] for n in out["nodes"][:5]] == [f"topic {i} history facts" for i in (3, 1, 2, 5, 4)]
+    assert [(n["id"], n.get("inputs")) for n in out["nodes"][5:]] == [
+        ("N6", ["N1", "N2"]), ("N7", ["N3", "N4"]), ("N8", ["N2", "N5"]), ("N9", ["N6", "N8"]),
+        ("N10", ["N6", "N7", "N8", "N9"])]
+    assert validate_plan(out)[1] == []
+
+    def edges(plan):  # edges as (reader need or query, read query or need): label-free
+        text = {n["id"]: n.get("query") or n.get("need") for n in plan["nodes"]}
+        return {(text[n["id"]], text[i]) for n in plan["nodes"] for i in n.get("inputs", [])}
+
+    assert edges(out) == edges(json.loads(learning.compact_plan(json.dumps(teacher))))
+    fetched = json.loads(learning.compact_plan(json.dumps({**teacher, "fetch": ["N1-R1"]}), graph="ordered"))
+    assert fetched["nodes"][5]["inputs"] == ["N3", "N1"]
 
 
 def test_compact_teacher_plan_is_what_the_planner_decoding_schema_admits():
