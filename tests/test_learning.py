@@ -178,15 +178,20 @@ def test_compact_teacher_plan_keeps_the_graph_and_still_validates():
     assert short["nodes"][-1]["inputs"] == ["N3", "N5"] and validate_plan(short)[1] == []
 
 
+def teacher_plan(*inputs: list[str]) -> dict:
+    """Five searches N1-N5, aggregates N6-N9 reading ``inputs`` (N9 reads two aggregates), and the
+    answer N10 reading N9 and N7, as the teacher writes them."""
+    s = [{"id": f"N{i}", "type": "search", "query": f"topic {i} history facts"} for i in range(1, 6)]
+    needs = ["first", "second", "third", "how N6 and N8 connect"]
+    aggs = [{"id": f"N{6 + k}", "type": "aggregate", "need": need, "inputs": list(ins)}
+            for k, (need, ins) in enumerate(zip(needs, inputs))]
+    return {"nodes": [*s, *aggs, {"id": "N10", "type": "answer", "need": "the answer", "inputs": ["N9", "N7"]}]}
+
+
 def test_flat_graphs_keep_one_level_of_aggregates_renumbered_and_valid():
     from deepr.agent.plan import validate_plan
 
-    s = [{"id": f"N{i}", "type": "search", "query": f"topic {i} history facts"} for i in range(1, 6)]
-    teacher = {"nodes": [*s, {"id": "N6", "type": "aggregate", "need": "first", "inputs": ["N1", "N3"]},
-                         {"id": "N7", "type": "aggregate", "need": "second", "inputs": ["N4", "N5"]},
-                         {"id": "N8", "type": "aggregate", "need": "third", "inputs": ["N1", "N2"]},
-                         {"id": "N9", "type": "aggregate", "need": "how N6 and N8 connect", "inputs": ["N6", "N8"]},
-                         {"id": "N10", "type": "answer", "need": "the answer", "inputs": ["N9", "N7"]}]}
+    teacher = teacher_plan(["N1", "N3"], ["N4", "N5"], ["N1", "N2"], ["N6", "N8"])
     flat = json.loads(learning.compact_plan(json.dumps(teacher), graph="flat"))
     assert [(n["id"], n["type"], n.get("inputs")) for n in flat["nodes"][5:]] == [
         ("N6", "aggregate", ["N1", "N3"]), ("N7", "aggregate", ["N4", "N5"]), ("N8", "aggregate", ["N1", "N2"]),
@@ -203,12 +208,7 @@ def test_ordered_graphs_are_the_teachers_graphs_with_ids_in_reading_order():
     searches and lists its inputs ascending; a plan with a fetch list keeps its ids."""
     from deepr.agent.plan import validate_plan
 
-    s = [{"id": f"N{i}", "type": "search", "query": f"topic {i} history facts"} for i in range(1, 6)]
-    teacher = {"nodes": [*s, {"id": "N6", "type": "aggregate", "need": "first", "inputs": ["N3", "N1"]},
-                         {"id": "N7", "type": "aggregate", "need": "second", "inputs": ["N2", "N5"]},
-                         {"id": "N8", "type": "aggregate", "need": "third", "inputs": ["N1", "N4"]},
-                         {"id": "N9", "type": "aggregate", "need": "how N6 and N8 connect", "inputs": ["N8", "N6"]},
-                         {"id": "N10", "type": "answer", "need": "the answer", "inputs": ["N9", "N7"]}]}
+    teacher = teacher_plan(["N3", "N1"], ["N2", "N5"], ["N1", "N4"], ["N8", "N6"])
     out = json.loads(learning.compact_plan(json.dumps(teacher), graph="ordered"))
     assert [n["query"] for n in out["nodes"][:5]] == [f"topic {i} history facts" for i in (3, 1, 2, 5, 4)]
     assert [(n["id"], n.get("inputs")) for n in out["nodes"][5:]] == [
