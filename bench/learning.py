@@ -102,12 +102,20 @@ def flatten(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     kinds = {n.get("id"): n.get("type") for n in nodes}
     kept = [n for n in nodes if not (n.get("type") == "aggregate"
                                      and any(kinds.get(i) == "aggregate" for i in n.get("inputs") or []))]
-    new = {n.get("id"): f"N{k}" for k, n in enumerate(kept, 1)}
+    return renumbered(kept)
+
+
+def renumbered(nodes: list[dict[str, Any]], *, sort_inputs: bool = False) -> list[dict[str, Any]]:
+    """``nodes`` in the order given, with ids N1, N2, ... and their inputs renamed to match (an
+    input that is not among ``nodes`` is dropped); ``sort_inputs`` lists each node's inputs ascending."""
+    new = {n.get("id"): f"N{k}" for k, n in enumerate(nodes, 1)}
     out = []
-    for n in kept:
+    for n in nodes:
         m = dict(n, id=new[n.get("id")])
         if "inputs" in n:
             m["inputs"] = [new[i] for i in n["inputs"] if i in new]
+            if sort_inputs:
+                m["inputs"].sort(key=lambda i: int(i[1:]))
         out.append(m)
     return out
 
@@ -125,15 +133,8 @@ def ordered(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
         first += [i for i in n.get("inputs") or [] if kinds.get(i) == "search" and i not in first]
     searches = first + [n.get("id") for n in nodes if n.get("type") == "search" and n.get("id") not in first]
     order = searches + [n.get("id") for n in readers] + [n.get("id") for n in nodes if n.get("type") == "answer"]
-    new = {old: f"N{k}" for k, old in enumerate(order, 1)}
     by_id = {n.get("id"): n for n in nodes}
-    out = []
-    for old in order:
-        m = dict(by_id[old], id=new[old])
-        if "inputs" in m:
-            m["inputs"] = sorted((new[i] for i in m["inputs"] if i in new), key=lambda i: int(i[1:]))
-        out.append(m)
-    return out
+    return renumbered([by_id[i] for i in order], sort_inputs=True)
 
 
 def compact_plan(reply: str, *, query_words: int = 7, graph: str = "teacher") -> str | None:
@@ -170,9 +171,10 @@ def compact_plan(reply: str, *, query_words: int = 7, graph: str = "teacher") ->
             # the whole graph, which SFT'd SmolLM2 broke in most held-out plans ("aggregate N6 does
             # not lead to the answer node"). Reading every aggregate is one local rule, same graph.
             node["inputs"] = aggregates
-    ids = {n.get("id") for n in value["nodes"]}
-    if graph == "ordered" and not value.get("fetch") and all(i in ids for n in value["nodes"] for i in n.get("inputs") or []):
-        value["nodes"] = ordered(value["nodes"])  # (a dangling input would have no new id)
+    if graph == "ordered" and not value.get("fetch"):
+        ids = {n.get("id") for n in value["nodes"]}
+        if all(i in ids for n in value["nodes"] for i in n.get("inputs") or []):  # a dangling input has no new id
+            value["nodes"] = ordered(value["nodes"])
     return json.dumps(value, ensure_ascii=False)
 
 
