@@ -387,6 +387,25 @@ def test_decoding_options_ride_on_the_spec(tiny_dir):
         get_llm(f"hf:{tiny_dir},top_k=0")
 
 
+def test_weights_in_bf16_ride_on_the_spec_and_keep_formats(tiny_dir):
+    """``hf:<dir>,dtype=bfloat16`` loads the weights in bf16 (faster matrix-vector products on CPU);
+    a constrained reply still holds its format, and a dtype torch has no name for is refused."""
+    pytest.importorskip("xgrammar")
+    import torch
+
+    from deepr.llm import OutputFormat
+
+    llm = get_llm(f"hf:{tiny_dir},dtype=bfloat16")
+    assert llm.describe()["dtype"] == "bfloat16"
+    assert next(llm.model.parameters()).dtype is torch.bfloat16
+    schema = {"type": "object", "properties": {"q": {"type": "string", "maxLength": 12}},
+              "required": ["q"], "additionalProperties": False}
+    out = llm.chat(PROMPT, max_tokens=60, fmt=OutputFormat("plan", json_schema=schema))
+    assert out.constrained and set(json.loads(out)) == {"q"}
+    with pytest.raises(ValueError, match=r"dtype: Input should be 'auto', 'float32', 'bfloat16' or 'float16'"):
+        get_llm(f"hf:{tiny_dir},dtype=int3")
+
+
 def test_a_repeated_run_ban_reads_the_reply_only_and_never_breaks_a_format(tiny_dir):
     """no_repeat_ngram: no run of n tokens twice in a reply; a format that demands a repeat
     (a constant recurring) still gets it, and the prompt's own runs stay free to quote."""

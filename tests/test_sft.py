@@ -126,6 +126,29 @@ def test_loss_decreases_and_adapter_loads_in_hf_backend(tiny: Path, tmp_path: Pa
     assert isinstance(reply, str) and llm.usage.by_role == {"planner": 1} and llm.usage.completion_tokens > 0
 
 
+
+def test_bf16_mixed_precision_trains_on_cpu_and_keeps_fp32_adapter_weights(tiny: Path, tmp_path: Path) -> None:
+    """`deepr sft --bf16` without a GPU: transformers refuses bf16 there unless the run is marked
+    CPU-only; the loss still falls and the saved LoRA weights stay fp32 (mixed precision computes
+    in bf16, it does not store in it)."""
+    from safetensors.torch import load_file
+
+    from deepr.cli import app
+
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(planner_example(i).model_dump_json() + "\n" for i in range(8)))
+    out = tmp_path / "p"
+    res = CliRunner().invoke(app, ["sft", "--model", str(tiny), "--data", str(data), "--role", "planner",
+                                   "--out", str(out), "--max-steps", "8", "--batch-size", "4", "--grad-accum", "1",
+                                   "--lr", "1e-2", "--lora-r", "16", "--lora-alpha", "32", "--logging-steps", "1",
+                                   "--bf16", "--no-gradient-checkpointing"])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "p.meta.json").read_text())["config"]["bf16"] is True
+    losses = json.loads((out / "deepr_meta.json").read_text())["losses"]
+    assert len(losses) == 8 and sum(losses[-2:]) / 2 < sum(losses[:2]) / 2 - 0.1, losses
+    weights = load_file(str(out / "adapter_model.safetensors"))
+    assert weights and {str(w.dtype) for w in weights.values()} == {"torch.float32"}
+
 def test_ctrl_c_checkpoints_and_resume_finishes(tiny: Path, tmp_path: Path) -> None:
     from transformers import TrainerCallback
 

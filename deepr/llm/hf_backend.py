@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -53,7 +53,10 @@ class HFConfig(BaseModel):
     adapters: dict[str, str] = Field(default_factory=dict, description="Role name -> LoRA adapter folder (peft).")
     max_new_tokens: int = Field(512, ge=1, description="Reply length limit when a call gives no max_tokens.")
     device: str | None = Field(None, description="torch device; None picks cuda when available, else cpu.")
-    dtype: str = Field("auto", description="Weight dtype: 'auto' (as saved), 'float32', 'bfloat16' or 'float16'.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weight dtype: 'auto' (as saved), 'float32', 'bfloat16' or 'float16'. bf16 on CPU: "
+        "SmolLM2-135M decodes 1.2x and reads a 2k-token prompt 2.2x as fast as in fp32 on one core (memory-"
+        "bound matrix-vector products), with different roundings, so greedy replies may differ.")
     seed: int | None = Field(None, description="Seeds torch once at load, so a run's sampled replies repeat.")
     max_concurrency: int = Field(8, ge=1, description="Calls admitted at once; generation itself is serialised.")
     constrain: bool = Field(True, description="Constrain replies to the caller's OutputFormat with xgrammar "

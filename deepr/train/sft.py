@@ -282,7 +282,9 @@ def _trl_args(config: SftConfig, on_gpu: bool, bf16_ok: bool) -> Any:
         # a run shorter than the logging interval would log no loss at all (`deepr sft --max-steps 4`)
         save_total_limit=2, report_to=config.report_to, seed=config.seed,
         logging_steps=min(config.logging_steps, config.max_steps) if config.max_steps > 0 else config.logging_steps,
-        dataset_num_proc=None, dataloader_pin_memory=on_gpu)
+        dataset_num_proc=None, dataloader_pin_memory=on_gpu,
+        # transformers refuses bf16 without a GPU unless told the run is on the CPU
+        **({"use_cpu": True} if config.bf16 and not on_gpu else {}))
 
 
 def build_trainer(config: SftConfig, examples: Sequence[ChatExample], tokenizer: Any,
