@@ -254,7 +254,8 @@ def train_sft(cfg: LearnConfig, base: str, sft_data: Path, seed: int, log: Path)
                "--lora-r", str(cfg.lora_r), "--lora-alpha", str(2 * cfg.lora_r), "--lr", str(cfg.sft_lr),
                "--max-steps", str(cfg.sft_steps), "--grad-accum", "1", "--batch-size", str(cfg.sft_batch), "--max-length", "4096",
                "--logging-steps", "1", "--seed", str(seed), "--report-to", cfg.report_to, "--resume",
-               "--gradient-checkpointing" if cfg.sft_checkpointing else "--no-gradient-checkpointing"],
+               "--gradient-checkpointing" if cfg.sft_checkpointing else "--no-gradient-checkpointing",
+               "--bf16" if cfg.sft_bf16 else "--no-bf16"],
               log, threads=cfg.threads)
         mark(sft)
     if not done(merged):
@@ -274,7 +275,8 @@ def train_grpo(cfg: LearnConfig, merged: Path, train: Path, seed: int, log: Path
     if not done(grpo):
         conf = {"seed": seed, "lora_r": cfg.lora_r, "lora_alpha": 2 * cfg.lora_r, "learning_rate": cfg.grpo_lr,
                 "temperature": 0.8, "max_turn_tokens": cfg.eval_max_tokens, "zero_advantage": "warn", "save_steps": 1, "report_to": cfg.report_to,
-                "use_vllm": cfg.use_vllm, "train_turns": cfg.grpo_train_turns or None}
+                "use_vllm": cfg.use_vllm, "train_turns": cfg.grpo_train_turns or None,
+                "bf16": True if cfg.grpo_bf16 else None}  # None: bf16 where the GPU has it
         write_atomic(w / "grpo.json", conf)
         deepr(["grpo", "--stage", "planner", "--model", str(merged), "--data", str(train), "--out", str(grpo),
                "--config", str(w / "grpo.json"), "--corpus", cfg.corpus, "--k", str(cfg.top_k), "--max-steps", str(cfg.grpo_steps),

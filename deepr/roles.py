@@ -73,6 +73,7 @@ class JSONReply:
     schema: type[BaseModel] | TypeAdapter | None = None
     want: str | None = "object"
     shape: type[BaseModel] | None = None  # constrains decoding when ``schema`` is None (checked in code)
+    distinct_words: bool = False  # decoding keeps each string from naming a word twice (OutputFormat)
 
     def fmt(self, name: str) -> OutputFormat:
         model = self.schema if isinstance(self.schema, type) else self.shape
@@ -82,7 +83,7 @@ class JSONReply:
             js = self.schema.json_schema()
         else:
             js = {"type": "array" if self.want == "array" else "object"}
-        return OutputFormat(name, json_schema=js)
+        return OutputFormat(name, json_schema=js, distinct_words=self.distinct_words)
 
     def parse(self, reply: str) -> tuple[Any, str | None]:
         value, error = parse_reply(reply, self.schema, want=self.want)
@@ -384,7 +385,9 @@ def _format(role: Role, inp: Any, llm: LLM, messages: list[Message]) -> OutputFo
     strict = role.constrain is not None and llm.strict_for(role.name)
     # acronyms and numbers only as the prompt shows them (the system prompt's own excluded)
     built = ground(role.constrain(inp), [m["content"] for m in messages if m["role"] != "system"]) if strict else None
-    return OutputFormat(name, json_schema=built.json_schema, regex=built.regex) if built else role.output.fmt(name)
+    if not built:
+        return role.output.fmt(name)
+    return OutputFormat(name, json_schema=built.json_schema, regex=built.regex, distinct_words=built.distinct_words)
 
 
 async def _ask(role: Role, inp: Any, messages: list[Message], llm: LLM, rec: Recorder, max_reasks: int,

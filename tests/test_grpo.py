@@ -480,6 +480,14 @@ def test_constrained_rollouts_sample_under_the_runs_decoding_format(tiny, tok):
         assert ids[-1] == tok.eos_token_id
         # strict=False: this test tokenizer decodes some tokens to raw control characters
         assert set(json.loads(tok.decode(ids, skip_special_tokens=True), strict=False)) == {"q"}
-    # the planner's formats are deepr run's schema formats: the plan shape, then the revision shape
+    # the planner's formats are deepr run's schema formats: the plan shape, then the revision shape,
+    # each string naming a word once (as the hf backend decodes them)
     assert planner_format(0).json_schema["properties"].keys() == {"nodes"}
     assert "fetch" in planner_format(1).json_schema["properties"]
+    assert planner_format(0).distinct_words and planner_format(1).distinct_words
+    # (what the ban does is checked on SmolLM2 in test_smollm2.py: this tokenizer spells words letter
+    # by letter, past any ban on word-initial tokens)
+    gen = constrained_generate(trainer, lambda turn: OutputFormat("x", json_schema=shape, distinct_words=True))
+    assert all(set(json.loads(tok.decode(ids, skip_special_tokens=True), strict=False)) == {"q"}
+               for ids in gen(seqs, True, 40)[0])
+    assert trainer._deepr_word_ban.tokenizer is tok

@@ -359,3 +359,22 @@ def test_an_evaluation_reruns_only_when_the_heldout_set_has_questions_it_did_not
     assert json.loads((runs / ".done").read_text())["ids"] == ["q1", "q2", "q3"]
     learning.evaluate(cfg, "hf:m", "base", held, 0, work / "log")
     assert calls == ["run", "eval"]
+
+
+def test_training_runs_in_bf16_unless_told_fp32(tmp_path, monkeypatch):
+    """The default run trains SFT in bf16 mixed precision (0.70x the CPU time per step,
+    bench/results/sft_memory.json) and GRPO with bf16 weights; --sft-fp32 / --grpo-fp32 give the
+    fp32 runs back (GRPO's None: bf16 only where a GPU has it). Evaluations never get a bf16 flag."""
+    calls: list = []
+    monkeypatch.setattr(learning, "deepr", lambda args, *a, **k: calls.append(args) or 0)
+    for k, (argv, flag) in enumerate((([], "--bf16"), (["--sft-fp32"], "--no-bf16"))):
+        calls.clear()
+        cfg = learning.parse_args(["--work", str(tmp_path / f"w{k}"), *argv])
+        learning.train_sft(cfg, "base-folder", tmp_path / "sft.jsonl", 0, tmp_path / "log")
+        sft = next(a for a in calls if a[0] == "sft")
+        assert flag in sft and ({"--bf16", "--no-bf16"} - {flag}).isdisjoint(sft)
+        assert [a[0] for a in calls] == ["sft", "export"] and {"--bf16", "--no-bf16"}.isdisjoint(calls[1])
+    for argv, bf16 in (([], True), (["--grpo-fp32"], None)):
+        cfg = learning.parse_args(["--work", str(tmp_path / f"g{bf16}"), *argv])
+        learning.train_grpo(cfg, tmp_path / "merged", tmp_path / "train.jsonl", 0, tmp_path / "log")
+        assert json.loads((cfg.work / "seed0" / "grpo.json").read_text())["bf16"] is bf16

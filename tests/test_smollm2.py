@@ -108,3 +108,38 @@ def test_with_the_built_in_decoding_no_word_follows_itself(smollm2_cache, monkey
     for seed in (None, 1, 2):
         out = built_in.chat(ask, max_tokens=60, fmt=fmt, temperature=0.7 if seed else 0, seed=seed)
         assert re.fullmatch(rx, out) and not stutters(out), out
+
+
+def test_a_format_with_distinct_words_keeps_each_string_from_naming_a_word_twice(smollm2_cache):
+    """The planner's formats ask for distinct words (OutputFormat.distinct_words): SmolLM2 after SFT
+    wrote queries like "Han emperor emperor emperor" and "art movement art style art", which the
+    run refuses. Inside a JSON string the backend bans every token that would start one of the
+    string's content words again; outside strings, and where the grammar demands a word, nothing."""
+    from deepr.llm.hf_backend import HFLLM
+
+    llm = HFLLM(smollm2_cache[1])  # plain greedy: no stutter ban, no penalty
+    words = "Algiers|Burundi|Africa|seasons|causes|Earth"
+    rx = rf'\{{"query": "(?:{words})(?: (?:{words})){{3,5}}"\}}'
+    ask = [{"role": "user", "content": "Search results: Algiers. Algiers (city). Burundi. Write a search query "
+                                       "about what causes the seasons on Earth."}]
+
+    def repeats(text):
+        found = re.findall(r"[a-z]+", json.loads(text)["query"].lower())
+        return len(found) - len(set(found))
+
+    assert repeats(llm.chat(ask, max_tokens=60, fmt=OutputFormat("query", regex=rx)))  # "Algiers Algiers ..."
+    out = llm.chat(ask, max_tokens=60, fmt=OutputFormat("query", regex=rx, distinct_words=True))
+    assert re.fullmatch(rx, out) and repeats(out) == 0, out
+    forced = OutputFormat("echo", regex=r'\{"q": "river river [a-z]{2,6}"\}', distinct_words=True)
+    assert re.fullmatch(r'\{"q": "river river [a-z]{2,6}"\}', llm.chat(ask, max_tokens=30, fmt=forced))
+    ban, tok = llm._stutter, llm.tokenizer
+    assert {tok.decode([t]) for t in ban.banned_in_string('{"query": "Han emperor')} >= {" emperor", " Han"}
+    assert {tok.decode([t]) for t in ban.banned_in_string('{"query": "Han emperor ')} >= {"em", "emp"}
+    assert ban.banned_in_string('{"query": "Han emperor", "need": ') == []  # between strings
+    assert not {tok.decode([t]) for t in ban.banned_in_string('{"q": "the history of')} & {" the", " of"}
+
+
+def test_the_planner_asks_for_distinct_words_in_every_format_mode():
+    from deepr.agent.planner import INITIAL, REVISE
+
+    assert INITIAL.output.fmt("plan").distinct_words and REVISE.output.fmt("revise").distinct_words

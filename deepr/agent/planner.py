@@ -208,21 +208,21 @@ def _result_titles(a: Any) -> list[str]:
 
 INITIAL = Role(
     name="planner", action="plan", messages=lambda a: initial_messages(a.query),
-    output=JSONReply(shape=_PlanShape), check=lambda a, v: _plan_check(v),
+    output=JSONReply(shape=_PlanShape, distinct_words=True), check=lambda a, v: _plan_check(v),
     extractive=lambda a: _as_value(extractive_plan(a.ctx, a.query)),
     result=lambda a, v: validate_plan(v)[0], max_tokens=1536, accept=STRICT,
-    constrain=lambda a: OutputFormat("plan", json_schema=plan_schema(texts=[a.query])),
+    constrain=lambda a: OutputFormat("plan", json_schema=plan_schema(texts=[a.query]), distinct_words=True),
     on_fail="initial plan written by the extractive planner because the model's plan never validated")
 
 REVISE = Role(
     name="planner", action="revise",
     messages=lambda a: revision_messages(a.ctx, a.query, a.plan, a.results, a.gaps, a.rubric),
-    output=JSONReply(shape=_RevisionShape), check=lambda a, v: _plan_check(v) or _fetch_check(a.ctx, v),
+    output=JSONReply(shape=_RevisionShape, distinct_words=True), check=lambda a, v: _plan_check(v) or _fetch_check(a.ctx, v),
     extractive=lambda a: _as_value(*extractive_revision(a.ctx, a.query, a.plan, a.results, a.gaps)),
     fallback=lambda a: _as_value(a.plan, []), result=_revised, max_tokens=2048, accept=STRICT,
     constrain=lambda a: OutputFormat("revision", json_schema=plan_schema(
         fetch_ids=[i for ids in a.results.values() for i in ids], fetch_limit=a.ctx.config.fetch_limit,
-        texts=[a.query, *_result_titles(a)])),
+        texts=[a.query, *_result_titles(a)]), distinct_words=True),
     on_fail="kept the previous plan because the revision never validated")
 
 _BY = {"llm": "llm", "extractive": "extractive", "fallback": "extractive-fallback"}

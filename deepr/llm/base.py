@@ -37,11 +37,16 @@ class OutputFormat:
     Exactly one of ``json_schema`` (a JSON Schema dict, built from the role's pydantic model)
     or ``regex`` (for tagged-text replies such as ``<search>...</search>``) is set. Backends
     that cannot constrain a format ignore it; the caller still parses and checks the reply.
+    ``distinct_words`` is honoured by the hf backend only (the acceptance checks still refuse a
+    looped query from any backend).
     """
 
     name: str
     json_schema: dict[str, Any] | None = None
     regex: str | None = None
+    # No content word twice inside one JSON string (a search query of "Han emperor emperor" or
+    # "art movement art style art"): the hf backend bans the tokens that would start it again.
+    distinct_words: bool = False
 
     def __post_init__(self) -> None:
         if (self.json_schema is None) == (self.regex is None):

@@ -267,7 +267,7 @@ class HFLLM(LLM):
 
         kw = dict(kw)
         processors = self._penalty(len(ids)) + ([self._constrainer.processor(fmt)] if fmt is not None else []) \
-            + self._ban(len(ids))
+            + self._ban(len(ids), [fmt is not None and fmt.distinct_words])
         with torch.inference_mode(), self._adapter_for(role), _threads(self._gen_threads):
             if seed is not None:
                 torch.manual_seed(seed)
@@ -311,7 +311,7 @@ class HFLLM(LLM):
         processors = self._penalty(ids.shape[1])
         if fmts[0] is not None:
             processors.append(self._constrainer.processor(fmts))
-        processors += self._ban(ids.shape[1])
+        processors += self._ban(ids.shape[1], [f is not None and f.distinct_words for f in fmts])
         with torch.inference_mode(), self._adapter_for(role), _threads(self._gen_threads):
             out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), **kw,
                                       logits_processor=processors or None)
@@ -325,15 +325,18 @@ class HFLLM(LLM):
             return []
         return [penalty_processor(float(self.config.repetition_penalty), self.config.repetition_window, n_prompt)]
 
-    def _ban(self, n_prompt: int) -> list[Any]:
-        """The repeated-run and stutter bans, which must come after the grammar's mask (they keep a
-        row's last choices)."""
+    def _ban(self, n_prompt: int, distinct: list[bool]) -> list[Any]:
+        """The repeated-run and stutter bans, and the one-word-once ban of the rows whose format
+        asks for it (``OutputFormat.distinct_words``), which must come after the grammar's mask
+        (they keep a row's last choices)."""
         n = self.config.no_repeat_ngram
         out = [repeat_ban_processor(n, n_prompt)] if n else []
+        if (self.config.no_repeat_word or any(distinct)) and self._stutter is None:
+            self._stutter = StutterBan(self.tokenizer)
         if self.config.no_repeat_word:
-            if self._stutter is None:
-                self._stutter = StutterBan(self.tokenizer)
             out.append(self._stutter.processor(n_prompt))
+        if any(distinct):
+            out.append(self._stutter.string_processor(n_prompt, distinct))
         return out
 
     def _reply(self, new: list[int], max_new: int, stop: Sequence[str] | None, constrained: bool) -> tuple[Reply, int]:

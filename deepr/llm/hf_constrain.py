@@ -1,7 +1,8 @@
 """The hf backend's logits processors: an :class:`OutputFormat` becomes a grammar mask
 (constrained decoding), the optional repetition penalty (``penalty_processor``), and the optional
-ban on repeating a run of the reply's own tokens (``repeat_ban_processor``) and on a word
-following itself (``StutterBan``).
+ban on repeating a run of the reply's own tokens (``repeat_ban_processor``), on a word
+following itself, and on a word named twice inside one JSON string where the format asks for
+distinct words (``StutterBan``; the planner's formats do).
 
 xgrammar (``pip install xgrammar``) compiles a JSON schema or a regex against the model's
 tokenizer once (~0.3 s; cached per format here) and masks every token that would leave the
@@ -19,6 +20,7 @@ import threading
 from typing import Any
 
 from deepr.llm.base import OutputFormat
+from deepr.text import STOP_WORDS
 
 INSTALL_HINT = "pip install 'deepr[smollm2]'  (or: pip install xgrammar)"
 
@@ -120,6 +122,21 @@ def _keep_choices(banned: Any, scores: Any) -> Any:
 
 
 _WORD_END = re.compile(r"([A-Za-z][A-Za-z'-]*)( ?)$")
+_STRING_WORD = re.compile(r"[A-Za-z][A-Za-z'-]*")
+
+
+def _open_string(text: str) -> str | None:
+    """The text of the JSON string ``text`` ends inside (escapes honoured), or None."""
+    start, i = None, 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\" and start is not None:
+            i += 2
+            continue
+        if ch == '"':
+            start = i + 1 if start is None else None
+        i += 1
+    return None if start is None else text[start:]
 
 
 class StutterBan:
@@ -153,6 +170,43 @@ class StutterBan:
 
     def processor(self, n_prompt: int) -> Any:
         return _StutterRows(self, n_prompt)
+
+    def banned_in_string(self, reply: str) -> list[int]:
+        """Token ids that would start, inside the JSON string ``reply`` ends in, a content word
+        that string already holds ("Han emperor" → no " emperor", " emp", ...; "Optics the science
+        of" → no " optics"); none outside a string or in the middle of a word."""
+        opened = _open_string(reply)
+        if not opened:
+            return []
+        # after a letter only a token with its own space starts a word; after a space only a bare
+        # one; after "(" or "-" either
+        last = opened[-1]
+        tables = [self.spaced] if last.isalnum() else [self.bare] if last == " " else [self.spaced, self.bare]
+        words = {w.lower() for w in _STRING_WORD.findall(opened)} - STOP_WORDS
+        return [t for w in words if len(w) > 2 for n in range(2, len(w) + 1) for starts in tables
+                for t in starts.get(w[:n], ())]
+
+    def string_processor(self, n_prompt: int, rows: list[bool]) -> Any:
+        """The per-call processor of :meth:`banned_in_string` for the batch rows marked True."""
+        return _StringRows(self, n_prompt, rows)
+
+
+class _StringRows:
+    def __init__(self, ban: StutterBan, n_prompt: int, rows: list[bool]):
+        self.ban, self.n_prompt, self.rows = ban, n_prompt, rows
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        out = None
+        for row in range(input_ids.shape[0]):
+            if not self.rows[row]:
+                continue
+            ids = self.ban.banned_in_string(self.ban.tokenizer.decode(input_ids[row, self.n_prompt:].tolist()))
+            if ids:
+                out = scores.clone() if out is None else out
+                out[row, torch.tensor(ids, device=scores.device)] = float("-inf")
+        return scores if out is None else _keep_choices(out, scores)
 
 
 class _StutterRows:

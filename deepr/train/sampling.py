@@ -101,8 +101,14 @@ def _sample_constrained(trainer: Any, seqs: list[list[int]], n: int, max_new: in
                                      ) as model, torch.no_grad():
         if getattr(trainer, "_deepr_constrainer", None) is None:
             trainer._deepr_constrainer = Constrainer(tok, int(model.config.vocab_size))
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg,
-                             logits_processor=[trainer._deepr_constrainer.processor(fmt)])
+        processors = [trainer._deepr_constrainer.processor(fmt)]
+        if fmt.distinct_words:  # as the hf backend of `deepr run` decodes the planner
+            from deepr.llm.hf_constrain import StutterBan
+
+            if getattr(trainer, "_deepr_word_ban", None) is None:
+                trainer._deepr_word_ban = StutterBan(tok)
+            processors.append(trainer._deepr_word_ban.string_processor(ids.size(1), [True] * len(rows)))
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg, logits_processor=processors)
     eos = set(trainer.eos_token_ids)
     replies = []
     for row in out[:, ids.size(1):].tolist():
