@@ -146,7 +146,8 @@ class StutterBan:
     tokenizer (its word-initial tokens, " alg", and bare letter tokens, "alg", by lower-cased
     text: under a grammar SmolLM2 often writes the space as its own token); :meth:`processor`
     makes the per-call processor, which goes after the grammar's mask and keeps a row's
-    choices where it would empty them."""
+    choices where it would empty them. The same tables serve the ban on naming a word twice
+    inside one JSON string (:meth:`banned_in_string`, :meth:`string_processor`)."""
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
@@ -169,7 +170,7 @@ class StutterBan:
         return [t for n in range(2, len(word) + 1) for t in starts.get(word[:n], ())]
 
     def processor(self, n_prompt: int) -> Any:
-        return _StutterRows(self, n_prompt)
+        return _BanRows(self.banned, self.tokenizer, n_prompt, None, tail=8)
 
     def banned_in_string(self, reply: str) -> list[int]:
         """Token ids that would start, inside the JSON string ``reply`` ends in, a content word
@@ -188,37 +189,25 @@ class StutterBan:
 
     def string_processor(self, n_prompt: int, rows: list[bool]) -> Any:
         """The per-call processor of :meth:`banned_in_string` for the batch rows marked True."""
-        return _StringRows(self, n_prompt, rows)
+        return _BanRows(self.banned_in_string, self.tokenizer, n_prompt, rows, tail=None)
 
 
-class _StringRows:
-    def __init__(self, ban: StutterBan, n_prompt: int, rows: list[bool]):
-        self.ban, self.n_prompt, self.rows = ban, n_prompt, rows
+class _BanRows:
+    """Bans, per batch row marked in ``rows``, the tokens ``banned`` names for the row's reply text
+    (its last ``tail`` tokens, or all of it), keeping a row's choices where the ban empties them."""
+
+    def __init__(self, banned: Any, tokenizer: Any, n_prompt: int, rows: list[bool] | None, tail: int | None):
+        self.banned, self.tokenizer, self.n_prompt, self.rows, self.tail = banned, tokenizer, n_prompt, rows, tail
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         import torch
 
         out = None
         for row in range(input_ids.shape[0]):
-            if not self.rows[row]:
+            if self.rows is not None and not self.rows[row]:
                 continue
-            ids = self.ban.banned_in_string(self.ban.tokenizer.decode(input_ids[row, self.n_prompt:].tolist()))
-            if ids:
-                out = scores.clone() if out is None else out
-                out[row, torch.tensor(ids, device=scores.device)] = float("-inf")
-        return scores if out is None else _keep_choices(out, scores)
-
-
-class _StutterRows:
-    def __init__(self, ban: StutterBan, n_prompt: int):
-        self.ban, self.n_prompt = ban, n_prompt
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        import torch
-
-        out = None
-        for row in range(input_ids.shape[0]):
-            ids = self.ban.banned(self.ban.tokenizer.decode(input_ids[row, self.n_prompt:][-8:].tolist()))
+            reply = input_ids[row, self.n_prompt:]
+            ids = self.banned(self.tokenizer.decode((reply if self.tail is None else reply[-self.tail:]).tolist()))
             if ids:
                 out = scores.clone() if out is None else out
                 out[row, torch.tensor(ids, device=scores.device)] = float("-inf")
