@@ -55,7 +55,7 @@ class HFConfig(BaseModel):
     device: str | None = Field(None, description="torch device; None picks cuda when available, else cpu.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Weight dtype: 'auto' (as saved), 'float32', 'bfloat16' or 'float16'. bf16 on CPU: "
-        "SmolLM2-135M decodes 1.2x and reads a 2k-token prompt 2.2x as fast as in fp32 on one core (memory-"
+        "SmolLM2-135M decodes 1.2x and reads a 2k-token prompt 2.1x as fast as in fp32 on one core (memory-"
         "bound matrix-vector products), with different roundings, so greedy replies may differ.")
     seed: int | None = Field(None, description="Seeds torch once at load, so a run's sampled replies repeat.")
     max_concurrency: int = Field(8, ge=1, description="Calls admitted at once; generation itself is serialised.")
