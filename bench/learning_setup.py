@@ -39,8 +39,8 @@ class LearnConfig:
     sft_graph: str = "teacher"  # the taught plans' graphs: teacher (as written), flat (one level of aggregates), ordered
     # activations stored, not recomputed: 0.79x the CPU time of an SFT step at ~4.5 GB instead of ~1.5 GB
     sft_checkpointing: bool = False
-    # bf16 mixed precision on CPU too: 0.70x the time of an fp32 step, losses within 0.03 over 28 steps
-    # (bench/results/sft_memory.json); evaluation and GRPO stay fp32
+    # bf16 mixed precision on CPU too: 0.70x the time of an fp32 step, losses within 0.03 over 4 steps
+    # (bench/results/sft_memory.json, key lora_bf16); evaluations stay fp32
     sft_bf16: bool = True
     # GRPO with bf16 weights (its rollouts decoded in bf16 too): one step took 550 s against 742 s in fp32
     grpo_bf16: bool = True
