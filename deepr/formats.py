@@ -83,7 +83,8 @@ def ground(fmt: OutputFormat | None, texts: Sequence[str]) -> OutputFormat | Non
         return node
 
     return OutputFormat(fmt.name, json_schema=walk(fmt.json_schema) if fmt.json_schema is not None else None,
-                        regex=rewrite(fmt.regex) if fmt.regex is not None else None, distinct_words=fmt.distinct_words)
+                        regex=rewrite(fmt.regex) if fmt.regex is not None else None, distinct_words=fmt.distinct_words,
+                        guard=fmt.guard)
 
 
 def id_choice(ids: Sequence[str]) -> str:

@@ -72,18 +72,23 @@ class JSONReply:
 
     schema: type[BaseModel] | TypeAdapter | None = None
     want: str | None = "object"
-    shape: type[BaseModel] | None = None  # constrains decoding when ``schema`` is None (checked in code)
+    # constrains decoding when ``schema`` is None (checked in code): a pydantic model, or a JSON
+    # schema built from one (the planner's graph schema)
+    shape: type[BaseModel] | dict[str, Any] | None = None
     distinct_words: bool = False  # decoding keeps each string from naming a word twice (OutputFormat)
+    guard: Any = None  # decoding keeps the reply viable across its parts (OutputFormat.guard)
 
     def fmt(self, name: str) -> OutputFormat:
         model = self.schema if isinstance(self.schema, type) else self.shape
-        if model is not None:
+        if isinstance(model, dict):
+            js = json.loads(json.dumps(model))  # a fresh dict: backends may adapt it
+        elif model is not None:
             js = json.loads(_json_schema(model))  # a fresh dict: backends may adapt it
         elif isinstance(self.schema, TypeAdapter):
             js = self.schema.json_schema()
         else:
             js = {"type": "array" if self.want == "array" else "object"}
-        return OutputFormat(name, json_schema=js, distinct_words=self.distinct_words)
+        return OutputFormat(name, json_schema=js, distinct_words=self.distinct_words, guard=self.guard)
 
     def parse(self, reply: str) -> tuple[Any, str | None]:
         value, error = parse_reply(reply, self.schema, want=self.want)
@@ -387,7 +392,8 @@ def _format(role: Role, inp: Any, llm: LLM, messages: list[Message]) -> OutputFo
     built = ground(role.constrain(inp), [m["content"] for m in messages if m["role"] != "system"]) if strict else None
     if not built:
         return role.output.fmt(name)
-    return OutputFormat(name, json_schema=built.json_schema, regex=built.regex, distinct_words=built.distinct_words)
+    return OutputFormat(name, json_schema=built.json_schema, regex=built.regex, distinct_words=built.distinct_words,
+                        guard=built.guard)
 
 
 async def _ask(role: Role, inp: Any, messages: list[Message], llm: LLM, rec: Recorder, max_reasks: int,

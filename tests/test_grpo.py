@@ -491,3 +491,33 @@ def test_constrained_rollouts_sample_under_the_runs_decoding_format(tiny, tok):
     assert all(set(json.loads(tok.decode(ids, skip_special_tokens=True), strict=False)) == {"q"}
                for ids in gen(seqs, True, 40)[0])
     assert trainer._deepr_word_ban.tokenizer is tok
+
+
+def test_constrained_planner_rollouts_are_valid_plans_even_from_a_random_model(tiny, tok):
+    """The planner's rollouts decode under the graph schema and its guard, as `deepr run` does, so
+    even the random tiny model's finished plans pass the plan validator (and earn R_plan)."""
+    pytest.importorskip("xgrammar")
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from deepr.agent.plan import validate_plan
+    from deepr.agent.plan_guard import PlanGuard
+    from deepr.train.rollouts import constrained_generate, planner_format, prompt_ids
+
+    assert isinstance(planner_format(0).guard, PlanGuard) and isinstance(planner_format(1).guard, PlanGuard)
+    model = AutoModelForCausalLM.from_pretrained(str(tiny))
+    trainer = SimpleNamespace(model_wrapped=model, accelerator=Accelerator(cpu=True), processing_class=tok,
+                              args=SimpleNamespace(gradient_checkpointing_kwargs=None), use_vllm=False,
+                              generation_config=GenerationConfig(do_sample=True, temperature=1.0, max_new_tokens=900,
+                                                                 pad_token_id=tok.pad_token_id),
+                              eos_token_ids=[tok.eos_token_id], num_generations=3)
+    gen = constrained_generate(trainer, planner_format)
+    seqs = [prompt_ids(tok, [{"role": "user", "content": q}]) for q in ("plates?", "volcanoes and ash?")]
+    finished = [ids for ids in gen(seqs, True, 900)[0] if ids[-1] == tok.eos_token_id]
+    assert len(finished) >= 3
+    for ids in finished:
+        # strict=False: this test tokenizer decodes some tokens to raw control characters
+        value = json.loads(tok.decode(ids[:-1]), strict=False)
+        assert validate_plan(value)[0] is not None, (validate_plan(value)[1], value)

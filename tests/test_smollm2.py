@@ -143,3 +143,33 @@ def test_the_planner_asks_for_distinct_words_in_every_format_mode():
     from deepr.agent.planner import INITIAL, REVISE
 
     assert INITIAL.output.fmt("plan").distinct_words and REVISE.output.fmt("revise").distinct_words
+
+
+def test_the_plan_guard_keeps_a_copied_plan_from_breaking_the_graph_rules(smollm2_cache):
+    """The planner's format carries the graph guard (plan_guard.PlanGuard): SmolLM2 told to copy
+    a plan that lists an input twice, or whose answer leaves a search node unread, copies it as it
+    is without the guard, and under it writes a plan the validator accepts."""
+    import dataclasses
+
+    from deepr.agent.plan import validate_plan
+    from deepr.agent.planner import INITIAL
+    from deepr.llm.hf_backend import HFLLM
+
+    llm = HFLLM(smollm2_cache[1])
+    searches = [{"id": "N1", "type": "search", "query": "volcano eruption causes"},
+                {"id": "N2", "type": "search", "query": "magma chamber pressure"}]
+    twice = [{"id": "N3", "type": "aggregate", "need": "why volcanoes erupt", "inputs": ["N1", "N1"]},
+             {"id": "N4", "type": "answer", "need": "the report", "inputs": ["N3"]}]
+    unread = [{"id": "N3", "type": "aggregate", "need": "why volcanoes erupt", "inputs": ["N1"]},
+              {"id": "N4", "type": "answer", "need": "the report", "inputs": ["N3"]}]
+    fmt = INITIAL.output.fmt("plan")
+    for tail, error in ((twice, "more than once"), (unread, "cut off from the answer")):
+        ask = [{"role": "system", "content": "You copy JSON exactly."},
+               {"role": "user", "content": "Copy this JSON exactly, character for character:\n"
+                                           + json.dumps({"nodes": searches + tail})}]
+        copied = llm.chat(ask, max_tokens=300, fmt=dataclasses.replace(fmt, guard=None))
+        assert error in " ".join(validate_plan(str(copied))[1]), copied
+        guarded = llm.chat(ask, max_tokens=300, fmt=fmt)
+        plan, errors = validate_plan(str(guarded))
+        assert plan is not None, (errors, guarded)
+        assert [n.query for n in plan.nodes if n.type == "search"] == [s["query"] for s in searches]  # still a copy

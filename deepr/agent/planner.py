@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from deepr.acceptance import FREE_TEXT, query_words
 from deepr.agent.plan import validate_plan
+from deepr.agent.plan_guard import PlanGuard, graph_schema
 from deepr.records import Hit, Plan, PlanNode
 from deepr.roles import JSONReply, Role
 
@@ -134,6 +135,9 @@ _NodeId = Annotated[str, Field(pattern=r"^N[0-9]{1,2}$")]  # the prompt's id sty
 # query of "R B and R B and ..." ran to the 400-token cap with max_length alone). No maxLength beside
 # it: xgrammar warns on every compile and drops it anyway; the pattern bounds it to 249 characters.
 _Query = Annotated[str, Field(pattern=r'^[^ "\\]{1,24}( [^ "\\]{1,24}){1,9}$')]
+# 1 to 15 words, the same way: the validator refuses a blank need (a random decoder wrote " "),
+# and xgrammar cannot compile a long bounded run such as ".{1,150}"
+_Need = Annotated[str, Field(pattern=r'^[^ "\\]{1,24}( [^ "\\]{1,24}){0,14}$')]
 
 
 class _Shape(BaseModel):
@@ -151,7 +155,7 @@ class _SearchShape(_Shape):
 
 class _AnswerShape(_Shape):
     type: Literal["answer"]
-    need: _Short
+    need: _Need
     inputs: list[_NodeId] = Field(min_length=1, max_length=8)
 
 
@@ -161,9 +165,10 @@ class _AggregateShape(_AnswerShape):
 
 
 class _PlanShape(BaseModel):
-    """The decoding schema of a plan (``--formats schema``): each node type with its own fields, so
-    a search node cannot take inputs nor a reader lack them. Which ids exist, the single answer
-    node and reachability are the validator's (code) and what the model must learn."""
+    """The node shapes of a plan (``--formats schema``): each node type with its own fields, so a
+    search node cannot take inputs nor a reader lack them. Decoding uses them through
+    :func:`~deepr.agent.plan_guard.graph_schema`, which adds the wiring (ids in order, inputs
+    drawn from earlier ids, the answer last); the validator still checks every reply."""
 
     model_config = ConfigDict(extra="forbid")
     # rule 4: at most 6 searches, their aggregates, one answer
@@ -208,7 +213,8 @@ def _result_titles(a: Any) -> list[str]:
 
 INITIAL = Role(
     name="planner", action="plan", messages=lambda a: initial_messages(a.query),
-    output=JSONReply(shape=_PlanShape, distinct_words=True), check=lambda a, v: _plan_check(v),
+    output=JSONReply(shape=graph_schema(_PlanShape.model_json_schema()), distinct_words=True, guard=PlanGuard()),
+    check=lambda a, v: _plan_check(v),
     extractive=lambda a: _as_value(extractive_plan(a.ctx, a.query)),
     result=lambda a, v: validate_plan(v)[0], max_tokens=1536, accept=STRICT,
     constrain=lambda a: OutputFormat("plan", json_schema=plan_schema(texts=[a.query]), distinct_words=True),
@@ -217,7 +223,8 @@ INITIAL = Role(
 REVISE = Role(
     name="planner", action="revise",
     messages=lambda a: revision_messages(a.ctx, a.query, a.plan, a.results, a.gaps, a.rubric),
-    output=JSONReply(shape=_RevisionShape, distinct_words=True), check=lambda a, v: _plan_check(v) or _fetch_check(a.ctx, v),
+    output=JSONReply(shape=graph_schema(_RevisionShape.model_json_schema()), distinct_words=True, guard=PlanGuard()),
+    check=lambda a, v: _plan_check(v) or _fetch_check(a.ctx, v),
     extractive=lambda a: _as_value(*extractive_revision(a.ctx, a.query, a.plan, a.results, a.gaps)),
     fallback=lambda a: _as_value(a.plan, []), result=_revised, max_tokens=2048, accept=STRICT,
     constrain=lambda a: OutputFormat("revision", json_schema=plan_schema(

@@ -37,8 +37,8 @@ class OutputFormat:
     Exactly one of ``json_schema`` (a JSON Schema dict, built from the role's pydantic model)
     or ``regex`` (for tagged-text replies such as ``<search>...</search>``) is set. Backends
     that cannot constrain a format ignore it; the caller still parses and checks the reply.
-    ``distinct_words`` is honoured by the hf backend only (the acceptance checks still refuse a
-    looped query from any backend).
+    ``distinct_words`` and ``guard`` are honoured by the hf backend only (the acceptance checks
+    and the role's own check still refuse what they would have prevented, from any backend).
     """
 
     name: str
@@ -47,6 +47,12 @@ class OutputFormat:
     # No content word twice inside one JSON string (a search query of "Han emperor emperor" or
     # "art movement art style art"): the hf backend bans the tokens that would start it again.
     distinct_words: bool = False
+    # A rule across the parts of a reply that a schema cannot state (a plan's inputs naming each id
+    # once; its answer reading every node nothing else reads): an object with ``watching(text)``
+    # (can the next token break it here?) and ``viable(text)`` (can a reply starting with this
+    # still pass?), e.g. :class:`deepr.agent.plan_guard.PlanGuard`. The hf backend bans the
+    # candidate tokens that make the reply so far not viable.
+    guard: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if (self.json_schema is None) == (self.regex is None):

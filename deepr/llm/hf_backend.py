@@ -34,7 +34,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from deepr.llm.base import LLM, LLMError, Message, OutputFormat, Reply
-from deepr.llm.hf_constrain import StutterBan, penalty_processor, repeat_ban_processor
+from deepr.llm.hf_constrain import StutterBan, guard_processor, penalty_processor, repeat_ban_processor
 from deepr.llm.hf_adapters import ALL_ROLES
 from deepr.llm.hf_batch import Gate, Pending, Queue, left_padded
 
@@ -267,7 +267,7 @@ class HFLLM(LLM):
 
         kw = dict(kw)
         processors = self._penalty(len(ids)) + ([self._constrainer.processor(fmt)] if fmt is not None else []) \
-            + self._ban(len(ids), [fmt is not None and fmt.distinct_words])
+            + self._ban(len(ids), [fmt]) + self._guard(len(ids), [fmt])
         with torch.inference_mode(), self._adapter_for(role), _threads(self._gen_threads):
             if seed is not None:
                 torch.manual_seed(seed)
@@ -311,7 +311,7 @@ class HFLLM(LLM):
         processors = self._penalty(ids.shape[1])
         if fmts[0] is not None:
             processors.append(self._constrainer.processor(fmts))
-        processors += self._ban(ids.shape[1], [f is not None and f.distinct_words for f in fmts])
+        processors += self._ban(ids.shape[1], fmts) + self._guard(ids.shape[1], fmts)
         with torch.inference_mode(), self._adapter_for(role), _threads(self._gen_threads):
             out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), **kw,
                                       logits_processor=processors or None)
@@ -325,10 +325,11 @@ class HFLLM(LLM):
             return []
         return [penalty_processor(float(self.config.repetition_penalty), self.config.repetition_window, n_prompt)]
 
-    def _ban(self, n_prompt: int, distinct: list[bool]) -> list[Any]:
+    def _ban(self, n_prompt: int, fmts: list[OutputFormat | None]) -> list[Any]:
         """The repeated-run and stutter bans, and the one-word-once ban of the rows whose format
         asks for it (``OutputFormat.distinct_words``), which must come after the grammar's mask
         (they keep a row's last choices)."""
+        distinct = [f is not None and f.distinct_words for f in fmts]
         n = self.config.no_repeat_ngram
         out = [repeat_ban_processor(n, n_prompt)] if n else []
         if (self.config.no_repeat_word or any(distinct)) and self._stutter is None:
@@ -338,6 +339,11 @@ class HFLLM(LLM):
         if any(distinct):
             out.append(self._stutter.string_processor(n_prompt, distinct))
         return out
+
+    def _guard(self, n_prompt: int, fmts: list[OutputFormat | None]) -> list[Any]:
+        """The processor of the rows' format guards (``OutputFormat.guard``), after the grammar's mask."""
+        guards = [f.guard if f is not None else None for f in fmts]
+        return [guard_processor(guards, self.tokenizer, n_prompt)] if any(g is not None for g in guards) else []
 
     def _reply(self, new: list[int], max_new: int, stop: Sequence[str] | None, constrained: bool) -> tuple[Reply, int]:
         tok = self.tokenizer

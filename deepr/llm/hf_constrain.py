@@ -2,7 +2,8 @@
 (constrained decoding), the optional repetition penalty (``penalty_processor``), and the optional
 ban on repeating a run of the reply's own tokens (``repeat_ban_processor``), on a word
 following itself, and on a word named twice inside one JSON string where the format asks for
-distinct words (``StutterBan``; the planner's formats do).
+distinct words (``StutterBan``; the planner's formats do); and a format's ``guard``
+(``guard_processor``; the plan's graph rules).
 
 xgrammar (``pip install xgrammar``) compiles a JSON schema or a regex against the model's
 tokenizer once (~0.3 s; cached per format here) and masks every token that would leave the
@@ -211,4 +212,42 @@ class _BanRows:
             if ids:
                 out = scores.clone() if out is None else out
                 out[row, torch.tensor(ids, device=scores.device)] = float("-inf")
+        return scores if out is None else _keep_choices(out, scores)
+
+
+def guard_processor(guards: list[Any], tokenizer: Any, n_prompt: int, most: int = 256) -> Any:
+    """The per-call processor of the batch rows' :attr:`OutputFormat.guard` objects (None: a row
+    without one), placed after the grammar's mask: where a guard is watching, each token the mask
+    left is tried on the reply so far and banned when the result is not viable. A position where
+    the mask leaves more than ``most`` tokens is free text, which no guard here reads."""
+    return _GuardRows(guards, tokenizer, n_prompt, most)
+
+
+class _GuardRows:
+    def __init__(self, guards: list[Any], tokenizer: Any, n_prompt: int, most: int):
+        self.guards, self.tokenizer, self.n_prompt, self.most = guards, tokenizer, n_prompt, most
+        self._pieces: dict[int, str] = {}
+
+    def _piece(self, tid: int) -> str:
+        if tid not in self._pieces:
+            self._pieces[tid] = self.tokenizer.decode([tid])
+        return self._pieces[tid]
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        out = None
+        for row, guard in enumerate(self.guards):
+            if guard is None:
+                continue
+            text = self.tokenizer.decode(input_ids[row, self.n_prompt:].tolist())
+            if not guard.watching(text):
+                continue
+            left = torch.isfinite(scores[row]).nonzero().flatten().tolist()
+            if len(left) > self.most:
+                continue
+            bad = [t for t in left if not guard.viable(text + self._piece(t))]
+            if bad:
+                out = scores.clone() if out is None else out
+                out[row, torch.tensor(bad, device=scores.device)] = float("-inf")
         return scores if out is None else _keep_choices(out, scores)

@@ -108,6 +108,10 @@ def _sample_constrained(trainer: Any, seqs: list[list[int]], n: int, max_new: in
             if getattr(trainer, "_deepr_word_ban", None) is None:
                 trainer._deepr_word_ban = StutterBan(tok)
             processors.append(trainer._deepr_word_ban.string_processor(ids.size(1), [True] * len(rows)))
+        if fmt.guard is not None:  # the plan's graph rules, as `deepr run` decodes them
+            from deepr.llm.hf_constrain import guard_processor
+
+            processors.append(guard_processor([fmt.guard] * len(rows), tok, ids.size(1)))
         out = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg, logits_processor=processors)
     eos = set(trainer.eos_token_ids)
     replies = []
