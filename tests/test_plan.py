@@ -210,8 +210,8 @@ def test_planner_decoding_schema_bounds_what_a_plan_may_hold():
 
 def test_planner_decoding_schema_gives_each_node_type_its_own_fields():
     """What a small model got wrong after SFT and the schema can rule out: one-word queries, search
-    nodes with inputs, readers without inputs, ids in another style. Wiring between ids stays the
-    validator's job (and the model's to learn)."""
+    nodes with inputs, readers without inputs, ids in another style. The wiring between ids is
+    added by plan_guard.graph_schema and the guard (tests/test_plan_guard.py)."""
     from pydantic import ValidationError
 
     from deepr.agent.planner import _PlanShape
