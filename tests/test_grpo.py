@@ -452,24 +452,29 @@ def test_cli_prepare_writes_resumable_records(mini_corpus, tmp_path):
     assert r.exit_code == 2 and "nope" in r.output
 
 
-def test_constrained_rollouts_sample_under_the_runs_decoding_format(tiny, tok):
-    """GRPO rollouts decode under the same format `deepr run` applies: even the random tiny model's
-    replies are then JSON of the requested shape, one group of `num_generations` per prompt."""
-    pytest.importorskip("xgrammar")
+def _sampling_trainer(tiny, tok, *, max_new: int, n: int):
+    """What the rollout sampler reads of a GRPOTrainer, around the tiny model: sampling at
+    temperature 1, ``n`` generations per prompt."""
     from types import SimpleNamespace
 
     from accelerate import Accelerator
     from transformers import AutoModelForCausalLM, GenerationConfig
 
+    model = AutoModelForCausalLM.from_pretrained(str(tiny))
+    config = GenerationConfig(do_sample=True, temperature=1.0, max_new_tokens=max_new, pad_token_id=tok.pad_token_id)
+    return SimpleNamespace(model_wrapped=model, accelerator=Accelerator(cpu=True), processing_class=tok,
+                           args=SimpleNamespace(gradient_checkpointing_kwargs=None), use_vllm=False,
+                           generation_config=config, eos_token_ids=[tok.eos_token_id], num_generations=n)
+
+
+def test_constrained_rollouts_sample_under_the_runs_decoding_format(tiny, tok):
+    """GRPO rollouts decode under the same format `deepr run` applies: even the random tiny model's
+    replies are then JSON of the requested shape, one group of `num_generations` per prompt."""
+    pytest.importorskip("xgrammar")
     from deepr.llm.base import OutputFormat
     from deepr.train.rollouts import constrained_generate, planner_format, prompt_ids
 
-    model = AutoModelForCausalLM.from_pretrained(str(tiny))
-    trainer = SimpleNamespace(model_wrapped=model, accelerator=Accelerator(cpu=True), processing_class=tok,
-                              args=SimpleNamespace(gradient_checkpointing_kwargs=None), use_vllm=False,
-                              generation_config=GenerationConfig(do_sample=True, temperature=1.0, max_new_tokens=40,
-                                                                 pad_token_id=tok.pad_token_id),
-                              eos_token_ids=[tok.eos_token_id], num_generations=2)
+    trainer = _sampling_trainer(tiny, tok, max_new=40, n=2)
     shape = {"type": "object", "properties": {"q": {"type": "string", "maxLength": 8}}, "required": ["q"],
              "additionalProperties": False}
     gen = constrained_generate(trainer, lambda turn: OutputFormat("x", json_schema=shape) if turn == 0 else None)
@@ -497,22 +502,12 @@ def test_constrained_planner_rollouts_are_valid_plans_even_from_a_random_model(t
     """The planner's rollouts decode under the graph schema and its guard, as `deepr run` does, so
     even the random tiny model's finished plans pass the plan validator (and earn R_plan)."""
     pytest.importorskip("xgrammar")
-    from types import SimpleNamespace
-
-    from accelerate import Accelerator
-    from transformers import AutoModelForCausalLM, GenerationConfig
-
     from deepr.agent.plan import validate_plan
     from deepr.agent.plan_guard import PlanGuard
     from deepr.train.rollouts import constrained_generate, planner_format, prompt_ids
 
     assert isinstance(planner_format(0).guard, PlanGuard) and isinstance(planner_format(1).guard, PlanGuard)
-    model = AutoModelForCausalLM.from_pretrained(str(tiny))
-    trainer = SimpleNamespace(model_wrapped=model, accelerator=Accelerator(cpu=True), processing_class=tok,
-                              args=SimpleNamespace(gradient_checkpointing_kwargs=None), use_vllm=False,
-                              generation_config=GenerationConfig(do_sample=True, temperature=1.0, max_new_tokens=900,
-                                                                 pad_token_id=tok.pad_token_id),
-                              eos_token_ids=[tok.eos_token_id], num_generations=3)
+    trainer = _sampling_trainer(tiny, tok, max_new=900, n=3)
     gen = constrained_generate(trainer, planner_format)
     seqs = [prompt_ids(tok, [{"role": "user", "content": q}]) for q in ("plates?", "volcanoes and ash?")]
     finished = [ids for ids in gen(seqs, True, 900)[0] if ids[-1] == tok.eos_token_id]
