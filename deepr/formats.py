@@ -23,6 +23,7 @@ repeated one, nor an echo from an answer.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -82,9 +83,8 @@ def ground(fmt: OutputFormat | None, texts: Sequence[str]) -> OutputFormat | Non
             return [walk(v) for v in node]
         return node
 
-    return OutputFormat(fmt.name, json_schema=walk(fmt.json_schema) if fmt.json_schema is not None else None,
-                        regex=rewrite(fmt.regex) if fmt.regex is not None else None, distinct_words=fmt.distinct_words,
-                        guard=fmt.guard)
+    return dataclasses.replace(fmt, json_schema=walk(fmt.json_schema) if fmt.json_schema is not None else None,
+                               regex=rewrite(fmt.regex) if fmt.regex is not None else None)
 
 
 def id_choice(ids: Sequence[str]) -> str:

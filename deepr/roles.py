@@ -18,6 +18,7 @@ repeat itself) → recorded fallback. Every outcome is written to a :class:`Reco
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -392,8 +393,7 @@ def _format(role: Role, inp: Any, llm: LLM, messages: list[Message]) -> OutputFo
     built = ground(role.constrain(inp), [m["content"] for m in messages if m["role"] != "system"]) if strict else None
     if not built:
         return role.output.fmt(name)
-    return OutputFormat(name, json_schema=built.json_schema, regex=built.regex, distinct_words=built.distinct_words,
-                        guard=built.guard)
+    return dataclasses.replace(built, name=name)  # every decoding option the role's format set travels
 
 
 async def _ask(role: Role, inp: Any, messages: list[Message], llm: LLM, rec: Recorder, max_reasks: int,

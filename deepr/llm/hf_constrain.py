@@ -201,18 +201,26 @@ class _BanRows:
         self.banned, self.tokenizer, self.n_prompt, self.rows, self.tail = banned, tokenizer, n_prompt, rows, tail
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
-        import torch
-
-        out = None
+        bans = {}
         for row in range(input_ids.shape[0]):
             if self.rows is not None and not self.rows[row]:
                 continue
             reply = input_ids[row, self.n_prompt:]
-            ids = self.banned(self.tokenizer.decode((reply if self.tail is None else reply[-self.tail:]).tolist()))
-            if ids:
-                out = scores.clone() if out is None else out
-                out[row, torch.tensor(ids, device=scores.device)] = float("-inf")
-        return scores if out is None else _keep_choices(out, scores)
+            bans[row] = self.banned(self.tokenizer.decode((reply if self.tail is None else reply[-self.tail:]).tolist()))
+        return _ban_rows(scores, bans)
+
+
+def _ban_rows(scores: Any, bans: dict[int, list[int]]) -> Any:
+    """``scores`` with each row's banned token ids at -inf, except that a row the bans would
+    leave without a token keeps its choices (see :func:`_keep_choices`)."""
+    import torch
+
+    out = None
+    for row, ids in bans.items():
+        if ids:
+            out = scores.clone() if out is None else out
+            out[row, torch.tensor(ids, device=scores.device)] = float("-inf")
+    return scores if out is None else _keep_choices(out, scores)
 
 
 def guard_processor(guards: list[Any], tokenizer: Any, n_prompt: int, most: int = 256) -> Any:
@@ -236,7 +244,7 @@ class _GuardRows:
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         import torch
 
-        out = None
+        bans = {}
         for row, guard in enumerate(self.guards):
             if guard is None:
                 continue
@@ -244,10 +252,6 @@ class _GuardRows:
             if not guard.watching(text):
                 continue
             left = torch.isfinite(scores[row]).nonzero().flatten().tolist()
-            if len(left) > self.most:
-                continue
-            bad = [t for t in left if not guard.viable(text + self._piece(t))]
-            if bad:
-                out = scores.clone() if out is None else out
-                out[row, torch.tensor(bad, device=scores.device)] = float("-inf")
-        return scores if out is None else _keep_choices(out, scores)
+            if len(left) <= self.most:
+                bans[row] = [t for t in left if not guard.viable(text + self._piece(t))]
+        return _ban_rows(scores, bans)
