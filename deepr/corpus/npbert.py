@@ -199,17 +199,15 @@ class NumpyBert:
             x = _layer_norm(x + f.reshape(b, n, -1), L["ln2_w"], L["ln2_b"], self.eps)
         return (x * mask[:, :, None]).sum(1) / np.maximum(mask.sum(1, keepdims=True), 1.0)
 
-    def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
-        """Vectors in input order; batches are formed from token-length-sorted texts to limit padding."""
-        out = np.empty((len(texts), self.dim), dtype=np.float32)
+    def encode(self, texts: list[str], batch_size: int = 32, workers: int = 1) -> np.ndarray:
+        """Unit vectors in input order; batches are formed from token-length-sorted texts to limit
+        padding, and run on up to ``workers`` threads (a lone batch is split to feed two)."""
         encs = self.tok.encode_batch(texts)
         order = sorted(range(len(texts)), key=lambda i: -len(encs[i].ids))
+        lengths = [len(e.ids) for e in encs]
+        batches = [[order[r] for r in rows] for rows in _batches([lengths[i] for i in order], batch_size)]
         with _one_blas_thread(len(texts) > 1):
-            for rows in _batches([len(encs[i].ids) for i in order], batch_size):
-                rows = [order[r] for r in rows]
-                out[rows] = self.forward(*padded([encs[i] for i in rows]))
-        norms = np.linalg.norm(out, axis=1, keepdims=True)
-        return out / np.maximum(norms, 1e-12)
+            return run_batches(encs, _spread(batches, lengths, workers), self.forward, self.dim, workers)
 
 
 # A batch pads every text to its longest; a new batch starts once padding would exceed this share
@@ -242,3 +240,56 @@ def padded(encs: list) -> tuple[np.ndarray, np.ndarray]:
         ids[r, : len(e.ids)] = e.ids
         mask[r, : len(e.ids)] = 1.0
     return ids, mask
+
+
+def _spread(batches: list[list[int]], lengths: list[int], workers: int) -> list[list[int]]:
+    """Split the costliest batch until every worker has one: the cached reward calls embed ~5
+    new texts at a time, one batch that would leave the other cores idle. A batch (rows in
+    token-length order, longest first) is cut where its two parts cost most evenly, a part
+    costing its rows times its longest row's tokens: the call lasts as long as its slowest part."""
+    batches = list(batches)
+
+    def cost(rows: list[int]) -> int:
+        return len(rows) * lengths[rows[0]]
+
+    while len(batches) < workers:
+        big = max(batches, key=cost, default=[])
+        if len(big) < 2:
+            break
+        cut = min(range(1, len(big)), key=lambda k: max(cost(big[:k]), cost(big[k:])))
+        batches.remove(big)
+        batches += [big[:cut], big[cut:]]
+    return batches
+
+
+def run_batches(encs: list, batches: list[list[int]], forward, dim: int, workers: int = 1) -> np.ndarray:
+    """Unit vectors, one row per encoding: ``forward(ids, mask)`` of each batch of rows, on up
+    to ``workers`` threads, each running whole batches on one core. Both encoders' products
+    release the GIL, and threads that block (unlike BLAS or OpenMP workers, which spin at every
+    operator's barrier) cost nothing when the machine is busy: the call just takes longer."""
+    out = np.empty((len(encs), dim), dtype=np.float32)
+
+    def run(rows: list[int]) -> None:
+        out[rows] = forward(*padded([encs[i] for i in rows]))
+
+    if workers > 1 and len(batches) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        # longest batches first, handed out one at a time: the workers finish together
+        with ThreadPoolExecutor(min(workers, len(batches)), thread_name_prefix="deepr-bert") as pool:
+            list(pool.map(run, batches))
+    else:
+        for rows in batches:
+            run(rows)
+    norms = np.linalg.norm(out, axis=1, keepdims=True)
+    return out / np.maximum(norms, 1e-12)
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, not the machine's count)."""
+    import os
+
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from deepr.corpus.npbert import NumpyBert, padded
+from deepr.corpus.npbert import NumpyBert, run_batches, usable_cores
 
 OPSET = 17  # LayerNormalization is a standard op from 17 on
 # Texts per onnxruntime call: the int8 MatMuls quantise their input per call and the
@@ -194,7 +193,7 @@ class OnnxBert:
         self.bert, self.dim, self.quantize = bert, bert.dim, quantize
         model = build_model(bert, fused)
         data = _quantised(model) if quantize else model.SerializeToString()
-        cores = threads or _cores()
+        cores = threads or usable_cores()
         # split_ops: the former way (one batch at a time over all cores), kept for the benches
         self.workers = 1 if split_ops else cores
         self.session = _session(data, cores if split_ops else 1, spin)
@@ -209,30 +208,10 @@ class OnnxBert:
     def encode(self, texts: list[str], batch_size: int = BATCH) -> np.ndarray:
         """Unit vectors in input order. Texts are tokenised once, sorted by token count and cut
         into batches of ``batch_size``, so a batch pads to within a few tokens of its texts."""
-        out = np.empty((len(texts), self.dim), dtype=np.float32)
         encs = self.bert.tok.encode_batch(texts)
         order = sorted(range(len(texts)), key=lambda i: -len(encs[i].ids))
         batches = [order[s: s + batch_size] for s in range(0, len(order), batch_size)]
+        return run_batches(encs, batches, self._forward, self.dim, self.workers)
 
-        def run(rows: list[int]) -> None:
-            ids, mask = padded([encs[i] for i in rows])
-            out[rows] = self.session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
-
-        if self.workers > 1 and len(batches) > 1:
-            from concurrent.futures import ThreadPoolExecutor
-
-            # longest batches first, handed out one at a time: the workers finish together
-            with ThreadPoolExecutor(min(self.workers, len(batches)), thread_name_prefix="deepr-onnx") as pool:
-                list(pool.map(run, batches))
-        else:
-            for rows in batches:
-                run(rows)
-        norms = np.linalg.norm(out, axis=1, keepdims=True)
-        return out / np.maximum(norms, 1e-12)
-
-
-def _cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return max(1, os.cpu_count() or 1)
+    def _forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return self.session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
