@@ -7,11 +7,11 @@
 2. numpy encoder (deepr/corpus/npbert.py): one worker (before) against one per core (now:
    a lone batch is split so both cores run), on calls of 2, 5 and 16 reward texts.
 3. Where torch (batch 16, all cores) overtakes the numpy encoder (one worker per core), on
-   calls of 8 to 64 reward texts: with torch loaded, calls below NUMPY_BELOW_WITH_TORCH
-   texts stay in numpy (deepr/corpus/embed.py).
+   calls of 8 to 64 reward texts: on a CPU, calls under NUMPY_MAX_TEXTS texts run in numpy
+   even with torch loaded (deepr/corpus/embed.py).
 
-``--busy`` also runs 2 with one CPU-bound process per core beside it: threads that block
-rather than spin should cost little there. Each line is the best of 3; the ratio is
+``--busy`` also runs 2 and 3 with one CPU-bound process per core beside it: threads that
+block rather than spin should cost little there. Each line is the best of 3; the ratio is
 before / now in this same run. Writes bench/results/embed_calls.json.
 """
 
@@ -113,6 +113,7 @@ def main() -> None:
             h.start()
         try:
             res["numpy busy (one spinning process per core)"] = numpy_workers(lite, texts)
+            res["torch against numpy, busy"] = crossover(emb, lite, texts, sizes=(16, 32, 48, 64))
         finally:
             for h in hogs:
                 h.terminate()

@@ -99,13 +99,13 @@ def encoder_before(emb: Embedder):
     import deepr.corpus.embed as embed_mod
 
     lite = emb._lite_encoder()
-    saved = embed_mod.NUMPY_BELOW_WITH_TORCH, embed_mod.TORCH_CPU_BATCH, lite.encode
-    embed_mod.NUMPY_BELOW_WITH_TORCH, embed_mod.TORCH_CPU_BATCH = 16, 64
+    saved = embed_mod.NUMPY_MAX_TEXTS, embed_mod.TORCH_CPU_BATCH, lite.encode
+    embed_mod.NUMPY_MAX_TEXTS, embed_mod.TORCH_CPU_BATCH = 16, 64  # torch is loaded here: 16 was its bound
     lite.encode = lambda texts, workers=1, _enc=lite.encode: _enc(texts, workers=1)
     try:
         yield
     finally:
-        embed_mod.NUMPY_BELOW_WITH_TORCH, embed_mod.TORCH_CPU_BATCH = saved[:2]
+        embed_mod.NUMPY_MAX_TEXTS, embed_mod.TORCH_CPU_BATCH = saved[:2]
         del lite.encode  # the instance attribute; the class's method shows through again
 
 

@@ -302,6 +302,32 @@ def test_numpy_encoder_batches_bound_padding_and_keep_vectors() -> None:
     assert np.abs(together - alone).max() < 1e-5
 
 
+def test_calls_under_the_numpy_bound_skip_a_loaded_torch_model_on_a_cpu() -> None:
+    """GRPO has torch loaded; a reward call's few dozen new texts still run in numpy (faster
+    there, and the same vectors as in a process without torch). Bigger calls go to torch."""
+    import numpy as np
+
+    from deepr.corpus.embed import NUMPY_MAX_TEXTS, Embedder
+
+    class Torch:  # stands in for the loaded SentenceTransformer
+        calls: list[int] = []
+
+        def get_embedding_dimension(self) -> int:
+            return 384
+
+        def encode(self, texts, **kw):
+            self.calls.append(len(texts))
+            return np.ones((len(texts), 384), dtype=np.float32)
+
+    fresh, loaded = Embedder(precision="fp32"), Embedder(precision="fp32")
+    loaded._model = Torch()
+    texts = [f"reward text number {i}" for i in range(NUMPY_MAX_TEXTS)]
+    assert np.abs(loaded.encode(texts[:-1]) - fresh.encode(texts[:-1])).max() < 1e-5
+    assert Torch.calls == []
+    loaded.encode(texts, cache=False)
+    assert Torch.calls == [NUMPY_MAX_TEXTS]
+
+
 def test_numpy_encoder_spreads_a_few_texts_over_the_cores_without_changing_them() -> None:
     """A cached reward call embeds a handful of new texts: one batch, which the numpy encoder
     splits so a second core works on it. Every text keeps its place and its vector."""

