@@ -302,6 +302,40 @@ def test_evidence_of_a_dropped_search_node_stays_citable_in_the_final_answer(too
     assert FINAL.check(FinalAsk(ctx, QUERY, new, outputs, [], ans, without), reply)
 
 
+def test_a_revision_that_renumbers_search_nodes_reuses_their_results(tools):
+    """Node ids are positions (the graph schema numbers them), so dropping N2 renames the search
+    after it: its results move to the new id without searching again, and the dropped node's
+    evidence stays citable. A modified query still searches."""
+    from deepr.agent.dag import apply_revision, changed_search_nodes, execute_searches
+    from deepr.agent.env import Ctx
+    from deepr.agent.trace import Tracer
+    from deepr.llm.base import run_sync
+
+    s1, s2 = PLAN_G0["nodes"][:2]
+    s3 = {"id": "N3", "type": "search", "query": "ancient Roman architecture", "key_points": ["arches"]}
+    old = validate_plan({"nodes": [s1, s2, s3, {"id": "N4", "type": "aggregate", "need": "forms",
+                                                   "key_points": ["columns"], "inputs": ["N1", "N2", "N3"]},
+                                   {"id": "N5", "type": "answer", "need": "how", "inputs": ["N4"]}]})[0]
+    new = validate_plan({"nodes": [s1, {**s3, "id": "N2"}, {**s1, "id": "N3", "query": "Parthenon sculptures"},
+                                   {"id": "N4", "type": "aggregate", "need": "forms", "key_points": ["columns"],
+                                    "inputs": ["N1", "N2", "N3"]},
+                                   {"id": "N5", "type": "answer", "need": "how", "inputs": ["N4"]}]})[0]
+    assert changed_search_nodes(old, new) == (["N3"], {"N1": "N1", "N2": "N3"})
+    ctx = Ctx(ExtractiveLLM(), tools, RunConfig(), Tracer(QUERY, "dag"))
+    results: dict = {}
+    run_sync(execute_searches(ctx, old, results, only=None))
+    before = {k: list(v) for k, v in results.items()}
+    dropped: dict = {}
+    run_sync(apply_revision(ctx, old, new, [], results, cycle=1, dropped=dropped))
+    assert results["N1"] == before["N1"] and results["N2"] == before["N3"]
+    assert results["N3"] and results["N3"] != before["N3"]  # the new query searched
+    assert dropped == {"N2": before["N2"]}
+    searched = [t["node"] for t in ctx.tracer.tools if t["tool"] == "search"]
+    assert searched == ["N1", "N2", "N3", "N3"]  # one new search, for the modified node
+    decision = next(d for d in ctx.tracer.decisions if "rerun" in d)
+    assert decision["moved"] == {"N2": "N3"} and decision["rerun"] == ["N3"]
+
+
 def test_a_dag_run_records_the_dropped_evidence_and_cites_it(tools):
     llm = ReplayLLM({"planner": [json.dumps(PLAN_G0), json.dumps({"nodes": [
         PLAN_G0["nodes"][0], {**PLAN_G0["nodes"][2], "inputs": ["N1"]}, PLAN_G0["nodes"][3]], "fetch": []})],

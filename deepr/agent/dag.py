@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from deepr.records import Plan
+from deepr.records import Plan, PlanNode
 
 from deepr.agent.answerer import write_final, write_wave
 from deepr.agent.env import Ctx
@@ -41,22 +41,32 @@ def ready_frontier(plan: Plan, done: set[str], kinds: tuple[str, ...] = ("search
     return [n.id for n in plan.nodes if n.type in kinds and n.id not in done and all(p in done for p in n.inputs)]
 
 
-def changed_search_nodes(old: Plan, new: Plan, *, key_points_matter: bool = False) -> tuple[list[str], list[str]]:
-    """(search nodes of ``new`` to run, search nodes whose results are reused).
+def changed_search_nodes(old: Plan, new: Plan, *, key_points_matter: bool = False) -> tuple[list[str], dict[str, str]]:
+    """(search nodes of ``new`` to run, {search node of ``new``: the node of ``old`` whose results it reuses}).
 
-    A node is reused when ``old`` has a search node with the same id and the same query
-    (and, when an inner search agent uses them, the same key points).
+    A node reuses the results of an ``old`` search node with the same query (and, when an inner
+    search agent uses them, the same key points): its own id first, else one no other node
+    claimed. Node ids are positions (the planner's graph schema numbers them in order), so a
+    revision that drops N2 renumbers N3 as N2, and so on; their searches are not run again.
     """
-    before = {n.id: n for n in old.nodes if n.type == "search"}
-    run, reuse = [], []
-    for n in new.nodes:
-        if n.type != "search":
-            continue
-        prev = before.get(n.id)
-        same = prev is not None and " ".join((prev.query or "").split()) == " ".join((n.query or "").split())
-        if same and key_points_matter:
-            same = prev.key_points == n.key_points
-        (reuse if same else run).append(n.id)
+    def key(n: PlanNode) -> tuple[str, tuple[str, ...]]:
+        return " ".join((n.query or "").split()), tuple(n.key_points or ()) if key_points_matter else ()
+
+    before = {n.id: key(n) for n in old.nodes if n.type == "search"}
+    news = [n for n in new.nodes if n.type == "search"]
+    same_id = {n.id for n in news if before.get(n.id) == key(n)}
+    free: dict[tuple, list[str]] = {}
+    for oid, k in before.items():
+        if oid not in same_id:
+            free.setdefault(k, []).append(oid)
+    run, reuse = [], {}
+    for n in news:
+        if n.id in same_id:
+            reuse[n.id] = n.id
+        elif free.get(key(n)):
+            reuse[n.id] = free[key(n)].pop(0)
+        else:
+            run.append(n.id)
     return run, reuse
 
 
@@ -73,18 +83,22 @@ async def execute_searches(ctx: Ctx, plan: Plan, results: dict[str, list[str]], 
 async def apply_revision(ctx: Ctx, old: Plan, new: Plan, fetch: list[str], results: dict[str, list[str]],
                          cycle: int, *, dropped: dict[str, list[str]] | None = None,
                          guidance: Sequence[dict[str, Any]] = ()) -> None:
-    """Re-run new or modified search nodes, fetch the listed pages. The evidence of a search node
-    the revision dropped moves to ``dropped``: still catalogued and citable in the final answer."""
+    """Re-run new or modified search nodes, fetch the listed pages. The evidence of a search the
+    revision no longer has moves to ``dropped``: still catalogued and citable in the final answer."""
     run, reuse = changed_search_nodes(old, new, key_points_matter=ctx.config.search_rounds > 1)
-    gone = [nid for nid in results if nid not in run + reuse]
-    for nid in gone:
-        ids = results.pop(nid)
-        if dropped is not None and ids:
-            dropped[nid] = [*dropped.get(nid, []), *(i for i in ids if i not in dropped.get(nid, []))]
-    for nid in run:
-        results.pop(nid, None)
-    ctx.tracer.decide(f"cycle {cycle}: re-run {len(run)} new or modified search nodes, reuse {len(reuse)}",
-                      rerun=run, reused=reuse, dropped=gone)
+    run += [nid for nid, oid in reuse.items() if oid not in results]  # nothing kept to reuse
+    reuse = {nid: oid for nid, oid in reuse.items() if oid in results}
+    before = dict(results)
+    results.clear()
+    results.update((nid, before[oid]) for nid, oid in reuse.items())
+    gone = [oid for oid in before if oid not in reuse.values()]
+    for oid in gone:
+        if dropped is not None and before[oid]:
+            dropped[oid] = [*dropped.get(oid, []), *(i for i in before[oid] if i not in dropped.get(oid, []))]
+    moved = {nid: oid for nid, oid in reuse.items() if nid != oid}
+    ctx.tracer.decide(f"cycle {cycle}: re-run {len(run)} new or modified search nodes, reuse {len(reuse)}"
+                      + (f" ({len(moved)} renumbered)" if moved else ""),
+                      rerun=run, reused=list(reuse), moved=moved, dropped=gone)
     await execute_searches(ctx, new, results, only=run, guidance=guidance)
     for ref in fetch[: ctx.config.fetch_limit]:
         ctx.fetch(ref)

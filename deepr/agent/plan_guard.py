@@ -14,9 +14,9 @@ first plans of 33). Two layers rule those out while the model decodes:
 
 Together a plan that parses validates; what the plan says (queries, needs, which nodes read which)
 stays the model's. The teacher plans SFT trains on already have this form (ids in order, answer
-last), so the constraints do not move the model off its training data. One cost: a revision that
-drops a search node renumbers the search nodes after it, and those search again (a search's
-results are reused only under the same id and query, :func:`deepr.agent.dag.changed_search_nodes`).
+last), so the constraints do not move the model off its training data. A revision that drops a
+search node renumbers the nodes after it; their searches are not run again, as a search's results
+follow its query to its new id (:func:`deepr.agent.dag.changed_search_nodes`).
 
     OutputFormat("plan", json_schema=graph_schema(_PlanShape.model_json_schema()), guard=PlanGuard())
 """
