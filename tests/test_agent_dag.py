@@ -325,11 +325,18 @@ def test_a_revision_that_renumbers_search_nodes_reuses_their_results(tools):
     results: dict = {}
     run_sync(execute_searches(ctx, old, results, only=None))
     before = {k: list(v) for k, v in results.items()}
+    page2, page3 = ctx.fetch(before["N2"][0]), ctx.fetch(before["N3"][0])  # fetched in cycle 0
     dropped: dict = {}
-    run_sync(apply_revision(ctx, old, new, [], results, cycle=1, dropped=dropped))
+    run_sync(apply_revision(ctx, old, new, [before["N3"][4]], results, cycle=1, dropped=dropped))
     assert results["N1"] == before["N1"] and results["N2"] == before["N3"]
     assert results["N3"] and results["N3"] != before["N3"]  # the new query searched
-    assert dropped == {"N2": before["N2"]}
+    assert before["N3"][4] not in results["N3"]  # so only the new N2 holds the fetched result
+    assert dropped == {"N2": before["N2"] + [page2]}
+    # pages follow their search: the writer reading the new N2 sees both pages of the old N3
+    fetched = {e.id: e.node for e in ctx.catalog.entries.values() if e.kind == "fetch"}
+    assert page3 in fetched and fetched[page3] == "N2" and len(fetched) == 3
+    assert [n for cid, n in fetched.items() if cid not in (page2, page3)] == ["N2"]
+    assert fetched[page2] == "N2~dropped"
     searched = [t["node"] for t in ctx.tracer.tools if t["tool"] == "search"]
     assert searched == ["N1", "N2", "N3", "N3"]  # one new search, for the modified node
     decision = next(d for d in ctx.tracer.decisions if "rerun" in d)

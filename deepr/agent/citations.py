@@ -137,6 +137,27 @@ class Catalog:
             ids.append(self._by_key[key])
         return ids
 
+    def move_pages(self, moves: dict[str, str], only: Sequence[str] | None = None) -> dict[str, list[str]]:
+        """Re-attribute fetched pages (all, or ``only`` these ids) when a plan revision renames
+        search nodes: ``moves`` maps a node's former id to its new one, all at once (two nodes may
+        swap). Writers read a search node's pages by its id, so a page left under a reused id
+        would be shown to another search. Ids never change. Returns {former id: its pages moved}."""
+        moved: dict[str, list[str]] = defaultdict(list)
+        for cid, e in self.entries.items():
+            if e.kind == "fetch" and e.node in moves and (only is None or cid in only):
+                key = self._key_of(cid)
+                if key is not None:
+                    del self._by_key[key]
+                    self._by_key[("fetch", moves[e.node], key[2])] = cid
+                moved[e.node].append(cid)
+                e.node = moves[e.node]
+        return dict(moved)
+
+    def _key_of(self, cid: str) -> tuple[str, str, str] | None:
+        e = self.entries[cid]
+        key = ("fetch", e.node, e.passage_id)
+        return key if self._by_key.get(key) == cid else None
+
     def add_page(self, node: str, doc: Document, passage_id: str | None = None) -> str:
         """Register a fetched page (or one ``passage_id`` of it: each passage of a web page is
         its own source) under the node whose result led to it; returns its id."""

@@ -85,23 +85,45 @@ async def apply_revision(ctx: Ctx, old: Plan, new: Plan, fetch: list[str], resul
                          guidance: Sequence[dict[str, Any]] = ()) -> None:
     """Re-run new or modified search nodes, fetch the listed pages. The evidence of a search the
     revision no longer has moves to ``dropped``: still catalogued and citable in the final answer."""
+    dropped = {} if dropped is None else dropped
     run, reuse = changed_search_nodes(old, new, key_points_matter=ctx.config.search_rounds > 1)
     run += [nid for nid, oid in reuse.items() if oid not in results]  # nothing kept to reuse
     reuse = {nid: oid for nid, oid in reuse.items() if oid in results}
-    before = dict(results)
-    results.clear()
-    results.update((nid, before[oid]) for nid, oid in reuse.items())
-    gone = [oid for oid in before if oid not in reuse.values()]
-    for oid in gone:
-        if dropped is not None and before[oid]:
-            dropped[oid] = [*dropped.get(oid, []), *(i for i in before[oid] if i not in dropped.get(oid, []))]
+    gone = _move_evidence(ctx, results, reuse, dropped)
     moved = {nid: oid for nid, oid in reuse.items() if nid != oid}
     ctx.tracer.decide(f"cycle {cycle}: re-run {len(run)} new or modified search nodes, reuse {len(reuse)}"
                       + (f" ({len(moved)} renumbered)" if moved else ""),
                       rerun=run, reused=list(reuse), moved=moved, dropped=gone)
     await execute_searches(ctx, new, results, only=run, guidance=guidance)
+    holder = {cid: nid for nid, ids in results.items() for cid in ids}
     for ref in fetch[: ctx.config.fetch_limit]:
-        ctx.fetch(ref)
+        entry = ctx.catalog.resolve(ref)
+        # under the search that now holds the result (its id may have changed this revision)
+        ids = ctx.fetch_all(ref, node=holder.get(entry.id) if entry else None)
+        if entry is not None and entry.id not in holder and entry.node in gone and ids:
+            ctx.catalog.move_pages({entry.node: f"{entry.node}~dropped"}, only=ids)  # a dropped search's
+            _keep(dropped, entry.node, ids)
+
+
+def _move_evidence(ctx: Ctx, results: dict[str, list[str]], reuse: dict[str, str],
+                   dropped: dict[str, list[str]]) -> list[str]:
+    """Re-key ``results`` from old to new node ids; the searches no node reuses are gone, their
+    results and pages kept in ``dropped``. Pages follow their search: a gone search's leave its
+    id, which a new node may take. Returns the gone ids."""
+    before = dict(results)
+    results.clear()
+    results.update((nid, before[oid]) for nid, oid in reuse.items())
+    gone = [oid for oid in before if oid not in reuse.values()]
+    pages = ctx.catalog.move_pages({**{oid: f"{oid}~dropped" for oid in gone},
+                                    **{oid: nid for nid, oid in reuse.items() if nid != oid}})
+    for oid in gone:
+        _keep(dropped, oid, before[oid] + pages.get(oid, []))
+    return gone
+
+
+def _keep(dropped: dict[str, list[str]], node: str, ids: list[str]) -> None:
+    if ids:
+        dropped[node] = list(dict.fromkeys([*dropped.get(node, []), *ids]))
 
 
 async def answer_plan(ctx: Ctx, query: str, plan: Plan, results: dict[str, list[str]],
