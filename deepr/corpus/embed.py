@@ -9,9 +9,10 @@ On a CPU, every call of fewer than NUMPY_MAX_TEXTS texts (queries, a reward's ne
 eval chunk's) runs through deepr/corpus/npbert.py, a numpy copy of the BERT encoder, whether
 or not torch is loaded: searching never imports torch or sentence-transformers, and such a
 call's vectors do not depend on what else the process loaded. On an accelerator that holds
-for calls under SMALL_BATCH texts, and under NUMPY_MAX_TEXTS until torch is loaded. The numpy encoder runs a call's
-batches on one thread per core, halving a lone batch: 1.4-1.6x faster for calls of 2-16 texts
-on 2 cores, and 0.74-1.4x when every core is busy with other work (bench/embed_calls.py).
+for calls under SMALL_BATCH texts, and under NUMPY_MAX_TEXTS until torch is loaded. The numpy
+encoder runs a call's batches on one thread per core, splitting a lone batch: 1.5-1.6x faster
+for calls of 2-16 texts on 2 cores; 0.74-1.33x beside one busy process per core
+(bench/embed_calls.py).
 
 Speed (the index build embeds every passage): texts are encoded in length-sorted batches,
 so a batch pads to its own longest text. ``fp32`` runs on torch. ``int8`` with the ``onnx``

@@ -264,8 +264,8 @@ def _spread(batches: list[list[int]], lengths: list[int], workers: int) -> list[
 
 def run_batches(encs: list, batches: list[list[int]], forward, dim: int, workers: int = 1) -> np.ndarray:
     """Unit vectors, one row per encoding: ``forward(ids, mask)`` of each batch of rows, on up
-    to ``workers`` threads, each running whole batches on one core. Both encoders' products
-    release the GIL, and threads that block (unlike BLAS or OpenMP workers, which spin at every
+    to ``workers`` threads, each running whole batches on one core. numpy's matrix products and
+    onnxruntime's sessions release the GIL, and threads that block (unlike BLAS or OpenMP workers, which spin at every
     operator's barrier) cost nothing when the machine is busy: the call just takes longer."""
     out = np.empty((len(encs), dim), dtype=np.float32)
 
