@@ -264,3 +264,28 @@ def test_cited_sentence_formats_hold_through_the_server(llama_server):
     finally:
         llm.close()
     assert out.constrained and re.fullmatch(pattern, json.loads(out)["fact"]), out
+
+
+def test_a_plan_through_the_server_keeps_the_graph_schema_wiring(llama_server):
+    """`--formats schema` sends the planner's graph schema (deepr/agent/plan_guard.py) to
+    llama.cpp as a GBNF grammar: SmolLM2's plan has ids in order, a search first, readers that
+    name only earlier nodes, and one answer, last. (PlanGuard's rules beyond the schema, such as
+    "the answer reads every unread node", need a logits processor: hf backend and GRPO only.)"""
+    from deepr.agent.planner import INITIAL, initial_messages
+
+    fmt = INITIAL.output.fmt(INITIAL.name)
+    llm = _client(llama_server)
+    try:
+        out = llm.chat(initial_messages("How do volcanoes form and erupt?"), fmt=fmt, max_tokens=700,
+                       temperature=0.0)
+    finally:
+        llm.close()
+    assert out.constrained and not out.truncated, out
+    nodes = json.loads(out)["nodes"]
+    assert [n["id"] for n in nodes] == [f"N{k}" for k in range(1, len(nodes) + 1)]
+    assert nodes[0]["type"] == "search" and [n["type"] for n in nodes].count("answer") == 1
+    assert nodes[-1]["type"] == "answer"
+    for k, n in enumerate(nodes):
+        if n["type"] != "search":
+            earlier = {f"N{j}" for j in range(1, k + 1)}
+            assert n["inputs"] and set(n["inputs"]) <= earlier, n
