@@ -101,7 +101,8 @@ async def apply_revision(ctx: Ctx, old: Plan, new: Plan, fetch: list[str], resul
         # under the search that now holds the result (its id may have changed this revision)
         ids = ctx.fetch_all(ref, node=holder.get(entry.id) if entry else None)
         if entry is not None and entry.id not in holder and entry.node in gone and ids:
-            ctx.catalog.move_pages({entry.node: f"{entry.node}~dropped"}, only=ids)  # a dropped search's
+            # a page behind a dropped search's result: citable, but under no id a node may take
+            ctx.catalog.move_pages({entry.node: f"{entry.node}~dropped"}, only=ids)
             _keep(dropped, entry.node, ids)
 
 
