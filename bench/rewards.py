@@ -109,33 +109,38 @@ def encoder_before(emb: Embedder):
         del lite.encode  # the instance attribute; the class's method shows through again
 
 
+def per_plan(groups, emb: Embedder, *, uncached: bool) -> list[float]:
+    """R_plan one plan per call; ``uncached`` clears the embedder's cache before every call."""
+    scores = []
+    for p, plans in groups:
+        for pl in plans:
+            if uncached:
+                emb.clear_cache()
+            scores.append(plan_reward(pl, p["rubrics"], emb.encode).plan_reward)
+    return scores
+
+
 def bench_plans(groups, emb: Embedder) -> Result:
+    modes = {
+        "uncached": lambda: per_plan(groups, emb, uncached=True),
+        "cached": lambda: per_plan(groups, emb, uncached=False),
+        "grouped": lambda: [r.plan_reward for p, plans in groups
+                            for r in plan_rewards([(pl, p["rubrics"]) for pl in plans], emb.encode)],
+        "eval": lambda: eval_scores(groups, emb),
+        "uncached, encoder before": lambda: _with(encoder_before(emb), lambda: per_plan(groups, emb, uncached=True)),
+    }
     res = {}
-    for mode in ("uncached", "cached", "grouped", "eval", "uncached, encoder before"):
+    for mode, score in modes.items():
         emb.clear_cache()
-        before, t0, scores = emb.encoded, time.perf_counter(), []
-        if mode == "uncached, encoder before":
-            with encoder_before(emb):
-                for p, plans in groups:
-                    for pl in plans:
-                        emb.clear_cache()
-                        scores.append(plan_reward(pl, p["rubrics"], emb.encode).plan_reward)
-            res[mode] = (time.perf_counter() - t0, scores, emb.encoded - before)
-            continue
-        if mode == "eval":
-            scores = eval_scores(groups, emb)
-            res[mode] = (time.perf_counter() - t0, scores, emb.encoded - before)
-            continue
-        for p, plans in groups:
-            if mode == "grouped":
-                scores += [r.plan_reward for r in plan_rewards([(pl, p["rubrics"]) for pl in plans], emb.encode)]
-                continue
-            for pl in plans:
-                if mode == "uncached":
-                    emb.clear_cache()
-                scores.append(plan_reward(pl, p["rubrics"], emb.encode).plan_reward)
+        before, t0 = emb.encoded, time.perf_counter()
+        scores = score()
         res[mode] = (time.perf_counter() - t0, scores, emb.encoded - before)
     return res
+
+
+def _with(ctx, fn):
+    with ctx:
+        return fn()
 
 
 def eval_scores(groups, emb: Embedder, chunk: int = 8) -> list[float]:

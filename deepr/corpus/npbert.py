@@ -18,6 +18,7 @@ m = NumpyBert.load(default_model_path()); print(m.encode(['a cat']).shape)"
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -287,8 +288,6 @@ def run_batches(encs: list, batches: list[list[int]], forward, dim: int, workers
 
 def usable_cores() -> int:
     """Cores this process may run on (its affinity mask, not the machine's count)."""
-    import os
-
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
