@@ -280,37 +280,80 @@ def test_numpy_encoder_gives_sentence_transformers_vectors(mini_corpus: Path) ->
     assert float(cos.min()) >= 0.999, f"lowest cosine {cos.min():.5f} at text {int(cos.argmin())}"
 
 
-def test_numpy_encoder_batches_bound_padding_and_keep_vectors() -> None:
-    """Texts of very different lengths go in separate batches (padding is bounded), and a
-    text's vector does not depend on its batch-mates."""
+def test_numpy_encoder_packs_texts_and_keeps_each_vector(monkeypatch) -> None:
+    """Texts of very different lengths share one pass with no padding; a pass never holds more
+    than MAX_ROWS tokens; and a text's vector depends neither on its call-mates nor on how
+    the call was cut into passes."""
     import numpy as np
 
+    from deepr.corpus import npbert
     from deepr.corpus.embed import default_model_path
-    from deepr.corpus.npbert import PAD_SLACK, NumpyBert, _batches
 
-    lens = [60, 58, 55, 12, 10, 9, 4, 3]
-    batches = _batches(lens, 32)
-    assert sorted(i for b in batches for i in b) == list(range(8)) and len(batches) > 1
-    assert all(lens[b[0]] * len(b) <= PAD_SLACK * sum(lens[i] for i in b) for b in batches)
-    assert _batches([5] * 40, 32) == [list(range(32)), list(range(32, 40))]
-    bert = NumpyBert.load(default_model_path())
+    assert npbert._parts([300] * 8, 1) == [[0, 1, 2], [3, 4, 5], [6, 7]]  # 1024 rows a pass at most
+    assert npbert._parts([5, 3], 1) == [[0, 1]]
+    bert = npbert.NumpyBert.load(default_model_path())
     texts = ["volcano", "A volcano is a rupture in the crust of a planetary-mass object, such as Earth, "
              "that allows hot lava, volcanic ash, and gases to escape from a magma chamber below the surface.",
-             "Mount Etna eruption", "lava"]
+             "Mount Etna eruption", "lava", ""]
     together = bert.encode(texts)
     alone = np.vstack([bert.encode([t]) for t in texts])
     assert np.abs(together - alone).max() < 1e-5
+    monkeypatch.setattr(npbert, "MAX_ROWS", 8)  # every text a pass of its own
+    assert np.abs(bert.encode(texts) - together).max() < 1e-5
+    assert bert.encode([]).shape == (0, bert.dim)
 
 
-def test_calls_under_the_numpy_bound_skip_a_loaded_torch_model_on_a_cpu() -> None:
-    """GRPO has torch loaded; a reward call's few dozen new texts still run in numpy (faster
-    there, and the same vectors as in a process without torch). Bigger calls go to torch."""
+def test_numpy_encoder_calls_from_several_threads_keep_their_vectors() -> None:
+    """Each worker thread has its own scratch arrays: calls made at once from several threads
+    (eval scores items concurrently) get the vectors they get one at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    from deepr.corpus.embed import default_model_path
+    from deepr.corpus.npbert import NumpyBert
+
+    bert = NumpyBert.load(default_model_path())
+    calls = [[f"question {i} about volcanoes and {w}" for w in ("ash", "lava flows in Iceland", "Etna")]
+             for i in range(8)]
+    alone = [bert.encode(c, workers=2) for c in calls]
+    with ThreadPoolExecutor(4) as pool:
+        at_once = list(pool.map(lambda c: bert.encode(c, workers=2), calls))
+    assert max(float(np.abs(a - b).max()) for a, b in zip(alone, at_once)) < 1e-6
+
+
+def test_numpy_encoder_pins_only_numpys_blas_to_one_thread() -> None:
+    """The encoder's threads run whole passes, so numpy's BLAS gets one thread for good (no
+    per-call limit to undo); faiss's own BLAS keeps its threads for searches and k-means."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    import faiss  # noqa: F401  loads faiss's own BLAS
+    import numpy as np
+
+    from deepr.corpus.embed import default_model_path
+    from deepr.corpus.npbert import NumpyBert, usable_cores
+
+    if usable_cores() < 2:
+        pytest.skip("one core: nothing to pin")
+    NumpyBert.load(default_model_path()).encode(["a", "b"], workers=2)
+    numpy_dir = Path(np.__file__).resolve().parent
+    libs = [(Path(i["filepath"]).resolve(), i["num_threads"]) for i in threadpoolctl.threadpool_info()
+            if i["user_api"] == "blas"]
+    mine = [n for f, n in libs if f.parent in (numpy_dir, numpy_dir.with_name("numpy.libs"))]
+    assert mine and set(mine) == {1}
+    assert all(n > 1 for f, n in libs if "faiss" in str(f))
+
+
+def test_fp32_calls_of_any_size_skip_a_loaded_torch_model_on_a_cpu() -> None:
+    """GRPO and eval may have torch loaded; on a CPU every fp32 call but an index's passages
+    still runs in numpy (faster there at every size, and the same vectors as in a process
+    without torch). bf16 keeps torch's autocast for calls of NUMPY_MAX_TEXTS texts or more."""
     import numpy as np
 
     from deepr.corpus.embed import NUMPY_MAX_TEXTS, Embedder
 
     class Torch:  # stands in for the loaded SentenceTransformer
-        calls: list[int] = []
+        def __init__(self) -> None:
+            self.calls: list[int] = []
 
         def get_embedding_dimension(self) -> int:
             return 384
@@ -321,34 +364,37 @@ def test_calls_under_the_numpy_bound_skip_a_loaded_torch_model_on_a_cpu() -> Non
 
     fresh, loaded = Embedder(precision="fp32"), Embedder(precision="fp32")
     loaded._model = Torch()
-    texts = [f"reward text number {i}" for i in range(NUMPY_MAX_TEXTS)]
-    assert np.abs(loaded.encode(texts[:-1]) - fresh.encode(texts[:-1])).max() < 1e-5
-    assert Torch.calls == []
-    loaded.encode(texts, cache=False)
-    assert Torch.calls == [NUMPY_MAX_TEXTS]
+    texts = [f"reward text number {i}" for i in range(3 * NUMPY_MAX_TEXTS)]
+    assert np.abs(loaded.encode(texts) - fresh.encode(texts)).max() < 1e-5
+    assert loaded._model.calls == []
+    loaded.encode_passages(texts[:NUMPY_MAX_TEXTS])  # an fp32 index build stays on torch
+    assert loaded._model.calls == [NUMPY_MAX_TEXTS]
+    bf16 = Embedder(precision="bf16")
+    bf16._model = Torch()
+    bf16.encode(texts[:NUMPY_MAX_TEXTS - 1])
+    assert bf16._model.calls == []
+    bf16.encode(texts, cache=False)
+    assert bf16._model.calls == [len(texts)]
 
 
-def test_numpy_encoder_spreads_a_few_texts_over_the_cores_without_changing_them() -> None:
-    """A cached reward call embeds a handful of new texts: one batch, which the numpy encoder
-    splits so a second core works on it. Every text keeps its place and its vector."""
+def test_numpy_encoder_shares_a_few_texts_among_the_cores_without_changing_them() -> None:
+    """A cached reward call embeds a handful of new texts: they are shared out by tokens so a
+    second core works on them. Every text keeps its place and its vector."""
     import numpy as np
 
     from deepr.corpus.embed import default_model_path
-    from deepr.corpus.npbert import NumpyBert, _spread
+    from deepr.corpus.npbert import NumpyBert, _parts
 
-    lengths = [60, 55, 50, 45, 40]  # tokens of texts 0-4, a batch lists them longest first
-    # 2 x 60 against 3 x 50 tokens: the most even cut, where alternate rows would give 3 x 60
-    assert _spread([[0, 1, 2, 3, 4]], lengths, 2) == [[0, 1], [2, 3, 4]]
-    assert _spread([[0, 1, 2, 3], [4]], lengths, 3) == [[4], [0, 1], [2, 3]]  # until each worker has one
-    assert _spread([[0], [1]], lengths, 4) == [[0], [1]]  # single texts cannot be split
-    assert _spread([[0, 1, 2]], lengths, 1) == [[0, 1, 2]]
+    lengths = [60, 55, 50, 45, 40]  # tokens: longest first to the least loaded share
+    assert _parts(lengths, 2) == [[0, 3, 4], [1, 2]]  # 145 against 105 tokens
+    assert _parts([5, 5], 4) == [[0], [1]]  # no more shares than texts
+    assert _parts(lengths, 1) == [[0, 1, 2, 3, 4]]
     bert = NumpyBert.load(default_model_path())
     texts = ["tectonic plates", "Mount Etna is an active stratovolcano on the east coast of Sicily.",
              "lava", "Volcanic ash consists of fragments of rock and volcanic glass.", "Pompeii"]
     one, two = bert.encode(texts, workers=1), bert.encode(texts, workers=2)
     assert np.abs(one - two).max() < 1e-5
     assert np.allclose((two * two).sum(1), 1.0, atol=1e-5)
-    assert (two @ one.T).argmax(1).tolist() == list(range(5))  # row k is still text k
 
 
 def test_search_process_never_imports_torch(tiny_corpus: Path, tmp_path: Path) -> None:

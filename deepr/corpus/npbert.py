@@ -9,6 +9,13 @@ Why: ``import sentence_transformers`` costs ~7 s on a small machine, more than e
 a ``deepr search`` does. Loading this encoder costs ~0.1 s (numpy + the Rust tokenizer + a
 90 MB memory-mapped weight file), and one query is a few milliseconds.
 
+Speed: rewards and eval send calls of a few to a few hundred texts, so on a CPU in fp32 every
+call but an index's passages comes here (deepr/corpus/embed.py). A call's texts are shared
+out by tokens among one thread per core; each thread packs its texts into one pass with no
+padding, in scratch arrays it keeps, and numpy's BLAS runs one thread under each of them.
+That made reward calls ~2x faster than padded batches in fresh arrays, and faster than torch
+at every call size measured (bench/embed_calls.py, bench/results/embed_calls.json).
+
 Example::
 
     python -c "from deepr.corpus.npbert import NumpyBert; from deepr.corpus.embed import default_model_path; \
@@ -17,8 +24,11 @@ m = NumpyBert.load(default_model_path()); print(m.encode(['a cat']).shape)"
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -82,34 +92,110 @@ def map_safetensors(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def _layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
-    mu = x.mean(-1, keepdims=True)
-    x = x - mu
-    var = np.mean(x * x, axis=-1, keepdims=True)
-    return x * (w / np.sqrt(var + eps)) + b
+# Rows (tokens) of one forward pass. Bounds a worker thread's scratch arrays (about 11 MB, plus
+# the feed-forward's 6 MB) whatever a call holds; one text has at most 512 tokens.
+MAX_ROWS = 1024
+# The feed-forward runs in chunks of this many rows: its activations are 4x as wide.
+FFN_ROWS = 256
+# A pass's rows are padded to a multiple of 4: on this machine's OpenBLAS, single-thread sgemm
+# of 23 rows by 384x1536 ran at 78 GFLOPS against 108 at 24 rows (31 vs 32: 88 vs 112).
+ROW_ALIGN = 4
+# Worker threads at most: a call under 64 texts gains nothing past a few, and each thread keeps
+# its scratch arrays (~20 MB at most) for the life of the process.
+MAX_THREADS = 8
+
+_ERF = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)  # Abramowitz & Stegun 7.1.26
 
 
-def _erf(x: np.ndarray) -> np.ndarray:
-    # Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7): numpy has no erf, and scipy costs an import
-    s = np.sign(x)
-    a = np.abs(x)
-    t = 1.0 / (1.0 + 0.3275911 * a)
-    y = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t
-               + 0.254829592) * t * np.exp(-a * a)
-    return s * y
+class _Scratch(threading.local):
+    """A thread's scratch arrays by name, grown on demand and kept. Allocating the ~20
+    temporaries of every layer instead made glibc map and fault in fresh pages on each call:
+    the same reward calls took 7.4 s against 5.3 s with malloc's trim and mmap thresholds
+    raised (MALLOC_TOP_PAD_), depending on what the process had freed before."""
+
+    def __init__(self) -> None:
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        size = math.prod(shape)
+        buf = self.arrays.get(name)
+        if buf is None or buf.size < size:
+            buf = self.arrays[name] = np.empty(size, dtype=np.float32)
+        return buf[:size].reshape(shape)
 
 
-def _gelu(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + _erf(x * np.float32(0.7071067811865476)))
+_SCRATCH = _Scratch()
+
+
+def _layer_norm_(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float, tmp: np.ndarray) -> None:
+    """Layer norm over the last axis, in place; ``tmp`` is scratch of x's shape."""
+    x -= x.mean(-1, keepdims=True)
+    np.multiply(x, x, out=tmp)
+    std = tmp.mean(-1, keepdims=True)
+    std += eps
+    np.sqrt(std, out=std)
+    x /= std
+    x *= w
+    x += b
+
+
+def _gelu_(x: np.ndarray, t1: np.ndarray, t2: np.ndarray, t3: np.ndarray) -> None:
+    """Exact (erf) GELU in place, ``t1``-``t3`` scratch of x's shape. x*erf(x/sqrt2) is even, so
+    gelu(x) = (x + |x| erf(|x|/sqrt2)) / 2 needs erf at u >= 0 only, where A&S 7.1.26 is
+    1 - poly(1/(1+p u)) exp(-u^2) (|error| < 1.5e-7; numpy has no erf, scipy costs an import)."""
+    np.abs(x, out=t1)
+    t1 *= np.float32(0.7071067811865476)
+    np.multiply(t1, t1, out=t2)
+    np.negative(t2, out=t2)
+    np.exp(t2, out=t2)
+    t1 *= np.float32(0.3275911)
+    t1 += np.float32(1.0)
+    np.reciprocal(t1, out=t1)
+    np.multiply(t1, np.float32(_ERF[4]), out=t3)
+    for a in _ERF[3::-1]:
+        t3 += np.float32(a)
+        t3 *= t1
+    t3 *= t2
+    np.subtract(np.float32(1.0), t3, out=t3)
+    np.abs(x, out=t1)
+    t1 *= t3
+    x += t1
+    x *= np.float32(0.5)
+
+
+def _pin_numpy_blas() -> bool:
+    """Give numpy's own BLAS one thread for the rest of the process (from the first call that
+    runs shares side by side); False where it cannot be told apart from other BLAS libraries,
+    or threadpoolctl is missing.
+
+    The encoder's threads each run whole passes, and OpenBLAS workers on top of them spin at
+    every product: on a busy machine a 100-passage batch took ~5x one thread's time. Limiting
+    around each call instead cost ~5 ms a call, as OpenBLAS restarts its workers when given
+    back two: 0.3 s of the 1.4 s that bench/rplan_profile.py's cached reward calls took. Only
+    numpy's copy is pinned: faiss ships its own, for its searches and k-means."""
+    mine = numpy_blas()
+    for lib in mine:
+        lib.set_num_threads(1)
+    return bool(mine)
+
+
+def numpy_blas() -> list:
+    """threadpoolctl's controllers of the BLAS libraries numpy ships (none without threadpoolctl)."""
+    try:
+        from threadpoolctl import ThreadpoolController  # installed with sentence-transformers' scikit-learn
+    except ImportError:
+        return []
+    root = Path(np.__file__).resolve().parent
+    homes = (root, root / ".libs", root / ".dylibs", root.with_name("numpy.libs"))
+    return [lib for lib in ThreadpoolController().lib_controllers
+            if lib.user_api == "blas" and Path(lib.filepath).resolve().parent in homes]
 
 
 _CONTROLLER = None  # threadpoolctl.ThreadpoolController, built on first use; False without threadpoolctl
 
 
 def _one_blas_thread(active: bool):
-    """One BLAS thread for multi-text batches: OpenBLAS workers spin while waiting, and on a
-    busy machine that made a 100-passage batch ~5x slower than one thread. A single query's
-    matrices are too small for OpenBLAS to thread, so it skips the threadpoolctl import."""
+    """One BLAS thread during a multi-text call, where numpy's BLAS could not be pinned."""
     import contextlib
 
     global _CONTROLLER
@@ -117,7 +203,7 @@ def _one_blas_thread(active: bool):
         return contextlib.nullcontext()
     if _CONTROLLER is None:
         try:
-            from threadpoolctl import ThreadpoolController  # installed with sentence-transformers' scikit-learn
+            from threadpoolctl import ThreadpoolController
         except ImportError:
             _CONTROLLER = False
         else:
@@ -154,6 +240,11 @@ class NumpyBert:
                 "f_w": np.ascontiguousarray(g("output.dense.weight").T), "f_b": g("output.dense.bias"),
                 "ln2_w": g("output.LayerNorm.weight"), "ln2_b": g("output.LayerNorm.bias"),
             })
+        self.word_emb = self._get("embeddings.word_embeddings.weight")
+        # every token has type 0: its embedding folds into the position table
+        self.pos_emb = self._get("embeddings.position_embeddings.weight") + self._get(
+            "embeddings.token_type_embeddings.weight")[0]
+        self.emb_ln = self._get("embeddings.LayerNorm.weight"), self._get("embeddings.LayerNorm.bias")
 
     def _get(self, key: str) -> np.ndarray:
         for k in (key, "bert." + key):
@@ -175,115 +266,139 @@ class NumpyBert:
         tok.enable_truncation(max_length=seq)
         return cls(map_safetensors(folder / "model.safetensors"), cfg, tok, seq)
 
-    def tokenize(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, mask), padded to the longest text of this batch."""
-        return padded(self.tok.encode_batch(texts))
+    def forward(self, seqs: list[list[int]]) -> np.ndarray:
+        """Mean-pooled last hidden states (not normalised) of token id lists, shape (len(seqs), dim).
 
-    def forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """Mean-pooled last hidden states (not normalised), shape (batch, dim)."""
-        b, n = ids.shape
-        x = self._get("embeddings.word_embeddings.weight")[ids]
-        x = x + self._get("embeddings.position_embeddings.weight")[:n] + self._get("embeddings.token_type_embeddings.weight")[0]
-        x = _layer_norm(x, self._get("embeddings.LayerNorm.weight"), self._get("embeddings.LayerNorm.bias"), self.eps)
-        h, d = self.heads, self.dim // self.heads
-        bias = ((1.0 - mask) * np.float32(-1e9))[:, None, None, :]
-        scale = np.float32(1.0 / np.sqrt(d))
+        The texts' tokens are packed one after another, with no padding: every operation but
+        attention works row by row, so the matrix products see all the call's rows at once, and
+        attention runs text by text. Arrays come from the thread's scratch, not fresh allocations.
+        """
+        lens = [len(q) for q in seqs]
+        real = sum(lens)
+        rows = -(-real // ROW_ALIGN) * ROW_ALIGN
+        offs = np.cumsum([0, *lens])
+        ids = np.zeros(rows, dtype=np.int64)
+        ids[:real] = list(itertools.chain.from_iterable(seqs))
+        pos = np.zeros(rows, dtype=np.int64)
+        pos[:real] = np.arange(real) - np.repeat(offs[:-1], lens)
+        x, y, tmp = (_SCRATCH.get(k, (rows, self.dim)) for k in ("x", "y", "tmp"))
+        qkv, ctx = _SCRATCH.get("qkv", (rows, 3 * self.dim)), _SCRATCH.get("ctx", (rows, self.dim))
+        ctx[real:] = 0.0  # the alignment rows: attention never writes them
+        np.take(self.word_emb, ids, axis=0, out=x)
+        np.take(self.pos_emb, pos, axis=0, out=tmp)
+        x += tmp
+        _layer_norm_(x, *self.emb_ln, self.eps, tmp)
         for L in self.layers:
-            qkv = (x.reshape(b * n, -1) @ L["qkv_w"] + L["qkv_b"]).reshape(b, n, 3, h, d)
-            q, k, v = (qkv[:, :, j].transpose(0, 2, 1, 3) for j in range(3))
-            s = (q * scale) @ k.transpose(0, 1, 3, 2) + bias
-            s = np.exp(s - s.max(-1, keepdims=True))
+            np.matmul(x, L["qkv_w"], out=qkv)
+            qkv += L["qkv_b"]
+            self._attention(qkv, ctx, offs[:-1], lens)
+            np.matmul(ctx, L["o_w"], out=y)
+            y += L["o_b"]
+            y += x
+            _layer_norm_(y, L["ln1_w"], L["ln1_b"], self.eps, tmp)
+            self._feed_forward(y, x, L)  # x = y + ffn(y)
+            _layer_norm_(x, L["ln2_w"], L["ln2_b"], self.eps, tmp)
+        return np.add.reduceat(x[:real], offs[:-1], axis=0) / np.asarray(lens, dtype=np.float32)[:, None]
+
+    def _attention(self, qkv: np.ndarray, ctx: np.ndarray, starts: np.ndarray, lens: list[int]) -> None:
+        """Each text's rows of ``ctx`` from its own rows of ``qkv`` (no mask: no padding)."""
+        h, d = self.heads, self.dim // self.heads
+        q3 = qkv.reshape(-1, 3, h, d)
+        scale = np.float32(1.0 / math.sqrt(d))
+        for o, n in zip(starts, lens):
+            block = q3[o:o + n]
+            s = _SCRATCH.get("scores", (h, n, n))
+            np.matmul(block[:, 0].transpose(1, 0, 2), block[:, 1].transpose(1, 2, 0), out=s)
+            s *= scale
+            s -= s.max(-1, keepdims=True)
+            np.exp(s, out=s)
             s /= s.sum(-1, keepdims=True)
-            ctx = (s @ v).transpose(0, 2, 1, 3).reshape(b * n, -1)
-            x = _layer_norm(x + (ctx @ L["o_w"] + L["o_b"]).reshape(b, n, -1), L["ln1_w"], L["ln1_b"], self.eps)
-            f = _gelu(x.reshape(b * n, -1) @ L["i_w"] + L["i_b"]) @ L["f_w"] + L["f_b"]
-            x = _layer_norm(x + f.reshape(b, n, -1), L["ln2_w"], L["ln2_b"], self.eps)
-        return (x * mask[:, :, None]).sum(1) / np.maximum(mask.sum(1, keepdims=True), 1.0)
+            c = _SCRATCH.get("heads", (h, n, d))
+            np.matmul(s, block[:, 2].transpose(1, 0, 2), out=c)
+            ctx[o:o + n].reshape(n, h, d)[:] = c.transpose(1, 0, 2)
 
-    def encode(self, texts: list[str], batch_size: int = 32, workers: int = 1) -> np.ndarray:
-        """Unit vectors in input order; batches are formed from token-length-sorted texts to limit
-        padding, and run on up to ``workers`` threads (a lone batch is split to feed two)."""
-        encs = self.tok.encode_batch(texts)
-        order = sorted(range(len(texts)), key=lambda i: -len(encs[i].ids))
-        lengths = [len(e.ids) for e in encs]
-        batches = [[order[r] for r in rows] for rows in _batches([lengths[i] for i in order], batch_size)]
-        with _one_blas_thread(len(texts) > 1):
-            return run_batches(encs, _spread(batches, lengths, workers), self.forward, self.dim, workers)
+    def _feed_forward(self, x: np.ndarray, out: np.ndarray, L: dict) -> None:
+        """out = x + W2 gelu(W1 x + b1) + b2, FFN_ROWS rows at a time."""
+        inner = L["i_w"].shape[1]
+        for r in range(0, len(x), FFN_ROWS):
+            xs, os_ = x[r:r + FFN_ROWS], out[r:r + FFN_ROWS]
+            f, t1, t2, t3 = (_SCRATCH.get(k, (len(xs), inner)) for k in ("ffn", "t1", "t2", "t3"))
+            np.matmul(xs, L["i_w"], out=f)
+            f += L["i_b"]
+            _gelu_(f, t1, t2, t3)
+            np.matmul(f, L["f_w"], out=os_)
+            os_ += L["f_b"]
+            os_ += xs
+
+    def encode(self, texts: list[str], workers: int = 1) -> np.ndarray:
+        """Unit vectors in input order. The texts are shared out among up to ``workers`` threads
+        (each thread's share packed into passes of at most MAX_ROWS rows)."""
+        if not texts:
+            return np.empty((0, self.dim), dtype=np.float32)
+        seqs = [e.ids for e in self.tok.encode_batch(texts)]
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+
+        def run(part: list[int]) -> None:
+            out[part] = self.forward([seqs[i] for i in part])
+
+        parts = _parts([len(q) for q in seqs], workers)
+        # a lone share leaves OpenBLAS the idle cores (one 10-token query: 4.5 ms on two BLAS
+        # threads, 5.4 ms on one) and a query-only process without the threadpoolctl import
+        with _one_blas_thread(len(parts) > 1 and not _blas_pinned()):
+            # the pool's threads run even a lone pass: their scratch arrays outlive the call
+            list(_pool().map(run, parts))
+        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
 
 
-# A batch pads every text to its longest; a new batch starts once padding would exceed this share
-# of the real tokens. Rewards embed a few texts of very different lengths per call (a 4-token
-# query beside a 60-token joined node text): one batch spent about half its work on padding
-# (bench/rplan_profile.py counts both).
-PAD_SLACK = 1.25
-
-
-def _batches(lengths: list[int], size: int) -> list[list[int]]:
-    """Positions 0..n-1 of texts sorted longest first, cut into batches of at most ``size``."""
-    out: list[list[int]] = []
-    for i, n in enumerate(lengths):
-        cur = out[-1] if out else None
-        if cur and len(cur) < size and lengths[cur[0]] * (len(cur) + 1) <= PAD_SLACK * (
-                sum(lengths[j] for j in cur) + n):
-            cur.append(i)
-        else:
-            out.append([i])
+def _parts(lengths: list[int], workers: int) -> list[list[int]]:
+    """Text positions shared out among ``workers`` threads by tokens, longest first to the least
+    loaded (a call's cost is its busiest thread's), each share cut into passes of <= MAX_ROWS."""
+    shares: list[list[int]] = [[] for _ in range(max(1, min(workers, MAX_THREADS, len(lengths))))]
+    load = [0] * len(shares)
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        k = load.index(min(load))
+        shares[k].append(i)
+        load[k] += lengths[i]
+    out = []
+    for share in shares:
+        out.append([])
+        rows = 0
+        for i in share:
+            if out[-1] and rows + lengths[i] > MAX_ROWS:
+                out.append([])
+                rows = 0
+            out[-1].append(i)
+            rows += lengths[i]
     return out
 
 
-def padded(encs: list) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids and attention mask of tokenizer encodings, right-padded to the longest (shared
-    with the ONNX encoder, which feeds the same batches)."""
-    width = max(len(e.ids) for e in encs)
-    ids = np.zeros((len(encs), width), dtype=np.int64)
-    mask = np.zeros((len(encs), width), dtype=np.float32)
-    for r, e in enumerate(encs):
-        ids[r, : len(e.ids)] = e.ids
-        mask[r, : len(e.ids)] = 1.0
-    return ids, mask
+_POOL = None  # the encoder's worker threads, started on first use
+_BLAS_PINNED: bool | None = None  # None until a call first runs shares side by side
 
 
-def _spread(batches: list[list[int]], lengths: list[int], workers: int) -> list[list[int]]:
-    """Split the costliest batch until every worker has one: the cached reward calls embed ~5
-    new texts at a time, one batch that would leave the other cores idle. A batch (rows in
-    token-length order, longest first) is cut where its two parts cost most evenly, a part
-    costing its rows times its longest row's tokens: the call lasts as long as its slowest part."""
-    batches = list(batches)
+def _pool():
+    from concurrent.futures import ThreadPoolExecutor
 
-    def cost(rows: list[int]) -> int:
-        return len(rows) * lengths[rows[0]]
-
-    while len(batches) < workers:
-        big = max(batches, key=cost, default=[])
-        if len(big) < 2:
-            break
-        cut = min(range(1, len(big)), key=lambda k: max(cost(big[:k]), cost(big[k:])))
-        batches.remove(big)
-        batches += [big[:cut], big[cut:]]
-    return batches
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(min(usable_cores(), MAX_THREADS), thread_name_prefix="deepr-bert")
+    return _POOL
 
 
-def run_batches(encs: list, batches: list[list[int]], forward, dim: int, workers: int = 1) -> np.ndarray:
-    """Unit vectors, one row per encoding: ``forward(ids, mask)`` of each batch of rows, on up
-    to ``workers`` threads, each running whole batches on one core. numpy's matrix products and
-    onnxruntime's sessions release the GIL, and threads that block (unlike BLAS or OpenMP workers, which spin at every
-    operator's barrier) cost nothing when the machine is busy: the call just takes longer."""
-    out = np.empty((len(encs), dim), dtype=np.float32)
+def _blas_pinned() -> bool:
+    global _BLAS_PINNED
+    if _BLAS_PINNED is None:
+        _BLAS_PINNED = _pin_numpy_blas()
+    return _BLAS_PINNED
 
-    def run(rows: list[int]) -> None:
-        out[rows] = forward(*padded([encs[i] for i in rows]))
 
-    if workers > 1 and len(batches) > 1:
-        from concurrent.futures import ThreadPoolExecutor
+def _forget_pool() -> None:
+    global _POOL
+    _POOL = None  # a forked child has none of the parent's threads
 
-        # longest batches first, handed out one at a time: the workers finish together
-        with ThreadPoolExecutor(min(workers, len(batches)), thread_name_prefix="deepr-bert") as pool:
-            list(pool.map(run, batches))
-    else:
-        for rows in batches:
-            run(rows)
-    norms = np.linalg.norm(out, axis=1, keepdims=True)
-    return out / np.maximum(norms, 1e-12)
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def usable_cores() -> int:

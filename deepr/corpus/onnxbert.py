@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from deepr.corpus.npbert import NumpyBert, run_batches, usable_cores
+from deepr.corpus.npbert import NumpyBert, usable_cores
 
 OPSET = 17  # LayerNormalization is a standard op from 17 on
 # Texts per onnxruntime call: the int8 MatMuls quantise their input per call and the
@@ -177,6 +177,40 @@ def _filtered(logger: logging.Logger, keep: Callable[[logging.LogRecord], bool])
         yield
     finally:
         logger.removeFilter(keep)
+
+
+def padded(encs: list) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids and attention mask of tokenizer encodings, right-padded to the longest."""
+    width = max(len(e.ids) for e in encs)
+    ids = np.zeros((len(encs), width), dtype=np.int64)
+    mask = np.zeros((len(encs), width), dtype=np.float32)
+    for r, e in enumerate(encs):
+        ids[r, : len(e.ids)] = e.ids
+        mask[r, : len(e.ids)] = 1.0
+    return ids, mask
+
+
+def run_batches(encs: list, batches: list[list[int]], forward, dim: int, workers: int = 1) -> np.ndarray:
+    """Unit vectors, one row per encoding: ``forward(ids, mask)`` of each batch of rows, on up
+    to ``workers`` threads, each running whole batches on one core. numpy's matrix products and
+    onnxruntime's sessions release the GIL, and threads that block (unlike BLAS or OpenMP workers, which spin at every
+    operator's barrier) cost nothing when the machine is busy: the call just takes longer."""
+    out = np.empty((len(encs), dim), dtype=np.float32)
+
+    def run(rows: list[int]) -> None:
+        out[rows] = forward(*padded([encs[i] for i in rows]))
+
+    if workers > 1 and len(batches) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        # longest batches first, handed out one at a time: the workers finish together
+        with ThreadPoolExecutor(min(workers, len(batches)), thread_name_prefix="deepr-bert") as pool:
+            list(pool.map(run, batches))
+    else:
+        for rows in batches:
+            run(rows)
+    norms = np.linalg.norm(out, axis=1, keepdims=True)
+    return out / np.maximum(norms, 1e-12)
 
 
 class OnnxBert:
