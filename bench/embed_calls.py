@@ -4,15 +4,17 @@
 
 1. torch (sentence-transformers fp32, 2 threads): batches of 64 (before) against 16 (now),
    on 64 and 256 reward texts (plan node texts of bench/rewards.py) and 256 wiki passages.
-2. numpy encoder (deepr/corpus/npbert.py): one worker (before) against one per core (now:
-   a lone batch is split so both cores run), on calls of 2, 5 and 16 reward texts.
-3. Where torch (batch 16, all cores) overtakes the numpy encoder (one worker per core), on
-   calls of 8 to 64 reward texts: on a CPU, calls under NUMPY_MAX_TEXTS texts run in numpy
-   even with torch loaded (deepr/corpus/embed.py).
+2. numpy encoder (deepr/corpus/npbert.py): the one of commit FORMER (padded length-sorted
+   batches, one thread per core, numpy's BLAS limited around each call; loaded from git)
+   against now (packed texts, scratch arrays kept per thread, numpy's BLAS pinned to one
+   thread), on calls of 1, 2, 5, 16 and 48 reward texts.
+3. torch (batch 16, all cores) against the numpy encoder (one thread per core), on calls of
+   16 to 256 reward texts and 64 and 256 wiki passages: on a CPU in fp32 every call but an
+   index's passages runs in numpy (deepr/corpus/embed.py), so numpy should win at every size.
 
 ``--busy`` also runs 2 and 3 with one CPU-bound process per core beside it: threads that
 block rather than spin should cost little there. Each line is the best of 3; the ratio is
-before / now in this same run. Writes bench/results/embed_calls.json.
+before / now (or torch / numpy) in this same run. Writes bench/results/embed_calls.json.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import rewards as bench_rewards  # noqa: E402
+from former import module_at, numpy_blas_threads  # noqa: E402
 
-from deepr.corpus.embed import Embedder, torch_threads  # noqa: E402
+from deepr.corpus.embed import Embedder, default_model_path, torch_threads  # noqa: E402
 from deepr.corpus.npbert import usable_cores  # noqa: E402
 from deepr.records import PlanNode  # noqa: E402
 from deepr.rewards.plan_reward import node_text  # noqa: E402
@@ -65,25 +68,32 @@ def torch_batches(emb: Embedder, sets: dict[str, list[str]]) -> dict:
     return out
 
 
-def numpy_workers(lite, texts: list[str], sizes=(2, 5, 16), calls: int = 24) -> dict:
-    out = {}
+FORMER = "be1ec8f"  # the numpy encoder of the round before this bench's last change
+
+
+def numpy_former(lite, texts: list[str], sizes=(1, 2, 5, 16, 48), calls: int = 24) -> dict:
+    old = module_at(FORMER, "deepr/corpus/npbert.py").NumpyBert.load(default_model_path())
+    cores, out = usable_cores(), {}
     for n in sizes:
         chunks = [texts[i * n:(i + 1) * n] for i in range(calls)]
-        secs = {w: best_of(lambda w=w: [lite.encode(c, workers=w) for c in chunks]) / calls
-                for w in (1, usable_cores())}
-        one, many = secs[1], secs[usable_cores()]
-        out[f"{n} texts a call"] = {"one_worker_ms": one * 1e3, "per_core_ms": many * 1e3, "speedup": one / many}
+        with numpy_blas_threads(cores):  # the state that encoder ran in
+            before = best_of(lambda: [old.encode(c, workers=cores) for c in chunks]) / calls
+        now = best_of(lambda: [lite.encode(c, workers=cores) for c in chunks]) / calls
+        out[f"{n} texts a call"] = {"former_ms": before * 1e3, "now_ms": now * 1e3, "speedup": before / now}
     return out
 
 
-def crossover(emb: Embedder, lite, texts: list[str], sizes=(8, 16, 24, 32, 48, 64), calls: int = 4) -> dict:
+def crossover(emb: Embedder, lite, sets: dict[str, list[str]], sizes=(16, 32, 64, 128, 256), total: int = 256) -> dict:
     out = {}
     with torch_threads(usable_cores()):
-        for n in sizes:
-            chunks = [texts[i * n:(i + 1) * n] for i in range(calls)]
-            t = best_of(lambda: [emb.model.encode(c, batch_size=16, convert_to_numpy=True) for c in chunks])
-            m = best_of(lambda: [lite.encode(c, workers=usable_cores()) for c in chunks])
-            out[f"{n} texts a call"] = {"torch_ms": t / calls * 1e3, "numpy_ms": m / calls * 1e3, "torch_over_numpy": t / m}
+        for name, texts in sets.items():
+            for n in sizes:
+                calls = max(1, total // n)
+                chunks = [texts[i * n:(i + 1) * n] for i in range(calls)]
+                t = best_of(lambda: [emb.model.encode(c, batch_size=16, convert_to_numpy=True) for c in chunks])
+                m = best_of(lambda: [lite.encode(c, workers=usable_cores()) for c in chunks])
+                out[f"{n} {name} a call"] = {"torch_ms": t / calls * 1e3, "numpy_ms": m / calls * 1e3,
+                                             "torch_over_numpy": t / m}
     return out
 
 
@@ -101,19 +111,21 @@ def main() -> None:
 
     emb = Embedder(precision="fp32")
     lite = emb._lite_encoder()
-    texts = reward_texts()
+    texts, wiki = reward_texts(), sample_passages(256)
     res: dict = {"cores": usable_cores(), "load_avg_start": os.getloadavg()}
     res["torch"] = torch_batches(emb, {"64 reward texts": texts[:64], "256 reward texts": texts[:256],
-                                       "256 wiki passages": sample_passages(256)})
-    res["numpy quiet"] = numpy_workers(lite, texts)
-    res["torch against numpy (time ratio > 1: numpy is faster)"] = crossover(emb, lite, texts)
+                                       "256 wiki passages": wiki})
+    res[f"numpy quiet, {FORMER} against now"] = numpy_former(lite, texts)
+    res["torch against numpy (time ratio > 1: numpy is faster)"] = {
+        **crossover(emb, lite, {"reward texts": texts}),
+        **crossover(emb, lite, {"wiki passages": wiki}, sizes=(64, 256))}
     if args.busy:
         hogs = [mp.Process(target=_spin, daemon=True) for _ in range(usable_cores())]
         for h in hogs:
             h.start()
         try:
-            res["numpy busy (one spinning process per core)"] = numpy_workers(lite, texts)
-            res["torch against numpy, busy"] = crossover(emb, lite, texts, sizes=(16, 32, 48, 64))
+            res[f"numpy busy (one spinning process per core), {FORMER} against now"] = numpy_former(lite, texts)
+            res["torch against numpy, busy"] = crossover(emb, lite, {"reward texts": texts}, sizes=(64, 256))
         finally:
             for h in hogs:
                 h.terminate()

