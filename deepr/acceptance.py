@@ -189,7 +189,9 @@ def babble(text: str) -> str | None:
         return f"{len(sentences) - len(set(sentences))} of its {len(sentences)} sentences repeat others"
     for sentence in _SENTENCE_END.split(_CITES.sub(" ", text)):
         words = [w.lower() for w in _WORD.findall(sentence)]
-        if len(words) >= _DIGIT_MIN and sum(any(c.isdigit() for c in w) for w in words) >= _DIGIT_SHARE * len(words):
+        # counted by whitespace: one id ("n0.1.2", "2023-05-01") is a legitimate field value
+        toks = sentence.split()
+        if len(toks) >= _DIGIT_MIN and sum(any(c.isdigit() for c in t) for t in toks) >= _DIGIT_SHARE * len(toks):
             return f"{sentence.strip()[:60]!r} is mostly numbers and ids, not words"
         counts = [(words.count(w), w) for w in set(words) - _COMMON]
         if len(words) >= _REPEAT_MIN and counts and max(counts)[0] >= _REPEAT_SHARE * len(words):

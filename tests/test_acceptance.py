@@ -200,9 +200,36 @@ def test_degenerate_text_is_rejected_but_prose_with_numbers_is_not():
         assert no_babble(value, []), value
     fine = ["Volcanoes form where magma rises through the crust [N1-R2]. The 1918 flu killed 50 million "
             "people between 1918 and 1920 [N2-R1].", {"title": "World War 2", "plan": "Causes of the war"},
-            "The Thames flows through London; the Thames is the longest river in England [S1-R1]."]
+            "The Thames flows through London; the Thames is the longest river in England [S1-R1].",
+            {"leaf": "n0.1.2", "date": "2023-05-01", "claim": "Etna erupted in 2021"}]  # ids as field values
     for value in fine:
         assert no_babble(value, []) == [], value
+
+
+_LOOPED = "SECTION 1 SECTION 2 SECTION 3 SECTION 4 SECTION 5"
+
+
+@pytest.mark.parametrize("where, value", [
+    ("deepr.agent.search_agent:REFORMULATE", {"done": False, "queries": [_LOOPED]}),
+    ("deepr.agent.rubric:PERSISTENT", {"criteria": [{"description": _LOOPED, "weight": 1.0}]}),
+    ("deepr.agent.rubric:EPHEMERAL", {"sufficient": False, "gaps": [{"query": "volcano ash", "description": _LOOPED}]}),
+    ("deepr.agent.decor:PLAN", _LOOPED),
+    ("deepr.data.tree_roles:ROOT_QUERY", {"query": _LOOPED}),
+    ("deepr.data.tree_roles:GATE", {"expand": True, "reason": _LOOPED}),
+    ("deepr.data.tree_roles:DECOMPOSE", {"queries": [{"query": _LOOPED}]}),
+    ("deepr.data.tree_roles:EXTRACT", {"statements": [_LOOPED]}),
+    ("deepr.data.verify:AUDIT", {"issues": [_LOOPED]}),
+    ("deepr.data.rubrics:SYNTHESIZE", {"question": _LOOPED}),
+])
+def test_roles_that_take_model_text_refuse_a_looping_reply(where, value):
+    """Every role whose reply carries the model's own text re-asks on a loop as the answer roles
+    do: SmolLM2 filled valid formats with counters and one repeated word."""
+    import importlib
+
+    module, name = where.split(":")
+    role = getattr(importlib.import_module(module), name)
+    problems = [p for check in role.accept for p in check(value, [], [])]
+    assert any("repeats 'section'" in p for p in problems), problems
 
 
 def test_a_loop_that_varies_a_number_or_an_id_per_sentence_is_rejected_but_wikipedia_is_not():
@@ -252,7 +279,8 @@ def test_one_sentence_copied_from_a_reask_or_the_instructions_is_an_echo():
 
 # Roles whose replies are verdicts from a fixed set (no free text to echo or fill with a
 # template), and the tools agent, whose one role checks each tool call by its kind itself
-# (tools_agent._step_accept: placeholders, echoes and babble in answers, query words in searches).
+# (tools_agent._step_accept: placeholders, echoes and babble in answers; placeholders, babble and
+# query words in searches).
 _NOT_FREE_TEXT = {"ground/judge", "judge/support", "agent/step", "agent/answer"}
 
 
@@ -267,11 +295,13 @@ def _all_roles():
     return [v for m in mods for v in vars(importlib.import_module(m)).values() if isinstance(v, Role)]
 
 
-def test_every_free_text_role_rejects_placeholders_and_echoes():
+def test_every_free_text_role_rejects_placeholders_echoes_and_loops():
+    from deepr.acceptance import FREE_TEXT
+
     roles = _all_roles()
     assert len(roles) >= 25  # the module list still covers every role declaration
     missing = [f"{r.name}/{r.action}" for r in roles if f"{r.name}/{r.action}" not in _NOT_FREE_TEXT
-               and not {no_placeholder, no_echo} <= set(r.accept)]
+               and not set(FREE_TEXT) <= set(r.accept)]
     assert missing == []
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, Field
 
-from deepr.acceptance import FREE_TEXT, no_echo, no_placeholder, query_words
+from deepr.acceptance import FREE_TEXT, query_words
 from deepr.roles import JSONReply, Role, TaggedReply
 from deepr.text import strip_citations
 
@@ -137,7 +137,7 @@ def _plan_query(a: DecorAsk) -> str:
 
 PLAN = Role(
     name="decor_planner", action="plan", messages=_planner_messages, output=TaggedReply("search", required=True),
-    accept=(no_placeholder, no_echo, query_words(lambda b: [] if _STOP.match(b) else [b])),
+    accept=(*FREE_TEXT, query_words(lambda b: [] if _STOP.match(b) else [b])),
     check=lambda a, b: _plan_check(b, a.past),
     extractive=lambda a: next_query(a.ctx, a.query, a.memory, a.past) or "STOP",
     result=_planned, fallback=lambda a: "STOP", max_tokens=256,

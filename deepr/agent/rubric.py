@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from deepr.records import Plan
 
-from deepr.acceptance import no_echo, no_placeholder, query_words
+from deepr.acceptance import FREE_TEXT, query_words
 from deepr.roles import JSONReply, Role
 from deepr.agent.env import Ctx
 from deepr.agent.extract import focus_query, shorten, sub_questions
@@ -126,14 +126,14 @@ def _gaps_value(a: RubricAsk) -> dict[str, Any]:
 PERSISTENT = Role(
     name="rubric", action="persistent", messages=_persistent_messages, output=JSONReply(Persistent),
     extractive=lambda a: {"criteria": _extractive_persistent(a.query, a.plan)},
-    result=lambda a, v: list(v["criteria"]), max_tokens=1024, accept=(no_placeholder, no_echo),
+    result=lambda a, v: list(v["criteria"]), max_tokens=1024, accept=FREE_TEXT,
     on_fail="persistent rubric built extractively after the model failed")
 
 EPHEMERAL = Role(
     name="rubric", action="ephemeral", messages=_ephemeral_messages, output=JSONReply(Ephemeral),
     extractive=_gaps_value, result=lambda a, v: [] if v["sufficient"] else list(v["gaps"]),
     fallback=lambda a: {"sufficient": True, "gaps": []}, max_tokens=1024,
-    accept=(no_placeholder, no_echo, query_words(lambda v: [g.get("query", "") for g in v.get("gaps") or []])),
+    accept=(*FREE_TEXT, query_words(lambda v: [g.get("query", "") for g in v.get("gaps") or []])),
     on_fail="stopped re-planning: the gap rubric could not be read")
 
 

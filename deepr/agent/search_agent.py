@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from deepr.records import Hit, PlanNode
 
-from deepr.acceptance import no_echo, no_placeholder, query_words
+from deepr.acceptance import FREE_TEXT, query_words
 from deepr.roles import JSONReply, Role
 
 from deepr.agent.env import Ctx
@@ -100,7 +100,7 @@ REFORMULATE = Role(
     name="searcher", action="search", messages=_messages, output=JSONReply(Reformulation),
     check=lambda a, v: _check(Reformulation.model_validate(v), a.asked), extractive=_extractive,
     result=lambda a, v: [] if v["done"] else list(v["queries"]), fallback=lambda a: {"done": True, "queries": []},
-    accept=(no_placeholder, no_echo, query_words(lambda v: v.get("queries") or [])),
+    accept=(*FREE_TEXT, query_words(lambda v: v.get("queries") or [])),
     max_tokens=256, on_fail="search agent of {node} stopped: its reformulation failed")
 
 

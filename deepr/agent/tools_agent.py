@@ -34,7 +34,7 @@ from deepr.agent.render import GNode, Graph, Section
 from deepr.formats import (QUERY_WORD, cite_spans as answer_spans, id_choice, query_with, search_query, term_words,
                            tool_step, word_choice)
 from deepr.llm.base import OutputFormat
-from deepr.acceptance import FREE_TEXT, no_placeholder, query_words
+from deepr.acceptance import FREE_TEXT, no_babble, no_placeholder, query_words
 from deepr.roles import REASK_TEMPERATURE, Role, perform
 
 RUN_TURNS, TRAIN_TURNS = 10, 20
@@ -260,7 +260,8 @@ def _step_accept(reply: str, messages: Sequence[dict[str, str]], sent: Sequence[
         query = str(step.arguments.get("query", ""))
         if " ".join(query.lower().split()) in _searched(messages):  # a weak model repeats one search
             return [f"the search {query!r} {REPEATED}; search for something not yet covered, or answer"]
-        return no_placeholder(query, messages, sent) or query_words(lambda q: [q])(query, messages, sent)
+        return (no_placeholder(query, messages, sent) or no_babble(query, messages, sent)
+                or query_words(lambda q: [q])(query, messages, sent))
     return []
 
 

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from deepr.llm.base import LLM, run_sync
 from deepr.records import MergeStep, QRPair, Reject, RubricItem, Tree
-from deepr.acceptance import no_echo, no_placeholder
+from deepr.acceptance import FREE_TEXT
 from deepr.roles import JSONReply, Recorder, Role, RoleFailed, perform
 from deepr.data.outcomes import Fallback, mark_fallback
 from deepr.data.rubric_checks import RubricLimits, leaf_statements, pair_problems
@@ -193,7 +193,7 @@ def _synth_shrink(a: SynthAsk, step: int) -> SynthAsk | None:
 SYNTHESIZE = Role(
     name="synthesize", action="pair", output=JSONReply(SynthReply), check=_synth_check,
     messages=_synth_messages, extractive=_synth_extractive, result=lambda a, v: SynthReply.model_validate(v),
-    fallback=None, max_tokens=4096, accept=(no_placeholder, no_echo), shrink=_synth_shrink,
+    fallback=None, max_tokens=4096, accept=FREE_TEXT, shrink=_synth_shrink,
     constrain=lambda a: strict_format(a.compact, a.cfg.n_select, a.cfg.limits) if a.strict else None)
 
 

@@ -22,7 +22,7 @@ from deepr.data import tree_extractive as ex
 from deepr.formats import PHRASE, QUERY_WORD, literal, search_query, word_choice
 from deepr.llm.base import LLM, OutputFormat
 from deepr.records import Hit
-from deepr.acceptance import no_echo, no_placeholder, query_words
+from deepr.acceptance import FREE_TEXT, query_words
 from deepr.roles import JSONReply, Outcome, Recorder, Role, perform
 from deepr.text import coverage, split_sentences
 from deepr.data.topics import SeedTopic
@@ -146,7 +146,7 @@ def _root_check(a: TreeAsk, v: dict[str, Any]) -> list[str]:
 ROOT_QUERY = Role(
     name="root_query", action="write", messages=_root_messages, output=JSONReply(_Query), check=_root_check,
     extractive=lambda a: {"query": a.seed.title}, result=lambda a, v: v["query"].strip(), fallback=None,
-    max_tokens=128, accept=(no_placeholder, no_echo), constrain=lambda a: _root_format(a))
+    max_tokens=128, accept=FREE_TEXT, constrain=lambda a: _root_format(a))
 
 
 # The words a root query may add to its seed's title when the seed has no description: broad
@@ -203,7 +203,7 @@ GATE = Role(
     name="gate", action="judge", messages=_gate_messages, output=JSONReply(_Gate),
     extractive=lambda a: dict(zip(("atomic", "reason"), ex.gate(a.ctx))),
     result=lambda a, v: (v["atomic"], v["reason"]), fallback=lambda a: {"atomic": False, "reason": ""},
-    max_tokens=256, accept=(no_placeholder, no_echo), on_fail="gate failed on {query!r}: the node is expanded anyway",
+    max_tokens=256, accept=FREE_TEXT, on_fail="gate failed on {query!r}: the node is expanded anyway",
     constrain=lambda a: _json("gate", {"atomic": {"type": "boolean"}, "reason": _str(PHRASE)}))
 
 
@@ -314,7 +314,7 @@ DECOMPOSE = Role(
     name="decompose", action="split", messages=_decompose_messages, output=JSONReply(_Children),
     check=_decompose_check, extractive=_decompose_extractive, result=_proposals,
     fallback=lambda a: {"queries": []}, max_tokens=768, constrain=_decompose_format,
-    accept=(no_placeholder, no_echo, query_words(lambda v: [c.get("query", "") for c in v.get("queries") or []])),
+    accept=(*FREE_TEXT, query_words(lambda v: [c.get("query", "") for c in v.get("queries") or []])),
     on_fail="decompose failed on {query!r}: the node stops here")
 
 
@@ -385,7 +385,7 @@ EXTRACT = Role(
     extractive=lambda a: {"statements": ex.extract(a.query, a.hit, a.roles.embed,
                                                    max_statements=a.roles.max_statements)},
     result=lambda a, v: list(dict.fromkeys(s.strip() for s in v["statements"] if s.strip())),
-    fallback=lambda a: {"statements": []}, max_tokens=768, accept=(no_placeholder, no_echo),
+    fallback=lambda a: {"statements": []}, max_tokens=768, accept=FREE_TEXT,
     constrain=lambda a: _json("extract", {"statements": {
         "type": "array", "minItems": 1, "maxItems": max(1, a.roles.max_statements),
         "items": {"enum": _sentences(a.hit)}}}) if _sentences(a.hit) else None,

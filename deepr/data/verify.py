@@ -31,7 +31,7 @@ from deepr.formats import PHRASE, text
 from deepr.llm.base import LLM, OutputFormat, run_sync
 from deepr.llm.parse import parse_reply
 from deepr.records import QRPair, Reject, RubricItem
-from deepr.acceptance import no_echo, no_placeholder
+from deepr.acceptance import FREE_TEXT
 from deepr.roles import JSONReply, Recorder, Role, perform
 from deepr.data.outcomes import Fallback, mark_fallback
 from deepr.data.rubric_checks import RubricLimits, question_problems, rubric_problems
@@ -213,7 +213,7 @@ AUDIT = Role(
     name="verify", action="audit", messages=_audit_messages, output=JSONReply(AuditReply),
     check=lambda a, v: _revision_problems(AuditReply.model_validate(v), a.pair, a.leaves, a.cfg),
     extractive=audit_extractive, result=lambda a, v: AuditReply.model_validate(v), fallback=None,
-    max_tokens=3072, accept=(no_placeholder, no_echo), constrain=_audit_format)
+    max_tokens=3072, accept=FREE_TEXT, constrain=_audit_format)
 
 
 def _decide(pair: QRPair, found: list[Finding], r: AuditReply, audit: dict[str, Any]) -> Verdict:
