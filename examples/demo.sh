@@ -21,10 +21,13 @@ step search         deepr search "how do vaccines train the immune system" -k 3
 step build-trees    deepr build-trees --corpus wiki --n-trees "$N_TREES" --out "$D/trees.jsonl"
 step rubrics        deepr synthesize-rubrics "$D/trees.jsonl" --out "$D/pairs.jsonl"
 step verify         deepr verify "$D/pairs.jsonl" --out "$D/verified.jsonl"
+# The warp and trained runs take the first two questions. A fixed file, so a re-run skips them:
+# --limit counts pending queries, and would take two new ones (and change the SFT data) each time.
+head -n 2 "$D/verified.jsonl" > "$D/sample.jsonl"
 # Teacher runs on the verified questions (dag), plus warp runs forced to over-expand for pruning.
 step run-teacher    deepr run --queries "$D/verified.jsonl" --out "$D/runs-teacher" --mode dag \
                       --record "$D/trajectories.jsonl"
-step run-warp       deepr run --queries "$D/verified.jsonl" --limit 2 --out "$D/runs-warp" --mode warp \
+step run-warp       deepr run --queries "$D/sample.jsonl" --out "$D/runs-warp" --mode warp \
                       --force-expand 2 --record "$D/trajectories.jsonl"
 step prune          deepr prune-trajectories "$D/trajectories.jsonl" --rubrics "$D/verified.jsonl" \
                       --out-dir "$D/data" --heldout 0.2
@@ -44,7 +47,7 @@ step grpo-answerer  deepr grpo --stage answerer --model "$D/ckpt/planner-sft" \
 TRAINED=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['llm_spec'])" "$D/ckpt/answerer/deepr_meta.json")
 # The tiny model is trained for a few steps only: most of its turns fall back to the extractive
 # roles (recorded in each trace), so this step accepts fallback explicitly.
-step run-trained    deepr run --queries "$D/verified.jsonl" --limit 2 --out "$D/runs-trained" \
+step run-trained    deepr run --queries "$D/sample.jsonl" --out "$D/runs-trained" \
                       --llm "$TRAINED" --timeout 600 --allow-fallback
 step quickstart     deepr run "$Q" --out "$D/report.md" --html
 step eval-teacher   deepr eval "$D/runs-teacher" --metric rubric,citation,structure,plan_reward,answer_reward \

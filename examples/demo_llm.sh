@@ -31,11 +31,14 @@ step rubrics        deepr synthesize-rubrics "$D/trees.jsonl" "${LLM[@]}" --fall
                       --out "$D/pairs.jsonl"
 step verify         deepr verify "$D/pairs.jsonl" --judge-llm smollm2 --seed 0 --fallback extractive \
                       --out "$D/verified.jsonl"
+# Each mode runs the first question: a fixed file, so a re-run skips it (--limit counts pending
+# queries, and would take a new one each time).
+head -n 1 "$D/verified.jsonl" > "$D/sample.jsonl"
 for m in $MODES; do
   extra=()
   [ "$m" = warp ] && extra=(--force-expand 1)
   [ "$m" = decor ] && extra=(--steps 2)
-  step "run-$m"     deepr run --queries "$D/verified.jsonl" --limit 1 --corpus "$CORPUS" --mode "$m" \
+  step "run-$m"     deepr run --queries "$D/sample.jsonl" --corpus "$CORPUS" --mode "$m" \
                       "${LLM[@]}" "${extra[@]}" --out "$D/runs-$m" --record "$D/trajectories.jsonl" --allow-fallback
 done
 step prune          deepr prune-trajectories "$D/trajectories.jsonl" --rubrics "$D/verified.jsonl" \
