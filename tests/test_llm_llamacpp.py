@@ -111,7 +111,8 @@ def _duck() -> SimpleNamespace:
             config=SimpleNamespace(max_levels=2),
             catalog=SimpleNamespace(evidence=lambda ids, chars=None: f"[{ids[0]}] Volcano: {hit.text}")),
                             query="How do volcanoes erupt?"), default=["volcano eruption causes"],
-        results={"N1": IDS[:2], "N2": IDS[2:]}, query="How do volcanoes erupt?",
+        results={"N1": IDS[:2], "N2": IDS[2:]}, query="How do volcanoes erupt?", hits=[hit, hit],
+        node=SimpleNamespace(id="N1", query="volcano eruption causes", key_points=["Magma rises through vents"]),
         ctx=SimpleNamespace(hits=[hit, hit], catalog={i: SimpleNamespace(title="Volcano") for i in IDS}, config=SimpleNamespace(fetch_limit=2), depth=0, seen_docs=set(),
                             support=[0, 1], query="volcano eruptions", path=["Volcano"], root_topic="Volcano",
                             statements=["Magma rises through vents and erupts as lava."]),
@@ -148,6 +149,7 @@ def test_the_schema_list_covers_the_roles_that_matter():
     for must in ("deepr.agent.planner.REVISE:constrained", "deepr.agent.answerer.WAVE:constrained",
                  "deepr.agent.warp.DEEPEN:constrained", "deepr.agent.decor.CONDENSE:constrained",
                  "deepr.data.rubrics.SYNTHESIZE", "deepr.data.verify.AUDIT", "deepr.data.tree_roles.EXTRACT:constrained",
+                 "deepr.agent.search_agent.REFORMULATE:constrained",
                  "deepr.rewards.judges._Score04"):
         assert must in names, must
     assert len(names) >= 30

@@ -106,7 +106,7 @@ class GenDefaults:
 # Roles that have a strict per-call format (``Role.constrain``), the names ``--formats ROLE=MODE``
 # takes; tests/test_roles.py checks it against every declared role.
 FORMAT_ROLES = ("agent", "answerer", "condenser", "decompose", "decor_answerer", "decor_filter", "decor_planner",
-                "extract", "gate", "ground", "planner", "root_query", "synthesize", "verify", "warp")
+                "extract", "gate", "ground", "planner", "root_query", "searcher", "synthesize", "verify", "warp")
 
 
 def parse_formats(value: str | None) -> tuple[str | None, dict[str, bool]]:
