@@ -290,15 +290,17 @@ def action_schema(name: str, **props: dict[str, Any]) -> dict[str, Any]:
 
 
 def queries_schema(key: str, lo: int = 1, hi: int = 3, name: str | None = None,
-                   terms: Sequence[str] = (), vocab: str | None = None) -> dict[str, Any]:
-    """``{key: [2–8 word queries]}`` (with ``name`` constant when given: a warp action); with
-    ``terms`` each query carries one of them (see :func:`query_with`), with ``vocab`` (a
-    :func:`word_choice`) every word comes from it."""
+                   terms: Sequence[str] = (), vocab: str | None = None,
+                   before: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``{key: [2–8 word queries]}`` (with ``name`` constant when given: a warp action; with
+    ``before``, those properties first, e.g. the searcher's ``done`` flag); with ``terms`` each
+    query carries one of them (see :func:`query_with`), with ``vocab`` (a :func:`word_choice`)
+    every word comes from it."""
     word = vocab or QUERY_WORD
     query = query_with(terms, (2, 6), word) if terms else search_query(word=word)
-    arr = {"type": "array", "minItems": lo, "maxItems": hi, "items": text(query)}
-    return action_schema(name, **{key: arr}) if name else {
-        "type": "object", "properties": {key: arr}, "required": [key], "additionalProperties": False}
+    props = {**(before or {}), key: {"type": "array", "minItems": lo, "maxItems": hi, "items": text(query)}}
+    return action_schema(name, **props) if name else {
+        "type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
 
 def cite_spans(ids: Sequence[str], *, sentences: tuple[int, int] = (3, 6), words: tuple[int, int] = (8, 30)) -> str:

@@ -104,11 +104,9 @@ def _format(a: SearchAsk) -> OutputFormat:
     backend's distinct-word ban catches some repeats ("galaxy exponential galaxy"), not all
     ("Appeal appeal"); the acceptance check refuses the rest."""
     vocab = word_choice([a.node.query, *a.node.key_points, *(h.title for h in a.hits)])
-    queries = queries_schema("queries", lo=0, terms=term_words([a.node.query, *a.node.key_points]),
-                             vocab=vocab)["properties"]["queries"]
-    return OutputFormat("reformulation", distinct_words=True, json_schema={
-        "type": "object", "properties": {"done": {"type": "boolean"}, "queries": queries},
-        "required": ["done", "queries"], "additionalProperties": False})
+    return OutputFormat("reformulation", distinct_words=True, json_schema=queries_schema(
+        "queries", lo=0, terms=term_words([a.node.query, *a.node.key_points]), vocab=vocab,
+        before={"done": {"type": "boolean"}}))
 
 
 REFORMULATE = Role(
