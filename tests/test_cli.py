@@ -46,3 +46,27 @@ def test_every_command_has_help_for_every_flag():
                 assert p.help, f"deepr {name} {p.opts[0]} has no help text"
         r = CliRunner().invoke(app, [name, "--help"])
         assert r.exit_code == 0, f"deepr {name} --help failed: {r.output}"
+
+
+def test_main_turns_an_abort_into_exit_1_and_lets_other_errors_through_unmasked(monkeypatch, capsys):
+    """typer's vendored click has no ``exceptions.Abort``: naming it in an ``except`` clause turned
+    every error escaping a command into an AttributeError raised while handling it."""
+    import pytest
+    import typer
+
+    import deepr.cli as cli
+
+    def aborting(**kw):
+        raise typer.Abort()
+
+    monkeypatch.setattr(cli, "app", aborting)
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+    assert e.value.code == 1 and "aborted" in capsys.readouterr().err
+
+    def broken(**kw):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(cli, "app", broken)
+    with pytest.raises(RuntimeError, match="boom"):
+        cli.main()

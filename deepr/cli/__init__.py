@@ -58,6 +58,8 @@ def main() -> None:
     except click.ClickException as e:
         console.print(f"[bold red]error:[/] {e.format_message()}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
-    except click.Abort:
-        sys.exit(130)
+    except typer.Abort:  # EOF at a prompt (Ctrl-C arrives as exit code 130 from typer itself);
+        # click's exceptions module, which typer now vendors, no longer has Abort
+        console.print("[bold red]aborted[/]", highlight=False)
+        sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
