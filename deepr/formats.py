@@ -126,18 +126,21 @@ def cited_prose(ids: Sequence[str], *, sentences: tuple[int, int] = (2, 6), word
 _TEXT_WORD = re.compile(r"[A-Za-z][A-Za-z'-]*|[0-9]{3,4}s?")
 
 
-def word_choice(texts: Sequence[str], *, most: int = 60, least: int = 3) -> str | None:
+def word_choice(texts: Sequence[str], *, most: int = 60, least: int = 3,
+                part: tuple[int, int] = (0, 1)) -> str | None:
     """An alternation of the content words of ``texts`` that a query may hold (:data:`QUERY_WORD`),
     first seen first, at most ``most``; None when there are fewer than ``least``. A query drawn
     from the words of its evidence cannot invent words: SmolLM2 wrote "Statistics on dejadores
-    dejadores", and grounding then found an article on statistics."""
+    dejadores", and grounding then found an article on statistics. ``part=(k, n)``: only every
+    n-th of those words from the k-th on, so n sibling queries draw on words none of the others has."""
     seen: dict[str, str] = {}
     for t in texts:
         for w in _TEXT_WORD.findall(t or ""):
             w = w.strip("'-")
             if w.lower() not in STOP_WORDS and w.lower() not in seen and re.fullmatch(QUERY_WORD, w):
                 seen[w.lower()] = w
-    kept = list(seen.values())[:most]
+    k, n = part
+    kept = list(seen.values())[:most][k::n]
     if len(kept) < least:
         return None
     # as first seen, and in lower case ("Volcano" opens a title; a query says "volcano")

@@ -274,13 +274,16 @@ def test_strict_child_queries_take_their_words_from_the_evidence_shown(embedder)
 
     roles = _roles(ExtractiveLLM(), embedder)
     root = _decompose_fmt(roles, _ctx(), 3)
-    ok = [{"facet": "comparison", "query": "Comparison of Volcano molten rock"},
-          {"facet": "risks", "query": "Risks of Volcano hazards"},
-          {"facet": "statistics", "query": "Statistics on Volcano lava"}]
+    # the shown words (Volcano hazards Lava molten rock expelled) dealt out to the three children
+    ok = [{"facet": "comparison", "query": "Comparison of Volcano molten"},
+          {"facet": "risks", "query": "Risks of Volcano hazards rock"},
+          {"facet": "statistics", "query": "Statistics on Volcano lava expelled"}]
     assert _accepts(root, ok) and _decompose_check(TreeAsk(roles, _ctx(), limit=3), {"queries": ok}) == []
-    # SmolLM2's queries: an invented word repeated, and a query without the topic ("Statistics on
-    # 1983" under Hip-hop); grounding matched both to unrelated articles
-    for bad in ("Statistics on Volcano dejadores dejadores", "Statistics on lava"):
+    # SmolLM2's queries: an invented word repeated, a query without the topic ("Statistics on
+    # 1983" under Hip-hop; grounding matched both to unrelated articles), one with nothing past
+    # the topic, and one borrowing a sibling's word ("... Hip-hop culture" twice: redundant)
+    for bad in ("Statistics on Volcano dejadores dejadores", "Statistics on lava", "Statistics on Volcano",
+                "Statistics on Volcano molten"):
         assert not _accepts(root, [*ok[:2], {"facet": "statistics", "query": bad}]), bad
 
 
@@ -297,7 +300,7 @@ def test_strict_ground_needs_a_document_and_prefers_ones_the_branch_has_not_used
 
 
 def test_strict_decompose_format_splits_the_root_and_fixes_the_required_facets(embedder):
-    from deepr.data.tree_roles import _decompose_check, TreeAsk
+    from deepr.data.tree_roles import FACETS, _decompose_check, TreeAsk
 
     roles = _roles(ExtractiveLLM(), embedder)
     root = _decompose_fmt(roles, _ctx(), 3)
@@ -306,7 +309,7 @@ def test_strict_decompose_format_splits_the_root_and_fixes_the_required_facets(e
     assert firsts == [{"comparison", "alternatives"}, {"risks", "failures"}, {"quantitative data", "statistics"}]
     # any reply the format admits passes the facet check
     reply = {"queries": [{"facet": sorted(f)[0], "query": q} for q, f in
-                         zip(["Alternatives to Volcano lava", "Problems with Volcano hazards", "Numbers on Volcano"],
+                         zip(["Alternatives to Volcano molten", "Problems with Volcano hazards", "Numbers on Volcano lava"],
                              firsts)]}
     assert _decompose_check(TreeAsk(roles, _ctx(), limit=3), reply) == []
     # a child's query opens with its facet's words, so it cannot repeat the parent
@@ -314,7 +317,14 @@ def test_strict_decompose_format_splits_the_root_and_fixes_the_required_facets(e
                                                                    *reply["queries"][1:]])
     deeper = NodeCtx(query="Lava flows", depth=1, phrase="Lava", root_topic="Volcano", hits=_ctx().hits)
     child = _decompose_fmt(roles, deeper, 2)
-    assert child["minItems"] == 1 and child["maxItems"] == 2 and "prefixItems" not in child
+    assert child["minItems"] == 1 and child["maxItems"] == 2 and child["items"] is False
+    first, second = ({alt["properties"]["facet"]["const"] for alt in p["anyOf"]} for p in child["prefixItems"])
+    assert first | second == set(FACETS) and not first & second  # two children never share a facet
+    pair = [{"facet": "stakeholders", "query": "People involved in Volcano lava"},
+            {"facet": "timeline", "query": "History of Volcano flows"}]
+    assert _accepts(child, pair) and _accepts(child, pair[:1])
+    # SmolLM2's two-child split: the same facet twice, hence the same query twice
+    assert not _accepts(child, [pair[0], pair[0]])
     assert _decompose_fmt(_roles(ExtractiveLLM(), embedder, min_leaves=1), _ctx(), 3)["minItems"] == 1
 
 
@@ -416,10 +426,11 @@ def test_strict_children_past_the_required_three_each_get_their_own_facets(embed
     assert len(root["prefixItems"]) == 5 and root["items"] is False
     facets = [{alt["properties"]["facet"]["const"] for alt in p.get("anyOf", [p])} for p in root["prefixItems"]]
     assert all(not (facets[i] & facets[j]) for i in range(5) for j in range(i + 1, 5))  # disjoint
-    five = [{"facet": "comparison", "query": "Comparison of Volcano"}, {"facet": "risks", "query": "Risks of Volcano"},
-            {"facet": "statistics", "query": "Statistics on Volcano"},
-            {"facet": "stakeholders", "query": "People involved in Volcano"},
-            {"facet": "timeline", "query": "History of Volcano lava"}]
+    five = [{"facet": "comparison", "query": "Comparison of Volcano expelled"},
+            {"facet": "risks", "query": "Risks of Volcano hazards"},
+            {"facet": "statistics", "query": "Statistics on Volcano lava"},
+            {"facet": "stakeholders", "query": "People involved in Volcano molten"},
+            {"facet": "timeline", "query": "History of Volcano rock"}]
     assert _accepts(root, five) and _decompose_check(TreeAsk(roles, _ctx(), limit=5), {"queries": five}) == []
     # SmolLM2 repeated a facet in the 4th and 5th children and wrote one query twice
     assert not _accepts(root, [*five[:4], {"facet": "stakeholders", "query": "People involved in Volcano"}])

@@ -264,24 +264,26 @@ OPENERS = {"stakeholders": ("People involved in", "Groups affected by"), "timeli
 FACETS = tuple(OPENERS)
 
 
-def _child_words(a: TreeAsk) -> str:
+def _child_words(a: TreeAsk, part: tuple[int, int] = (0, 1)) -> str:
     """The words a child query may add after its facet opener: those of the parent's query, path,
-    statements and evidence shown in the prompt (any real word when they are too few)."""
+    statements and evidence shown in the prompt (any real word when they are too few); with
+    ``part``, one sibling's share of them (formats.word_choice)."""
     ctx, r = a.ctx, a.roles
     shown = [f"{h.title} {h.text[:r.snippet_chars // 2]}" for h in (ctx.hits[i] for i in ctx.support)]
-    return word_choice([ctx.query, *ctx.path, *ctx.statements[:8], *shown]) or QUERY_WORD
+    texts = [ctx.query, *ctx.path, *ctx.statements[:8], *shown]
+    return word_choice(texts, part=part, least=1 if part[1] > 1 else 3) or QUERY_WORD
 
 
-def _child(a: TreeAsk, facets: Sequence[str], words: str) -> dict[str, Any]:
+def _child(a: TreeAsk, facets: Sequence[str], words: str, least: int = 0) -> dict[str, Any]:
     """A child sub-query: its facet first, then a query opening with that facet's words and the
-    tree's topic. Without the topic SmolLM2 wrote "Statistics on 1983" under "Hip-hop", and
-    grounding found an article on statistics."""
+    tree's topic, then at least ``least`` of ``words``. Without the topic SmolLM2 wrote
+    "Statistics on 1983" under "Hip-hop", and grounding found an article on statistics."""
     topic = " ".join(a.ctx.root_topic.split())
     def one(f: str) -> dict[str, Any]:
         opener = "(?:" + "|".join(OPENERS[f]) + ")"
         rest = max(1, a.roles.max_words - max(len(o.split()) for o in OPENERS[f]))
         n = len(topic.split())
-        tail = (rf" {literal(topic)}(?: {words}){{0,{rest - n}}}" if topic and '"' not in topic and n < rest
+        tail = (rf" {literal(topic)}(?: {words}){{{least},{rest - n}}}" if topic and '"' not in topic and n < rest
                 else rf"(?: {words}){{1,{rest}}}")
         return {"type": "object", "required": ["facet", "query"], "additionalProperties": False,
                 "properties": {"facet": {"const": f}, "query": _str(opener + tail)}}
@@ -289,22 +291,29 @@ def _child(a: TreeAsk, facets: Sequence[str], words: str) -> dict[str, Any]:
 
 
 def _decompose_format(a: TreeAsk) -> OutputFormat:
-    """Children with facets from the prompt's list; where three or more are allowed the first
-    three are the required comparison, risks and quantitative facets, so the facet check holds
-    by construction. The root must split (a one-leaf tree is rejected anyway): it gets at least
-    three children, or ``min_leaves``, within the branching limit, so some survive grounding."""
+    """Children with facets from the prompt's list, each sibling with facets and words of its
+    own: it opens with its facet's words, so no two can be the same query, and adds at least one
+    word no sibling may use, so no two differ by their openers alone (with the tree's topic in
+    every child, SmolLM2 wrote one query twice, then "Comparison of Hip-hop culture" beside
+    "Statistics on Hip-hop culture", cosine 0.85: redundant). Where three or more are allowed
+    the first three are the required comparison, risks and quantitative facets, so the facet
+    check holds by construction. The root must split (a one-leaf tree is rejected anyway): it
+    gets at least three children, or ``min_leaves``, within the branching limit, so some
+    survive grounding."""
     hi = max(1, a.limit)
     lo = min(hi, max(3, a.roles.min_leaves)) if a.ctx.depth == 0 and a.roles.min_leaves >= 2 else 1
-    words = _child_words(a)
-    arr: dict[str, Any] = {"type": "array", "minItems": lo, "maxItems": hi, "items": _child(a, FACETS, words)}
+    arr: dict[str, Any] = {"type": "array", "minItems": lo, "maxItems": hi, "items": _child(a, FACETS, _child_words(a))}
+    groups: list[Sequence[str]] = []
     if hi >= 3:
         groups = [[f for f in FACETS if facet_group(f) == g] for g in REQUIRED_FACETS]
-        # Past the required three, each child gets its own share of the other facets: two children
-        # on one facet open alike and, with the topic in both, SmolLM2 wrote the same query twice.
+        # past the required three, each child gets its own share of the other facets
         others = [f for f in FACETS if facet_group(f) is None]
         extra = min(hi - 3, len(others))
         groups += [others[k::extra] for k in range(extra)]
-        arr["prefixItems"] = [_child(a, g, words) for g in groups]
+    elif hi == 2:
+        groups = [FACETS[0::2], FACETS[1::2]]
+    if groups:
+        arr["prefixItems"] = [_child(a, g, _child_words(a, (k, len(groups))), least=1) for k, g in enumerate(groups)]
         if len(groups) >= hi:
             arr["items"] = False
     return _json("decompose", {"queries": arr})
