@@ -345,11 +345,13 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 def build_trees(a: argparse.Namespace) -> dict:
     out = Path(a.work) / "trees.jsonl"
+    rejects = out.with_name(out.name.replace(".jsonl", ".rejects.jsonl"))
+    for old in (out, rejects, Path(f"{out}.meta.json")):  # build-trees resumes: it would skip the tree
+        old.unlink(missing_ok=True)
     args = ["build-trees", "--corpus", a.corpus, "--n-trees", "1", "--llm", "smollm2", "--out", str(out),
             "--seed", "0", "--allow-fallback", *a.tree_flags.split()]
     rc, secs, err = deepr(*args, timeout=3600)
     trees = [json.loads(x) for x in out.read_text().splitlines() if x.strip()] if out.is_file() else []
-    rejects = out.with_name(out.name.replace(".jsonl", ".rejects.jsonl"))
     reasons = [json.loads(x).get("reason", "")[:300] for x in rejects.read_text().splitlines()[:5]] \
         if rejects.is_file() else []
     return {"command": "deepr " + " ".join(args), "rc": rc, "wall_s": round(secs, 1), "trees": len(trees),
