@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from deepr.llm.base import OutputFormat
@@ -126,26 +126,36 @@ def cited_prose(ids: Sequence[str], *, sentences: tuple[int, int] = (2, 6), word
 _TEXT_WORD = re.compile(r"[A-Za-z][A-Za-z'-]*|[0-9]{3,4}s?")
 
 
-def word_choice(texts: Sequence[str], *, most: int = 60, least: int = 3,
-                part: tuple[int, int] = (0, 1)) -> str | None:
-    """An alternation of the content words of ``texts`` that a query may hold (:data:`QUERY_WORD`),
-    first seen first, at most ``most``; None when there are fewer than ``least``. A query drawn
-    from the words of its evidence cannot invent words: SmolLM2 wrote "Statistics on dejadores
-    dejadores", and grounding then found an article on statistics. ``part=(k, n)``: only every
-    n-th of those words from the k-th on, so n sibling queries draw on words none of the others has."""
-    seen: dict[str, str] = {}
+def content_words(texts: Sequence[str], *, most: int = 60, part: tuple[int, int] = (0, 1),
+                  skip: Collection[str] = ()) -> list[str]:
+    """The content words of ``texts`` a query may hold (:data:`QUERY_WORD`; no stop words, none
+    of ``skip``, in any case), first seen first, at most ``most``. ``part=(k, n)``: only every
+    n-th of them from the k-th on, so n sibling queries draw on words none of the others has."""
+    seen: dict[str, str] = {w.lower(): "" for w in skip}
     for t in texts:
         for w in _TEXT_WORD.findall(t or ""):
             w = w.strip("'-")
             if w.lower() not in STOP_WORDS and w.lower() not in seen and re.fullmatch(QUERY_WORD, w):
                 seen[w.lower()] = w
     k, n = part
-    kept = list(seen.values())[:most][k::n]
-    if len(kept) < least:
-        return None
-    # as first seen, and in lower case ("Volcano" opens a title; a query says "volcano")
-    words = {v for w in kept for v in (w, w.lower()) if re.fullmatch(QUERY_WORD, v)}
-    return "(?:" + "|".join(sorted(words, key=lambda w: (-len(w), w))) + ")"
+    return [w for w in seen.values() if w][:most][k::n]
+
+
+def word_alternation(words: Sequence[str]) -> str:
+    """A regex alternation of ``words`` as written and in lower case ("Volcano" opens a title; a
+    query says "volcano"), longest first."""
+    forms = {v for w in words for v in (w, w.lower()) if re.fullmatch(QUERY_WORD, v)}
+    return "(?:" + "|".join(sorted(forms, key=lambda w: (-len(w), w))) + ")"
+
+
+def word_choice(texts: Sequence[str], *, most: int = 60, least: int = 3,
+                part: tuple[int, int] = (0, 1)) -> str | None:
+    """:func:`word_alternation` of the :func:`content_words` of ``texts``; None when there are
+    fewer than ``least``. A query drawn from the words of its evidence cannot invent words:
+    SmolLM2 wrote "Statistics on dejadores dejadores", and grounding then found an article on
+    statistics."""
+    kept = content_words(texts, most=most, part=part)
+    return word_alternation(kept) if len(kept) >= least else None
 
 
 def literal(text: str) -> str:

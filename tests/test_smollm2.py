@@ -137,6 +137,10 @@ def test_a_format_with_distinct_words_keeps_each_string_from_naming_a_word_twice
     assert {tok.decode([t]) for t in ban.banned_in_string('{"query": "Han emperor ')} >= {"em", "emp"}
     assert ban.banned_in_string('{"query": "Han emperor", "need": ') == []  # between strings
     assert not {tok.decode([t]) for t in ban.banned_in_string('{"q": "the history of')} & {" the", " of"}
+    # under a grammar SmolLM2 spelled a repeat out: " d" "omes" "t" "i" "c" after "Domestic turkey"
+    spelled = {tok.decode([t]) for t in ban.banned_in_string('{"q": "Comparison of Domestic turkey one main')}
+    assert {" d", " t", " o", " c"} <= spelled and not spelled & {" w", " f"}
+    assert "d" in {tok.decode([t]) for t in ban.banned_in_string('{"q": "Domestic turkey one main ')}
 
 
 def test_the_planner_asks_for_distinct_words_in_every_format_mode():

@@ -274,16 +274,20 @@ def test_strict_child_queries_take_their_words_from_the_evidence_shown(embedder)
 
     roles = _roles(ExtractiveLLM(), embedder)
     root = _decompose_fmt(roles, _ctx(), 3)
-    # the shown words (Volcano hazards Lava molten rock expelled) dealt out to the three children
-    ok = [{"facet": "comparison", "query": "Comparison of Volcano molten"},
-          {"facet": "risks", "query": "Risks of Volcano hazards rock"},
-          {"facet": "statistics", "query": "Statistics on Volcano lava expelled"}]
+    # the shown words but the topic's and the parent query's (Lava molten rock expelled), dealt
+    # out to the children
+    ok = [{"facet": "comparison", "query": "Comparison of Volcano lava expelled"},
+          {"facet": "risks", "query": "Risks of Volcano molten"},
+          {"facet": "statistics", "query": "Statistics on Volcano rock"}]
     assert _accepts(root, ok) and _decompose_check(TreeAsk(roles, _ctx(), limit=3), {"queries": ok}) == []
     # SmolLM2's queries: an invented word repeated, a query without the topic ("Statistics on
     # 1983" under Hip-hop; grounding matched both to unrelated articles), one with nothing past
     # the topic, and one borrowing a sibling's word ("... Hip-hop culture" twice: redundant)
+    # "rock rock": no more words than the share has (a query may not name one twice); "hazards":
+    # the parent's word ("Hip-hop music" under "Hip-hop music" was dropped as redundant)
     for bad in ("Statistics on Volcano dejadores dejadores", "Statistics on lava", "Statistics on Volcano",
-                "Statistics on Volcano molten"):
+                "Statistics on Volcano molten", "Statistics on Volcano volcano", "Statistics on Volcano rock rock",
+                "Statistics on Volcano hazards"):
         assert not _accepts(root, [*ok[:2], {"facet": "statistics", "query": bad}]), bad
 
 
@@ -309,7 +313,7 @@ def test_strict_decompose_format_splits_the_root_and_fixes_the_required_facets(e
     assert firsts == [{"comparison", "alternatives"}, {"risks", "failures"}, {"quantitative data", "statistics"}]
     # any reply the format admits passes the facet check
     reply = {"queries": [{"facet": sorted(f)[0], "query": q} for q, f in
-                         zip(["Alternatives to Volcano molten", "Problems with Volcano hazards", "Numbers on Volcano lava"],
+                         zip(["Alternatives to Volcano lava", "Problems with Volcano molten", "Numbers on Volcano rock"],
                              firsts)]}
     assert _decompose_check(TreeAsk(roles, _ctx(), limit=3), reply) == []
     # a child's query opens with its facet's words, so it cannot repeat the parent
@@ -426,11 +430,11 @@ def test_strict_children_past_the_required_three_each_get_their_own_facets(embed
     assert len(root["prefixItems"]) == 5 and root["items"] is False
     facets = [{alt["properties"]["facet"]["const"] for alt in p.get("anyOf", [p])} for p in root["prefixItems"]]
     assert all(not (facets[i] & facets[j]) for i in range(5) for j in range(i + 1, 5))  # disjoint
-    five = [{"facet": "comparison", "query": "Comparison of Volcano expelled"},
-            {"facet": "risks", "query": "Risks of Volcano hazards"},
-            {"facet": "statistics", "query": "Statistics on Volcano lava"},
-            {"facet": "stakeholders", "query": "People involved in Volcano molten"},
-            {"facet": "timeline", "query": "History of Volcano rock"}]
+    five = [{"facet": "comparison", "query": "Comparison of Volcano lava"},  # four words for five:
+            {"facet": "risks", "query": "Risks of Volcano molten"},  # the fifth may add any real word
+            {"facet": "statistics", "query": "Statistics on Volcano rock"},
+            {"facet": "stakeholders", "query": "People involved in Volcano expelled"},
+            {"facet": "timeline", "query": "History of Volcano eruptions"}]
     assert _accepts(root, five) and _decompose_check(TreeAsk(roles, _ctx(), limit=5), {"queries": five}) == []
     # SmolLM2 repeated a facet in the 4th and 5th children and wrote one query twice
     assert not _accepts(root, [*five[:4], {"facet": "stakeholders", "query": "People involved in Volcano"}])

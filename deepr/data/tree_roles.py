@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from deepr.data import tree_extractive as ex
-from deepr.formats import PHRASE, QUERY_WORD, literal, search_query, word_choice
+from deepr.formats import PHRASE, QUERY_WORD, content_words, literal, search_query, word_alternation
 from deepr.llm.base import LLM, OutputFormat
 from deepr.records import Hit
 from deepr.acceptance import FREE_TEXT, query_words
@@ -164,9 +164,13 @@ def _root_format(a: TreeAsk) -> OutputFormat:
     title, limit = " ".join(a.seed.title.split()), _root_limit(a)
     n = len(title.split())
     if '"' in title or n + 1 >= limit:
-        return _json("root_query", {"query": _str(search_query((2, limit - 1)))})
-    words = word_choice([a.seed.description or ""]) or "(?:" + "|".join(ROOT_WORDS) + ")"
-    return _json("root_query", {"query": _str(rf"{literal(title)}(?: {words}){{1,{min(6, limit - 1 - n)}}}")})
+        return _json("root_query", {"query": _str(search_query((2, limit - 1)))}, distinct_words=True)
+    # distinct words (SmolLM2 wrote "Domestic turkey in the science of science"), so no more
+    # of them than there are: past that, the ban on a repeat gives way (see SIBLING_WORDS)
+    own = content_words([a.seed.description or ""], skip=title.split())
+    words, most = (word_alternation(own), len(own)) if len(own) >= 2 else ("(?:" + "|".join(ROOT_WORDS) + ")", 6)
+    return _json("root_query", {"query": _str(rf"{literal(title)}(?: {words}){{1,{min(6, most, limit - 1 - n)}}}")},
+                 distinct_words=True)
 
 
 # Formats built per call (see deepr.formats): bounded real-word queries, document numbers
@@ -177,9 +181,9 @@ def _str(pattern: str) -> dict[str, Any]:
     return {"type": "string", "pattern": f"^{pattern}$"}
 
 
-def _json(name: str, props: dict[str, Any]) -> OutputFormat:
+def _json(name: str, props: dict[str, Any], distinct_words: bool = False) -> OutputFormat:
     return OutputFormat(name, json_schema={"type": "object", "properties": props, "required": list(props),
-                                           "additionalProperties": False})
+                                           "additionalProperties": False}, distinct_words=distinct_words)
 
 
 def _sentences(hit: Hit) -> list[str]:
@@ -264,27 +268,43 @@ OPENERS = {"stakeholders": ("People involved in", "Groups affected by"), "timeli
 FACETS = tuple(OPENERS)
 
 
-def _child_words(a: TreeAsk, part: tuple[int, int] = (0, 1)) -> str:
-    """The words a child query may add after its facet opener: those of the parent's query, path,
-    statements and evidence shown in the prompt (any real word when they are too few); with
-    ``part``, one sibling's share of them (formats.word_choice)."""
+# Most words of its own a sibling query adds after its opener and the topic. The decoder keeps a
+# query from naming a word twice, and a sibling's share of the shown words is small: SmolLM2 used
+# its share up, wrote a space, and every word the grammar then allowed was banned, so the ban gave
+# way ("... meleagris raised fowl meleagris raised").
+SIBLING_WORDS = 3
+
+
+def _child_words(a: TreeAsk, part: tuple[int, int] = (0, 1)) -> tuple[str, int]:
+    """The words a child query may add after its facet opener, and how many: those of the
+    statements and evidence shown in the prompt, less the words of the topic (the query holds
+    it already) and of the parent's and ancestors' queries (with them SmolLM2 wrote "Hip-hop
+    music" under "Hip-hop music", dropped as redundant), or any real word when they are too
+    few; with ``part``, one sibling's share of them (formats.content_words)."""
     ctx, r = a.ctx, a.roles
     shown = [f"{h.title} {h.text[:r.snippet_chars // 2]}" for h in (ctx.hits[i] for i in ctx.support)]
-    texts = [ctx.query, *ctx.path, *ctx.statements[:8], *shown]
-    return word_choice(texts, part=part, least=1 if part[1] > 1 else 3) or QUERY_WORD
+    skip = [w for q in (ctx.root_topic, ctx.query, *ctx.path) for w in content_words([q], most=99)]
+    words = content_words([*ctx.statements[:8], *shown], part=part, skip=skip)
+    if len(words) < (1 if part[1] > 1 else 3):
+        return QUERY_WORD, a.roles.max_words
+    return word_alternation(words), len(words)
 
 
-def _child(a: TreeAsk, facets: Sequence[str], words: str, least: int = 0) -> dict[str, Any]:
+def _child(a: TreeAsk, facets: Sequence[str], words: tuple[str, int], least: int = 0,
+           most: int | None = None) -> dict[str, Any]:
     """A child sub-query: its facet first, then a query opening with that facet's words and the
-    tree's topic, then at least ``least`` of ``words``. Without the topic SmolLM2 wrote
-    "Statistics on 1983" under "Hip-hop", and grounding found an article on statistics."""
+    tree's topic, then ``least`` to ``most`` of ``words`` (no more than there are). Without the
+    topic SmolLM2 wrote "Statistics on 1983" under "Hip-hop", and grounding found an article on
+    statistics."""
     topic = " ".join(a.ctx.root_topic.split())
+    alt, count = words
     def one(f: str) -> dict[str, Any]:
         opener = "(?:" + "|".join(OPENERS[f]) + ")"
         rest = max(1, a.roles.max_words - max(len(o.split()) for o in OPENERS[f]))
         n = len(topic.split())
-        tail = (rf" {literal(topic)}(?: {words}){{{least},{rest - n}}}" if topic and '"' not in topic and n < rest
-                else rf"(?: {words}){{1,{rest}}}")
+        hi = max(least, 1, min(rest - n, count, most or rest))
+        tail = (rf" {literal(topic)}(?: {alt}){{{least},{hi}}}" if topic and '"' not in topic and n < rest
+                else rf"(?: {alt}){{1,{max(1, min(rest, count))}}}")
         return {"type": "object", "required": ["facet", "query"], "additionalProperties": False,
                 "properties": {"facet": {"const": f}, "query": _str(opener + tail)}}
     return {"anyOf": [one(f) for f in facets]} if len(facets) > 1 else one(facets[0])
@@ -313,10 +333,12 @@ def _decompose_format(a: TreeAsk) -> OutputFormat:
     elif hi == 2:
         groups = [FACETS[0::2], FACETS[1::2]]
     if groups:
-        arr["prefixItems"] = [_child(a, g, _child_words(a, (k, len(groups))), least=1) for k, g in enumerate(groups)]
+        arr["prefixItems"] = [_child(a, g, _child_words(a, (k, len(groups))), least=1, most=SIBLING_WORDS)
+                              for k, g in enumerate(groups)]
         if len(groups) >= hi:
             arr["items"] = False
-    return _json("decompose", {"queries": arr})
+    # no word twice in a query: SmolLM2 wrote "Comparison of Domestic turkey one domestic one"
+    return _json("decompose", {"queries": arr}, distinct_words=True)
 
 
 DECOMPOSE = Role(

@@ -156,9 +156,9 @@ class StutterBan:
         bare: dict[str, list[int]] = {}
         for tid in range(len(tokenizer)):
             piece = tokenizer.decode([tid])
-            if len(piece) > 2 and piece[0] == " " and piece[1:].isalpha():
+            if len(piece) > 1 and piece[0] == " " and piece[1:].isalpha():
                 spaced.setdefault(piece[1:].lower(), []).append(tid)
-            elif len(piece) > 1 and piece.isalpha():
+            elif piece.isalpha():
                 bare.setdefault(piece.lower(), []).append(tid)
         self.spaced, self.bare = spaced, bare
 
@@ -175,8 +175,10 @@ class StutterBan:
 
     def banned_in_string(self, reply: str) -> list[int]:
         """Token ids that would start, inside the JSON string ``reply`` ends in, a content word
-        that string already holds ("Han emperor" → no " emperor", " emp", ...; "Optics the science
-        of" → no " optics"); none outside a string or in the middle of a word."""
+        that string already holds ("Han emperor" → no " emperor", " emp", ..., " e"; "Optics the
+        science of" → no " optics"); none outside a string or in the middle of a word. Single
+        letters too: under a grammar SmolLM2 spelled a repeat out, " d" "omes" "t" "i" "c" after
+        "Domestic turkey"; a new word still opens with a longer token of its own (" dry")."""
         opened = _open_string(reply)
         if not opened:
             return []
@@ -185,7 +187,7 @@ class StutterBan:
         last = opened[-1]
         tables = [self.spaced] if last.isalnum() else [self.bare] if last == " " else [self.spaced, self.bare]
         words = {w.lower() for w in _STRING_WORD.findall(opened)} - STOP_WORDS
-        return [t for w in words if len(w) > 2 for n in range(2, len(w) + 1) for starts in tables
+        return [t for w in words if len(w) > 2 for n in range(1, len(w) + 1) for starts in tables
                 for t in starts.get(w[:n], ())]
 
     def string_processor(self, n_prompt: int, rows: list[bool]) -> Any:
