@@ -242,9 +242,12 @@ def plan_schema(n_search: int = 3, fetch_ids: Sequence[str] | None = None, fetch
     """The dag plan skeleton: ``n_search`` search nodes N1.., one aggregate reading all of them,
     the answer node reading the aggregate; with ``fetch_ids`` a ``fetch`` list drawn from them.
     With ``texts`` (the question, the result titles) a query uses only their words: SmolLM2 planned
-    "How dovolcanoes form and whydotheyreject"."""
-    vocab = word_choice(texts)
-    query, phrase = search_query(word=vocab) if vocab else search_query(), PHRASE
+    "How dovolcanoes form and whydotheyreject". No more of them than there are: the planner's
+    formats ask for distinct words, and once a query had used every one the ban gave way
+    ("Appeal appeal Appeal Appeal Appeal Exponential distribution")."""
+    vocab = content_words(texts)
+    query = search_query((2, min(8, len(vocab))), word=word_alternation(vocab)) if len(vocab) >= 3 else search_query()
+    phrase = PHRASE
     searches = [f"N{k}" for k in range(1, n_search + 1)]
     agg, ans = f"N{n_search + 1}", f"N{n_search + 2}"
     nodes = [*(_search_node(s, query, phrase) for s in searches), _reader_node(agg, "aggregate", searches, phrase),

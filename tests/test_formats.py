@@ -95,6 +95,10 @@ def test_a_strict_dag_plan_searches_with_the_words_of_the_question_and_the_resul
     # glued words, a word no text holds, and stop words (a query names things)
     for bad in ("How dovolcanoes form", "whydotheyreject volcanoes", "volcanoes lava", "why volcanoes erupt"):
         assert not re.fullmatch(query, bad), bad
+    # five words to choose from, five at most: a plan's words are distinct, and past the last one
+    # the ban gave way ("Appeal appeal Appeal Appeal Appeal Exponential distribution")
+    assert re.fullmatch(query, "volcanoes form erupt Mount Vesuvius")
+    assert not re.fullmatch(query, "volcanoes form erupt Mount Vesuvius volcanoes")
 
 
 def test_grounding_leaves_words_and_ids_alone_and_reaches_json_patterns():

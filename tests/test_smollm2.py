@@ -9,6 +9,7 @@ skipped with the install command as its reason.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -130,6 +131,13 @@ def test_a_format_with_distinct_words_keeps_each_string_from_naming_a_word_twice
     assert repeats(llm.chat(ask, max_tokens=60, fmt=OutputFormat("query", regex=rx)))  # "Algiers Algiers ..."
     out = llm.chat(ask, max_tokens=60, fmt=OutputFormat("query", regex=rx, distinct_words=True))
     assert re.fullmatch(rx, out) and repeats(out) == 0, out
+    # the run's planner: "Appeal appeal Appeal" through " a" + "ppeal", all the grammar allowed
+    few = "Appeal|appeal|Exponential|exponential|distribution"
+    trap = OutputFormat("q", regex=rf'\{{"query": "(?:{few})(?: (?:{few})){{1,2}}"\}}', distinct_words=True)
+    copy = [{"role": "system", "content": "You copy JSON exactly."},
+            {"role": "user", "content": 'Copy exactly: {"query": "Appeal appeal Appeal"}'}]
+    assert repeats(llm.chat(copy, max_tokens=30, fmt=dataclasses.replace(trap, distinct_words=False)))
+    assert repeats(llm.chat(copy, max_tokens=30, fmt=trap)) == 0
     forced = OutputFormat("echo", regex=r'\{"q": "river river [a-z]{2,6}"\}', distinct_words=True)
     assert re.fullmatch(r'\{"q": "river river [a-z]{2,6}"\}', llm.chat(ask, max_tokens=30, fmt=forced))
     ban, tok = llm._stutter, llm.tokenizer
@@ -141,6 +149,13 @@ def test_a_format_with_distinct_words_keeps_each_string_from_naming_a_word_twice
     spelled = {tok.decode([t]) for t in ban.banned_in_string('{"q": "Comparison of Domestic turkey one main')}
     assert {" d", " t", " o", " c"} <= spelled and not spelled & {" w", " f"}
     assert "d" in {tok.decode([t]) for t in ban.banned_in_string('{"q": "Domestic turkey one main ')}
+    assert "omes" in {tok.decode([t]) for t in ban.banned_in_string('{"q": "Domestic turkey one main d')}
+    # in free text a start that is a stop word stays open ("a", "on"), and cannot grow into the
+    # used word; under a grammar it is banned (the grammar may allow nothing after " a" but "lgiers")
+    opened = {tok.decode([t]) for t in ban.banned_in_string('{"q": "Algiers one main')}
+    assert not opened & {" a", " on"} and " al" in opened
+    assert {" a", " on"} <= {tok.decode([t]) for t in ban.banned_in_string('{"q": "Algiers one main', free=False)}
+    assert "e" in {tok.decode([t]) for t in ban.banned_in_string('{"q": "Algiers one main on')}
 
 
 def test_the_planner_asks_for_distinct_words_in_every_format_mode():

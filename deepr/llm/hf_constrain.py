@@ -124,6 +124,12 @@ def _keep_choices(banned: Any, scores: Any) -> Any:
 
 _WORD_END = re.compile(r"([A-Za-z][A-Za-z'-]*)( ?)$")
 _STRING_WORD = re.compile(r"[A-Za-z][A-Za-z'-]*")
+_PARTIAL = re.compile(r"[A-Za-z][A-Za-z'-]*$")  # the word a text ends in, perhaps unfinished
+# Word starts left open although a used word begins with them: words in their own right ("a",
+# "on"), not the one-letter fragments of the stop-word list ("d", "t" of "don't")
+_OPEN_STARTS = frozenset({w for w in STOP_WORDS if len(w) > 1} | {"a", "i"})
+# A position where the grammar's mask leaves more tokens than this is free text (as in guard_processor)
+FREE_TEXT_TOKENS = 256
 
 
 def _open_string(text: str) -> str | None:
@@ -173,12 +179,17 @@ class StutterBan:
     def processor(self, n_prompt: int) -> Any:
         return _BanRows(self.banned, self.tokenizer, n_prompt, None, tail=8)
 
-    def banned_in_string(self, reply: str) -> list[int]:
+    def banned_in_string(self, reply: str, free: bool = True) -> list[int]:
         """Token ids that would start, inside the JSON string ``reply`` ends in, a content word
         that string already holds ("Han emperor" → no " emperor", " emp", ..., " e"; "Optics the
-        science of" → no " optics"); none outside a string or in the middle of a word. Single
-        letters too: under a grammar SmolLM2 spelled a repeat out, " d" "omes" "t" "i" "c" after
-        "Domestic turkey"; a new word still opens with a longer token of its own (" dry")."""
+        science of" → no " optics"), or carry the word being written on into one ("... one
+        main d" → no "omes"); none outside a string. Single letters too: under a grammar SmolLM2
+        spelled a repeat out, " d" "omes" "t" "i" "c" after "Domestic turkey"; a new word still
+        opens with a longer token of its own (" dry"). In ``free`` text a start that is itself a
+        stop word (" a" of "Algiers", " on" of "one") stays allowed, and is then kept from
+        growing into the word; under a grammar that allows few tokens it is banned too, as there
+        the grammar may allow nothing after " a" but "ppeal", and a ban that empties a row gives
+        way ("Appeal appeal Appeal")."""
         opened = _open_string(reply)
         if not opened:
             return []
@@ -186,29 +197,45 @@ class StutterBan:
         # one; after "(" or "-" either
         last = opened[-1]
         tables = [self.spaced] if last.isalnum() else [self.bare] if last == " " else [self.spaced, self.bare]
-        words = {w.lower() for w in _STRING_WORD.findall(opened)} - STOP_WORDS
-        return [t for w in words if len(w) > 2 for n in range(1, len(w) + 1) for starts in tables
-                for t in starts.get(w[:n], ())]
+        tail = _PARTIAL.search(opened)
+        partial = tail.group(0).lower() if tail else ""
+        used = {w.lower() for w in _STRING_WORD.findall(opened[:tail.start()] if tail else opened)}
+        used = {w for w in used - STOP_WORDS if len(w) > 2}
+        starts = used | ({partial} if len(partial) > 2 and partial not in STOP_WORDS else set())
+        open_starts = _OPEN_STARTS if free else frozenset()
+        out = [t for w in starts for n in range(1, len(w) + 1) if n == len(w) or w[:n] not in open_starts
+               for table in tables for t in table.get(w[:n], ())]
+        grow = [w for w in used if partial and len(w) > len(partial) and w.startswith(partial)]
+        return out + [t for w in grow for m in range(len(partial) + 1, len(w) + 1)
+                      for t in self.bare.get(w[len(partial):m], ())]
 
     def string_processor(self, n_prompt: int, rows: list[bool]) -> Any:
         """The per-call processor of :meth:`banned_in_string` for the batch rows marked True."""
-        return _BanRows(self.banned_in_string, self.tokenizer, n_prompt, rows, tail=None)
+        return _BanRows(self.banned_in_string, self.tokenizer, n_prompt, rows, tail=None, free_above=FREE_TEXT_TOKENS)
 
 
 class _BanRows:
     """Bans, per batch row marked in ``rows``, the tokens ``banned`` names for the row's reply text
     (its last ``tail`` tokens, or all of it), keeping a row's choices where the ban empties them."""
 
-    def __init__(self, banned: Any, tokenizer: Any, n_prompt: int, rows: list[bool] | None, tail: int | None):
+    def __init__(self, banned: Any, tokenizer: Any, n_prompt: int, rows: list[bool] | None, tail: int | None,
+                 free_above: int | None = None):
         self.banned, self.tokenizer, self.n_prompt, self.rows, self.tail = banned, tokenizer, n_prompt, rows, tail
+        self.free_above = free_above  # set: ``banned`` also hears whether the row is free text
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
         bans = {}
         for row in range(input_ids.shape[0]):
             if self.rows is not None and not self.rows[row]:
                 continue
             reply = input_ids[row, self.n_prompt:]
-            bans[row] = self.banned(self.tokenizer.decode((reply if self.tail is None else reply[-self.tail:]).tolist()))
+            text = self.tokenizer.decode((reply if self.tail is None else reply[-self.tail:]).tolist())
+            if self.free_above is None:
+                bans[row] = self.banned(text)
+            else:
+                bans[row] = self.banned(text, int(torch.isfinite(scores[row]).sum()) > self.free_above)
         return _ban_rows(scores, bans)
 
 
