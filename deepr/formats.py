@@ -123,7 +123,9 @@ def cited_prose(ids: Sequence[str], *, sentences: tuple[int, int] = (2, 6), word
     return rf"{s}(?: {s}){{{lo - 1},{hi - 1}}}"
 
 
-_TEXT_WORD = re.compile(r"[A-Za-z][A-Za-z'-]*|[0-9]{3,4}s?")
+# words, and years or other 3-4 digit numbers standing alone: not the "000" of "10,000", which
+# SmolLM2 put in tree queries ("Controversy over Domestic turkey 000")
+_TEXT_WORD = re.compile(r"[A-Za-z][A-Za-z'-]*|(?<![0-9,.])[0-9]{3,4}s?(?![0-9]|[,.][0-9])")
 
 
 def content_words(texts: Sequence[str], *, most: int = 60, part: tuple[int, int] = (0, 1),
@@ -182,12 +184,14 @@ def query_with(terms: Sequence[str], words: tuple[int, int] = (2, 6), word: str 
     a list of words (:func:`word_choice`, :func:`label_vocab`), the other words leave the term out:
     SmolLM2 searched "Brady Brady" and "Algiers Algiers" (each branch then holds its own list; 22
     terms over a 60-word list compile in about 0.2 s)."""
-    lo, hi = words
+    lo, most = words
     listed = _listed(word)
     groups = ([(t, "(?:" + "|".join(w for w in listed if w.lower() != t.lower()) + ")") for t in dict.fromkeys(terms)]
               if listed else [("|".join(re.escape(t) for t in dict.fromkeys(terms)), word)])
     branches = []
     for term, other in groups:
+        # the term and each other word once at most (vocab_size)
+        hi = max(lo, min(most, 1 + (vocab_size(other) or most))) if listed else most
         for before in range(hi):
             after_lo, after_hi = max(0, lo - 1 - before), hi - 1 - before
             head = rf"(?:{other} ){{{before}}}" if before else ""
@@ -203,9 +207,22 @@ def _listed(word: str) -> list[str] | None:
     return [w for w in word.replace("(?:", "").replace(")", "").split("|") if w]
 
 
+def vocab_size(word: str) -> int | None:
+    """How many different words a list pattern (:func:`word_choice`) offers, or None: for any
+    other pattern, or a list holding stop words, which may repeat. A string may name each of the
+    others once (the decoder's distinct-word ban), so a format asking for more than there are
+    leaves the grammar nothing but banned words, and the ban gives way: SmolLM2's plans searched
+    "Appeal appeal Appeal Appeal Appeal Exponential distribution"."""
+    listed = _listed(word)
+    low = {w.lower() for w in listed or ()}
+    return len(low) if low and not low & STOP_WORDS else None
+
+
 def search_query(words: tuple[int, int] = (2, 8), word: str = QUERY_WORD) -> str:
-    """``words`` words of the pattern ``word`` (any real word, or a :func:`word_choice`)."""
+    """``words`` words of the pattern ``word`` (any real word, or a :func:`word_choice`: then no
+    more than it offers, see :func:`vocab_size`)."""
     lo, hi = words
+    hi = max(lo, min(hi, vocab_size(word) or hi))
     return rf"{word}(?: {word}){{{lo - 1},{hi - 1}}}"
 
 
@@ -245,9 +262,8 @@ def plan_schema(n_search: int = 3, fetch_ids: Sequence[str] | None = None, fetch
     "How dovolcanoes form and whydotheyreject". No more of them than there are: the planner's
     formats ask for distinct words, and once a query had used every one the ban gave way
     ("Appeal appeal Appeal Appeal Appeal Exponential distribution")."""
-    vocab = content_words(texts)
-    query = search_query((2, min(8, len(vocab))), word=word_alternation(vocab)) if len(vocab) >= 3 else search_query()
-    phrase = PHRASE
+    vocab = word_choice(texts)
+    query, phrase = search_query(word=vocab) if vocab else search_query(), PHRASE
     searches = [f"N{k}" for k in range(1, n_search + 1)]
     agg, ans = f"N{n_search + 1}", f"N{n_search + 2}"
     nodes = [*(_search_node(s, query, phrase) for s in searches), _reader_node(agg, "aggregate", searches, phrase),

@@ -131,3 +131,27 @@ def test_a_query_names_its_term_once():
         assert not re.fullmatch(rx, repeated), repeated
     for fine in ("seasons Earth", "Earth seasons causes", "Brady seasons"):
         assert re.fullmatch(rx, fine), fine
+
+
+def test_a_word_list_bounds_a_query_to_the_words_it_offers():
+    """The decoder lets a string name each content word once; a format asking for more words
+    than its list offers leaves the grammar only banned words, and the ban gives way: SmolLM2's
+    plans searched "Appeal appeal Appeal Appeal Appeal Exponential distribution"."""
+    from deepr.formats import QUERY_WORD, label_vocab, query_with, search_query, vocab_size, word_choice
+
+    vocab = word_choice(["Appeal", "Exponential distribution"])
+    assert vocab_size(vocab) == 3 and vocab_size(QUERY_WORD) is None
+    assert vocab_size(label_vocab(["Appeal", "Exponential distribution"])) is None  # glue words repeat
+    plain = search_query(word=vocab)
+    assert re.fullmatch(plain, "Appeal exponential distribution")
+    assert not re.fullmatch(plain, "Appeal exponential distribution appeal")
+    termed = query_with(["volcano"], (2, 6), vocab)
+    assert re.fullmatch(termed, "volcano Appeal exponential distribution")
+    assert not re.fullmatch(termed, "volcano Appeal exponential distribution appeal")
+
+
+def test_content_words_keep_years_not_the_pieces_of_bigger_numbers():
+    from deepr.formats import content_words
+
+    words = content_words(["Flocks of 10,000 turkeys since the 1970s, 2.5 million by 2024."])
+    assert words == ["Flocks", "turkeys", "since", "1970s", "million", "2024"]  # no "000"
