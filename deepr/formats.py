@@ -202,8 +202,8 @@ def query_with(terms: Sequence[str], words: tuple[int, int] = (2, 6), word: str 
 
 def _listed(word: str) -> list[str] | None:
     """The words of an alternation of plain words ("(?:Volcano|volcano|(?:a|the))"), else None."""
-    if not re.fullmatch(r"[()?:A-Za-z0-9'|\-]+", word) or "|" not in word:
-        return None
+    if not re.fullmatch(r"[()?:A-Za-z0-9'|\-]+", word) or not ("|" in word or word.startswith("(?:")):
+        return None  # a list of one word is "(?:rock)"
     return [w for w in word.replace("(?:", "").replace(")", "").split("|") if w]
 
 

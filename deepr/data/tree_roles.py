@@ -19,7 +19,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from deepr.data import tree_extractive as ex
-from deepr.formats import PHRASE, QUERY_WORD, content_words, literal, search_query, word_alternation
+from deepr.formats import (PHRASE, QUERY_WORD, content_words, literal, search_query, vocab_size,
+                           word_alternation)
 from deepr.llm.base import LLM, OutputFormat
 from deepr.records import Hit
 from deepr.acceptance import FREE_TEXT, query_words
@@ -168,9 +169,9 @@ def _root_format(a: TreeAsk) -> OutputFormat:
     # distinct words (SmolLM2 wrote "Domestic turkey in the science of science"), so no more
     # of them than there are: past that, the ban on a repeat gives way (see SIBLING_WORDS)
     own = content_words([a.seed.description or ""], skip=title.split())
-    words, most = (word_alternation(own), len(own)) if len(own) >= 2 else ("(?:" + "|".join(ROOT_WORDS) + ")", 6)
-    return _json("root_query", {"query": _str(rf"{literal(title)}(?: {words}){{1,{min(6, most, limit - 1 - n)}}}")},
-                 distinct_words=True)
+    words = word_alternation(own) if len(own) >= 2 else "(?:" + "|".join(ROOT_WORDS) + ")"
+    most = min(6, vocab_size(words) or 6, limit - 1 - n)  # ROOT_WORDS hold stop words, which may repeat
+    return _json("root_query", {"query": _str(rf"{literal(title)}(?: {words}){{1,{most}}}")}, distinct_words=True)
 
 
 # Formats built per call (see deepr.formats): bounded real-word queries, document numbers
@@ -275,8 +276,8 @@ FACETS = tuple(OPENERS)
 SIBLING_WORDS = 3
 
 
-def _child_words(a: TreeAsk, part: tuple[int, int] = (0, 1)) -> tuple[str, int]:
-    """The words a child query may add after its facet opener, and how many: those of the
+def _child_words(a: TreeAsk, part: tuple[int, int] = (0, 1)) -> str:
+    """The words a child query may add after its facet opener: those of the
     statements and evidence shown in the prompt, less the words of the topic (the query holds
     it already) and of the parent's and ancestors' queries (with them SmolLM2 wrote "Hip-hop
     music" under "Hip-hop music", dropped as redundant), or any real word when they are too
@@ -285,26 +286,22 @@ def _child_words(a: TreeAsk, part: tuple[int, int] = (0, 1)) -> tuple[str, int]:
     shown = [f"{h.title} {h.text[:r.snippet_chars // 2]}" for h in (ctx.hits[i] for i in ctx.support)]
     skip = [w for q in (ctx.root_topic, ctx.query, *ctx.path) for w in content_words([q], most=99)]
     words = content_words([*ctx.statements[:8], *shown], part=part, skip=skip)
-    if len(words) < (1 if part[1] > 1 else 3):
-        return QUERY_WORD, a.roles.max_words
-    return word_alternation(words), len(words)
+    return word_alternation(words) if len(words) >= (1 if part[1] > 1 else 3) else QUERY_WORD
 
 
-def _child(a: TreeAsk, facets: Sequence[str], words: tuple[str, int], least: int = 0,
-           most: int | None = None) -> dict[str, Any]:
+def _child(a: TreeAsk, facets: Sequence[str], words: str, least: int = 0, most: int | None = None) -> dict[str, Any]:
     """A child sub-query: its facet first, then a query opening with that facet's words and the
     tree's topic, then ``least`` to ``most`` of ``words`` (no more than there are). Without the
     topic SmolLM2 wrote "Statistics on 1983" under "Hip-hop", and grounding found an article on
     statistics."""
     topic = " ".join(a.ctx.root_topic.split())
-    alt, count = words
     def one(f: str) -> dict[str, Any]:
         opener = "(?:" + "|".join(OPENERS[f]) + ")"
         rest = max(1, a.roles.max_words - max(len(o.split()) for o in OPENERS[f]))
-        n = len(topic.split())
+        n, count = len(topic.split()), vocab_size(words) or rest
         hi = max(least, 1, min(rest - n, count, most or rest))
-        tail = (rf" {literal(topic)}(?: {alt}){{{least},{hi}}}" if topic and '"' not in topic and n < rest
-                else rf"(?: {alt}){{1,{max(1, min(rest, count))}}}")
+        tail = (rf" {literal(topic)}(?: {words}){{{least},{hi}}}" if topic and '"' not in topic and n < rest
+                else rf"(?: {words}){{1,{max(1, min(rest, count))}}}")
         return {"type": "object", "required": ["facet", "query"], "additionalProperties": False,
                 "properties": {"facet": {"const": f}, "query": _str(opener + tail)}}
     return {"anyOf": [one(f) for f in facets]} if len(facets) > 1 else one(facets[0])

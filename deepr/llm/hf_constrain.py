@@ -128,7 +128,7 @@ _PARTIAL = re.compile(r"[A-Za-z][A-Za-z'-]*$")  # the word a text ends in, perha
 # Word starts left open although a used word begins with them: words in their own right ("a",
 # "on"), not the one-letter fragments of the stop-word list ("d", "t" of "don't")
 _OPEN_STARTS = frozenset({w for w in STOP_WORDS if len(w) > 1} | {"a", "i"})
-# A position where the grammar's mask leaves more tokens than this is free text (as in guard_processor)
+# A position where the grammar's mask leaves more tokens than this is free text (string bans, guards)
 FREE_TEXT_TOKENS = 256
 
 
@@ -252,7 +252,7 @@ def _ban_rows(scores: Any, bans: dict[int, list[int]]) -> Any:
     return scores if out is None else _keep_choices(out, scores)
 
 
-def guard_processor(guards: list[Any], tokenizer: Any, n_prompt: int, most: int = 256) -> Any:
+def guard_processor(guards: list[Any], tokenizer: Any, n_prompt: int, most: int = FREE_TEXT_TOKENS) -> Any:
     """The per-call processor of the batch rows' :attr:`OutputFormat.guard` objects (None: a row
     without one), placed after the grammar's mask: where a guard is watching, each token the mask
     left is tried on the reply so far and banned when the result is not viable. A position where
