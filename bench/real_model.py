@@ -295,12 +295,12 @@ def wiki_subset(path: Path, questions: list[str], per_question: int = 40, filler
     return path
 
 
-def llm_flags(backend: str, base_url: str | None, hf_spec: str = "smollm2") -> list[str]:
-    if backend == "hf":
-        return ["--llm", hf_spec]
-    # --formats strict: the per-call formats are on by default only for the built-in smollm2 spec
+def llm_flags(backend: str, base_url: str | None, hf_spec: str = "smollm2", profile: str | None = None) -> list[str]:
+    if backend == "hf":  # the smollm2 spec selects the small profile unless --profile says otherwise
+        return ["--llm", hf_spec, *(["--profile", profile] if profile else [])]
+    # an openai: spec selects the default profile: the same GGUF behind llama.cpp gets the small one by name
     return ["--llm", "openai:smollm2", "--base-url", base_url or "", "--no-cache", "--timeout", "600",
-            "--formats", "strict"]
+            "--profile", profile or "small"]
 
 
 def run_one(backend: str, base_url: str | None, mode: str, q_no: int, question: str, a: argparse.Namespace) -> dict:
@@ -309,11 +309,12 @@ def run_one(backend: str, base_url: str | None, mode: str, q_no: int, question: 
     (folder / "traj.jsonl").unlink(missing_ok=True)
     args = ["run", question, "--mode", mode, "--corpus", a.corpus, "--out", str(folder / "report.md"),
             "--record", str(folder / "traj.jsonl"), "--allow-fallback", "--seed", "0",
-            *llm_flags(backend, base_url, a.hf_spec), *(["--deadline", str(a.deadline)] if a.deadline else []),
+            *llm_flags(backend, base_url, a.hf_spec, a.profile), *(["--deadline", str(a.deadline)] if a.deadline else []),
             *(["--steps", "1"] if mode == "decor" else []),
             *(["--force-expand", "1"] if mode == "warp" else [])]
     rc, secs, err = deepr(*args, timeout=(a.deadline or 1800) + 120)
-    row = {"backend": backend, "mode": mode, "question": question, "rc": rc, "wall_s": round(secs, 1),
+    row = {"backend": backend, "mode": mode, "question": question, "profile": a.profile or "auto", "rc": rc,
+           "wall_s": round(secs, 1),
            "command": "deepr " + " ".join(args)}
     if rc not in (0, 3) or not (folder / "report.json").is_file():
         return {**row, "error": err}
@@ -322,12 +323,12 @@ def run_one(backend: str, base_url: str | None, mode: str, q_no: int, question: 
 
 def summarize(rows: list[dict]) -> list[dict]:
     out = []
-    for key in dict.fromkeys((r["backend"], r["mode"]) for r in rows):
-        rs = [r for r in rows if (r["backend"], r["mode"]) == key and "calls" in r]
+    for key in dict.fromkeys((r["backend"], r["mode"], r.get("profile", "auto")) for r in rows):
+        rs = [r for r in rows if (r["backend"], r["mode"], r.get("profile", "auto")) == key and "calls" in r]
         calls = sum(r["calls"] for r in rs)
         turns = sum(r["model_turns"] for r in rs)
         toks, secs = sum(r["completion_tokens"] for r in rs), sum(r["model_seconds"] for r in rs)
-        out.append({"backend": key[0], "mode": key[1], "runs": len(rs), "calls": calls,
+        out.append({"backend": key[0], "mode": key[1], "profile": key[2], "runs": len(rs), "calls": calls,
                     "format_failure_pct": round(100 * sum(r["format_failures"] for r in rs) / calls, 1) if calls else None,
                     "accepted_junk": sum(len(r["accepted_junk"]) for r in rs),
                     # the target counts placeholders, templates, echoes, bad queries and ids;
@@ -349,6 +350,7 @@ def build_trees(a: argparse.Namespace) -> dict:
     for old in (out, rejects, Path(f"{out}.meta.json")):  # build-trees resumes: it would skip the tree
         old.unlink(missing_ok=True)
     args = ["build-trees", "--corpus", a.corpus, "--n-trees", "1", "--llm", "smollm2", "--out", str(out),
+            *(["--profile", a.profile] if a.profile else []),
             "--seed", "0", "--allow-fallback", *a.tree_flags.split()]
     rc, secs, err = deepr(*args, timeout=3600)
     trees = [json.loads(x) for x in out.read_text().splitlines() if x.strip()] if out.is_file() else []
@@ -385,6 +387,8 @@ def main() -> None:
     ap.add_argument("--modes", default="dag,warp,decor,tools")
     ap.add_argument("--hf-spec", default="smollm2", help="the --llm spec of the hf backend, decoding options "
                     "included (e.g. smollm2,repetition_penalty=1.1,repetition_window=64)")
+    ap.add_argument("--profile", default=None, help="--profile for every run (default: the one the spec selects, "
+                    "small for smollm2); 'default' shows what the small profile buys")
     ap.add_argument("--questions", type=int, default=1)
     ap.add_argument("--first", type=int, default=0, help="index of the first question in QUESTIONS to ask")
     ap.add_argument("--corpus", default="wiki", help="a corpus spec, or wiki-subset: the articles that name the "

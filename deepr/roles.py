@@ -3,22 +3,21 @@
 A :class:`Role` says everything about one model turn: its name and action, the messages it
 sends (``messages(inp)``), the shape of its reply (:class:`JSONReply` from a pydantic schema,
 or :class:`TaggedReply` for ``<tag>text</tag>`` replies; both give the backend an
-:class:`~deepr.llm.base.OutputFormat` for constrained decoding and parse the reply; ``constrain``
-builds a tighter format from the call's input, e.g. citations limited to the ids the prompt
-shows, see :mod:`deepr.formats`), its code
+:class:`~deepr.llm.base.OutputFormat` for constrained decoding and parse the reply), its code
 checks, its default generation limits, and its non-LLM implementation (``extractive(inp)``,
 which returns the reply a model should have given, already parsed).
 
 :func:`perform` runs a role. On the extractive backend it calls the non-LLM implementation;
 otherwise model call → parse → checks → bounded re-asks (sampled, so a greedy model does not
-repeat itself) → recorded fallback. Every outcome is written to a :class:`Recorder` as one
+repeat itself) → recorded fallback. A :class:`CallPolicy` (a profile, :mod:`deepr.profiles`) may
+replace a call's decoding format or prompt and chooses how a refused reply is asked again; it
+travels with the call, so role modules never see it. Every outcome is written to a :class:`Recorder` as one
 :class:`~deepr.records.Turn` (prompt + accepted completion), and every model call as a
 :class:`~deepr.records.ModelCall`, so every stage yields trajectories the same way.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import json
@@ -27,14 +26,14 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, TypeAdapter
 
-from deepr.formats import ground
 from deepr.llm.base import LLM, LLMError, Message, OutputFormat, Reply
 from deepr.llm.context import CHARS_PER_TOKEN, context_length, prompt_tokens, trim_evidence  # noqa: F401
 from deepr.llm.parse import parse_reply, strip_thinking
+from deepr.llm.schema import strict_schema
 from deepr.records import ModelCall, Turn
 
 I = TypeVar("I")  # noqa: E741 - the role's input
@@ -64,35 +63,37 @@ def body_of(reply: str, tag: str | None) -> str:
 def _json_schema(model: type[BaseModel]) -> str:
     """pydantic rebuilds a schema on every call (~6 ms): once per model class instead, since one
     evidence tree makes ~370 calls on the event loop thread (bench/tree_concurrency.py)."""
-    return json.dumps(model.model_json_schema())
+    return json.dumps(strict_schema(model.model_json_schema()))
 
 
 @dataclass(frozen=True)
 class JSONReply:
-    """A JSON reply validated by ``schema`` (a pydantic model, a TypeAdapter, or None: any JSON)."""
+    """A JSON reply validated by ``schema`` (a pydantic model, a TypeAdapter, or None: any JSON).
+
+    The decoding format is the schema's strict form (:func:`deepr.llm.schema.strict_schema`):
+    every property required, optional ones nullable, no other keys, so OpenAI's strict structured
+    outputs and every grammar engine take it. ``shape`` gives the format instead when ``schema``
+    cannot (a pydantic model, or a function of the call's input returning a JSON schema).
+    """
 
     schema: type[BaseModel] | TypeAdapter | None = None
     want: str | None = "object"
-    # constrains decoding when ``schema`` is None (checked in code): a pydantic model, or a JSON
-    # schema built from one (the planner's graph schema)
-    shape: type[BaseModel] | dict[str, Any] | None = None
-    distinct_words: bool = False  # decoding keeps each string from naming a word twice (OutputFormat)
-    guard: Any = None  # decoding keeps the reply viable across its parts (OutputFormat.guard)
+    shape: type[BaseModel] | Callable[[Any], dict[str, Any]] | None = None
 
-    def fmt(self, name: str) -> OutputFormat:
+    def fmt(self, name: str, inp: Any = None) -> OutputFormat:
         model = self.schema if isinstance(self.schema, type) else self.shape
-        if isinstance(model, dict):
-            js = json.loads(json.dumps(model))  # a fresh dict: backends may adapt it
-        elif model is not None:
+        if isinstance(model, type):
             js = json.loads(_json_schema(model))  # a fresh dict: backends may adapt it
+        elif model is not None:
+            js = strict_schema(model(inp))
         elif isinstance(self.schema, TypeAdapter):
-            js = self.schema.json_schema()
+            js = strict_schema(self.schema.json_schema())
         else:
             js = {"type": "array" if self.want == "array" else "object"}
-        return OutputFormat(name, json_schema=js, distinct_words=self.distinct_words, guard=self.guard)
+        return OutputFormat(name, json_schema=js)
 
     def parse(self, reply: str) -> tuple[Any, str | None]:
-        value, error = parse_reply(reply, self.schema, want=self.want)
+        value, error = parse_reply(reply, self.schema, want=self.want, nulls_absent=True)
         return (value.model_dump() if isinstance(value, BaseModel) else value), error
 
     def render(self, value: Any) -> str:
@@ -114,7 +115,7 @@ class TaggedReply:
     regex: str | None = None
     required: bool = False
 
-    def fmt(self, name: str) -> OutputFormat:
+    def fmt(self, name: str, inp: Any = None) -> OutputFormat:
         t = self.tag
         return OutputFormat(name, regex=self.regex or rf"(<think>[^<]*</think>[ \n]*)?<{t}>[^<]+</{t}>")
 
@@ -134,6 +135,18 @@ class TaggedReply:
 
 
 Output = JSONReply | TaggedReply
+
+
+class CallPolicy(Protocol):
+    """What a profile may change about one call (see :class:`deepr.profiles.Profile`)."""
+
+    reask: str  # "correct": show the refused reply and why; "resample": same prompt, new seed
+
+    def format(self, role: Any, inp: Any, messages: Sequence[Message]) -> OutputFormat | None: ...
+
+    def messages(self, role: Any, inp: Any) -> list[Message] | None: ...
+
+    def precheck(self, role: Any, inp: Any) -> str | None: ...
 
 
 class RoleFailed(Exception):
@@ -178,9 +191,6 @@ class Role(Generic[I, T]):
     # A smaller input for a prompt over the model's context (step 1, 2, …; None: nothing left to
     # cut). It should drop evidence first; the executor then trims evidence lines itself.
     shrink: Callable[[I, int], I | None] | None = None
-    # The decoding format built from this call's input (e.g. citations limited to the ids the
-    # prompt shows, see deepr.formats); None, or a None result, keeps ``output.fmt``.
-    constrain: Callable[[I], OutputFormat | None] | None = None
 
 
 @dataclass
@@ -267,6 +277,7 @@ class Recorder:
         self.decisions: list[dict[str, Any]] = []
         self.failures: list[dict[str, Any]] = []
         self.engines: Counter = Counter()
+        self.rejected = 0  # replies that came back but failed their format or acceptance checks
         self._in_flight = 0
 
     def llm(self, llm: LLM, role: str, action: str) -> LLM:
@@ -318,10 +329,14 @@ class _Fit:
     error: str | None = None
 
 
-def fit_context(role: Role, inp: Any, llm: LLM, max_tokens: int, rec: Recorder) -> _Fit:
+def fit_context(role: Role, inp: Any, llm: LLM, max_tokens: int, rec: Recorder,
+                policy: CallPolicy | None = None) -> _Fit:
     """The role's messages made to fit the model's context with room for ``max_tokens``: the
     role's ``shrink`` first, then evidence lines trimmed; else a clear error, before any call."""
-    messages = role.messages(inp)
+    def make(x: Any) -> list[Message]:
+        return (policy.messages(role, x) if policy is not None else None) or role.messages(x)
+
+    messages = make(inp)
     limit = context_length(llm)
     if limit is None:
         return _Fit(messages, inp)
@@ -335,7 +350,7 @@ def fit_context(role: Role, inp: Any, llm: LLM, max_tokens: int, rec: Recorder) 
         smaller = role.shrink(inp, step)
         if smaller is None:
             break
-        inp, messages = smaller, role.messages(smaller)
+        inp, messages = smaller, make(smaller)
         need = prompt_tokens(llm, messages)
     while need > budget:
         trimmed = trim_evidence(messages, (need - budget) * CHARS_PER_TOKEN)
@@ -386,20 +401,17 @@ def judge_reply(role: Role, inp: Any, reply: str, messages: list[Message],
     return (value, None) if error is None else (None, error)
 
 
-def _format(role: Role, inp: Any, llm: LLM, messages: list[Message]) -> OutputFormat:
-    name = f"{role.name}.{role.action}"
-    strict = role.constrain is not None and llm.strict_for(role.name)
-    # acronyms and numbers only as the prompt shows them (the system prompt's own excluded)
-    built = ground(role.constrain(inp), [m["content"] for m in messages if m["role"] != "system"]) if strict else None
-    if not built:
-        return role.output.fmt(name)
-    return dataclasses.replace(built, name=name)  # every decoding option the role's format set travels
+def _format(role: Role, inp: Any, policy: CallPolicy | None, messages: list[Message]) -> OutputFormat:
+    built = policy.format(role, inp, messages) if policy is not None else None
+    return built or role.output.fmt(f"{role.name}.{role.action}", inp)
 
 
 async def _ask(role: Role, inp: Any, messages: list[Message], llm: LLM, rec: Recorder, max_reasks: int,
-               temperature: float | None, max_tokens: int, earlier: int = 0) -> _Attempts:
+               temperature: float | None, max_tokens: int, earlier: int = 0,
+               policy: CallPolicy | None = None) -> _Attempts:
     out = _Attempts()
-    convo, fmt = list(messages), _format(role, inp, llm, messages)
+    convo, fmt = list(messages), _format(role, inp, policy, messages)
+    resample = policy is not None and policy.reask == "resample"
     wrapped = rec.llm(llm, role.name, role.action)
     limit = context_length(llm)
     for n in range(max_reasks + 1):
@@ -411,7 +423,7 @@ async def _ask(role: Role, inp: Any, messages: list[Message], llm: LLM, rec: Rec
         out.attempts += 1
         temp = temperature if n == 0 else max(temperature or 0.0, REASK_TEMPERATURE)
         # a resampled re-ask sends the same prompt: only a new seed makes its sample differ
-        seed = (llm.gen.seed or 0) + earlier + n if (n or earlier) and llm.reask == "resample" else None
+        seed = (llm.gen.seed or 0) + earlier + n if (n or earlier) and resample else None
         try:
             reply = await wrapped.achat(convo, role=role.name, temperature=temp, max_tokens=max_tokens, fmt=fmt,
                                         seed=seed)
@@ -428,8 +440,8 @@ async def _ask(role: Role, inp: Any, messages: list[Message], llm: LLM, rec: Rec
             out.ok, out.value, out.error = True, value, None
             return out
         out.error = error
-        llm.usage.rejected += 1
-        if llm.reask != "resample":
+        rec.rejected += 1
+        if not resample:
             convo = convo + [{"role": "assistant", "content": reply},
                              {"role": "user", "content": role.output.reask(error)}]
     if out.attempts > 1:
@@ -439,12 +451,13 @@ async def _ask(role: Role, inp: Any, messages: list[Message], llm: LLM, rec: Rec
 
 async def perform(role: Role[I, T], inp: I, *, llm: LLM, rec: Recorder, max_reasks: int = 2,
                   temperature: float | None = None, max_tokens: int | None = None, earlier: int = 0,
-                  **extra: Any) -> Outcome[T]:
+                  profile: CallPolicy | None = None, **extra: Any) -> Outcome[T]:
     """Perform ``role`` on ``inp``; see the module docstring. ``extra`` goes into the turn record.
 
     ``temperature`` / ``max_tokens`` override the role's defaults (the user's settings).
     ``earlier``: attempts the caller's own loop already made at this turn (tools mode re-asks in
-    its conversation), so a resampled attempt draws a seed none of them used.
+    its conversation), so a resampled attempt draws a seed none of them used. ``profile``: the
+    model's profile (None: the role's own formats, refused replies corrected).
     """
     if llm.is_extractive:  # the one place that chooses the engine
         messages = role.messages(inp)
@@ -459,14 +472,15 @@ async def perform(role: Role[I, T], inp: I, *, llm: LLM, rec: Recorder, max_reas
         rec.turn(role.name, action, messages, shown, ok=True, attempts=1, extractive=True, **extra)
         rec.engines["extractive"] += 1
         return Outcome(value if role.direct else role.result(inp, value), "extractive", attempts=0)
-    fit = fit_context(role, inp, llm, max_tokens or role.max_tokens, rec)
+    fit = fit_context(role, inp, llm, max_tokens or role.max_tokens, rec, profile)
     messages = fit.messages
-    if fit.error is not None:
-        got = _Attempts(error=fit.error)  # nothing is sent: the backend would refuse or truncate it
+    skip = fit.error or (profile.precheck(role, fit.inp) if profile is not None else None)
+    if skip is not None:
+        got = _Attempts(error=skip)  # nothing is sent: no reply could pass, or the backend would refuse it
     else:
         got = await _ask(role, fit.inp, messages, llm, rec, max_reasks,
                          role.temperature if temperature is None else temperature, max_tokens or role.max_tokens,
-                         earlier)
+                         earlier, profile)
     last = got.replies[-1] if got.replies else None
     action = role.turn_action(got.value) if (role.turn_action and got.ok) else role.action
     rec.turn(role.name, action, messages, last or "", ok=got.ok, attempts=got.attempts,

@@ -138,11 +138,11 @@ def answer_cites_shown(out) -> bool:
     return bool(answer_ids(out.raw_answer))
 
 
-# -- formats built from the prompt (deepr.formats) ----------------------------------
+# -- formats built from the prompt (deepr.profiles.formats) ----------------------------------
 
 import re  # noqa: E402
 
-from deepr.formats import cited_prose, plan_schema, search_query, tagged, tool_step  # noqa: E402
+from deepr.profiles.formats import cited_prose, plan_schema, search_query, tagged, tool_step  # noqa: E402
 from deepr.llm.gbnf import regex_to_gbnf  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""The word classes of the strict formats (deepr.formats): prose is made of real words, and
+"""The word classes of the strict formats (deepr.profiles.formats): prose is made of real words, and
 ids can appear only where a format places one (issue 14: SmolLM2 wrote "N4-N4" as a word)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from deepr.formats import PHRASE, QUERY_WORD, WORD, cited_prose, search_query
+from deepr.profiles.formats import PHRASE, QUERY_WORD, WORD, cited_prose, search_query
 
 
 @pytest.mark.parametrize("word", ["the", "don't", "Pompeii", "well-known", "Indo-European", "NATO", "1991",
@@ -38,7 +38,7 @@ def test_ids_appear_only_in_the_citation_slot():
 
 
 def test_a_citation_names_distinct_shown_ids():
-    from deepr.formats import cite_spans, id_list
+    from deepr.profiles.formats import cite_spans, id_list
 
     rx = id_list(["N1-R1", "N2-R1", "N1-R10"])
     for ok in ("N1-R1", "N1-R10", "N2-R1, N1-R1", "N1-R1, N1-R10"):
@@ -53,7 +53,7 @@ def test_a_citation_names_distinct_shown_ids():
 def test_grounded_warp_queries_and_outline_items_carry_a_question_word_and_no_numbers():
     """SmolLM2's warp searches were "SOLICY 101" and "1234s 1234s ..." and its outline plans
     "Section 1.1, Section 2.1, ..."; with the question's terms neither can be decoded."""
-    from deepr.formats import items_schema, queries_schema, term_words
+    from deepr.profiles.formats import items_schema, queries_schema, term_words
 
     terms = term_words(["How did the printing press change Europe?"])
     assert terms == ["printing", "press", "change", "Europe"]
@@ -70,7 +70,7 @@ def test_grounded_warp_queries_and_outline_items_carry_a_question_word_and_no_nu
     assert not re.fullmatch(plan, "Section 1.1, Section 2.1, Section 3.1, Section 4.1")
     assert not re.fullmatch(plan, "The report is to be prepared for the next day")  # no word of the question
     # with a vocabulary, every word comes from the question, the background or the glue words
-    from deepr.formats import label_vocab
+    from deepr.profiles.formats import label_vocab
 
     vocab = label_vocab(["How did the printing press change Europe?",
                          "Johannes Gutenberg introduced movable type printing to Europe around 1440."])
@@ -86,7 +86,7 @@ def test_grounded_warp_queries_and_outline_items_carry_a_question_word_and_no_nu
 
 def test_a_strict_dag_plan_searches_with_the_words_of_the_question_and_the_results():
     """SmolLM2's strict dag plans searched "How dovolcanoes form and whydotheyreject"."""
-    from deepr.formats import plan_schema
+    from deepr.profiles.formats import plan_schema
 
     schema = plan_schema(texts=["How do volcanoes form and why do they erupt?", "Mount Vesuvius"])
     query = schema["properties"]["nodes"]["prefixItems"][0]["properties"]["query"]["pattern"].strip("^$")
@@ -104,7 +104,7 @@ def test_a_strict_dag_plan_searches_with_the_words_of_the_question_and_the_resul
 def test_grounding_leaves_words_and_ids_alone_and_reaches_json_patterns():
     """ground() rewrites only the acronym and number alternatives: plain words, the id slot and a
     schema's patterns keep working, and a format without those patterns is unchanged."""
-    from deepr.formats import ground, plan_schema, tagged
+    from deepr.profiles.formats import ground, plan_schema, tagged
     from deepr.llm.base import OutputFormat
 
     shown = ["How did NATO form in 1949?"]
@@ -123,7 +123,7 @@ def test_grounding_leaves_words_and_ids_alone_and_reaches_json_patterns():
 def test_a_query_names_its_term_once():
     """SmolLM2 searched "Brady Brady" and "Algiers Algiers": over a word list, the query's other
     words leave its term out in any case, while two different terms still combine."""
-    from deepr.formats import query_with, word_choice
+    from deepr.profiles.formats import query_with, word_choice
 
     vocab = word_choice(["What causes the seasons on Earth?", "Tom Brady", "Algiers"])
     rx = query_with(["seasons", "Brady", "Algiers"], (2, 6), vocab)
@@ -137,7 +137,7 @@ def test_a_word_list_bounds_a_query_to_the_words_it_offers():
     """The decoder lets a string name each content word once; a format asking for more words
     than its list offers leaves the grammar only banned words, and the ban gives way: SmolLM2's
     plans searched "Appeal appeal Appeal Appeal Appeal Exponential distribution"."""
-    from deepr.formats import QUERY_WORD, label_vocab, query_with, search_query, vocab_size, word_choice
+    from deepr.profiles.formats import QUERY_WORD, label_vocab, query_with, search_query, vocab_size, word_choice
 
     vocab = word_choice(["Appeal", "Exponential distribution"])
     assert vocab_size(vocab) == 3 and vocab_size(QUERY_WORD) is None
@@ -151,7 +151,7 @@ def test_a_word_list_bounds_a_query_to_the_words_it_offers():
 
 
 def test_content_words_keep_years_not_the_pieces_of_bigger_numbers():
-    from deepr.formats import content_words
+    from deepr.profiles.formats import content_words
 
     words = content_words(["Flocks of 10,000 turkeys since the 1970s, 2.5 million by 2024."])
     assert words == ["Flocks", "turkeys", "since", "1970s", "million", "2024"]  # no "000"

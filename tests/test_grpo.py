@@ -503,7 +503,7 @@ def test_constrained_planner_rollouts_are_valid_plans_even_from_a_random_model(t
     even the random tiny model's finished plans pass the plan validator (and earn R_plan)."""
     pytest.importorskip("xgrammar")
     from deepr.agent.plan import validate_plan
-    from deepr.agent.plan_guard import PlanGuard
+    from deepr.profiles.plan_guard import PlanGuard
     from deepr.train.rollouts import constrained_generate, planner_format, prompt_ids
 
     assert isinstance(planner_format(0).guard, PlanGuard) and isinstance(planner_format(1).guard, PlanGuard)

@@ -32,7 +32,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from deepr.formats import PHRASE, TITLE, cited_prose, cited_sentence, search_query
+from deepr.profiles.formats import PHRASE, TITLE, cited_prose, cited_sentence, search_query
 from deepr.llm.gbnf import plain_pattern
 
 HAS_LLAMA = importlib.util.find_spec("llama_cpp") is not None
@@ -121,20 +121,25 @@ def _duck() -> SimpleNamespace:
 
 
 def role_schemas() -> dict[str, dict]:
-    """Every JSON schema deepr sends: each role's reply schema and its per-call format, and the
-    pydantic schema of each judgement (``schema=`` arguments in rewards/eval)."""
+    """Every JSON schema deepr sends: each role's reply schema, the small profile's per-call and
+    schema-mode formats, and the pydantic schema of each judgement (``schema=`` arguments)."""
+    from deepr.profiles import SMALL
     from deepr.roles import JSONReply, Role
 
+    tables = SMALL.tables()
     out: dict[str, dict] = {}
     for mod in _modules():
         for attr, role in vars(mod).items():
             if not isinstance(role, Role) or not isinstance(role.output, JSONReply):
                 continue
-            key = f"{mod.__name__}.{attr}"
-            out[key] = role.output.fmt(role.name).json_schema
-            built = role.constrain(_duck()) if role.constrain else None
+            key, which = f"{mod.__name__}.{attr}", f"{role.name}.{role.action}"
+            out[key] = role.output.fmt(role.name, _duck()).json_schema
+            build = tables.strict.get(which) if which != "synthesize.pair" else None
+            built = build(_duck()) if build else None
             if built is not None and built.json_schema is not None:
                 out[key + ":constrained"] = built.json_schema
+            if which in tables.schema:
+                out[key + ":small-schema"] = tables.schema[which]().json_schema
         for name in re.findall(r"\bschema=([A-Za-z_][\w.]*)", Path(mod.__file__).read_text()):
             obj = mod
             for part in name.split("."):
@@ -238,7 +243,7 @@ def test_the_server_takes_every_role_schema_as_a_grammar(llama_server, caplog):
 
 
 def test_a_constrained_reply_through_the_server_matches_its_schema(llama_server):
-    from deepr.formats import queries_schema
+    from deepr.profiles.formats import queries_schema
     from deepr.llm import OutputFormat
 
     schema = queries_schema("keywords", lo=2, hi=3)
@@ -269,7 +274,7 @@ def test_cited_sentence_formats_hold_through_the_server(llama_server):
 
 
 def test_a_plan_through_the_server_keeps_the_graph_schema_wiring(llama_server):
-    """`--formats schema` sends the planner's graph schema (deepr/agent/plan_guard.py) to
+    """`--formats schema` sends the planner's graph schema (deepr/profiles/plan_guard.py) to
     llama.cpp as a GBNF grammar: SmolLM2's plan has ids in order, a search first, readers that
     name only earlier nodes, and one answer, last. (PlanGuard's rules beyond the schema, such as
     "the answer reads every unread node", need a logits processor: hf backend and GRPO only.)"""

@@ -187,10 +187,10 @@ def test_planner_decoding_schema_bounds_what_a_plan_may_hold():
     tokens on every plan). Replies are still checked in code, so this bounds decoding only."""
     from pydantic import ValidationError
 
-    from deepr.agent.planner import INITIAL, REVISE, _PlanShape
+    from deepr.profiles.small.planner import _PlanShape, graph_format
 
-    for role in (INITIAL, REVISE):
-        schema = role.output.fmt(role.action).json_schema
+    for revision in (False, True):  # the small profile's plan format when its strict formats are off
+        schema = graph_format(revision).json_schema
         assert max(size["maxItems"] for size in schema["properties"]["nodes"]["anyOf"]) == 10
         objects = list(_shape_objects(schema))
         assert len(objects) >= 4 and all(o.get("additionalProperties") is False for o in objects)  # no keys to ramble in
@@ -214,7 +214,7 @@ def test_planner_decoding_schema_gives_each_node_type_its_own_fields():
     added by plan_guard.graph_schema and the guard (tests/test_plan_guard.py)."""
     from pydantic import ValidationError
 
-    from deepr.agent.planner import _PlanShape
+    from deepr.profiles.small.planner import _PlanShape
 
     ok = {"nodes": [{"id": "N1", "type": "search", "query": "plate tectonics causes", "key_points": ["why"]},
                     {"id": "N2", "type": "search", "query": "volcano eruption triggers"},
@@ -235,11 +235,11 @@ def test_planner_decoding_schema_compiles_for_xgrammar(tok):
     """The hf backend compiles each role's schema with xgrammar; a keyword it cannot compile (a
     regex feature, a union form) would fail every planner call at run time."""
     xgr = pytest.importorskip("xgrammar")
-    from deepr.agent.planner import INITIAL, REVISE
+    from deepr.profiles.small.planner import graph_format
 
     compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok))
-    for role in (INITIAL, REVISE):
-        compiled = compiler.compile_json_schema(json.dumps(role.output.fmt(role.action).json_schema))
+    for revision in (False, True):
+        compiled = compiler.compile_json_schema(json.dumps(graph_format(revision).json_schema))
         matcher = xgr.GrammarMatcher(compiled)
         assert matcher.accept_string('{"nodes": [{"id": "N1", "type": "search", "query": "plate')
         assert not matcher.accept_string('"], "inputs"')  # a search node has no inputs
@@ -252,9 +252,9 @@ def test_answerer_wave_schema_format_wants_non_empty_texts_under_both_local_back
     """`--formats schema` decodes a wave under the role's static schema: an object of texts of 20+
     characters, at least one. It must mean the same under xgrammar (hf) and llama-cpp-python's
     converter: a key pattern (patternProperties) turned into "{}" only under the latter."""
-    from deepr.agent.answerer import WAVE
+    from deepr.profiles.small.agent import SCHEMA
 
-    schema = WAVE.output.fmt("wave").json_schema
+    schema = SCHEMA["answerer.wave"]().json_schema
     good, empty, short = '{"N5": "Ash clouds ground flights for days [S1-R1]."}', "{}", '{"N5": "ok"}'
     listed = '{"N5": ["Ash clouds ground flights for days"]}'
     xgr = pytest.importorskip("xgrammar")

@@ -1,4 +1,4 @@
-"""The plan validator's graph rules at decoding time (deepr/agent/plan_guard.py): the graph
+"""The plan validator's graph rules at decoding time (deepr/profiles/plan_guard.py): the graph
 schema every JSON-schema backend decodes the planner with, and the guard the hf backend and
 GRPO's sampler add, so that a plan that parses also validates."""
 
@@ -10,8 +10,8 @@ import random
 import pytest
 
 from deepr.agent.plan import validate_plan
-from deepr.agent.plan_guard import PlanGuard
-from deepr.agent.planner import INITIAL, REVISE
+from deepr.profiles.plan_guard import PlanGuard
+from deepr.profiles.small.planner import graph_format
 
 S = '{"id": "N%d", "type": "search", "query": "volcano eruption causes"}'
 AGG = '{"id": "N%d", "type": "aggregate", "need": "how they combine", "inputs": [%s]}'
@@ -30,8 +30,8 @@ def compiled(tok):
     xgr = pytest.importorskip("xgrammar")
     info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=len(tok))
     compiler = xgr.GrammarCompiler(info)
-    return xgr, info, {role.action: compiler.compile_json_schema(json.dumps(role.output.fmt(role.action).json_schema),
-                                                                 any_whitespace=False) for role in (INITIAL, REVISE)}
+    return xgr, info, {action: compiler.compile_json_schema(json.dumps(graph_format(action == "revise").json_schema),
+                                                            any_whitespace=False) for action in ("plan", "revise")}
 
 
 def test_graph_schema_decodes_teacher_plans_and_refuses_wiring_no_plan_may_have(compiled):

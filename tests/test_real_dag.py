@@ -101,7 +101,7 @@ def test_no_accepted_turn_is_a_placeholder_or_an_echo(dag_run):
 
 def test_cited_format_leaves_no_room_for_placeholders_or_invented_ids(smollm2_cache):
     """Asked outright to copy a placeholder and an example id, the constrained model cannot."""
-    from deepr.formats import cited_prose, tagged
+    from deepr.profiles.formats import cited_prose, tagged
     from deepr.llm.hf_backend import HFLLM
 
     llm = HFLLM(smollm2_cache[1])

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 
 from deepr.llm.base import LLM, GenDefaults, LLMError, Reply, run_sync
 from deepr.llm.extractive import ExtractiveLLM
+from deepr.llm.schema import strict_schema
 from deepr.roles import JSONReply, Recorder, Role, RoleFailed, TaggedReply, body_of, perform
 
 
@@ -60,7 +61,7 @@ def test_every_call_carries_the_roles_format_and_token_limit():
     assert out.ok and out.by == "llm" and out.value == ["lava flow"]
     call = llm.calls[0]
     assert call["max_tokens"] == 64 and call["temperature"] == 0.0
-    assert call["fmt"].json_schema == Keywords.model_json_schema() and call["fmt"].regex is None
+    assert call["fmt"].json_schema == strict_schema(Keywords.model_json_schema()) and call["fmt"].regex is None
     tagged = Scripted(["<answer>Lava is molten rock.</answer>"])
     assert go(ANSWER, tagged)[0].value == "Lava is molten rock."
     assert tagged.calls[0]["fmt"].regex and "answer" in tagged.calls[0]["fmt"].regex
@@ -172,19 +173,33 @@ def test_a_backend_failure_records_every_request_it_sent_as_an_attempt():
     assert rec.failures[-1]["attempts"] == 4 and rec.turns[-1].model_extra["attempts"] == 4
 
 
-# -- strict (per-call) formats vs the role's own schema (GenDefaults.formats, --formats) ---------
+# -- what a profile changes about a call (deepr.profiles; --profile, --formats, --reask) -----------
 
-def test_per_call_formats_apply_only_when_strict_formats_are_on():
-    from dataclasses import replace
+def _profile_with(strict_fmt, *, strict=True, reask="correct"):
+    """A profile whose only table entry is ``strict_fmt`` for the test roles."""
+    from dataclasses import dataclass
 
+    from deepr.profiles import Profile, Tables
+
+    @dataclass(frozen=True)
+    class One(Profile):
+        def tables(self):
+            return Tables(strict={"writer": strict_fmt, "searcher": strict_fmt})
+
+    return One("test", strict=strict, reask=reask)
+
+
+def test_a_profiles_per_call_format_applies_only_while_its_strict_formats_are_on():
     from deepr.llm.base import OutputFormat
 
-    role = replace(SEARCH, constrain=lambda a: OutputFormat("kw", regex=rf'\{{"keywords": \["{a.topic} flow"\]\}}'))
+    fmt = lambda a: OutputFormat("kw", regex=rf'\{{"keywords": \["{a.topic} flow"\]\}}')  # noqa: E731
     loose, strict = Scripted(['{"keywords": ["lava flow"]}']), Scripted(['{"keywords": ["lava flow"]}'])
-    strict.strict_formats = True
-    go(role, loose), go(role, strict)
+    go(SEARCH, loose, profile=_profile_with(fmt, strict=False)), go(SEARCH, strict, profile=_profile_with(fmt))
     assert loose.calls[0]["fmt"].json_schema is not None and loose.calls[0]["fmt"].regex is None
     assert strict.calls[0]["fmt"].regex == r'\{"keywords": \["lava flow"\]\}'
+    plain = Scripted(['{"keywords": ["lava flow"]}'])
+    go(SEARCH, plain)  # no profile: the role's own schema
+    assert plain.calls[0]["fmt"].json_schema == strict_schema(Keywords.model_json_schema())
 
 
 def test_a_strict_format_allows_only_the_acronyms_and_numbers_the_prompt_shows():
@@ -194,15 +209,14 @@ def test_a_strict_format_allows_only_the_acronyms_and_numbers_the_prompt_shows()
     import re
     from dataclasses import replace
 
-    from deepr.formats import cited_prose, tagged
+    from deepr.profiles.formats import cited_prose, tagged
 
     role = replace(ANSWER, messages=lambda a: [
         {"role": "system", "content": "Reply in JSON with IDS."},
-        {"role": "user", "content": f"Explain {a.topic}. [E1] NASA saw 3,452 flows in 1969."}],
-        constrain=lambda a: tagged("answer", cited_prose(["E1"], sentences=(1, 1), words=(4, 12))))
+        {"role": "user", "content": f"Explain {a.topic}. [E1] NASA saw 3,452 flows in 1969."}])
     llm = Scripted(["<answer>NASA counted 3,452 lava flows in 1969 [E1].</answer>"])
-    llm.strict_formats = True
-    out, _ = go(role, llm)
+    out, _ = go(role, llm, profile=_profile_with(lambda a: tagged("answer", cited_prose(["E1"], sentences=(1, 1),
+                                                                                          words=(4, 12)))))
     rx = llm.calls[0]["fmt"].regex
     assert out.by == "llm" and re.fullmatch(rx, "<answer>NASA counted 3,452 lava flows in 1969 [E1].</answer>")
     for made_up in ("NXI NXII NXIII were lava flows", "The JSON IDS were lava flows", "There were 3,453 lava flows",
@@ -211,27 +225,30 @@ def test_a_strict_format_allows_only_the_acronyms_and_numbers_the_prompt_shows()
     assert re.fullmatch(rx, "<answer>There were many lava flows in the year [E1].</answer>")
 
 
-@pytest.mark.parametrize("spec, formats, strict", [
-    ("smollm2", None, True), ("gguf:/m/x.gguf", None, True), ("hf:/m/ckpt", None, False),
-    ("openai:qwen", None, False), ("openai:qwen", "strict", True), ("smollm2", "schema", False)])
-def test_strict_formats_default_to_the_built_in_small_models_only(spec, formats, strict):
-    from deepr.llm import get_llm, strict_formats
+@pytest.mark.parametrize("spec, name, formats, strict", [
+    ("smollm2", None, None, True), ("gguf:/m/x.gguf", None, None, True), ("hf:/m/ckpt", None, None, False),
+    ("openai:qwen", None, None, False), ("openai:qwen", None, "strict", True), ("smollm2", None, "schema", False),
+    ("openai:qwen", "small", None, True), ("smollm2", "default", None, False)])
+def test_the_model_spec_picks_the_profile_and_flags_override_it(spec, name, formats, strict):
+    from deepr.cli.flags import profile_of
 
-    assert strict_formats(spec, GenDefaults(formats=formats)) is strict
-    assert get_llm("extractive", gen=GenDefaults(formats="strict")).strict_formats is True
-    assert get_llm("extractive").strict_formats is False
+    prof = profile_of(spec, name, formats)
+    assert prof.strict is strict
+    assert prof.name == (name or ("small" if spec in ("smollm2", "gguf:/m/x.gguf") else "default"))
+    assert prof.describe()["name"] == prof.name
 
 
-def test_the_formats_flag_is_checked():
-    from deepr.cli.flags import gen_defaults
+def test_the_formats_and_profile_flags_are_checked():
+    from deepr.cli.flags import gen_defaults, profile_of
 
-    assert gen_defaults(formats="auto").formats is None and gen_defaults(formats="strict").formats == "strict"
-    assert gen_defaults(formats="strict,planner=schema").formats == "strict,planner=schema"
+    assert profile_of("openai:x", formats="strict,planner=schema").roles == {"planner": False}
     for bad, says in [("loose", "'loose' is not a mode"), ("strict,planner=auto", "'planner=auto' is not a mode"),
                       ("strict,plannr=schema", "no role 'plannr' has strict formats"),
                       ("strict,schema", "give one mode for all roles")]:
         with pytest.raises(ValueError, match=says):
             gen_defaults(formats=bad)
+    with pytest.raises(ValueError, match="--profile 'tiny': unknown profile"):
+        profile_of("openai:x", "tiny")
 
 
 def test_formats_per_role_hold_the_other_roles_to_their_mode():
@@ -239,45 +256,50 @@ def test_formats_per_role_hold_the_other_roles_to_their_mode():
     is the model's), the answerer by the strict per-call format; `schema,answerer=strict` too."""
     from deepr.agent.answerer import FINAL
     from deepr.agent.planner import INITIAL
-    from deepr.llm import get_llm
+    from deepr.profiles import get_profile
 
-    for formats in ("strict,planner=schema", "schema,answerer=strict", "planner=schema"):
-        llm = get_llm("smollm2" if formats == "planner=schema" else "extractive", gen=GenDefaults(formats=formats))
-        assert not llm.strict_for(INITIAL.name) and llm.strict_for(FINAL.name), formats
-    plain = get_llm("extractive", gen=GenDefaults(formats="strict"))
+    for spec, formats in (("openai:x", "strict,planner=schema"), ("openai:x", "schema,answerer=strict"),
+                          ("smollm2", "planner=schema")):
+        prof = get_profile(spec=spec, formats=formats)
+        assert not prof.strict_for(INITIAL.name) and prof.strict_for(FINAL.name), formats
+    plain = get_profile(spec="openai:x", formats="strict")
     assert plain.strict_for("planner") and plain.strict_for("answerer")
 
 
-def test_every_role_with_a_strict_format_can_be_named_in_the_formats_flag():
-    """FORMAT_ROLES is what `--formats ROLE=MODE` accepts: it must list every declared role that
-    has a per-call format, or that role could not be set on its own."""
+def test_every_role_a_profile_formats_exists_and_can_be_named_in_the_formats_flag():
+    """The small profile's tables name roles that exist (``role.action`` of a declared Role), and
+    FORMAT_ROLES, what `--formats ROLE=MODE` accepts, lists every one of them."""
     import importlib
     import pkgutil
 
     import deepr
-    from deepr.llm.base import FORMAT_ROLES
+    from deepr.profiles import FORMAT_ROLES, SMALL
 
-    names = set()
+    declared = set()
     for mod in pkgutil.walk_packages(deepr.__path__, "deepr."):
-        if mod.name.startswith(("deepr.train", "deepr.cli")) or mod.name.endswith("__main__"):
+        if mod.name.startswith(("deepr.train", "deepr.cli", "deepr.profiles")) or mod.name.endswith("__main__"):
             continue  # training, CLI and entry modules import torch/typer or run; they declare no roles
         for value in vars(importlib.import_module(mod.name)).values():
-            if isinstance(value, Role) and value.constrain is not None:
-                names.add(value.name)
-    assert names and names <= set(FORMAT_ROLES), sorted(names - set(FORMAT_ROLES))
-    assert {"planner", "answerer", "warp", "agent", "synthesize"} <= names
+            if isinstance(value, Role):
+                declared.add(f"{value.name}.{value.action}")
+    tables = SMALL.tables()
+    keys = set(tables.strict) | set(tables.schema) | set(tables.messages) | set(tables.precheck)
+    assert keys <= declared, sorted(keys - declared)
+    assert {k.split(".")[0] for k in keys} <= set(FORMAT_ROLES)
+    assert {"planner.plan", "answerer.final", "warp.write", "agent.step", "synthesize.pair"} <= keys
 
 
-# -- how a refused reply is asked again (GenDefaults.reask, --reask) ---------------------------
+# -- how a refused reply is asked again (Profile.reask, --reask) ----------------------------------
 
 def test_a_resampled_reask_sends_the_same_prompt_with_a_new_seed():
     """A looping reply shown back to a 135M model came back again, or the correction did; a
     resampled re-ask sends the original prompt, sampled, with a seed no earlier attempt used."""
+    from deepr.profiles import get_profile
+
     fine = '{"keywords": ["lava flow"]}'
     resample = Scripted(['{"keywords": ["rock"]}', '{"keywords": ["stone"]}', fine], gen=GenDefaults(seed=7))
-    resample.reask = "resample"
-    out, _ = go(SEARCH, resample)
-    assert out.by == "llm" and out.value == ["lava flow"] and out.attempts == 3
+    out, rec = go(SEARCH, resample, profile=get_profile("default", reask="resample"))
+    assert out.by == "llm" and out.value == ["lava flow"] and out.attempts == 3 and rec.rejected == 2
     prompts = [c["messages"] for c in resample.calls]
     assert prompts[0] == prompts[1] == prompts[2]
     assert [c["seed"] for c in resample.calls] == [7, 8, 9] and [c["temperature"] for c in resample.calls][1:] == [0.7, 0.7]
@@ -291,10 +313,8 @@ def test_a_resampled_reask_sends_the_same_prompt_with_a_new_seed():
     ("smollm2", None, "resample"), ("gguf:/m/x.gguf", None, "resample"), ("hf:/m/ckpt", None, "correct"),
     ("openai:qwen", None, "correct"), ("smollm2", "correct", "correct"), ("openai:qwen", "resample", "resample")])
 def test_reasks_resample_by_default_for_the_built_in_small_models_only(spec, reask, style):
-    from deepr.cli.flags import gen_defaults
-    from deepr.llm import reask_style
+    from deepr.cli.flags import profile_of
 
-    assert reask_style(spec, GenDefaults(reask=reask)) == style
-    assert gen_defaults(reask="auto").reask is None and gen_defaults(reask="resample").reask == "resample"
+    assert profile_of(spec, reask=reask).reask == style
     with pytest.raises(ValueError, match="--reask 'again': choose auto, correct or resample"):
-        gen_defaults(reask="again")
+        profile_of(spec, reask="again")

@@ -11,8 +11,9 @@ import pytest
 
 from deepr.data.rubric_checks import RubricLimits, duplicate_pairs, leaf_statements, pair_problems
 from deepr.data.rubrics import SynthConfig, SynthReply, serialize_tree, synthesize_rubrics
-from deepr.data.rubric_words import overlap_bound
-from deepr.data.rubrics_strict import pick_leaves, plan_slots, strict_format, strict_plan
+from deepr.profiles.rubric_words import overlap_bound
+from deepr.profiles import SMALL, get_profile
+from deepr.profiles.rubrics_strict import pick_leaves, plan_slots, strict_format, strict_plan
 from deepr.llm.base import LLM
 from deepr.records import QRPair, Reject
 from tree_helpers import LEAF_STATEMENTS, small_tree
@@ -155,7 +156,7 @@ class _FillingLLM(LLM):
 
 def test_strict_synthesis_writes_a_pair_in_one_call_from_a_short_prompt():
     llm = _FillingLLM(strict=True)
-    [pair] = synthesize_rubrics([small_tree()], llm, SynthConfig())
+    [pair] = synthesize_rubrics([small_tree()], llm, SynthConfig(), profile=SMALL)
     assert isinstance(pair, QRPair), pair
     assert len(llm.seen) == 1 and "prefixItems" in llm.seen[0][1].json_schema["properties"]["rubrics"]
     assert pair.merge_trace[-1].output == pair.question and pair.question.endswith("?")
@@ -169,7 +170,7 @@ def test_strict_synthesis_writes_a_pair_in_one_call_from_a_short_prompt():
 
 def test_schema_mode_keeps_the_pairs_own_schema():
     llm = _FillingLLM(strict=False)
-    synthesize_rubrics([small_tree()], llm, SynthConfig(max_reasks=0))
+    synthesize_rubrics([small_tree()], llm, SynthConfig(max_reasks=0), profile=get_profile('small', formats='schema'))
     fmt = llm.seen[0][1].json_schema
     assert "prefixItems" not in fmt["properties"]["rubrics"] and "nodes" in json.loads(llm.seen[0][0][1]["content"])
 
@@ -181,7 +182,7 @@ def test_a_tree_with_too_few_leaves_is_rejected_before_any_call():
         if not n.children and n.id not in keep:
             n.statements = []
     llm = _FillingLLM(strict=True)
-    [rej] = synthesize_rubrics([tree], llm, SynthConfig())
+    [rej] = synthesize_rubrics([tree], llm, SynthConfig(), profile=SMALL)
     assert isinstance(rej, Reject) and not llm.seen
     assert "2 leaf/leaves with statements; a pair selects at least 3" in rej.reason
 
@@ -269,7 +270,7 @@ def test_a_tree_whose_leaves_repeat_one_statement_is_rejected_before_any_call():
     tree = _tree({"n0.1": [shared], "n0.2": [shared], "n0.3": [shared, "Run-DMC formed in Queens in 1983."]})
     assert strict_plan(serialize_tree(tree, 6), 5, LIMITS) is None
     llm = _FillingLLM(strict=True)
-    [rej] = synthesize_rubrics([tree], llm, SynthConfig())
+    [rej] = synthesize_rubrics([tree], llm, SynthConfig(), profile=SMALL)
     assert isinstance(rej, Reject) and not llm.seen
     assert "2 leaf/leaves with statements of their own" in rej.reason
 

@@ -17,6 +17,7 @@ import pytest
 
 from conftest import SMOLLM2_SKIP, smollm2_missing
 from deepr.llm import OutputFormat, get_llm
+from deepr.profiles import SMALL_DECODING
 
 pytestmark = pytest.mark.skipif(smollm2_missing(), reason=SMOLLM2_SKIP)
 
@@ -46,11 +47,11 @@ def test_conversion_is_cached_and_complete(smollm2_cache, monkeypatch):
     assert not [p for p in cache.joinpath("models").iterdir() if p.name.startswith(".")]  # no temp left
     stamp = (folder / "model.safetensors").stat().st_mtime_ns
     monkeypatch.setenv("DEEPR_CACHE", str(cache))
-    spec = get_llm("smollm2")  # the built-in spec finds the same folder without converting again
+    spec = get_llm("smollm2", decoding=SMALL_DECODING)  # the built-in spec finds the same folder without converting again
     assert spec.describe()["model"] == str(folder) and (folder / "model.safetensors").stat().st_mtime_ns == stamp
     d = spec.describe()  # greedy with llama.cpp's repeat penalty and no 6-token run twice
     assert (d["repetition_penalty"], d["repetition_window"], d["no_repeat_ngram"]) == (1.1, 64, 6)
-    d = get_llm("smollm2,repetition_penalty=none,no_repeat_ngram=8").describe()  # the spec overrides
+    d = get_llm("smollm2,repetition_penalty=none,no_repeat_ngram=8", decoding=SMALL_DECODING).describe()  # the spec overrides
     assert (d["repetition_penalty"], d["repetition_window"], d["no_repeat_ngram"]) == (None, 64, 8)
 
 
@@ -104,7 +105,8 @@ def test_with_the_built_in_decoding_no_word_follows_itself(smollm2_cache, monkey
         words = re.findall(r"[a-z]+", text.lower())
         return [a for a, b in zip(words, words[1:]) if a == b]
 
-    plain, built_in = get_llm("smollm2,no_repeat_word=false"), get_llm("smollm2")
+    plain = get_llm("smollm2,no_repeat_word=false", decoding=SMALL_DECODING)
+    built_in = get_llm("smollm2", decoding=SMALL_DECODING)
     assert stutters(plain.chat(ask, max_tokens=60, fmt=fmt))  # "Algiers Algiers Burundi Algiers"
     for seed in (None, 1, 2):
         out = built_in.chat(ask, max_tokens=60, fmt=fmt, temperature=0.7 if seed else 0, seed=seed)
@@ -158,10 +160,17 @@ def test_a_format_with_distinct_words_keeps_each_string_from_naming_a_word_twice
     assert "e" in {tok.decode([t]) for t in ban.banned_in_string('{"q": "Algiers one main on')}
 
 
-def test_the_planner_asks_for_distinct_words_in_every_format_mode():
-    from deepr.agent.planner import INITIAL, REVISE
+def test_the_small_profile_asks_the_planner_for_distinct_words_in_every_format_mode():
+    import dataclasses
 
-    assert INITIAL.output.fmt("plan").distinct_words and REVISE.output.fmt("revise").distinct_words
+    from deepr.agent.planner import INITIAL, REVISE
+    from deepr.profiles import SMALL
+    from deepr.profiles.small.planner import graph_format, initial_format
+
+    assert graph_format(False).distinct_words and graph_format(True).distinct_words
+    assert initial_format(type("Ask", (), {"query": "How do volcanoes erupt?"})()).distinct_words
+    loose = dataclasses.replace(SMALL, strict=False)
+    assert loose.format(INITIAL, None, []).distinct_words and loose.format(REVISE, None, []).distinct_words
 
 
 def test_the_plan_guard_keeps_a_copied_plan_from_breaking_the_graph_rules(smollm2_cache):
@@ -171,8 +180,8 @@ def test_the_plan_guard_keeps_a_copied_plan_from_breaking_the_graph_rules(smollm
     import dataclasses
 
     from deepr.agent.plan import validate_plan
-    from deepr.agent.planner import INITIAL
     from deepr.llm.hf_backend import HFLLM
+    from deepr.profiles.small.planner import graph_format
 
     llm = HFLLM(smollm2_cache[1])
     searches = [{"id": "N1", "type": "search", "query": "volcano eruption causes"},
@@ -181,7 +190,7 @@ def test_the_plan_guard_keeps_a_copied_plan_from_breaking_the_graph_rules(smollm
              {"id": "N4", "type": "answer", "need": "the report", "inputs": ["N3"]}]
     unread = [{"id": "N3", "type": "aggregate", "need": "why volcanoes erupt", "inputs": ["N1"]},
               {"id": "N4", "type": "answer", "need": "the report", "inputs": ["N3"]}]
-    fmt = INITIAL.output.fmt("plan")
+    fmt = graph_format(False)
     for tail, error in ((twice, "more than once"), (unread, "cut off from the answer")):
         ask = [{"role": "system", "content": "You copy JSON exactly."},
                {"role": "user", "content": "Copy this JSON exactly, character for character:\n"

@@ -14,8 +14,12 @@ def _ctx(retriever, llm, **cfg):
     from deepr.agent.env import Ctx, RunConfig
     from deepr.agent.trace import Tracer
     from deepr.corpus.tools import ResearchTools
+    from deepr.profiles import get_profile
 
-    return Ctx(llm=llm, tools=ResearchTools(retriever, k=3), config=RunConfig(**cfg), tracer=Tracer("q", "tools"))
+    # a scripted small model runs under the small profile, its re-ask style as the test sets it
+    profile = get_profile("small", reask=getattr(llm, "reask", "correct")) if getattr(llm, "strict_formats", False) else None
+    return Ctx(llm=llm, tools=ResearchTools(retriever, k=3), config=RunConfig(**cfg), tracer=Tracer("q", "tools"),
+               profile=profile)
 
 
 def _call(name: str, **args) -> str:

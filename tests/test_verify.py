@@ -40,7 +40,11 @@ def _pair(mutate=None, extra: bool = False) -> QRPair:
 
 
 def _one(pair: QRPair, judge, cfg: VerifyConfig | None = None):
-    [v] = verify([pair], judge, cfg or VerifyConfig(), embed=_embed)
+    from deepr.profiles import SMALL
+
+    # a judge scripted as a small model audits under the small profile
+    profile = SMALL if getattr(judge, "strict_formats", False) else None
+    [v] = verify([pair], judge, cfg or VerifyConfig(), embed=_embed, profile=profile)
     return v
 
 

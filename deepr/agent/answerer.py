@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import ConfigDict, Field, RootModel
 
 from deepr.agent.plan import answer_node
 from deepr.records import Plan, PlanNode
@@ -25,8 +24,6 @@ from deepr.roles import JSONReply, Role, TaggedReply
 from deepr.agent.citations import cited_ids, normalize
 from deepr.agent.env import Ctx
 from deepr.agent.extract import sub_questions
-from deepr.formats import cited_map_schema, cited_prose, tagged
-from deepr.llm.base import OutputFormat
 from deepr.agent import writer
 
 ANSWER_SYSTEM = """You write parts of a research report strictly from the evidence you are given.
@@ -147,21 +144,17 @@ def _wave_extractive(a: WaveAsk) -> dict[str, str]:
             for nid in a.wave}
 
 
-# What `--formats schema` decodes a wave under: an object of non-empty texts. A bare object let
-# SmolLM2 write lists and empty strings. The keys stay free: patternProperties would pin them to
-# id-like names under xgrammar, but llama-cpp-python's converter turns it into "{}" only. Which
-# ids belong to the wave is the check's job.
-class _WaveShape(RootModel[dict[str, Annotated[str, Field(min_length=20)]]]):
-    model_config = ConfigDict(json_schema_extra={"minProperties": 1})
+def _wave_shape(a: WaveAsk) -> dict[str, Any]:
+    """The wave's reply: one text per node of the wave, keyed by its id."""
+    return {"type": "object", "properties": {nid: {"type": "string"} for nid in a.wave}, "required": list(a.wave),
+            "additionalProperties": False}
 
 
 WAVE = Role(
-    name="answerer", action="wave", messages=_wave_messages, output=JSONReply(shape=_WaveShape),
+    name="answerer", action="wave", messages=_wave_messages, output=JSONReply(shape=_wave_shape),
     check=lambda a, v: _wave_check(a.ctx, a.wave, a.allowed, v), extractive=_wave_extractive,
     result=lambda a, v: {nid: normalize(v[nid]).strip() for nid in a.wave}, max_tokens=2048,
     accept=FREE_TEXT,
-    constrain=lambda a: OutputFormat("wave", json_schema=cited_map_schema(a.allowed))
-    if all(a.allowed.get(n) for n in a.wave) else None,
     on_fail="wave {wave} written by the extractive writer after the model's replies failed",
     parts=lambda a: list(a.wave))
 
@@ -219,7 +212,6 @@ FINAL = Role(
     name="answerer", action="final", messages=_final_messages, output=TaggedReply("answer", required=True),
     accept=FREE_TEXT,
     check=lambda a, t: a.ctx.catalog.check(normalize(t), a.ids, require=True), extractive=_final_extractive,
-    constrain=lambda a: tagged("answer", cited_prose(a.ids, sentences=(3, 5), words=(8, 25))) if a.ids else None,
     result=lambda a, t: normalize(t).strip(), max_tokens=2048,
     on_fail="final answer written by the extractive writer after the model's replies failed",
     parts=lambda a: [a.node.id])

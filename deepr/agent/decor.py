@@ -23,8 +23,6 @@ from deepr.text import strip_citations
 
 from deepr.agent.citations import cited_ids, normalize
 from deepr.agent.env import Ctx
-from deepr.formats import cited_prose, cited_sentence, literal, query_with, search_query, tagged, term_words
-from deepr.llm.base import OutputFormat
 from deepr.agent.extract import (FRAMING, anchored_query, approx_tokens, content_terms, focus_query,
                                  sub_questions)
 from deepr.agent import writer
@@ -128,21 +126,12 @@ def _planned(a: DecorAsk, body: str) -> str | None:
     return None if _STOP.match(body) else " ".join(body.split())
 
 
-def _plan_query(a: DecorAsk) -> str:
-    """A query that names at least one content word of the question: SmolLM2's first query was
-    "The question has nofetched facts sofar", which retrieved Westminster and literary theory."""
-    terms = term_words([a.query])
-    return query_with(terms, (2, 8)) if terms else search_query()
-
-
 PLAN = Role(
     name="decor_planner", action="plan", messages=_planner_messages, output=TaggedReply("search", required=True),
     accept=(*FREE_TEXT, query_words(lambda b: [] if _STOP.match(b) else [b])),
     check=lambda a, b: _plan_check(b, a.past),
     extractive=lambda a: next_query(a.ctx, a.query, a.memory, a.past) or "STOP",
     result=_planned, fallback=lambda a: "STOP", max_tokens=256,
-    # STOP only once there is something to answer from: an empty memory ends in a fallback answer.
-    constrain=lambda a: tagged("search", f"(?:STOP|{_plan_query(a)})" if a.memory else _plan_query(a)),
     on_fail="step {step}: planner failed, the loop stops")
 
 FILTER = Role(
@@ -151,7 +140,6 @@ FILTER = Role(
     check=lambda a, b: a.ctx.catalog.check(normalize(b), a.ids, require=True),
     extractive=lambda a: filter_evidence(a.ctx, a.query, a.ids, a.memory),
     result=lambda a, b: normalize(b).strip(), max_tokens=768,
-    constrain=lambda a: _filter_format(a),
     on_fail="step {step}: evidence filtered extractively after the model failed")
 
 CONDENSE = Role(
@@ -160,11 +148,6 @@ CONDENSE = Role(
     check=lambda a, v: [e for f in v["facts"] for e in a.ctx.catalog.check(normalize(f), _memory_ids(a.memory))],
     extractive=lambda a: {"facts": condense_facts(a.ctx, a.query, a.memory, a.ctx.config.memory_limit // 2)},
     result=lambda a, v: [normalize(f) for f in v["facts"]], max_tokens=1024,
-    constrain=lambda a: OutputFormat("facts", json_schema={
-        "type": "object", "required": ["facts"], "additionalProperties": False, "properties": {"facts": {
-            "type": "array", "minItems": 1, "maxItems": 8,
-            "items": {"type": "string", "pattern": f"^{cited_sentence(_memory_ids(a.memory), (4, 30))}$"}}}})
-    if _memory_ids(a.memory) else None,
     on_fail="memory condensed extractively after the model failed")
 
 ANSWER = Role(
@@ -172,34 +155,8 @@ ANSWER = Role(
     accept=FREE_TEXT,
     check=lambda a, b: a.ctx.catalog.check(normalize(b), _memory_ids(a.memory), require=True),
     extractive=lambda a: short_answer(a.ctx, a.query, a.memory),
-    result=lambda a, b: normalize(b).strip(), max_tokens=640,  # room for the format's longest answer
-    constrain=lambda a: tagged("answer", cited_prose(_memory_ids(a.memory), sentences=(4, 5), words=(10, 25)))
-    if _memory_ids(a.memory) else None,
+    result=lambda a, b: normalize(b).strip(), max_tokens=640,  # room for the small profile's longest answer
     on_fail="answer extracted from memory after the model failed")
-
-
-def kept_statements(a: DecorAsk, most: int = 12) -> list[str]:
-    """The statements the filter may keep: the first sentences of the results (5 to 45 words, not
-    in memory yet), each with its result's id, as the memory stores them."""
-    known = {" ".join(strip_citations(s).split()) for s in _memory_sentences(a.memory)}
-    out = [writer.cite(flat, cid) for cid in a.ids for s in a.ctx.sentences(cid)[:3]
-           if (flat := " ".join(s.split())) not in known and 5 <= len(flat.split()) <= 45]
-    return list(dict.fromkeys(out))[:most]
-
-
-def _filter_format(a: DecorAsk) -> OutputFormat | None:
-    """One to four statements of the results, copied exactly with their ids (the filter's task
-    as DECOR states it). Free prose let SmolLM2 fill the memory with text about "the process of
-    scientific inquiry" behind real ids, and the answer followed it off topic."""
-    statements = kept_statements(a)
-    if not statements:
-        return tagged("filter", cited_prose(a.ids, sentences=(1, 4), words=(6, 30))) if a.ids else None
-    # In the results' order, each at most once: SmolLM2 otherwise kept one statement twice, and
-    # the degenerate-text check refused the whole paragraph (three times, then the fallback).
-    # At least one: the role refuses an empty filter, so the format must not offer one.
-    parts = [f"{literal(s)} " for s in statements[:-1]] + [literal(statements[-1])]
-    return tagged("filter", "(?:" + "|".join(parts[k] + "".join(f"(?:{p})?" for p in parts[k + 1:])
-                                             for k in range(len(parts))) + ")")
 
 
 async def plan_step(ctx: Ctx, query: str, memory: list[MemoryItem], past: list[str], t: int) -> str | None:

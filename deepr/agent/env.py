@@ -85,12 +85,14 @@ class Ctx:
     config: RunConfig
     tracer: Tracer
     catalog: Catalog = field(default_factory=Catalog)
+    profile: Any = None  # the model's profile (deepr.profiles.Profile); None: the default
     _sent_cache: dict[str, list[str]] = field(default_factory=dict)
     _by_k: dict[int, Any] = field(default_factory=dict)
 
     async def perform(self, role: Role, inp: Any, **extra: Any) -> Outcome:
         """Perform one model role with this run's model, trace and limits (see :mod:`deepr.roles`)."""
         return await perform(role, inp, llm=self.llm, rec=self.tracer, max_reasks=self.config.max_reasks,
+                             profile=self.profile,
                              temperature=self.config.temperature, max_tokens=self.config.max_tokens, **extra)
 
     @property

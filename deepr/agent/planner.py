@@ -14,20 +14,17 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from deepr.acceptance import FREE_TEXT, query_words
 from deepr.agent.plan import validate_plan
-from deepr.agent.plan_guard import PlanGuard, graph_schema
 from deepr.records import Hit, Plan, PlanNode
 from deepr.roles import JSONReply, Role
 
 from deepr.agent.env import Ctx
-from deepr.formats import plan_schema
-from deepr.llm.base import OutputFormat
 from deepr.agent.extract import (FRAMING, anchored_query, cluster, content_terms, distinctive_terms,
                                  focus_query, shorten, split_sentences, sub_questions)
 from deepr.agent.rubric import extractive_gaps
@@ -123,60 +120,28 @@ def _fetch_check(ctx: Ctx, value: Any) -> list[str]:
     return errors
 
 
-# Bounds of what a planner may write. They go into the decoding schema, so a model that copies the
-# question into every query still closes its plan inside its token budget (a 135M model did, and
-# every plan ran out at 400 tokens); a good query, need or key point is far shorter.
-_Short = Annotated[str, Field(max_length=150)]
-
-
-_NodeId = Annotated[str, Field(pattern=r"^N[0-9]{1,2}$")]  # the prompt's id style (N1, N2, ...)
-# 2 to 10 words of at most 24 characters: the acceptance check wants two content words, and the
-# length sits in the pattern because xgrammar drops maxLength from a string that has a pattern (a
-# query of "R B and R B and ..." ran to the 400-token cap with max_length alone). No maxLength beside
-# it: xgrammar warns on every compile and drops it anyway; the pattern bounds it to 249 characters.
-_Query = Annotated[str, Field(pattern=r'^[^ "\\]{1,24}( [^ "\\]{1,24}){1,9}$')]
-# 1 to 15 words, the same way: the validator refuses a blank need (a random decoder wrote " "),
-# and xgrammar cannot compile a long bounded run such as ".{1,150}"
-_Need = Annotated[str, Field(pattern=r'^[^ "\\]{1,24}( [^ "\\]{1,24}){0,14}$')]
-
-
-class _Shape(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    id: _NodeId
-
-
-class _SearchShape(_Shape):
-    """A search node as the prompt describes it: a query and key points, never inputs."""
-
-    type: Literal["search"]
-    query: _Query
-    key_points: list[_Short] = Field(default_factory=list, max_length=4)
-
-
-class _AnswerShape(_Shape):
-    type: Literal["answer"]
-    need: _Need
-    inputs: list[_NodeId] = Field(min_length=1, max_length=8)
-
-
-class _AggregateShape(_AnswerShape):
-    type: Literal["aggregate"]  # type: ignore[assignment]
-    key_points: list[_Short] = Field(default_factory=list, max_length=4)
-
-
-class _PlanShape(BaseModel):
-    """The node shapes of a plan (``--formats schema``): each node type with its own fields, so a
-    search node cannot take inputs nor a reader lack them. Decoding uses them through
-    :func:`~deepr.agent.plan_guard.graph_schema`, which adds the wiring (ids in order, inputs
-    drawn from earlier ids, the answer last); the validator still checks every reply."""
+class PlanNodeShape(BaseModel):
+    """A node as the prompt describes it: its type and the fields of every type (null where the
+    type has none). Which fields each type needs, and the wiring, are the validator's checks."""
 
     model_config = ConfigDict(extra="forbid")
-    # rule 4: at most 6 searches, their aggregates, one answer
-    nodes: list[_SearchShape | _AggregateShape | _AnswerShape] = Field(min_length=2, max_length=10)
+    id: str
+    type: Literal["search", "aggregate", "answer"]
+    query: str | None  # search nodes
+    need: str | None  # aggregate and answer nodes
+    key_points: list[str]
+    inputs: list[str]  # readers: the ids they read; search nodes: empty
 
 
-class _RevisionShape(_PlanShape):
-    fetch: list[str] = []
+class PlanShape(BaseModel):
+    """The planner's reply (``JSONReply(shape=PlanShape)``): typed nodes, no encoded wiring."""
+
+    model_config = ConfigDict(extra="forbid")
+    nodes: list[PlanNodeShape] = Field(min_length=2)
+
+
+class RevisionShape(PlanShape):
+    fetch: list[str]
 
 
 @dataclass
@@ -206,30 +171,19 @@ def _search_queries(value: Any) -> list[str]:
 STRICT = (*FREE_TEXT, query_words(_search_queries))
 
 
-def _result_titles(a: Any) -> list[str]:
-    cat = a.ctx.catalog
-    return [cat[i].title or "" for ids in a.results.values() for i in ids if i in cat]
-
-
 INITIAL = Role(
     name="planner", action="plan", messages=lambda a: initial_messages(a.query),
-    output=JSONReply(shape=graph_schema(_PlanShape.model_json_schema()), distinct_words=True, guard=PlanGuard()),
-    check=lambda a, v: _plan_check(v),
+    output=JSONReply(shape=PlanShape), check=lambda a, v: _plan_check(v),
     extractive=lambda a: _as_value(extractive_plan(a.ctx, a.query)),
     result=lambda a, v: validate_plan(v)[0], max_tokens=1536, accept=STRICT,
-    constrain=lambda a: OutputFormat("plan", json_schema=plan_schema(texts=[a.query]), distinct_words=True),
     on_fail="initial plan written by the extractive planner because the model's plan never validated")
 
 REVISE = Role(
     name="planner", action="revise",
     messages=lambda a: revision_messages(a.ctx, a.query, a.plan, a.results, a.gaps, a.rubric),
-    output=JSONReply(shape=graph_schema(_RevisionShape.model_json_schema()), distinct_words=True, guard=PlanGuard()),
-    check=lambda a, v: _plan_check(v) or _fetch_check(a.ctx, v),
+    output=JSONReply(shape=RevisionShape), check=lambda a, v: _plan_check(v) or _fetch_check(a.ctx, v),
     extractive=lambda a: _as_value(*extractive_revision(a.ctx, a.query, a.plan, a.results, a.gaps)),
     fallback=lambda a: _as_value(a.plan, []), result=_revised, max_tokens=2048, accept=STRICT,
-    constrain=lambda a: OutputFormat("revision", json_schema=plan_schema(
-        fetch_ids=[i for ids in a.results.values() for i in ids], fetch_limit=a.ctx.config.fetch_limit,
-        texts=[a.query, *_result_titles(a)]), distinct_words=True),
     on_fail="kept the previous plan because the revision never validated")
 
 _BY = {"llm": "llm", "extractive": "extractive", "fallback": "extractive-fallback"}

@@ -98,12 +98,13 @@ def _decor_doc(out: DecorOutcome) -> tuple[str, list[Section], Graph]:
 
 async def arun_agent(query: str, *, tools: Any, llm: LLM, config: RunConfig, query_id: str | None = None,
                      rubrics: Sequence[RubricItem] = (), on_phase: Callable[[str], None] | None = None,
-                     html: bool = False) -> RunResult:
-    """Run one query in ``config.mode``; see the module docstring."""
+                     html: bool = False, profile: Any = None) -> RunResult:
+    """Run one query in ``config.mode``; see the module docstring. ``profile``: the model's
+    profile (:mod:`deepr.profiles`; None: the default one)."""
     if not query or not query.strip():
         raise ValueError("the query is empty: pass the research question as text")
     tracer = Tracer(query, config.mode, on_phase=on_phase)
-    ctx = Ctx(llm=llm, tools=tools, config=config, tracer=tracer)
+    ctx = Ctx(llm=llm, tools=tools, config=config, tracer=tracer, profile=profile)
     if config.mode == "dag":
         answer, sections, graph = _dag_doc(await run_dag(ctx, query))
     elif config.mode == "warp":
@@ -128,10 +129,16 @@ async def arun_agent(query: str, *, tools: Any, llm: LLM, config: RunConfig, que
         tracer.decide(f"citation support: {support.count('unsupported')} of {len(support.rows)} cited claims "
                       "are not backed by the text they cite (listed under support in report.json)")
     trace = tracer.run_trace(md, citations, query_id=query_id, answer=answer, backend=llm.describe(),
-                             config=config.model_dump(), catalog_size=len(ctx.catalog), support=support.as_dict())
+                             config={**config.model_dump(), "profile": _profile_info(profile)},
+                             catalog_size=len(ctx.catalog), support=support.as_dict(), rejected_replies=tracer.rejected)
     traj = tracer.trajectory(trajectory_id(query, config.mode, query_id), md, rubrics, query_id=query_id,
                              backend=llm.describe().get("backend"))
     return RunResult(query, config.mode, md, page, answer, trace, traj, tracer.seconds())
+
+
+def _profile_info(profile: Any) -> dict[str, Any]:
+    """The profile a run's model calls went out under (what deepr_meta.json and sidecars record)."""
+    return profile.describe() if profile is not None else {"name": "default"}
 
 
 def run_agent(query: str, **kw: Any) -> RunResult:

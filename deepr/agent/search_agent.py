@@ -22,8 +22,6 @@ from pydantic import BaseModel, Field
 from deepr.records import Hit, PlanNode
 
 from deepr.acceptance import FREE_TEXT, query_words
-from deepr.formats import queries_schema, term_words, word_choice
-from deepr.llm.base import OutputFormat
 from deepr.roles import JSONReply, Role
 
 from deepr.agent.env import Ctx
@@ -98,22 +96,11 @@ def _extractive(a: SearchAsk) -> dict[str, Any]:
     return {"done": not queries, "queries": queries}
 
 
-def _format(a: SearchAsk) -> OutputFormat:
-    """Real queries in the words of the step and its evidence, each naming a word of the step:
-    unconstrained, SmolLM2 wrote ``"queries": ["..."]`` in 12 of 18 searcher replies. The hf
-    backend's distinct-word ban catches some repeats ("galaxy exponential galaxy"), not all
-    ("Appeal appeal"); the acceptance check refuses the rest."""
-    vocab = word_choice([a.node.query, *a.node.key_points, *(h.title for h in a.hits)])
-    return OutputFormat("reformulation", distinct_words=True, json_schema=queries_schema(
-        "queries", lo=0, terms=term_words([a.node.query, *a.node.key_points]), vocab=vocab,
-        before={"done": {"type": "boolean"}}))
-
-
 REFORMULATE = Role(
     name="searcher", action="search", messages=_messages, output=JSONReply(Reformulation),
     check=lambda a, v: _check(Reformulation.model_validate(v), a.asked), extractive=_extractive,
     result=lambda a, v: [] if v["done"] else list(v["queries"]), fallback=lambda a: {"done": True, "queries": []},
-    accept=(*FREE_TEXT, query_words(lambda v: v.get("queries") or [])), constrain=_format,
+    accept=(*FREE_TEXT, query_words(lambda v: v.get("queries") or [])),
     max_tokens=256, on_fail="search agent of {node} stopped: its reformulation failed")
 
 

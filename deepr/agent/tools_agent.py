@@ -31,8 +31,6 @@ from deepr.agent.env import Ctx
 from deepr.agent.extract import shorten, sub_questions
 from deepr.agent.tools_extractive import ExtractivePolicy, cite_tags
 from deepr.agent.render import GNode, Graph, Section
-from deepr.formats import (QUERY_WORD, cite_spans as answer_spans, id_choice, query_with, search_query, term_words,
-                           tool_step, word_choice)
 from deepr.llm.base import OutputFormat
 from deepr.acceptance import FREE_TEXT, no_babble, no_placeholder, query_words
 from deepr.roles import REASK_TEMPERATURE, Role, perform
@@ -208,7 +206,7 @@ class ToolsOutcome:
 class StepReply:
     """The agent's reply shape: one tool call or the answer (the raw reply is the value)."""
 
-    def fmt(self, name: str) -> OutputFormat:
+    def fmt(self, name: str, inp: Any = None) -> OutputFormat:
         return OutputFormat(name, regex=STEP_REGEX)
 
     def parse(self, reply: str) -> tuple[str | None, str | None]:
@@ -267,84 +265,9 @@ def _step_accept(reply: str, messages: Sequence[dict[str, str]], sent: Sequence[
 
 STEP = Role(name="agent", action="step", messages=lambda a: list(a.convo), output=StepReply(),
             extractive=lambda a: a.policy.reply(a.session), fallback=None, max_tokens=1024, accept=(_step_accept,),
-            turn_action=lambda v: (lambda st: st.name or st.kind)(parse_step(v)),
-            constrain=lambda a: _step_format(a, may_call=True))
+            turn_action=lambda v: (lambda st: st.name or st.kind)(parse_step(v)))
 # 1024: after ten tool turns the transcript fills most of a small model's context.
-ANSWER = replace(STEP, action="answer", max_tokens=1024, constrain=lambda a: _step_format(a, may_call=False))
-
-
-def _step_format(a: StepAsk, *, may_call: bool) -> OutputFormat | None:
-    """A search or browse call, or (once results were shown) an answer citing only shown ids.
-    Browsing stops after two pages: a weak model would otherwise browse until its turns run out.
-    A search after the first must name a term no earlier query had (see :func:`new_terms`), and
-    a browse opens only a search result whose document was not opened yet: a small model,
-    decoding greedily, otherwise repeats its first search and its first browse."""
-    shown = a.session.shown
-    if not may_call and not shown:
-        return None
-    browsed = sum(1 for i in shown if "-F" in i)
-    openable = _openable(a.session)
-    may_browse = browsed < 2 and bool(openable)
-    if a.no_search and shown:
-        answer = rf"<answer>{answer_spans(shown)}</answer>"
-        if may_call and may_browse:
-            return OutputFormat("step", regex=rf'(?:<tool_call>\{{"name": "browse", "arguments": \{{"doc_id": '
-                                rf'"{id_choice(openable)}"\}}\}}</tool_call>)|(?:{answer})')
-        return OutputFormat("step", regex=answer)
-    searched = _searched(a.convo)
-    question = a.convo[1]["content"] if len(a.convo) > 1 else ""
-    terms = new_terms(question, a.session, searched) if searched else None
-    if searched and not terms and not shown:
-        return None  # nothing new to search for and nothing to cite: the acceptance checks decide
-    return OutputFormat("step", regex=_step_regex(shown, may_call=may_call, browse=openable if may_browse else [],
-                                                  terms=terms, vocab=query_vocab(question, a.session)))
-
-
-def _step_regex(shown: Sequence[str], *, may_call: bool, browse: Sequence[str], terms: Sequence[str] | None,
-                vocab: str | None = None) -> str:
-    """:func:`~deepr.formats.tool_step` with the follow-up rules: a search carries one of
-    ``terms`` (when given) and draws its words from ``vocab`` (when given), a browse opens one of
-    ``browse``."""
-    word = vocab or QUERY_WORD
-    query = query_with(terms, word=word) if terms else search_query(word=word)
-    if not (terms or browse) or not may_call:
-        return tool_step(shown, may_call=may_call, may_browse=bool(browse), query=query)
-    options = [rf'<tool_call>\{{"name": "search", "arguments": \{{"query": "{query}"\}}\}}</tool_call>']
-    if browse:
-        options.append(rf'<tool_call>\{{"name": "browse", "arguments": \{{"doc_id": "{id_choice(browse)}"\}}\}}'
-                       r"</tool_call>")
-    if shown:
-        options.append(rf"<answer>{answer_spans(shown)}</answer>")
-    return "|".join(f"(?:{o})" for o in options)
-
-
-def new_terms(question: str, session: ToolSession, searched: set[str], most: int = 40) -> list[str]:
-    """Words a follow-up search may add: those of the question and of the titles of the results
-    shown so far (4+ letters, not stop words) that no earlier query used. A query that carries
-    one of them cannot repeat an earlier query, and it follows a lead the results gave."""
-    used = {w for q in searched for w in re.findall(r"[a-z0-9']+", q)}
-    cat = session.ctx.catalog
-    titles = [cat[c].title or "" for c in session.shown if c in cat]
-    return [w for w in term_words([question, *titles]) if w.lower() not in used][:most]
-
-
-def query_vocab(question: str, session: ToolSession) -> str | None:
-    """The words a search may use (:func:`~deepr.formats.word_choice`): those of the
-    question and of the titles shown so far. SmolLM2 searched "What causes the seasons
-    onearth's's's's' Autumn" and then "... onearth'ss'ss-soulunetrode Trojan"."""
-    cat = session.ctx.catalog
-    return word_choice([question, *(cat[c].title or "" for c in session.shown if c in cat)])
-
-
-def _openable(session: ToolSession) -> list[str]:
-    """Search results whose document no browse has opened yet (one id per document)."""
-    cat = session.ctx.catalog
-    opened = {cat[c].doc_id for c in session.shown if "-F" in c and c in cat}
-    out: dict[str, str] = {}
-    for c in session.shown:
-        if "-F" not in c and c in cat and cat[c].doc_id not in opened:
-            out.setdefault(cat[c].doc_id, c)
-    return list(out.values())
+ANSWER = replace(STEP, action="answer", max_tokens=1024)
 
 
 async def run_tools(ctx: Ctx, query: str, *, max_turns: int = RUN_TURNS) -> ToolsOutcome:
@@ -357,7 +280,7 @@ async def run_tools(ctx: Ctx, query: str, *, max_turns: int = RUN_TURNS) -> Tool
         role = ANSWER if session.calls >= max_turns else STEP
         with ctx.tracer.phase("agent"):
             # Re-asks are part of this loop's conversation, so the executor asks once per turn.
-            out = await perform(role, ask, llm=ctx.llm, rec=ctx.tracer, max_reasks=0,
+            out = await perform(role, ask, llm=ctx.llm, rec=ctx.tracer, max_reasks=0, profile=ctx.profile,
                                 temperature=ctx.config.temperature if reasks == 0 else max(
                                     ctx.config.temperature or 0.0, REASK_TEMPERATURE),
                                 max_tokens=ctx.config.max_tokens, earlier=reasks)
@@ -383,7 +306,7 @@ async def run_tools(ctx: Ctx, query: str, *, max_turns: int = RUN_TURNS) -> Tool
             answer = _salvage(ctx, query, step if rejected is None and cited else Step("invalid"), session)
         else:
             reasks += 1
-            if rejected and ctx.llm.reask == "resample":
+            if rejected and ctx.profile is not None and ctx.profile.reask == "resample":
                 convo.pop()  # the same conversation again, sampled (see GenDefaults.reask)
             else:
                 convo.append({"role": "user", "content": problem})

@@ -25,9 +25,6 @@ from deepr.roles import JSONReply, Role, TaggedReply
 
 from deepr.agent.citations import cited_ids, normalize
 from deepr.agent.env import Ctx
-from deepr.formats import (LABEL_WORD, TITLE, action_schema, cited_prose, items_schema, label_vocab, queries_schema,
-                           query_with, tagged, term_words, text, word_choice)
-from deepr.llm.base import OutputFormat
 from deepr.agent.extract import cluster, content_terms, distinctive_terms, focus_query, shorten, sub_questions
 from deepr.agent.outline import Outline, Section
 from deepr.agent import writer
@@ -177,37 +174,6 @@ def _write(a: WarpAsk) -> str:
                         run.ctx.config.section_sentences, avoid=run.outline.used_text())
 
 
-def _terms(a: WarpAsk, *texts: str) -> list[str]:
-    """Content words of the question and ``texts`` that a query or title must carry one of
-    (see formats.query_with): SmolLM2's warp searches were "SOLICY 101" and "1234s 1234s"."""
-    return term_words([a.run.query, *texts])
-
-
-def _init_format(a: WarpAsk) -> OutputFormat:
-    """The report title and sections, in the question's and the background's words: SmolLM2
-    titled its outline "Initialize the report" and its sections "Sender's note to the report
-    writer's request", and the searches that followed looked for those words."""
-    terms = _terms(a)
-    vocab = label_vocab([a.run.query, a.run.ctx.catalog.evidence(a.ids, 300)]) if terms else None
-    title = query_with(terms, (2, 10), vocab or LABEL_WORD) if terms else TITLE
-    return OutputFormat("initialize", json_schema=action_schema(
-        "initialize", title=text(title), sections=items_schema(2, 3, terms, vocab)))
-
-
-def _deepen_format(a: WarpAsk) -> OutputFormat | None:
-    """expand one of the expandable sections (by its real position) or, unless forced, terminate."""
-    sections = a.run.outline.expandable(a.run.ctx.config.max_levels)
-    can = [f"section-{s.pos}" for s in sections]
-    texts = [f"{s.title}. {s.plan}" for s in sections]
-    items = items_schema(2, 3, _terms(a, *texts), label_vocab([a.run.query, *texts]))
-    options = [action_schema("expand", position={"enum": can}, subsections=items)] if can else []
-    if not a.forced:
-        options.append(action_schema("terminate"))
-    if not options:
-        return None
-    return OutputFormat("expand", json_schema=options[0] if len(options) == 1 else {"anyOf": options})
-
-
 def _decision(a: WarpAsk, v: dict[str, Any]) -> dict[str, Any]:
     if v.get("name") == "terminate":
         return {"name": "terminate"}
@@ -218,15 +184,12 @@ SEARCH = Role(
     name="warp", action="search", messages=_search_messages, output=JSONReply(SearchAction),
     extractive=lambda a: {"name": "search", "keywords": a.default},
     result=lambda a, v: [k.strip() for k in v["keywords"] if k.strip()] or a.default, max_tokens=256,
-    constrain=lambda a: OutputFormat("search", json_schema=queries_schema(
-        "keywords", name="search", terms=_terms(a, *a.default), vocab=word_choice([a.run.query, *a.default]))),
     accept=(*FREE_TEXT, query_words(lambda v: v.get("keywords") or [])),
     on_fail="searched with default keywords after the model's search action failed")
 
 INITIALIZE = Role(
     name="warp", action="initialize", messages=_init_messages, output=JSONReply(InitAction),
     extractive=_initialize, max_tokens=1024, accept=FREE_TEXT,
-    constrain=lambda a: _init_format(a),
     on_fail="outline built extractively after the model's initialize action failed")
 
 WRITE = Role(
@@ -234,7 +197,6 @@ WRITE = Role(
     accept=FREE_TEXT,
     check=lambda a, t: a.run.ctx.catalog.check(normalize(t), a.sec.ids, require=True), extractive=_write,
     result=lambda a, t: normalize(t).strip(), max_tokens=1536,
-    constrain=lambda a: tagged("content", cited_prose(a.sec.ids, sentences=(2, 5))) if a.sec.ids else None,
     on_fail="{position} written by the extractive writer after the model failed",
     parts=lambda a: [f"section-{a.sec.pos}"])
 
@@ -243,7 +205,6 @@ DEEPEN = Role(
     check=lambda a, v: a.run.deepen_check(DeepenAction.model_validate(v), a.forced),
     extractive=lambda a: deepen_choice(a.run.ctx, a.run.query, a.run.outline, a.forced),
     result=_decision, turn_action=lambda v: v["name"], max_tokens=1024, accept=FREE_TEXT,
-    constrain=lambda a: _deepen_format(a),
     on_fail="deepening decided extractively after the model's action failed")
 
 

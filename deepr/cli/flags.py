@@ -29,15 +29,17 @@ DEADLINE = typer.Option(None, "--deadline", help="Wall-clock budget in seconds f
                         "has (recorded as failures).")
 ALLOW_FALLBACK = typer.Option(False, "--allow-fallback", help="Exit 0 when output was written but some records "
                               "or turns failed or fell back to the extractive engine (default: exit 3).")
-FORMATS = typer.Option("auto", "--formats", help="Decoding constraints: 'strict' builds each call's format "
-                       "from its prompt (fixed dag plan skeleton, plain-word cited sentences, only shown ids; "
-                       "keeps a small model from writing placeholders), 'schema' constrains to each role's "
-                       "schema or tag only, 'auto' is strict for smollm2/gguf: and schema otherwise. ROLE=MODE after it sets one "
-                       "role: 'strict,planner=schema' leaves the plan's shape to the model, every other role strict.")
+PROFILE = typer.Option(None, "--profile", help="How requests are shaped for the model: 'default' (each "
+                       "role's own schema or tag, valid under strict structured outputs) or 'small' (per-call "
+                       "formats built from the prompt, decoding bans, resampled re-asks: what a ~100M model needs). "
+                       "Unset: 'small' for smollm2 and gguf:, 'default' for every other model.")
+FORMATS = typer.Option("auto", "--formats", help="Per-call formats on top of the profile: 'strict' builds each "
+                       "call's format from its prompt (fixed dag plan skeleton, plain-word cited sentences, only "
+                       "shown ids), 'schema' keeps each role's own schema or tag, 'auto' takes the profile's "
+                       "choice. ROLE=MODE after it sets one role: 'strict,planner=schema'.")
 REASK = typer.Option("auto", "--reask", help="How a refused reply is asked again: 'correct' shows the model "
                      "its reply and why it was refused, 'resample' sends the same prompt again sampled with a new "
-                     "seed (a small model copies a looping reply shown back to it), 'auto' resamples for "
-                     "smollm2/gguf: and corrects otherwise.")
+                     "seed, 'auto' takes the profile's choice (resample for 'small').")
 TIMEOUT = typer.Option(120.0, "--timeout", help="Seconds before one model call times out (> 0).")
 
 EXIT_HELP = ("Exit status: 0 all good; 2 bad input or flags (nothing run); 3 some records/turns failed or fell "
@@ -45,10 +47,21 @@ EXIT_HELP = ("Exit status: 0 all good; 2 bad input or flags (nothing run); 3 som
              "(stopped at once); 130 interrupted (re-run to resume). See README 'Exit status'.")
 
 
+def profile_of(spec: str | None, name: str | None = None, formats: str | None = None, reask: str | None = None,
+               rollouts: str | None = None) -> Any:
+    """The :class:`~deepr.profiles.Profile` of the model ``spec`` with the user's flags on top;
+    raises ValueError naming the flag."""
+    from deepr.profiles import get_profile
+
+    return get_profile(name, spec=spec, formats=formats, reask=reask, rollouts=rollouts)
+
+
 def gen_defaults(max_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
                  seed: int | None = None, formats: str | None = None, reask: str | None = None) -> Any:
-    """Check the generation flags and pack them; raises ValueError naming the flag."""
-    from deepr.llm.base import GenDefaults, parse_formats
+    """Check the generation flags and pack them; raises ValueError naming the flag. ``formats`` and
+    ``reask`` are checked here and applied by the profile (:func:`profile_of`)."""
+    from deepr.llm.base import GenDefaults
+    from deepr.profiles import parse_formats
 
     if max_tokens is not None and not 1 <= max_tokens <= 1_000_000:
         raise ValueError(f"--max-tokens {max_tokens}: must be a positive number of tokens (1..1000000)")
@@ -62,8 +75,7 @@ def gen_defaults(max_tokens: int | None = None, temperature: float | None = None
         parse_formats(formats)  # raises naming the wrong part
     if reask not in (None, "auto", "correct", "resample"):
         raise ValueError(f"--reask {reask!r}: choose auto, correct or resample")
-    return GenDefaults(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                       formats=None if formats == "auto" else formats, reask=None if reask == "auto" else reask)
+    return GenDefaults(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
 
 
 def check_budget(timeout: float | None = None, deadline: float | None = None, concurrency: int | None = None,

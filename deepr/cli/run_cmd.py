@@ -128,12 +128,12 @@ def _stats(result: Any) -> list[tuple[str, Any]]:
 
 
 def _run_one(query: str, tools: Any, llm: Any, config: Any, *, html: bool, query_id: str | None = None,
-             rubrics: Any = (), label: str = "") -> Any:
+             rubrics: Any = (), label: str = "", profile: Any = None) -> Any:
     from deepr.agent import run_agent
 
     with console.status(f"{label}{config.mode}: starting") as status:
         return run_agent(query, tools=tools, llm=llm, config=config, query_id=query_id, rubrics=rubrics,
-                         html=html, on_phase=lambda p: status.update(f"{label}{config.mode}: {p}"))
+                         html=html, profile=profile, on_phase=lambda p: status.update(f"{label}{config.mode}: {p}"))
 
 
 def _unique(record: Path, base: str) -> str:
@@ -147,7 +147,7 @@ def _unique(record: Path, base: str) -> str:
 
 
 def _batch(items: list[dict[str, Any]], out: Path, tools: Any, llm: Any, config: Any, *, html: bool,
-           record: Path | None, limit: int | None = None, parallel: int = 1) -> dict[str, Any]:
+           record: Path | None, limit: int | None = None, parallel: int = 1, profile: Any = None) -> dict[str, Any]:
     """Run every query not yet in ``out/reports.jsonl``, ``parallel`` at a time; returns counts for
     the summary. Each finished query is written at once, so a stopped batch resumes where it was."""
     from deepr.io import JsonlAppender, done_ids, rejects_path
@@ -159,6 +159,7 @@ def _batch(items: list[dict[str, Any]], out: Path, tools: Any, llm: Any, config:
     counts = {"queries": len(items), "already done": len(done & {i["id"] for i in items}), "run now": 0,
               "rejected": 0, "degraded": 0, "seconds": 0.0}
     batch = _Batch(out, tools, llm, config, html, record, counts, done_ids(record) if record else set())
+    batch.profile = profile
     with JsonlAppender(index) as batch.sink, JsonlAppender(rejects_path(index)) as batch.rejects, \
             console.status(f"{config.mode}: starting") as batch.status:
         run_sync(batch.run_all(todo, parallel))
@@ -176,6 +177,7 @@ class _Batch:
         self.sink: Any = None
         self.rejects: Any = None
         self.status: Any = None
+        self.profile: Any = None
 
     async def run_all(self, todo: list[dict[str, Any]], parallel: int) -> None:
         import asyncio
@@ -198,7 +200,7 @@ class _Batch:
             rubrics = [RubricItem.model_validate(r) for r in it.get("rubrics", [])]
             before = search_summary(self.tools.retriever)
             res = await arun_agent(it["query"], tools=self.tools.fresh(), llm=self.llm, config=self.config,
-                                   query_id=it["id"], rubrics=rubrics, html=self.html,
+                                   query_id=it["id"], rubrics=rubrics, html=self.html, profile=self.profile,
                                    on_phase=lambda p: self.status.update(f"{label}{self.config.mode}: {p}"))
             attach(res, self.tools.retriever, before)
         except (ValueError, LLMError, RuntimeError) as e:
@@ -251,6 +253,7 @@ def run_command(
     deadline: float | None = F.DEADLINE, allow_fallback: bool = F.ALLOW_FALLBACK,
     max_tokens: int | None = F.MAX_TOKENS, temperature: float | None = F.TEMPERATURE,
     top_p: float | None = F.TOP_P, seed: int | None = F.GEN_SEED, formats: str = F.FORMATS, reask: str = F.REASK,
+    profile: str | None = F.PROFILE,
     record: Path | None = typer.Option(None, "--record", help="Append the run as a training trajectory "
                                        "(JSONL) for prune-trajectories."),
     html: bool = typer.Option(False, "--html", help="Also write a self-contained HTML report with the plan graph."),
@@ -279,6 +282,7 @@ def run_command(
     with user_errors(_FLAGS):
         F.check_budget(timeout, deadline, concurrency, limit)
         gen = F.gen_defaults(max_tokens, temperature, top_p, seed, formats, reask)
+        prof = F.profile_of(llm, profile, formats, reask)
         if mode not in MODES:
             raise ValueError(f"--mode {mode!r}: choose one of {', '.join(MODES)}")
         if (query is None) == (queries is None):
@@ -311,21 +315,26 @@ def run_command(
         source = open_search(search, allow_host, search_cache, cache_dir,
                              lambda: open_retriever(corpus, retriever=retriever, cache_dir=cache_dir, progress=True))
         tools = ResearchTools(source, k=k)
-        model = llm_from_flags(llm, base_url, api_key, no_cache, timeout, concurrency, gen=gen)
+        model = llm_from_flags(llm, base_url, api_key, no_cache, timeout, concurrency, gen=gen,
+                               decoding=dict(prof.decoding))
         model.set_deadline(deadline)
+        if prof.name != "default":
+            console.print(f"profile {prof.name}: " + ", ".join(f"{k} {v}" for k, v in prof.describe().items()
+                                                           if k in ("formats", "reask")))
         if queries:
             out.mkdir(parents=True, exist_ok=True)
             with search_errors(source):
                 counts = _batch(items, out, tools, model, config, html=html, record=record, limit=limit,
-                                parallel=parallel)
-            _finish_batch(out, queries, config, counts, time.perf_counter() - t0)
+                                parallel=parallel, profile=prof)
+            _finish_batch(out, queries, {**config.model_dump(), "profile": prof.describe()}, counts,
+                          time.perf_counter() - t0)
             finish(exit_code(counts["run now"] - counts["degraded"], counts["degraded"], counts["rejected"],
                              allow_fallback=allow_fallback, auth=model.auth_failed))
             return
         from deepr.agent import write_report
 
         with search_errors(source):
-            res = _run_one(query, tools, model, config, html=html)
+            res = _run_one(query, tools, model, config, html=html, profile=prof)
             check_usable(source, res)
             attach(res, source)
         paths = write_report(res, out)

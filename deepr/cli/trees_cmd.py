@@ -48,6 +48,7 @@ def _common() -> dict[str, Any]:
         "max_tokens": F.MAX_TOKENS, "temperature": F.TEMPERATURE, "top_p": F.TOP_P, "gen_seed": F.GEN_SEED,
         "formats": F.FORMATS,
         "reask": F.REASK,
+        "profile": F.PROFILE,
         "concurrency": typer.Option(8, "--concurrency",
                                     help="Model calls in flight at once, and items worked on at once."),
         "limit": typer.Option(None, "--limit", help="Process at most N pending items (a quick look)."),
@@ -63,15 +64,22 @@ C = _common()
 
 
 def _models(llm: str, judge: str | None, base_url: str | None, api_key: str | None, no_cache: bool,
-            timeout: float, concurrency: int, gen: Any = None, deadline: float | None = None) -> tuple[Any, Any]:
+            timeout: float, concurrency: int, gen: Any = None, deadline: float | None = None,
+            profiles: tuple[str | None, str | None, str | None] = (None, None, None)) -> tuple[Any, Any, Any, Any]:
+    """The writing model and the judging one (the same when ``judge`` is unset), each with its
+    profile (``profiles``: --profile, --formats, --reask)."""
     from deepr.llm import llm_from_flags
 
-    main = llm_from_flags(llm, base_url, api_key, no_cache, timeout, concurrency, gen=gen)
-    other = (llm_from_flags(judge, base_url, api_key, no_cache, timeout, concurrency, gen=gen)
-             if judge and judge != llm else main)
+    name, formats, reask = profiles
+    main_p = F.profile_of(llm, name, formats, reask)
+    other_p = F.profile_of(judge, name, formats, reask) if judge and judge != llm else main_p
+    main = llm_from_flags(llm, base_url, api_key, no_cache, timeout, concurrency, gen=gen,
+                          decoding=dict(main_p.decoding))
+    other = (llm_from_flags(judge, base_url, api_key, no_cache, timeout, concurrency, gen=gen,
+                            decoding=dict(other_p.decoding)) if judge and judge != llm else main)
     for m in {id(main): main, id(other): other}.values():
         m.set_deadline(deadline)
-    return main, other
+    return main, other, main_p, other_p
 
 
 def _outcome(tally: Any, models: Sequence[Any], allow_fallback: bool) -> int:
@@ -186,7 +194,7 @@ def build_trees_command(
     deadline: float | None = C["deadline"], allow_fallback: bool = C["allow_fallback"],
     max_tokens: int | None = C["max_tokens"], temperature: float | None = C["temperature"],
     top_p: float | None = C["top_p"], formats: str = C["formats"], reask: str = C["reask"],
-    fallback: str = _fallback_opt(),
+    profile: str | None = C["profile"], fallback: str = _fallback_opt(),
 ) -> None:
     """Grow evidence trees: seed topic → root query → breadth-first sub-queries, each grounded in
     retrieved documents with extracted statements (SPEC §1)."""
@@ -232,18 +240,20 @@ def build_trees_command(
                 from deepr.search.reading import PageReadingRetriever
 
                 retriever_obj = PageReadingRetriever(retriever_obj)
-        model, judge = _models(llm, judge_llm, base_url, api_key, no_cache, timeout, concurrency, gen, deadline)
+        model, judge, prof, judge_prof = _models(llm, judge_llm, base_url, api_key, no_cache, timeout, concurrency,
+                                                 gen, deadline, (profile, formats, reask))
         inputs = [p for p in (topics, Path(corpus)) if p is not None and p.is_file()]
         from deepr.cli.search_opts import search_errors
 
         with search_errors(retriever_obj):
             tally = _run_trees(todo, retriever_obj, model, judge, cfg, out, rejects, plan, t0, inputs=inputs,
-                                corpus=corpus)
+                                corpus=corpus, profiles=(prof, judge_prof))
     finish(_outcome(tally, [model, judge], allow_fallback or fallback == "extractive"))
 
 
 def _run_trees(todo: list[Any], retriever: Any, model: Any, judge: Any, cfg: Any, out: Path, rejects: Path,
-               plan: dict[str, int], t0: float, *, inputs: list[Path], corpus: str) -> Any:
+               plan: dict[str, int], t0: float, *, inputs: list[Path], corpus: str,
+               profiles: tuple[Any, Any] = (None, None)) -> Any:
     from deepr.io import JsonlAppender, read_jsonl, write_meta
     from deepr.records import Reject, Tree
     from deepr.data.outcomes import StageTally
@@ -257,7 +267,8 @@ def _run_trees(todo: list[Any], retriever: Any, model: Any, judge: Any, cfg: Any
                 counts["rejected" if isinstance(r, Reject) else "built"] += 1
                 tally.add(r)
 
-            _drive(lambda cb: abuild_trees(todo, retriever, model, cfg, judge=judge, on_result=cb),
+            _drive(lambda cb: abuild_trees(todo, retriever, model, cfg, judge=judge, on_result=cb,
+                                           profile=profiles[0], judge_profile=profiles[1]),
                    len(todo), "building trees", write)
     finally:
         trees = list(read_jsonl(out, Tree, tolerate_torn_tail=True)) if out.exists() else []
@@ -266,6 +277,7 @@ def _run_trees(todo: list[Any], retriever: Any, model: Any, judge: Any, cfg: Any
                    counts={**plan, **counts, "trees in output": len(trees), **tally.counts()},
                    timings={"seconds": round(time.perf_counter() - t0, 2)},
                    extra={"corpus": corpus, "llm": model.describe(), "judge": judge.describe(),
+                          "profile": _described(profiles[0]), "judge_profile": _described(profiles[1]),
                           "usage": model.usage.as_dict(), "retriever": _describe(retriever), "summary": stats,
                           **({"search": retriever.summary()} if hasattr(retriever, "summary") else {})})
     summary_table(f"build-trees → {out}", [*plan.items(), *counts.items(), *stats.items(), *tally.rows(),
@@ -291,7 +303,7 @@ def synthesize_rubrics_command(
     deadline: float | None = C["deadline"], allow_fallback: bool = C["allow_fallback"],
     max_tokens: int | None = C["max_tokens"], temperature: float | None = C["temperature"],
     top_p: float | None = C["top_p"], seed: int | None = C["gen_seed"], formats: str = C["formats"], reask: str = C["reask"],
-    fallback: str = _fallback_opt(),
+    profile: str | None = C["profile"], fallback: str = _fallback_opt(),
 ) -> None:
     """Co-generate one research question and ≥ 5 typed, weighted, leaf-grounded rubrics per tree,
     every SPEC §2 constraint checked in code (violations re-asked, then rejected)."""
@@ -314,9 +326,14 @@ def synthesize_rubrics_command(
         if dry_run:
             summary_table("synthesize-rubrics --dry-run (nothing run)", [*plan.items(), ("llm", llm)])
             return
-        model, _ = _models(llm, None, base_url, api_key, no_cache, timeout, concurrency, gen, deadline)
-        tally = _run_synth(todo, model, cfg, trees, out, rejects, plan, t0)
+        model, _, prof, _ = _models(llm, None, base_url, api_key, no_cache, timeout, concurrency, gen, deadline,
+                                    (profile, formats, reask))
+        tally = _run_synth(todo, model, cfg, trees, out, rejects, plan, t0, prof)
     finish(_outcome(tally, [model], allow_fallback or fallback == "extractive"))
+
+
+def _described(profile: Any) -> Any:
+    return profile.describe() if profile is not None else None
 
 
 def _embed_fn() -> Any:
@@ -326,7 +343,7 @@ def _embed_fn() -> Any:
 
 
 def _run_synth(todo: list[Any], model: Any, cfg: Any, trees: Path, out: Path, rejects: Path,
-               plan: dict[str, int], t0: float) -> Any:
+               plan: dict[str, int], t0: float, profile: Any = None) -> Any:
     from deepr.io import JsonlAppender, read_jsonl, write_meta
     from deepr.records import QRPair, Reject
     from deepr.data.outcomes import StageTally
@@ -341,7 +358,7 @@ def _run_synth(todo: list[Any], model: Any, cfg: Any, trees: Path, out: Path, re
                 counts["rejected" if isinstance(r, Reject) else "pairs written"] += 1
                 tally.add(r)
 
-            _drive(lambda cb: asynthesize_rubrics(todo, model, cfg, embed=embed, on_result=cb),
+            _drive(lambda cb: asynthesize_rubrics(todo, model, cfg, embed=embed, on_result=cb, profile=profile),
                    len(todo), "synthesising rubrics", write)
     finally:
         pairs = list(read_jsonl(out, QRPair, tolerate_torn_tail=True)) if out.exists() else []
@@ -349,7 +366,8 @@ def _run_synth(todo: list[Any], model: Any, cfg: Any, trees: Path, out: Path, re
         write_meta(out, stage="synthesize-rubrics", config=cfg, inputs=[trees],
                    counts={**plan, **counts, "pairs in output": len(pairs), **tally.counts()},
                    timings={"seconds": round(time.perf_counter() - t0, 2)},
-                   extra={"llm": model.describe(), "usage": model.usage.as_dict(), "summary": stats})
+                   extra={"llm": model.describe(), "profile": _described(profile), "usage": model.usage.as_dict(),
+                          "summary": stats})
     summary_table(f"synthesize-rubrics → {out}", [*plan.items(), *counts.items(), *stats.items(), *tally.rows(),
                                                  ("rejects file", str(rejects) if counts["rejected"] else "-")])
     return tally
@@ -376,7 +394,7 @@ def verify_command(
     deadline: float | None = C["deadline"], allow_fallback: bool = C["allow_fallback"],
     max_tokens: int | None = C["max_tokens"], temperature: float | None = C["temperature"],
     top_p: float | None = C["top_p"], seed: int | None = C["gen_seed"], formats: str = C["formats"], reask: str = C["reask"],
-    fallback: str = _fallback_opt(),
+    profile: str | None = C["profile"], fallback: str = _fallback_opt(),
 ) -> None:
     """Audit each pair on six dimensions and KEEP / REVISE / DROP it; revisions must stay grounded
     in the selected leaves (checked in code)."""
@@ -398,13 +416,14 @@ def verify_command(
         if dry_run:
             summary_table("verify --dry-run (nothing run)", [*plan.items(), ("judge", judge_llm or llm)])
             return
-        _, judge = _models(llm, judge_llm or llm, base_url, api_key, no_cache, timeout, concurrency, gen, deadline)
-        tally = _run_verify(todo, judge, cfg, tree_map, pairs, out, drop_to, rejects, plan, t0)
+        _, judge, _, judge_prof = _models(llm, judge_llm or llm, base_url, api_key, no_cache, timeout, concurrency,
+                                          gen, deadline, (profile, formats, reask))
+        tally = _run_verify(todo, judge, cfg, tree_map, pairs, out, drop_to, rejects, plan, t0, judge_prof)
     finish(_outcome(tally, [judge], allow_fallback or fallback == "extractive"))
 
 
 def _run_verify(todo: list[Any], judge: Any, cfg: Any, tree_map: Any, pairs: Path, out: Path, drop_to: Path,
-                rejects: Path, plan: dict[str, int], t0: float) -> Any:
+                rejects: Path, plan: dict[str, int], t0: float, profile: Any = None) -> Any:
     from deepr.io import JsonlAppender, read_jsonl, write_meta
     from deepr.records import QRPair
     from deepr.data.outcomes import StageTally
@@ -420,7 +439,8 @@ def _run_verify(todo: list[Any], judge: Any, cfg: Any, tree_map: Any, pairs: Pat
                 counts[v.kind] += 1
                 tally.add(v)
 
-            _drive(lambda cb: averify(todo, judge, cfg, embed=_embed_fn(), trees=tree_map, on_result=cb),
+            _drive(lambda cb: averify(todo, judge, cfg, embed=_embed_fn(), trees=tree_map, on_result=cb,
+                                      profile=profile),
                    len(todo), "verifying pairs", write)
     finally:  # rates and tags over everything audited so far, resumed runs included
         seen = [Verdict(kind, r) for kind, path in (("verified", out), ("dropped", drop_to))
@@ -428,7 +448,8 @@ def _run_verify(todo: list[Any], judge: Any, cfg: Any, tree_map: Any, pairs: Pat
         rates, tags = verify_summary(seen)
         write_meta(out, stage="verify", config=cfg, inputs=[pairs],
                    counts={**plan, **counts, **rates, **tally.counts()}, timings={"seconds": round(time.perf_counter() - t0, 2)},
-                   extra={"judge": judge.describe(), "usage": judge.usage.as_dict(), "dropped_file": str(drop_to),
+                   extra={"judge": judge.describe(), "profile": _described(profile), "usage": judge.usage.as_dict(),
+                          "dropped_file": str(drop_to),
                           "error_tags": tags})
     summary_table(f"verify → {out}", [*plan.items(), *counts.items(), *rates.items(),
                                      ("dropped file", str(drop_to))])

@@ -28,11 +28,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from deepr.llm.base import LLM, run_sync
 from deepr.records import MergeStep, QRPair, Reject, RubricItem, Tree
 from deepr.acceptance import FREE_TEXT
-from deepr.roles import JSONReply, Recorder, Role, RoleFailed, perform
+from deepr.roles import CallPolicy, JSONReply, Recorder, Role, RoleFailed, perform
 from deepr.data.outcomes import Fallback, mark_fallback
 from deepr.data.rubric_checks import RubricLimits, leaf_statements, pair_problems
 from deepr.data.rubrics_extractive import synthesize as synthesize_extractive
-from deepr.data.rubrics_strict import distinct_statements, strict_format, strict_messages, strict_plan
 
 SYSTEM = (
     "You design one deep-research task from an evidence tree. The input is a compact JSON tree: \"nodes\" "
@@ -152,12 +151,9 @@ class SynthAsk:
     embed: Callable[[list[str]], Any] | None
     leaves: dict[str, list[str]]
     compact: dict[str, Any]
-    strict: bool = False  # --formats strict: code fixes the structure (deepr.data.rubrics_strict)
 
 
 def _synth_messages(a: SynthAsk) -> list[dict[str, str]]:
-    if a.strict:
-        return strict_messages(a.compact, a.cfg.n_select, a.cfg.limits)
     return [{"role": "system", "content": _system(a.cfg)},
             {"role": "user", "content": json.dumps(a.compact, ensure_ascii=False, separators=(",", ":"))}]
 
@@ -193,12 +189,11 @@ def _synth_shrink(a: SynthAsk, step: int) -> SynthAsk | None:
 SYNTHESIZE = Role(
     name="synthesize", action="pair", output=JSONReply(SynthReply), check=_synth_check,
     messages=_synth_messages, extractive=_synth_extractive, result=lambda a, v: SynthReply.model_validate(v),
-    fallback=None, max_tokens=4096, accept=FREE_TEXT, shrink=_synth_shrink,
-    constrain=lambda a: strict_format(a.compact, a.cfg.n_select, a.cfg.limits) if a.strict else None)
+    fallback=None, max_tokens=4096, accept=FREE_TEXT, shrink=_synth_shrink)
 
 
-async def synthesize_one(tree: Tree, llm: LLM, cfg: SynthConfig, embed: Callable[[list[str]], Any] | None
-                         ) -> QRPair | Reject:
+async def synthesize_one(tree: Tree, llm: LLM, cfg: SynthConfig, embed: Callable[[list[str]], Any] | None,
+                         profile: CallPolicy | None = None) -> QRPair | Reject:
     """One tree → one pair, or a Reject with the reason (never raises on a bad reply)."""
     leaves = leaf_statements(tree)
     compact = serialize_tree(tree, cfg.statements_per_leaf)
@@ -207,14 +202,8 @@ async def synthesize_one(tree: Tree, llm: LLM, cfg: SynthConfig, embed: Callable
         return Reject(id=pair_id(tree.id), stage="synthesize-rubrics", record={"tree_id": tree.id, "attempts": 0},
                       reason=f"the tree has {len(leaves)} leaf/leaves with statements; a pair selects at "
                              f"least {cfg.limits.min_selected} (limits.min_selected)")
-    strict = llm.strict_for(SYNTHESIZE.name) and not llm.is_extractive
-    if strict and strict_plan(compact, cfg.n_select, cfg.limits) is None:
-        own = sum(1 for st in distinct_statements(compact).values() if st)
-        return Reject(id=pair_id(tree.id), stage="synthesize-rubrics", record={"tree_id": tree.id, "attempts": 0},
-                      reason=f"the tree has {own} leaf/leaves with statements of their own (the others repeat an "
-                             f"earlier leaf's); a pair selects at least {cfg.limits.min_selected} (limits.min_selected)")
-    out = await perform(SYNTHESIZE, SynthAsk(tree, cfg, embed, leaves, compact, strict), llm=llm, rec=Recorder(),
-                        max_reasks=cfg.max_reasks, max_tokens=cfg.max_tokens)
+    out = await perform(SYNTHESIZE, SynthAsk(tree, cfg, embed, leaves, compact), llm=llm, rec=Recorder(),
+                        max_reasks=cfg.max_reasks, max_tokens=cfg.max_tokens, profile=profile)
     if out.value is None:
         return Reject(id=pair_id(tree.id), stage="synthesize-rubrics", reason=out.error or "no reply",
                       record={"tree_id": tree.id, "attempts": out.attempts})
@@ -236,7 +225,7 @@ def _to_pair(tree: Tree, reply: SynthReply, compact: dict[str, Any], leaves: dic
 
 
 async def asynthesize_rubrics(trees: Sequence[Tree], llm: LLM, config: SynthConfig, *,
-                              embed: Callable[[list[str]], Any] | None = None,
+                              embed: Callable[[list[str]], Any] | None = None, profile: CallPolicy | None = None,
                               on_result: Callable[[QRPair | Reject], None] | None = None
                               ) -> list[QRPair | Reject]:
     """All trees, ``config.concurrency`` at once; ``on_result`` sees each result as it ends."""
@@ -247,7 +236,7 @@ async def asynthesize_rubrics(trees: Sequence[Tree], llm: LLM, config: SynthConf
     async def one(tree: Tree) -> None:
         nonlocal embed
         async with sem:
-            result = await synthesize_one(tree, llm, config, embed)
+            result = await synthesize_one(tree, llm, config, embed, profile)
             if isinstance(result, Reject) and rescue:
                 if embed is None:
                     from deepr.corpus.embed import get_embedder

@@ -19,13 +19,11 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from deepr.data import tree_extractive as ex
-from deepr.formats import (PHRASE, QUERY_WORD, content_words, literal, search_query, vocab_size,
-                           word_alternation)
-from deepr.llm.base import LLM, OutputFormat
+from deepr.llm.base import LLM
 from deepr.records import Hit
 from deepr.acceptance import FREE_TEXT, query_words
-from deepr.roles import JSONReply, Outcome, Recorder, Role, perform
-from deepr.text import coverage, split_sentences
+from deepr.roles import CallPolicy, JSONReply, Outcome, Recorder, Role, perform
+from deepr.text import coverage
 from deepr.data.topics import SeedTopic
 from deepr.data.tree_extractive import NodeCtx, Proposal
 
@@ -147,48 +145,7 @@ def _root_check(a: TreeAsk, v: dict[str, Any]) -> list[str]:
 ROOT_QUERY = Role(
     name="root_query", action="write", messages=_root_messages, output=JSONReply(_Query), check=_root_check,
     extractive=lambda a: {"query": a.seed.title}, result=lambda a, v: v["query"].strip(), fallback=None,
-    max_tokens=128, accept=FREE_TEXT, constrain=lambda a: _root_format(a))
-
-
-# The words a root query may add to its seed's title when the seed has no description: broad
-# aspects of a topic as a whole. Free words gave "Hip-hop is a genre of music that's-arapitcally",
-# and its children searched for the invented word.
-ROOT_WORDS = ("history", "origins", "development", "culture", "society", "influence", "impact", "role",
-              "science", "economics", "politics", "technology", "evolution", "significance", "overview",
-              "characteristics", "legacy", "and", "its", "of", "in", "the")
-
-
-def _root_format(a: TreeAsk) -> OutputFormat:
-    """The seed's title and a few words about it: SmolLM2 otherwise wrote "What isoodieh-hijabah"
-    for "Hip-hop", and every child then repeated it (issue 14). The added words come from the
-    seed's description, or are broad aspects (``ROOT_WORDS``)."""
-    title, limit = " ".join(a.seed.title.split()), _root_limit(a)
-    n = len(title.split())
-    if '"' in title or n + 1 >= limit:
-        return _json("root_query", {"query": _str(search_query((2, limit - 1)))}, distinct_words=True)
-    # distinct words (SmolLM2 wrote "Domestic turkey in the science of science"), so no more
-    # of them than there are: past that, the ban on a repeat gives way (see SIBLING_WORDS)
-    own = content_words([a.seed.description or ""], skip=title.split())
-    words = word_alternation(own) if len(own) >= 2 else "(?:" + "|".join(ROOT_WORDS) + ")"
-    most = min(6, vocab_size(words) or 6, limit - 1 - n)  # ROOT_WORDS hold stop words, which may repeat
-    return _json("root_query", {"query": _str(rf"{literal(title)}(?: {words}){{1,{most}}}")}, distinct_words=True)
-
-
-# Formats built per call (see deepr.formats): bounded real-word queries, document numbers
-# that exist, and statements chosen among the document's own sentences.
-
-
-def _str(pattern: str) -> dict[str, Any]:
-    return {"type": "string", "pattern": f"^{pattern}$"}
-
-
-def _json(name: str, props: dict[str, Any], distinct_words: bool = False) -> OutputFormat:
-    return OutputFormat(name, json_schema={"type": "object", "properties": props, "required": list(props),
-                                           "additionalProperties": False}, distinct_words=distinct_words)
-
-
-def _sentences(hit: Hit) -> list[str]:
-    return list(dict.fromkeys(s.strip() for s in split_sentences(hit.text or "") if 20 <= len(s.strip()) <= 400))
+    max_tokens=128, accept=FREE_TEXT)
 
 
 # -- gate -----------------------------------------------------------------------------
@@ -208,8 +165,7 @@ GATE = Role(
     name="gate", action="judge", messages=_gate_messages, output=JSONReply(_Gate),
     extractive=lambda a: dict(zip(("atomic", "reason"), ex.gate(a.ctx))),
     result=lambda a, v: (v["atomic"], v["reason"]), fallback=lambda a: {"atomic": False, "reason": ""},
-    max_tokens=256, accept=FREE_TEXT, on_fail="gate failed on {query!r}: the node is expanded anyway",
-    constrain=lambda a: _json("gate", {"atomic": {"type": "boolean"}, "reason": _str(PHRASE)}))
+    max_tokens=256, accept=FREE_TEXT, on_fail="gate failed on {query!r}: the node is expanded anyway")
 
 
 # -- decompose ------------------------------------------------------------------------
@@ -269,79 +225,10 @@ OPENERS = {"stakeholders": ("People involved in", "Groups affected by"), "timeli
 FACETS = tuple(OPENERS)
 
 
-# Most words of its own a sibling query adds after its opener and the topic. The decoder keeps a
-# query from naming a word twice, and a sibling's share of the shown words is small: SmolLM2 used
-# its share up, wrote a space, and every word the grammar then allowed was banned, so the ban gave
-# way ("... meleagris raised fowl meleagris raised").
-SIBLING_WORDS = 3
-
-
-def _child_words(a: TreeAsk, part: tuple[int, int] = (0, 1)) -> str:
-    """The words a child query may add after its facet opener: those of the
-    statements and evidence shown in the prompt, less the words of the topic (the query holds
-    it already) and of the parent's and ancestors' queries (with them SmolLM2 wrote "Hip-hop
-    music" under "Hip-hop music", dropped as redundant), or any real word when they are too
-    few; with ``part``, one sibling's share of them (formats.content_words)."""
-    ctx, r = a.ctx, a.roles
-    shown = [f"{h.title} {h.text[:r.snippet_chars // 2]}" for h in (ctx.hits[i] for i in ctx.support)]
-    skip = [w for q in (ctx.root_topic, ctx.query, *ctx.path) for w in content_words([q], most=99)]
-    words = content_words([*ctx.statements[:8], *shown], part=part, skip=skip)
-    return word_alternation(words) if len(words) >= (1 if part[1] > 1 else 3) else QUERY_WORD
-
-
-def _child(a: TreeAsk, facets: Sequence[str], words: str, least: int = 0, most: int | None = None) -> dict[str, Any]:
-    """A child sub-query: its facet first, then a query opening with that facet's words and the
-    tree's topic, then ``least`` to ``most`` of ``words`` (no more than there are). Without the
-    topic SmolLM2 wrote "Statistics on 1983" under "Hip-hop", and grounding found an article on
-    statistics."""
-    topic = " ".join(a.ctx.root_topic.split())
-    def one(f: str) -> dict[str, Any]:
-        opener = "(?:" + "|".join(OPENERS[f]) + ")"
-        rest = max(1, a.roles.max_words - max(len(o.split()) for o in OPENERS[f]))
-        n, count = len(topic.split()), vocab_size(words) or rest
-        hi = max(least, 1, min(rest - n, count, most or rest))
-        tail = (rf" {literal(topic)}(?: {words}){{{least},{hi}}}" if topic and '"' not in topic and n < rest
-                else rf"(?: {words}){{1,{max(1, min(rest, count))}}}")
-        return {"type": "object", "required": ["facet", "query"], "additionalProperties": False,
-                "properties": {"facet": {"const": f}, "query": _str(opener + tail)}}
-    return {"anyOf": [one(f) for f in facets]} if len(facets) > 1 else one(facets[0])
-
-
-def _decompose_format(a: TreeAsk) -> OutputFormat:
-    """Children with facets from the prompt's list, each sibling with facets and words of its
-    own: it opens with its facet's words, so no two can be the same query, and adds at least one
-    word no sibling may use, so no two differ by their openers alone (with the tree's topic in
-    every child, SmolLM2 wrote one query twice, then "Comparison of Hip-hop culture" beside
-    "Statistics on Hip-hop culture", cosine 0.85: redundant). Where three or more are allowed
-    the first three are the required comparison, risks and quantitative facets, so the facet
-    check holds by construction. The root must split (a one-leaf tree is rejected anyway): it
-    gets at least three children, or ``min_leaves``, within the branching limit, so some
-    survive grounding."""
-    hi = max(1, a.limit)
-    lo = min(hi, max(3, a.roles.min_leaves)) if a.ctx.depth == 0 and a.roles.min_leaves >= 2 else 1
-    arr: dict[str, Any] = {"type": "array", "minItems": lo, "maxItems": hi, "items": _child(a, FACETS, _child_words(a))}
-    groups: list[Sequence[str]] = []
-    if hi >= 3:
-        groups = [[f for f in FACETS if facet_group(f) == g] for g in REQUIRED_FACETS]
-        # past the required three, each child gets its own share of the other facets
-        others = [f for f in FACETS if facet_group(f) is None]
-        extra = min(hi - 3, len(others))
-        groups += [others[k::extra] for k in range(extra)]
-    elif hi == 2:
-        groups = [FACETS[0::2], FACETS[1::2]]
-    if groups:
-        arr["prefixItems"] = [_child(a, g, _child_words(a, (k, len(groups))), least=1, most=SIBLING_WORDS)
-                              for k, g in enumerate(groups)]
-        if len(groups) >= hi:
-            arr["items"] = False
-    # no word twice in a query: SmolLM2 wrote "Comparison of Domestic turkey one domestic one"
-    return _json("decompose", {"queries": arr}, distinct_words=True)
-
-
 DECOMPOSE = Role(
     name="decompose", action="split", messages=_decompose_messages, output=JSONReply(_Children),
     check=_decompose_check, extractive=_decompose_extractive, result=_proposals,
-    fallback=lambda a: {"queries": []}, max_tokens=768, constrain=_decompose_format,
+    fallback=lambda a: {"queries": []}, max_tokens=768,
     accept=(*FREE_TEXT, query_words(lambda v: [c.get("query", "") for c in v.get("queries") or []])),
     on_fail="decompose failed on {query!r}: the node stops here")
 
@@ -370,22 +257,8 @@ GROUND = Role(
     messages=lambda a: _msgs(PROMPTS["ground"], f"Sub-query: {a.ctx.query}\nDocuments:\n"
                              f"{_snippets(a.ctx.hits, a.roles.snippet_chars)}"),
     extractive=_ground_extractive, fallback=lambda a: {"supporting": []}, max_tokens=256,
-    constrain=lambda a: _ground_format(a) if a.ctx.hits else None,
     result=lambda a, v: list(dict.fromkeys(k - 1 for k in v["supporting"]))[: a.roles.max_docs],
     on_fail="grounding failed on {query!r}: no supporting documents")
-
-
-def _ground_format(a: TreeAsk) -> OutputFormat:
-    """Document numbers that exist, at least one: the documents come ranked by retrieval, and a
-    small model that answers [] (its easiest reply) would end every branch. Documents the
-    branch's ancestors already use are left out while others remain: SmolLM2 grounded every
-    child in the root's article, quoted the root's sentences, and the children were dropped as
-    adding nothing new (issue 14)."""
-    ctx = a.ctx
-    fresh = [k for k, h in enumerate(ctx.hits, start=1) if h.doc_id not in ctx.seen_docs]
-    return _json("ground", {"supporting": {
-        "type": "array", "minItems": 1, "maxItems": max(1, a.roles.max_docs),
-        "items": {"enum": fresh or list(range(1, len(ctx.hits) + 1))}}})
 
 
 # -- extract --------------------------------------------------------------------------
@@ -414,9 +287,6 @@ EXTRACT = Role(
                                                    max_statements=a.roles.max_statements)},
     result=lambda a, v: list(dict.fromkeys(s.strip() for s in v["statements"] if s.strip())),
     fallback=lambda a: {"statements": []}, max_tokens=768, accept=FREE_TEXT,
-    constrain=lambda a: _json("extract", {"statements": {
-        "type": "array", "minItems": 1, "maxItems": max(1, a.roles.max_statements),
-        "items": {"enum": _sentences(a.hit)}}}) if _sentences(a.hit) else None,
     on_fail="no statements taken from {hit} after the model failed")
 
 
@@ -431,8 +301,11 @@ class TreeRoles:
     def __init__(self, llm: LLM, embed: ex.Embed, *, judge: LLM | None = None, max_words: int = 11,
                  max_statements: int = 3, max_docs: int = 3, min_overlap: float = 0.5,
                  ground_threshold: float = 0.5, statement_support: float = 0.5, root_overlap: float = 0.66,
-                 redundancy: float = 0.85, max_reasks: int = 2, snippet_chars: int = 700, min_leaves: int = 2):
+                 redundancy: float = 0.85, max_reasks: int = 2, snippet_chars: int = 700, min_leaves: int = 2,
+                 profile: CallPolicy | None = None, judge_profile: CallPolicy | None = None):
         self.llm, self.judge, self.embed = llm, judge or llm, embed
+        # each model with its own profile (deepr.profiles): a small writer may sit beside a capable judge
+        self.profile, self.judge_profile = profile, judge_profile if judge is not None else profile
         self.max_words, self.max_statements, self.max_docs = max_words, max_statements, max_docs
         self.min_overlap, self.ground_threshold, self.root_overlap = min_overlap, ground_threshold, root_overlap
         self.statement_support, self.redundancy = statement_support, redundancy
@@ -443,7 +316,8 @@ class TreeRoles:
         return self.llm.name
 
     async def _do(self, role: Role, llm: LLM, rec: Recorder, ask: TreeAsk, **extra: Any) -> Outcome:
-        return await perform(role, ask, llm=llm, rec=rec, max_reasks=self.max_reasks, **extra)
+        profile = self.judge_profile if llm is self.judge and llm is not self.llm else self.profile
+        return await perform(role, ask, llm=llm, rec=rec, max_reasks=self.max_reasks, profile=profile, **extra)
 
     async def root_query(self, seed: SeedTopic, rec: Recorder) -> Outcome[str]:
         return await self._do(ROOT_QUERY, self.llm, rec, TreeAsk(self, seed=seed), query=seed.title)

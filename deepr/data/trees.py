@@ -329,21 +329,23 @@ def _ancestry(node: _Node | None) -> list[_Node]:
 
 
 def make_roles(llm: LLM, embed: Callable[[list[str]], Any], config: TreeConfig,
-               judge: LLM | None = None) -> TreeRoles:
+               judge: LLM | None = None, profile: Any = None, judge_profile: Any = None) -> TreeRoles:
     c = config
     return TreeRoles(llm, embed, judge=judge, max_words=c.max_query_words, max_statements=c.max_statements,
                      max_docs=c.max_support_docs, min_overlap=c.ground_min_overlap,
                      ground_threshold=c.ground_threshold, statement_support=c.statement_support,
                      root_overlap=c.ground_root_overlap, redundancy=c.redundancy_threshold,
-                     max_reasks=c.max_reasks, min_leaves=c.min_leaves)
+                     max_reasks=c.max_reasks, min_leaves=c.min_leaves, profile=profile, judge_profile=judge_profile)
 
 
 async def abuild_trees(topics: Sequence[SeedTopic], retriever: Any, llm: LLM, config: TreeConfig, *,
                        embed: Callable[[list[str]], Any] | None = None, judge: LLM | None = None,
-                       on_result: Callable[[Tree | Reject], None] | None = None) -> list[Tree | Reject]:
-    """Build trees concurrently (``config.concurrency`` at once); ``on_result`` sees each as it ends."""
+                       on_result: Callable[[Tree | Reject], None] | None = None, profile: Any = None,
+                       judge_profile: Any = None) -> list[Tree | Reject]:
+    """Build trees concurrently (``config.concurrency`` at once); ``on_result`` sees each as it ends.
+    ``profile`` / ``judge_profile``: each model's profile (:mod:`deepr.profiles`)."""
     embed = embed or _embedder_of(retriever).encode
-    roles = make_roles(llm, embed, config, judge)
+    roles = make_roles(llm, embed, config, judge, profile, judge_profile)
     # With a model, CPU work moves to one worker thread so round-trips overlap it; the
     # extractive backend is all CPU, so a thread would only add hand-offs.
     pool = None if not offload_cpu(llm) else ThreadPoolExecutor(max_workers=1, thread_name_prefix="deepr-cpu")

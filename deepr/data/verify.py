@@ -27,8 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from deepr.formats import PHRASE, text
-from deepr.llm.base import LLM, OutputFormat, run_sync
+from deepr.llm.base import LLM, run_sync
 from deepr.llm.parse import parse_reply
 from deepr.records import QRPair, Reject, RubricItem
 from deepr.acceptance import FREE_TEXT
@@ -194,26 +193,11 @@ AUDIT_TAGS = ("structure", "question_form", "too_many_rubrics", "source_outside_
               "merge_unfaithful")
 
 
-def _audit_format(a: AuditAsk) -> OutputFormat:
-    """The strict audit (``--formats strict``): a decision, up to three known tags and a few
-    bounded words. Under the reply's own schema SmolLM2 wrote 3,731 tokens for one pair (414 s,
-    one reply rejected). Writing revised criteria is left to models that can: the decision is
-    KEEP or DROP, and the code checks still drop a kept pair that fails them (``_decide``)."""
-    phrase = text(PHRASE)
-    return OutputFormat("verify.audit.strict", json_schema={
-        "type": "object", "additionalProperties": False,
-        "required": ["decision", "error_tags", "major_issues", "justification"],
-        "properties": {"decision": {"enum": ["KEEP", "DROP"]},
-                       "error_tags": {"type": "array", "maxItems": 3, "items": {"enum": list(AUDIT_TAGS)}},
-                       "major_issues": {"type": "array", "maxItems": 2, "items": phrase},
-                       "justification": phrase}})
-
-
 AUDIT = Role(
     name="verify", action="audit", messages=_audit_messages, output=JSONReply(AuditReply),
     check=lambda a, v: _revision_problems(AuditReply.model_validate(v), a.pair, a.leaves, a.cfg),
     extractive=audit_extractive, result=lambda a, v: AuditReply.model_validate(v), fallback=None,
-    max_tokens=3072, accept=FREE_TEXT, constrain=_audit_format)
+    max_tokens=3072, accept=FREE_TEXT)
 
 
 def _decide(pair: QRPair, found: list[Finding], r: AuditReply, audit: dict[str, Any]) -> Verdict:
@@ -230,7 +214,7 @@ def _decide(pair: QRPair, found: list[Finding], r: AuditReply, audit: dict[str, 
 
 
 async def verify_one(pair: QRPair, judge: LLM, cfg: VerifyConfig, embed: Embed,
-                     trees: Mapping[str, Any] | None = None) -> Verdict:
+                     trees: Mapping[str, Any] | None = None, profile: Any = None) -> Verdict:
     leaves = leaves_of(pair, trees)
     if leaves is None:
         return Verdict("reject", Reject(id=pair.id, stage="verify", reason=(
@@ -239,7 +223,7 @@ async def verify_one(pair: QRPair, judge: LLM, cfg: VerifyConfig, embed: Embed,
     found = findings(pair, leaves, embed, limits=cfg.limits, redundancy=cfg.redundancy_threshold,
                      min_alignment=cfg.min_alignment, max_rubrics=cfg.revise_max)
     out = await perform(AUDIT, AuditAsk(pair, leaves, found, cfg), llm=judge, rec=Recorder(),
-                        max_reasks=cfg.max_reasks, max_tokens=cfg.max_tokens)
+                        max_reasks=cfg.max_reasks, max_tokens=cfg.max_tokens, profile=profile)
     audit: dict[str, Any] = {"backend": judge.name, "attempts": out.attempts,
                              "findings": [f"{f.tag}: {f.detail}" for f in found]}
     if out.value is not None:
@@ -252,8 +236,9 @@ async def verify_one(pair: QRPair, judge: LLM, cfg: VerifyConfig, embed: Embed,
 
 async def averify(pairs: Sequence[QRPair], judge: LLM, config: VerifyConfig, *, embed: Embed,
                   trees: Mapping[str, Any] | None = None,
-                  on_result: Callable[[Verdict], None] | None = None) -> list[Verdict]:
-    """Audit all pairs, ``config.concurrency`` at once; ``on_result`` sees each verdict as it ends."""
+                  on_result: Callable[[Verdict], None] | None = None, profile: Any = None) -> list[Verdict]:
+    """Audit all pairs, ``config.concurrency`` at once; ``on_result`` sees each verdict as it ends.
+    ``profile``: the judge's profile (:mod:`deepr.profiles`)."""
     sem = asyncio.Semaphore(config.concurrency)
     out: list[Verdict] = []
 
@@ -261,7 +246,7 @@ async def averify(pairs: Sequence[QRPair], judge: LLM, config: VerifyConfig, *, 
 
     async def one(pair: QRPair) -> None:
         async with sem:
-            v = await verify_one(pair, judge, config, embed, trees)
+            v = await verify_one(pair, judge, config, embed, trees, profile)
             if v.kind == "reject" and rescue:
                 v = await _rescue(pair, v, config, embed, trees)
         out.append(v)

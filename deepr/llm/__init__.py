@@ -11,7 +11,8 @@
 The three hf forms take decoding options after a comma (HF_OPTIONS; ``none`` turns one off):
 ``smollm2,no_repeat_ngram=none``, ``hf:runs/m,adapter=planner:runs/p,repetition_penalty=1.1``,
 ``hf:runs/m,dtype=bfloat16`` (weights in bf16: 1.2x the decoding speed of SmolLM2 on one CPU core).
-``smollm2`` and ``gguf:`` start from SMALL_MODEL_DECODING, ``hf:`` from plain greedy decoding.
+The profile's decoding options come first (``smollm2`` and ``gguf:`` select the small profile's
+repetition penalties, see :mod:`deepr.profiles`); the spec's own override them.
 
     llm = get_llm("openai:Qwen/Qwen3-8B", base_url="http://localhost:8000/v1")
     text = llm.chat([{"role": "user", "content": "Hello"}], role="planner")
@@ -28,10 +29,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from deepr.llm.base import LLM, GenDefaults, LLMError, Message, OutputFormat, Reply, Usage, parse_formats, run_sync
+from deepr.llm.base import LLM, GenDefaults, LLMError, Message, OutputFormat, Reply, Usage, run_sync
 
 __all__ = ["LLM", "GenDefaults", "OutputFormat", "Reply", "LLMError", "LLMStatusError", "Message", "Usage", "run_sync", "get_llm",
-           "llm_from_flags", "parse_hf_spec", "hf_options", "HF_OPTIONS", "reask_style", "strict_formats",
+           "llm_from_flags", "parse_hf_spec", "hf_options", "HF_OPTIONS",
            "ExtractiveLLM", "ReplayLLM", "OpenAIBackend", "HFLLM", "LLMCache", "StubServer", "SPEC_FORMS"]
 
 SPEC_FORMS = ("extractive", "openai:<model>", "hf:<path>[,adapter=<role>:<path>...][,<option>=<value>...]",
@@ -39,13 +40,6 @@ SPEC_FORMS = ("extractive", "openai:<model>", "hf:<path>[,adapter=<role>:<path>.
 # The hf backend's decoding settings a spec may carry (HFConfig fields of the same names).
 HF_OPTIONS = ("repetition_penalty", "repetition_window", "no_repeat_ngram", "no_repeat_word", "top_k", "min_p",
               "dtype")
-# What the built-in small models (smollm2, gguf:) decode with unless the spec says otherwise:
-# llama.cpp server's repeat penalty (1.1 over the last 64 tokens) and no 6-token run twice in a
-# reply, and no word right after itself. Greedy SmolLM2 looped in most agent turns without them
-# (bench/results/real_model.json).
-SMALL_MODEL_DECODING = {"repetition_penalty": 1.1, "repetition_window": 64, "no_repeat_ngram": 6,
-                        "no_repeat_word": True}
-
 _LAZY = {
     "ExtractiveLLM": "deepr.llm.extractive",
     "ReplayLLM": "deepr.llm.replay",
@@ -108,11 +102,14 @@ def hf_options(spec: str) -> tuple[str, dict[str, str | None]]:
 def get_llm(spec: str = "extractive", *, base_url: str | None = None, api_key: str | None = None,
             cache: bool = True, cache_dir: str | Path | None = None, timeout: float = 60.0,
             max_retries: int = 3, max_concurrency: int = 8, gen: GenDefaults | None = None,
-            **kw: Any) -> LLM:
-    """Build the backend named by ``spec`` with the user's generation settings ``gen``."""
+            decoding: dict[str, Any] | None = None, **kw: Any) -> LLM:
+    """Build the backend named by ``spec`` with the user's generation settings ``gen``.
+
+    ``decoding``: hf decoding options a profile brings (``Profile.decoding``), applied to the hf
+    forms only and overridden by the spec's own options."""
     base, options = hf_options(spec)
-    if base == "smollm2" or base.startswith("gguf:"):
-        options = {**SMALL_MODEL_DECODING, **options}
+    if decoding and (base == "smollm2" or base.startswith(("hf:", "gguf:"))):
+        options = {**decoding, **options}
     try:
         llm = _build(base, base_url=base_url, api_key=api_key, cache=cache, cache_dir=cache_dir, timeout=timeout,
                      max_retries=max_retries, max_concurrency=max_concurrency, **{**options, **kw})
@@ -120,30 +117,7 @@ def get_llm(spec: str = "extractive", *, base_url: str | None = None, api_key: s
         raise _bad_spec(spec, "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())) from None
     if gen is not None:
         llm.gen = gen
-    llm.strict_formats = strict_formats(base, gen)
-    llm.format_roles = parse_formats(gen.formats)[1] if gen is not None else {}
-    llm.reask = reask_style(base, gen)
     return llm
-
-
-def reask_style(spec: str, gen: GenDefaults | None) -> str:
-    """How refused replies are asked again (see GenDefaults.reask): as asked for, or by default
-    "resample" for the built-in small models and "correct" for every other."""
-    chosen = gen.reask if gen is not None else None
-    if chosen is not None:
-        return chosen
-    spec = (spec or "").strip()
-    return "resample" if spec == "smollm2" or spec.startswith("gguf:") else "correct"
-
-
-def strict_formats(spec: str, gen: GenDefaults | None) -> bool:
-    """Whether roles build per-call formats from the prompt (see GenDefaults.formats): asked for,
-    or by default for the built-in small models, whose free replies are mostly placeholders."""
-    chosen = parse_formats(gen.formats)[0] if gen is not None else None
-    if chosen is not None:
-        return chosen == "strict"
-    spec = (spec or "").strip()
-    return spec == "smollm2" or spec.startswith("gguf:")
 
 
 def _build(spec: str, *, base_url: str | None, api_key: str | None, cache: bool, cache_dir: str | Path | None,
@@ -204,8 +178,10 @@ def local_model_path(name: str) -> str:
 
 
 def llm_from_flags(llm: str, base_url: str | None, api_key: str | None, no_cache: bool,
-                   timeout: float, concurrency: int, gen: GenDefaults | None = None) -> LLM:
+                   timeout: float, concurrency: int, gen: GenDefaults | None = None,
+                   decoding: dict[str, Any] | None = None) -> LLM:
     """What the CLI commands call with their --llm / --base-url / --api-key / --no-cache /
-    --timeout / --concurrency flags (and --max-tokens / --temperature / --top-p / --seed as ``gen``)."""
+    --timeout / --concurrency flags (and --max-tokens / --temperature / --top-p / --seed as ``gen``;
+    the profile's hf decoding options as ``decoding``)."""
     return get_llm(llm, base_url=base_url, api_key=api_key, cache=not no_cache, timeout=timeout,
-                   max_concurrency=concurrency, gen=gen)
+                   max_concurrency=concurrency, gen=gen, decoding=decoding)

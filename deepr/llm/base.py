@@ -50,7 +50,7 @@ class OutputFormat:
     # A rule across the parts of a reply that a schema cannot state (a plan's inputs naming each id
     # once; its answer reading every node nothing else reads): an object with ``watching(text)``
     # (can the next token break it here?) and ``viable(text)`` (can a reply starting with this
-    # still pass?), e.g. :class:`deepr.agent.plan_guard.PlanGuard`. The hf backend bans the
+    # still pass?), e.g. :class:`deepr.profiles.plan_guard.PlanGuard`. The hf backend bans the
     # candidate tokens that make the reply so far not viable.
     guard: Any = field(default=None, compare=False)
 
@@ -89,45 +89,6 @@ class GenDefaults:
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
-    # "strict": per-call formats built from the prompt (deepr.formats: fixed dag plan
-    # skeleton, cited prose of plain words, ids limited to those shown) so a small model cannot
-    # write placeholders; "schema": each role's own schema or tag only, leaving a capable model its
-    # full language and plan shapes; None ("auto"): strict for the built-in small models only.
-    # "MODE,ROLE=MODE,...": per role (see parse_formats), e.g. "strict,planner=schema" leaves the
-    # plan's shape to the model and holds every other role to strict formats.
-    formats: str | None = None
-    # How a refused reply is asked again: "correct" shows the reply and why it was refused;
-    # "resample" sends the same prompt again, sampled with a new seed, so a looping reply is not
-    # put back in front of the model (a 135M model copied it, or the correction, into its next
-    # reply). None ("auto"): resample for the built-in small models, correct otherwise.
-    reask: str | None = None
-
-
-# Roles that have a strict per-call format (``Role.constrain``), the names ``--formats ROLE=MODE``
-# takes; tests/test_roles.py checks it against every declared role.
-FORMAT_ROLES = ("agent", "answerer", "condenser", "decompose", "decor_answerer", "decor_filter", "decor_planner",
-                "extract", "gate", "ground", "planner", "root_query", "searcher", "synthesize", "verify", "warp")
-
-
-def parse_formats(value: str | None) -> tuple[str | None, dict[str, bool]]:
-    """``--formats`` as (the mode of every role: "strict", "schema" or None for auto; {role: strict?}
-    for the roles named with ROLE=MODE). Raises ValueError naming the part that is wrong."""
-    default: str | None = None
-    roles: dict[str, bool] = {}
-    for part in (p.strip() for p in (value or "auto").split(",")):
-        role, _, mode = part.rpartition("=")
-        if mode not in ("auto", "strict", "schema") or (role and mode == "auto"):
-            raise ValueError(f"--formats {value!r}: {part!r} is not a mode; use auto, strict or schema, or "
-                             "ROLE=strict / ROLE=schema for one role (e.g. strict,planner=schema)")
-        if not role:
-            if default is not None:
-                raise ValueError(f"--formats {value!r}: give one mode for all roles, then ROLE=MODE exceptions")
-            default = mode
-        elif role not in FORMAT_ROLES:
-            raise ValueError(f"--formats {value!r}: no role {role!r} has strict formats; roles: {', '.join(FORMAT_ROLES)}")
-        else:
-            roles[role] = mode == "strict"
-    return (None if default in (None, "auto") else default), roles
 
 
 @dataclass
@@ -138,7 +99,6 @@ class Usage:
     cache_hits: int = 0
     failures: int = 0
     retries: int = 0
-    rejected: int = 0  # replies that came back but failed their format or acceptance checks (deepr.roles)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     seconds: float = 0.0
@@ -163,9 +123,6 @@ class LLM(ABC):
 
     name: str = "llm"
     is_extractive: bool = False
-    strict_formats: bool = False  # set by get_llm from GenDefaults.formats (deepr.roles._format)
-    format_roles: dict[str, bool] | None = None  # per-role exceptions to strict_formats; set by get_llm
-    reask: str = "correct"  # set by get_llm from GenDefaults.reask (deepr.roles._ask)
     # Set once, then every later call fails at once: the --deadline passed, or the endpoint
     # refused the credentials (retrying with the same key cannot help).
     stopped: str | None = None
@@ -177,10 +134,6 @@ class LLM(ABC):
         self.gen = gen or GenDefaults()
         self.usage = Usage()
         self._sems: dict[int, asyncio.Semaphore] = {}
-
-    def strict_for(self, role: str) -> bool:
-        """Whether ``role``'s calls decode under strict per-call formats (``--formats``)."""
-        return (self.format_roles or {}).get(role, self.strict_formats)
 
     def _sem(self) -> asyncio.Semaphore:
         # One semaphore per event loop: asyncio primitives are bound to the loop they first ran on.

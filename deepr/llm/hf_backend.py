@@ -68,7 +68,7 @@ class HFConfig(BaseModel):
     repetition_penalty: float | None = Field(None, gt=0, description="Penalty (> 1 discourages) on recent "
                                              "tokens (see repetition_window). None: off. The smollm2 and gguf: "
                                              "specs set 1.1 over 64 tokens, llama.cpp's server defaults "
-                                             "(deepr.llm.SMALL_MODEL_DECODING).")
+                                             "(deepr.profiles.SMALL_DECODING).")
     repetition_window: int | None = Field(None, ge=1, description="Penalise only the last this many tokens, "
                                           "prompt included, as llama.cpp's repeat_last_n does; None: every token "
                                           "of the reply and none of the prompt (penalising a whole prompt "

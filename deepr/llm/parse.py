@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from deepr.llm.base import LLM, LLMError, Message
+from deepr.llm.schema import drop_nulls
 
 _THINK_BLOCK = re.compile(r"<think(?:ing)?>.*?</think(?:ing)?>", re.S | re.I)
 _THINK_OPEN = re.compile(r"<think(?:ing)?>", re.I)
@@ -109,13 +110,15 @@ def _describe(err: ValidationError) -> str:
 
 def parse_reply(reply: str, schema: type[BaseModel] | TypeAdapter | None = None, *,
                 want: str | None = None,
-                check: Callable[[Any], Sequence[str]] | None = None) -> tuple[Any, str | None]:
-    """Parse one reply: (value, None) or (None, reason). No model call."""
+                check: Callable[[Any], Sequence[str]] | None = None,
+                nulls_absent: bool = False) -> tuple[Any, str | None]:
+    """Parse one reply: (value, None) or (None, reason). No model call. ``nulls_absent``: a null
+    field counts as left out (a strict schema sends optional fields as required nullable ones)."""
     if want is None and isinstance(schema, type) and issubclass(schema, BaseModel):
         want = "object"
     try:
         data = extract_json(reply, want)
-        value = _validate(data, schema)
+        value = _validate(drop_nulls(data) if nulls_absent else data, schema)
     except JSONExtractError as e:
         return None, str(e)
     except ValidationError as e:

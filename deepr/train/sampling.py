@@ -48,9 +48,14 @@ def trainer_generate(trainer: Any) -> Generate:
 
 
 def planner_format(turn: int) -> Any:
-    """The schema format ``deepr run`` decodes planner turn ``turn`` with (``--formats schema``);
-    a re-asked initial plan fits the revision's shape too (its fetch list is optional)."""
-    return INITIAL.output.fmt("plan") if turn == 0 else REVISE.output.fmt("revise")
+    """The format the small profile decodes planner turn ``turn`` with when its strict formats
+    are off (``deepr run --profile small --formats schema``): the graph schema and its guard. A
+    re-asked initial plan fits the revision's shape too (its fetch list is optional)."""
+    import dataclasses
+
+    from deepr.profiles import SMALL
+
+    return dataclasses.replace(SMALL, strict=False).format(INITIAL if turn == 0 else REVISE, None, [])
 
 
 def constrained_generate(trainer: Any, fmt_for: Callable[[int], Any]) -> Generate:

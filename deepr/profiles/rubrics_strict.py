@@ -14,7 +14,7 @@
 - the model writes the reasons, the question (6–30 real words, ending in "?") and the merge
   rationale, and picks weights from a short list; each criterion's description is words of its
   own statement (the logical one: reasoning words and the topic's), opening with words no other
-  criterion can write, so two criteria cannot read the same (:mod:`deepr.data.rubric_words`);
+  criterion can write, so two criteria cannot read the same (:mod:`deepr.profiles.rubric_words`);
   one logical criterion cites one or two of the selected leaves.
 
 Every reply is still checked by :func:`deepr.data.rubric_checks.pair_problems` (the question's
@@ -30,9 +30,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from deepr.formats import PHRASE, text
+from deepr.profiles.formats import PHRASE, text
 from deepr.data.rubric_checks import RubricLimits
-from deepr.data.rubric_words import exclusive_tokens, factual_pattern, logical_pattern, question_pattern
+from deepr.profiles.rubric_words import exclusive_tokens, factual_pattern, logical_pattern, question_pattern
 from deepr.llm.base import OutputFormat
 
 SYSTEM_STRICT = (
@@ -109,7 +109,7 @@ def _consts(values: Sequence[str]) -> dict[str, Any]:
 
 def _criteria(slots: Sequence[Slot], selected: Sequence[str], max_words: int, context: str) -> list[dict[str, Any]]:
     """One schema per slot. Descriptions come from closed vocabularies, each forced to hold words
-    no other criterion can write (:mod:`deepr.data.rubric_words`): SmolLM2 wrote one description for
+    no other criterion can write (:mod:`deepr.profiles.rubric_words`): SmolLM2 wrote one description for
     two slots, and every re-ask failed the duplicate check."""
     hi = min(max_words, 24)
     pools = [s.pool for s in slots if s.leaf is not None]
