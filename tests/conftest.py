@@ -109,3 +109,11 @@ def smollm2_cache(tmp_path_factory: pytest.TempPathFactory):
     t0 = time.perf_counter()
     folder = smollm2_dir(cache)
     return cache, folder, time.perf_counter() - t0
+
+
+def small_format(role, inp):
+    """The small profile's per-call format of ``role`` for ``inp`` (before acronyms and numbers
+    are limited to the prompt's), as a small model decodes under it."""
+    from deepr.profiles import SMALL
+
+    return SMALL.tables().strict[f"{role.name}.{role.action}"](inp)

@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from conftest import small_format
+
 from deepr.agent import RunConfig, cited_ids, run_agent
 from deepr.llm.extractive import ExtractiveLLM
 from deepr.llm.replay import ReplayLLM
@@ -130,12 +132,13 @@ def test_the_filter_keeps_statements_of_the_results_not_prose_about_anything(too
     import re
 
     from deepr.agent import Ctx, Tracer
-    from deepr.agent.decor import FILTER, DecorAsk, MemoryItem, kept_statements
+    from deepr.agent.decor import FILTER, DecorAsk, MemoryItem
+    from deepr.profiles.small.agent import kept_statements
 
     ctx = Ctx(llm=ExtractiveLLM(), tools=tools, config=RunConfig(mode="decor"), tracer=Tracer(QUERY, "decor"))
     ids = ctx.search("S1", "Adam Smith economist")
     ask = DecorAsk(ctx, "The question about Adam Smith", [], ids=ids, question=QUERY)
-    rx = FILTER.constrain(ask).regex
+    rx = small_format(FILTER, ask).regex
     statements = kept_statements(ask)
     assert statements and all(re.search(r" \[S1-R\d+\][.!?]?$", s) for s in statements)
     # a statement that is not the last is followed by a space, kept or not the next one (parse strips it)
@@ -165,7 +168,7 @@ def test_the_planners_query_names_a_word_of_the_question(tools):
     from deepr.agent.decor import PLAN, DecorAsk
 
     ctx = Ctx(llm=ExtractiveLLM(), tools=tools, config=RunConfig(mode="decor"), tracer=Tracer(QUERY, "decor"))
-    rx = PLAN.constrain(DecorAsk(ctx, QUERY)).regex
+    rx = small_format(PLAN, DecorAsk(ctx, QUERY)).regex
     assert not re.fullmatch(rx, "<search>The question has nofetched facts sofar</search>")
     assert re.fullmatch(rx, "<search>Adam Smith economist</search>")
     assert re.fullmatch(rx, "<search>economist books written</search>")  # "books" is the question's

@@ -269,3 +269,54 @@ def test_no_role_or_stage_module_imports_small_model_machinery():
 def test_the_package_root_holds_few_modules():
     root = Path(deepr.__file__).parent
     assert len([p for p in root.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]) <= 5
+
+
+def test_no_module_imports_itself_back_through_others():
+    """No circle among deepr's module-level imports (an import inside a function is a deliberate
+    late binding, e.g. a heavy library or a backend chosen at run time, and is left out)."""
+    import sys
+
+    root = Path(deepr.__file__).parent
+    mods = {".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): p
+            for p in root.rglob("*.py")}
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        for node in ast.parse(path.read_text()).body:
+            names = ([node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                     if isinstance(node, ast.ImportFrom) and node.module else
+                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            for target in filter(None, map(resolve, (n for n in names if n.startswith("deepr")))):
+                if target != mod and not mod.startswith(target + "."):  # its own package's __init__
+                    edges[mod].add(target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = [stack.pop()]
+            while comp[-1] != v:
+                comp.append(stack.pop())
+            if len(comp) > 1:
+                circles.append(sorted(comp))
+
+    for v in mods:
+        if v not in index:
+            visit(v)
+    assert circles == []

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import small_format
+
 from deepr.io import RecordError
 from deepr.llm.extractive import ExtractiveLLM
 from deepr.llm.replay import ReplayLLM
@@ -242,7 +244,7 @@ def test_the_root_is_expanded_even_when_the_model_calls_everything_atomic(volc, 
 def _decompose_fmt(roles, ctx, limit):
     from deepr.data.tree_roles import DECOMPOSE, TreeAsk
 
-    return DECOMPOSE.constrain(TreeAsk(roles, ctx, limit=limit)).json_schema["properties"]["queries"]
+    return small_format(DECOMPOSE, TreeAsk(roles, ctx, limit=limit)).json_schema["properties"]["queries"]
 
 
 def _accepts(schema: dict, value) -> bool:
@@ -257,14 +259,14 @@ def test_strict_root_query_keeps_the_seed_title(embedder):
     from deepr.data.tree_roles import ROOT_QUERY, TreeAsk
 
     roles = _roles(ExtractiveLLM(), embedder)
-    fmt = ROOT_QUERY.constrain(TreeAsk(roles, seed=SeedTopic(id="t", title="Mercury (planet)"))).json_schema
+    fmt = small_format(ROOT_QUERY, TreeAsk(roles, seed=SeedTopic(id="t", title="Mercury (planet)"))).json_schema
     assert _accepts(fmt, {"query": "Mercury (planet) history and science"})
     # without a description the added words are broad aspects: no invented or stray word
     for bad in ("What isoodieh-hijabah", "Mercury planet orbit", "Mercury (planet)",
                 "Mercury (planet) orbit and surface", "Mercury (planet) that's-arapitcally"):
         assert not _accepts(fmt, {"query": bad}), bad
     described = SeedTopic(id="t", title="Mercury (planet)", description="Mercury has the smallest orbit of all.")
-    fmt = ROOT_QUERY.constrain(TreeAsk(roles, seed=described)).json_schema
+    fmt = small_format(ROOT_QUERY, TreeAsk(roles, seed=described)).json_schema
     assert _accepts(fmt, {"query": "Mercury (planet) smallest orbit"})
     assert not _accepts(fmt, {"query": "Mercury (planet) history"})  # the description's words only
 
@@ -297,10 +299,10 @@ def test_strict_ground_needs_a_document_and_prefers_ones_the_branch_has_not_used
     roles = _roles(ExtractiveLLM(), embedder)
     hits = [Hit(id=f"{d}#0", doc_id=d, title=d, text=f"{d} text.") for d in ("Lava", "Basalt", "Magma")]
     ctx = NodeCtx(query="Lava types", depth=1, phrase="Lava", root_topic="Volcano", hits=hits, seen_docs={"Lava"})
-    arr = GROUND.constrain(TreeAsk(roles, ctx)).json_schema["properties"]["supporting"]
+    arr = small_format(GROUND, TreeAsk(roles, ctx)).json_schema["properties"]["supporting"]
     assert arr["minItems"] == 1 and arr["items"]["enum"] == [2, 3]
     ctx.seen_docs = {"Lava", "Basalt", "Magma"}  # nothing new: any retrieved document may be chosen
-    assert GROUND.constrain(TreeAsk(roles, ctx)).json_schema["properties"]["supporting"]["items"]["enum"] == [1, 2, 3]
+    assert small_format(GROUND, TreeAsk(roles, ctx)).json_schema["properties"]["supporting"]["items"]["enum"] == [1, 2, 3]
 
 
 def test_strict_decompose_format_splits_the_root_and_fixes_the_required_facets(embedder):
