@@ -82,9 +82,11 @@ def _norm(q: str) -> str:
     return " ".join(q.lower().split())
 
 
-def _plan_check(body: str, past: list[str]) -> list[str]:
+def _plan_check(body: str, past: list[str], memory: list[MemoryItem] = ()) -> list[str]:
     if _STOP.match(body):
-        return []
+        # with no facts gathered, STOP would leave the answer nothing to cite
+        return [] if _memory_ids(list(memory)) else ["no facts were gathered yet, so STOP is not possible; write a "
+                                                     "search query for the question"]
     if _norm(body) in {_norm(p) for p in past}:
         return [f"the search {body!r} was already made; write a different query or STOP"]
     return []
@@ -138,7 +140,7 @@ def _plan_query(a: DecorAsk) -> str:
 PLAN = Role(
     name="decor_planner", action="plan", messages=_planner_messages, output=TaggedReply("search", required=True),
     accept=(*FREE_TEXT, query_words(lambda b: [] if _STOP.match(b) else [b])),
-    check=lambda a, b: _plan_check(b, a.past),
+    check=lambda a, b: _plan_check(b, a.past, a.memory),
     extractive=lambda a: next_query(a.ctx, a.query, a.memory, a.past) or "STOP",
     result=_planned, fallback=lambda a: "STOP", max_tokens=256,
     # STOP only once there is something to answer from: an empty memory ends in a fallback answer.
@@ -170,12 +172,19 @@ CONDENSE = Role(
 ANSWER = Role(
     name="decor_answerer", action="answer", messages=_answer_messages, output=TaggedReply("answer", required=True),
     accept=FREE_TEXT,
-    check=lambda a, b: a.ctx.catalog.check(normalize(b), _memory_ids(a.memory), require=True),
+    check=lambda a, b: _answer_check(a, b),
     extractive=lambda a: short_answer(a.ctx, a.query, a.memory),
     result=lambda a, b: normalize(b).strip(), max_tokens=640,  # room for the format's longest answer
     constrain=lambda a: tagged("answer", cited_prose(_memory_ids(a.memory), sentences=(4, 5), words=(10, 25)))
     if _memory_ids(a.memory) else None,
     on_fail="answer extracted from memory after the model failed")
+
+
+def _answer_check(a: DecorAsk, body: str) -> list[str]:
+    ids = _memory_ids(a.memory)
+    if not ids:  # an answer from no evidence cites nothing: refused, the recorded fallback says so
+        return ["no evidence was gathered, so the answer has nothing to cite"]
+    return a.ctx.catalog.check(normalize(body), ids, require=True)
 
 
 def kept_statements(a: DecorAsk, most: int = 12) -> list[str]:

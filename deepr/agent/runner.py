@@ -53,8 +53,8 @@ def trajectory_id(query: str, mode: str, query_id: str | None = None) -> str:
 
 def _question(query: str) -> str:
     text = query.strip()
-    if cited_ids(text):  # keep the report's citation invariant: the question cites nothing
-        text = text.replace("[", "(").replace("]", ")")
+    # the question cites nothing: brackets in a report are citations of evidence only
+    text = text.replace("[", "(").replace("]", ")")
     return "\n".join(f"> {ln}" if ln.strip() else ">" for ln in text.splitlines())
 
 
