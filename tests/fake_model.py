@@ -370,3 +370,93 @@ ROLES = {
     "warp_search": _warp_search, "warp_initialize": _warp_init, "warp_write": _warp_write,
     "warp_expand": _warp_expand,
 }
+
+
+# --- evidence trees ------------------------------------------------------------------------
+
+
+def _after(text: str, label: str) -> str:
+    return text.split(label, 1)[1].strip().splitlines()[0].strip() if label in text else ""
+
+
+def _root_query(p: Prompt) -> dict[str, Any]:
+    topic = _after(p.user, "Seed topic:") or p.question
+    return {"query": f"{topic} formation activity and effects"}
+
+
+def _gate(p: Prompt) -> dict[str, Any]:
+    depth = re.search(r"\(depth (\d+)\)", p.user)
+    atomic = bool(depth and int(depth.group(1)) >= 2)
+    return {"atomic": atomic, "reason": "One fact remains." if atomic else "Distinct aspects remain."}
+
+
+def _decompose(p: Prompt) -> dict[str, Any]:
+    parent = _after(p.user, "Parent query")
+    parent = parent.split(":", 1)[1].strip() if ":" in parent else parent
+    topic = " ".join(words_of(parent, 2)) or "the topic"
+    return {"queries": [{"query": f"Comparison of {topic} with alternatives", "facet": "comparison"},
+                        {"query": f"Risks and failures of {topic}", "facet": "risks"},
+                        {"query": f"Statistics and numbers on {topic}", "facet": "quantitative"}]}
+
+
+def _ground(p: Prompt) -> dict[str, Any]:
+    n = len(re.findall(r"^\[(\d+)\]", p.user, re.M))
+    return {"supporting": list(range(1, min(n, 3) + 1))}
+
+
+def _extract(p: Prompt) -> dict[str, Any]:
+    doc = p.user.split("Document:", 1)[-1].split("\n", 1)[-1]
+    return {"statements": [s for s in sentences(doc) if 5 <= len(s.split()) <= 40][:2]}
+
+
+ROLES.update({"root_query_write": _root_query, "gate_judge": _gate, "decompose_split": _decompose,
+              "ground_judge": _ground, "extract_quote": _extract})
+
+
+# --- rubrics, audits, judges ---------------------------------------------------------------
+
+
+def _synthesize(p: Prompt) -> dict[str, Any]:
+    tree = json.loads(p.user)
+    chosen, bags = [], []
+    for lf in tree.get("leaves", []):  # leaves whose statements say different things
+        for st in lf.get("statements") or []:
+            bag = {w.lower() for w in words_of(st, 40)}
+            if bag and all(len(bag & b) / len(bag | b) < 0.4 for b in bags):
+                chosen.append({**lf, "statements": [st]})
+                bags.append(bag)
+                break
+        if len(chosen) == 5:
+            break
+    ids = [lf["id"] for lf in chosen]
+    root = next((n.get("query", "") for n in tree.get("nodes", []) if n.get("depth", 0) == 0), p.question)
+    question = f"How do the sources explain {root.rstrip('?.')}, and where do they disagree or fall short?"
+    rubrics, k = [], 0
+    for lf in chosen:
+        k += 1
+        st = " ".join(lf["statements"][0].split()[:30])
+        rubrics.append({"id": f"R{k}", "type": "factual", "description": f"States that {st}", "weight": 1.0,
+                        "source_leaf_ids": [lf["id"]], "evidence": [lf["statements"][0]]})
+    logical = ["Compares the facets against each other instead of listing them",
+               "Explains the causes behind the reported effects",
+               "Qualifies claims where the evidence is thin or disputed",
+               "Ends with a reasoned conclusion drawn from the sources"]
+    for text in logical:
+        if len(rubrics) >= 5:
+            break
+        k += 1
+        rubrics.append({"id": f"R{k}", "type": "logical", "description": text, "weight": 0.5,
+                        "source_leaf_ids": ids[:2], "evidence": []})
+    return {"question": question, "selected_leaf_ids": ids,
+            "selection_trace": [{"leaf_id": i, "reason": "A distinct facet of the topic."} for i in ids],
+            "merge_trace": [{"id": "M1", "inputs": ids, "output": question,
+                             "rationale": "Together they cover the topic."}],
+            "rubrics": rubrics}
+
+
+def _audit(p: Prompt) -> dict[str, Any]:
+    return {"decision": "KEEP", "error_tags": [], "major_issues": [], "justification": "Sound as it is.",
+            "fix_plan": "", "revised_question": None, "revised_rubrics": None}
+
+
+ROLES.update({"synthesize_pair": _synthesize, "verify_audit": _audit})
