@@ -355,10 +355,6 @@ def _warp_expand(p: Prompt) -> dict[str, Any]:
     return {"name": "terminate", "position": "", "subsections": []}
 
 
-def _judge_rubric(p: Prompt) -> dict[str, Any]:
-    return {"score": 3, "reason": "Mostly met with cited facts.", "rationale": "Mostly met with cited facts."}
-
-
 ROLES = {
     "planner_plan": _plan, "planner_revise": _plan, "searcher_search": _searcher,
     "answerer_wave": _wave, "answerer_final": _final,
@@ -460,3 +456,34 @@ def _audit(p: Prompt) -> dict[str, Any]:
 
 
 ROLES.update({"synthesize_pair": _synthesize, "verify_audit": _audit})
+
+
+def _between(text: str, start: str, end: str) -> str:
+    return text.split(start, 1)[-1].split(end, 1)[0] if start in text else ""
+
+
+def _overlap(claim: str, source: str) -> float:
+    want = {w.lower() for w in words_of(claim, 40)}
+    have = {w.lower() for w in words_of(source, 400)}
+    return len(want & have) / len(want) if want else 0.0
+
+
+def _judge_rubric(p: Prompt) -> dict[str, Any]:
+    response = _between(p.user, "<<<", ">>>")
+    criterion = p.user.split("Criterion", 1)[-1]
+    share = _overlap(criterion, response)
+    return {"score": 4 if share >= 0.6 else 3 if share >= 0.3 else 2}
+
+
+def _judge_claim(p: Prompt) -> dict[str, Any]:
+    statement = _after(p.user, "Statement:")
+    share = _overlap(statement, _between(p.user, "<<<", ">>>"))
+    return {"support": "full" if share >= 0.7 else "partial" if share >= 0.4 else "none", "relevant": share >= 0.2}
+
+
+def _needs_citation(p: Prompt) -> dict[str, Any]:
+    n = re.search(r"exactly (\d+) booleans", p.user)
+    return {"needs_citation": [False] * int(n.group(1) if n else 0)}
+
+
+ROLES.update({"judge_rubric": _judge_rubric, "judge_claim": _judge_claim, "judge_needs_cite": _needs_citation})
