@@ -487,3 +487,42 @@ def _needs_citation(p: Prompt) -> dict[str, Any]:
 
 
 ROLES.update({"judge_rubric": _judge_rubric, "judge_claim": _judge_claim, "judge_needs_cite": _needs_citation})
+
+
+# --- in process -----------------------------------------------------------------------------
+
+
+def request_body(messages: list[dict[str, Any]], fmt: Any) -> dict[str, Any]:
+    """The body deepr's openai backend would send for ``fmt`` (vLLM's regex field for regexes)."""
+    body: dict[str, Any] = {"messages": messages}
+    if fmt is not None and fmt.json_schema is not None:
+        name = re.sub(r"[^A-Za-z0-9_-]", "_", fmt.name)[:64]
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": name, "schema": fmt.json_schema}}
+    elif fmt is not None and fmt.regex is not None:
+        body["structured_outputs"] = {"regex": fmt.regex}
+    return body
+
+
+def in_process(model: Any, **overrides: Any) -> Any:
+    """An LLM object answering through ``model`` without HTTP; ``overrides`` replace roles
+    ({role key: function(Prompt) -> value})."""
+    from deepr.llm.base import LLM
+
+    class InProcess(LLM):
+        name = "fake"
+
+        def __init__(self) -> None:
+            super().__init__(max_concurrency=64)
+            self.requests: list[dict[str, Any]] = []
+
+        async def _achat(self, messages, *, role=None, temperature=None, max_tokens=None, stop=None, **extra):
+            body = request_body(list(messages), extra.get("fmt"))
+            self.requests.append(body)
+            p = Prompt(body)
+            key = infer_role(((body.get("response_format") or {}).get("json_schema") or {}).get("name", ""), p)
+            if key in overrides:
+                out = overrides[key](p)
+                return out if isinstance(out, str) else json.dumps(out)
+            return model(body)
+
+    return InProcess()
