@@ -193,3 +193,27 @@ def mean_pairwise(vectors: Vectors, texts: Sequence[str]) -> float | None:
 def diminishing(k: int) -> float:
     """f(k) = max(0, 1 − 1/max(k, 1)): most of the gain from 1 → 2, then saturating."""
     return max(0.0, 1.0 - 1.0 / max(k, 1))
+
+
+# Sections a deepr report writes by code, not claims: the question, the plan table and its
+# waves, the tool-call log and the reference list (deepr.agent.runner / render).
+_SCAFFOLD = frozenset({"question", "research plan", "tool calls", "references"})
+_HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*$")
+
+
+def report_prose(report: str) -> str:
+    """``report`` with what is not a claim blanked out (same length, so offsets hold): headings,
+    the code-written sections (Question, Research plan, Tool calls, References) and the
+    provenance notes quoted under the title. Metrics score claims, not the report's frame."""
+    out, skip, seen_section = [], False, False
+    for line in (report or "").split("\n"):
+        s = line.strip()
+        m = _HEADING.match(s)
+        if m:
+            if len(s) - len(s.lstrip("#")) > 1:  # a section: the title (level 1) opens none
+                seen_section, skip = True, m.group(1).lower() in _SCAFFOLD
+        if m or skip or (s.startswith(">") and not seen_section):
+            out.append(" " * len(line))
+        else:
+            out.append(line)
+    return "\n".join(out)

@@ -91,6 +91,41 @@ def style_errors(text: str) -> list[str]:
     return errors
 
 
+def stray_brackets(text: str) -> list[str]:
+    """Bracket groups that are not citation markers ([N4], [S1], [section-1], [R1], [n0.1], [see
+    above]): brackets in written text hold evidence ids and nothing else."""
+    out = []
+    for m in _BRACKET.finditer(text):
+        toks = _tokens(m.group(1))
+        if not (toks and all(_ID.match(t) for t in toks)) and not _NUMERIC.match(m.group(1)):
+            out.append(f"[{m.group(1)}]")
+    return out
+
+
+_ANY_BRACKET = re.compile(r"\[([^\[\]\n]*)\](\((?:https?:|www\.)[^)\s]*\))?")
+
+
+def clean_brackets(text: str, known: Iterable[str]) -> str:
+    """``text`` with every bracket group that is not a marker of ``known`` ids taken out, so a
+    report shows brackets only around evidence it cites: a markdown link keeps its text and
+    target, bracketed prose becomes parenthesised, and a bracketed token ([N4], [S1], [1]) that
+    is no known id is removed."""
+    ok = set(known)
+
+    def fix(m: re.Match) -> str:
+        inner, link = m.group(1), m.group(2)
+        toks = _tokens(inner)
+        if link:
+            return f"{inner.strip()} {link}".strip()
+        if toks and all(t in ok for t in toks):
+            return m.group(0)
+        if len(toks) <= 3 and all(len(t) <= 40 for t in toks) and not re.search(r"[a-z]{4,}\s+[a-z]{2,}", inner):
+            return "\0"  # an id-like token: no evidence behind it, so nothing to show
+        return f"({inner.strip()})"
+
+    return re.sub(r"[ \t]*\0", "", _ANY_BRACKET.sub(fix, text))
+
+
 def strip_ids(text: str, drop: Iterable[str]) -> str:
     """Remove the given ids from citation markers (a marker left empty disappears)."""
     bad = set(drop)
@@ -196,6 +231,10 @@ class Catalog:
         errors = style_errors(text)
         # No example ids in these messages: a weak model copies an example id verbatim, and a
         # real id copied without reading its evidence would pass this very check.
+        stray = stray_brackets(text)
+        if stray:
+            errors.append(f"{', '.join(dict.fromkeys(stray[:4]))} {'is' if len(stray) == 1 else 'are'} not evidence "
+                          "ids: brackets may hold only the ids of the evidence items you were given")
         if unknown:
             errors.append(f"unknown citation ids {', '.join(unknown)}: cite only ids that appear in "
                           "brackets at the start of the evidence items you were given")

@@ -80,9 +80,11 @@ def _norm(q: str) -> str:
     return " ".join(q.lower().split())
 
 
-def _plan_check(body: str, past: list[str]) -> list[str]:
+def _plan_check(body: str, past: list[str], memory: list[MemoryItem] = ()) -> list[str]:
     if _STOP.match(body):
-        return []
+        # with no facts gathered, STOP would leave the answer nothing to cite
+        return [] if _memory_ids(list(memory)) else ["no facts were gathered yet, so STOP is not possible; write a "
+                                                     "search query for the question"]
     if _norm(body) in {_norm(p) for p in past}:
         return [f"the search {body!r} was already made; write a different query or STOP"]
     return []
@@ -129,7 +131,7 @@ def _planned(a: DecorAsk, body: str) -> str | None:
 PLAN = Role(
     name="decor_planner", action="plan", messages=_planner_messages, output=TaggedReply("search", required=True),
     accept=(*FREE_TEXT, query_words(lambda b: [] if _STOP.match(b) else [b])),
-    check=lambda a, b: _plan_check(b, a.past),
+    check=lambda a, b: _plan_check(b, a.past, a.memory),
     extractive=lambda a: next_query(a.ctx, a.query, a.memory, a.past) or "STOP",
     result=_planned, fallback=lambda a: "STOP", max_tokens=256,
     on_fail="step {step}: planner failed, the loop stops")
@@ -153,10 +155,17 @@ CONDENSE = Role(
 ANSWER = Role(
     name="decor_answerer", action="answer", messages=_answer_messages, output=TaggedReply("answer", required=True),
     accept=FREE_TEXT,
-    check=lambda a, b: a.ctx.catalog.check(normalize(b), _memory_ids(a.memory), require=True),
+    check=lambda a, b: _answer_check(a, b),
     extractive=lambda a: short_answer(a.ctx, a.query, a.memory),
     result=lambda a, b: normalize(b).strip(), max_tokens=640,  # room for the small profile's longest answer
     on_fail="answer extracted from memory after the model failed")
+
+
+def _answer_check(a: DecorAsk, body: str) -> list[str]:
+    ids = _memory_ids(a.memory)
+    if not ids:  # an answer from no evidence cites nothing: refused, the recorded fallback says so
+        return ["no evidence was gathered, so the answer has nothing to cite"]
+    return a.ctx.catalog.check(normalize(body), ids, require=True)
 
 
 async def plan_step(ctx: Ctx, query: str, memory: list[MemoryItem], past: list[str], t: int) -> str | None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from deepr.records import Citation, Plan
 
-from deepr.agent.citations import Catalog, cited_ids, strip_ids
+from deepr.agent.citations import Catalog, clean_brackets, cited_ids, strip_ids
 
 EXTRACTIVE_NOTE = ("Written without a language model: every sentence below is extracted from the cited "
                    "sources by the extractive backend (retrieval + sentence embeddings).")
@@ -61,13 +61,14 @@ def render_markdown(doc: ReportDoc, catalog: Catalog) -> tuple[str, dict[str, Ci
     unknown = [c for b in bodies for c in cited_ids(b) if c not in catalog]
     if unknown:  # texts are checked before they get here; this guards the invariant anyway
         bodies = [strip_ids(b, unknown) for b in bodies]
-    parts = [f"# {doc.title}"] + [f"> {n}" for n in doc.notes]
+    ids = list(dict.fromkeys(c for b in bodies for c in cited_ids(b)))
+    # Brackets in a report are citations of evidence and nothing else ([N4], [S1] cite nothing).
+    parts = [f"# {clean_brackets(doc.title, ())}"] + [f"> {clean_brackets(n, ())}" for n in doc.notes]
     for s, body in zip(doc.sections, bodies):
         if s.heading:
-            parts.append(f"{'#' * s.level} {s.heading}")
-        parts.append(body.strip())
-    ids = list(dict.fromkeys(c for b in bodies for c in cited_ids(b)))
-    parts += ["## References", catalog.references(ids) if ids else "(no sources were cited)"]
+            parts.append(f"{'#' * s.level} {clean_brackets(s.heading, ())}")
+        parts.append(clean_brackets(body, ids).strip())
+    parts += ["## References", clean_brackets(catalog.references(ids), ids) if ids else "(no sources were cited)"]
     md = "\n\n".join(p for p in parts if p) + "\n"
     citations = catalog.citations(ids)
     missing = [c for c in cited_ids(md) if c not in citations]

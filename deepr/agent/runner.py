@@ -21,7 +21,6 @@ from deepr.io import write_json, write_meta, write_text
 from deepr.llm.base import LLM, run_sync
 from deepr.records import RubricItem, RunTrace, Trajectory
 
-from deepr.agent.citations import cited_ids
 from deepr.agent.decor import DecorOutcome, run_decor
 from deepr.agent.dag import DagOutcome, run_dag
 from deepr.agent.env import Ctx, RunConfig
@@ -53,8 +52,8 @@ def trajectory_id(query: str, mode: str, query_id: str | None = None) -> str:
 
 def _question(query: str) -> str:
     text = query.strip()
-    if cited_ids(text):  # keep the report's citation invariant: the question cites nothing
-        text = text.replace("[", "(").replace("]", ")")
+    # the question cites nothing: brackets in a report are citations of evidence only
+    text = text.replace("[", "(").replace("]", ")")
     return "\n".join(f"> {ln}" if ln.strip() else ">" for ln in text.splitlines())
 
 

@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field, field_validator
 from deepr.agent.citations import normalize
 from deepr.llm.base import LLM
 from deepr.roles import JSONReply, Recorder, Role, perform
-from deepr.text import STOP_WORDS, find_markers, split_sentences, strip_citations, tok, words
+from deepr.text import STOP_WORDS, find_markers, report_prose, split_sentences, strip_citations, tok, words
 
 SUPPORTED, PARTIAL = 0.6, 0.34  # share of the claim's content words found in the cited text
 _NAME = re.compile(r"(?<![.!?:]\s)(?<!^)\b([A-Z][\w'-]*)")
@@ -201,7 +201,7 @@ class SupportReport:
 async def check_support(report: str, sources: Mapping[str, str], *, question: str = "",
                         judge: JudgeFn | None = None, judge_name: str = "") -> SupportReport:
     """Every cited claim of ``report`` against the text of the ids it cites (see module doc)."""
-    claims = cited_claims(report, list(sources))
+    claims = cited_claims(report_prose(report), list(sources))
 
     async def one(c: Claim) -> dict[str, Any]:
         missing = [i for i in c.ids if not (sources.get(i) or "").strip()]

@@ -81,6 +81,8 @@ BAD_STEP = ("Your reply could not be used: {reason}. Reply with brief reasoning 
             "one tool call (a JSON object with name and arguments in tool_call tags) or the answer in answer tags.")
 BAD_CITES = ("Your answer cites ids that no tool response showed: {ids}. Cite only ids that tool responses "
              "labelled, and reply with the corrected answer in answer tags.")
+NO_SEARCH = ("You answered before searching. Search for evidence first with a tool call, then answer citing "
+             "the ids the tool responses show.")
 NO_CITES = ("Your answer cites nothing. Wrap each factual claim in a cite tag carrying the id of the tool "
             "response it comes from, and reply with the corrected answer in answer tags.")
 STEP_REGEX = (r'(<think>[^<]*</think>[ \n]*)?(<tool_call>\{[^<]*\}</tool_call>|'
@@ -128,6 +130,8 @@ def parse_step(text: str) -> Step:
         return Step("tool", name=call["name"], arguments=args)
     answers = _ANSWER.findall(text or "")
     if answers and answers[-1].strip():
+        if not _CITE_TAG.sub("", answers[-1]).strip():  # '<cite id=""></cite>' alone says nothing
+            return Step("invalid", reason="the <answer> is empty once its cite tags are removed")
         return Step("answer", answer=answers[-1].strip())
     return Step("invalid", reason="no <tool_call> and no non-empty <answer>")
 
@@ -328,7 +332,9 @@ def _answer_problem(step: Step, session: ToolSession, max_turns: int, rejected: 
     unknown = [i for i in answer_ids(step.answer) if i not in session.shown]
     if unknown:
         return BAD_CITES.format(ids=", ".join(unknown[:8]))
-    if session.shown and not answer_ids(step.answer):
+    if not session.shown:  # nothing was found, so nothing could back (or be cited by) an answer
+        return FINAL_NUDGE if at_limit else NO_SEARCH
+    if not answer_ids(step.answer):
         return NO_CITES
     return None
 
@@ -336,10 +342,13 @@ def _answer_problem(step: Step, session: ToolSession, max_turns: int, rejected: 
 def _salvage(ctx: Ctx, query: str, step: Step, session: ToolSession) -> str:
     """After the re-asks: keep a usable answer (unknown ids are stripped later), else write one
     extractively from what was found, so the run still yields a cited report."""
-    if step.kind == "answer":
+    if step.kind == "answer" and session.shown:
         return step.answer
     from deepr.agent.writer import write_by_parts
 
+    if not session.shown:  # the model never searched: the extractive policy's searches, made by code
+        for q in ExtractivePolicy(ctx, query, 1).queries:
+            session.execute("search", {"query": q})
     ctx.tracer.decide("fallback", fallback=["agent answer"])
     return cite_tags(write_by_parts(ctx, query, sub_questions(query), session.shown,
                                      ctx.config.answer_sentences))

@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from deepr.agent.env import Ctx
-from deepr.agent.extract import shorten, sub_questions
+from deepr.agent.extract import sub_questions
 
 _MARKED = re.compile(r"(\s*)(.+?)\s*\[([^\[\]]+)\]([.!?]?)(?=\s|$)", re.S)
 
@@ -26,12 +26,22 @@ def cite_tags(text: str) -> str:
     return "\n\n".join(_MARKED.sub(wrap, para) for para in text.split("\n\n"))
 
 
+MAX_QUERY_CHARS = 300  # web search APIs refuse longer queries (Brave: 400); the corpus takes any
+
+
+def search_text(text: str) -> str:
+    """A question as a search query: one line, whole (no ellipsis: a literal "…" would be searched
+    for), cut at a word boundary only past what search APIs accept."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= MAX_QUERY_CHARS else flat[:MAX_QUERY_CHARS].rsplit(" ", 1)[0]
+
+
 class ExtractivePolicy:
     """Deterministic replies in the agent's protocol: search each part, browse once, answer."""
 
     def __init__(self, ctx: Ctx, query: str, max_turns: int):
         parts = sub_questions(query)
-        self.queries = list(dict.fromkeys([shorten(query, 24)] + [shorten(p, 24) for p in parts if p != query]))
+        self.queries = list(dict.fromkeys([search_text(query)] + [search_text(p) for p in parts if p != query]))
         self.ctx, self.query, self.parts, self.max_turns = ctx, query, parts, max_turns
         self.browsed = False
 

@@ -15,6 +15,7 @@ Search results are catalogued as ``S<n>-R<k>`` (result k of search action n).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,6 +175,28 @@ def _write(a: WarpAsk) -> str:
                         run.ctx.config.section_sentences, avoid=run.outline.used_text())
 
 
+_NUMBERED = re.compile(r"^\s*(?:section[-\s_]*)?\d{1,2}(?:\.\d{1,2})*[.)]?\s")
+_ODD = re.compile(r"[^\w\s,:;()'’&/?!.\-–—\"]")
+
+
+def title_problems(titles: list[str]) -> list[str]:
+    """Headings that are not headings: numbered by the model (the code numbers sections), with
+    symbols, no word of three letters, or a content word twice ("1 chamber rises volcanic press
+    volcanic @", "1 p")."""
+    out = []
+    for t in titles:
+        flat = " ".join(str(t).split())
+        ws = re.findall(r"[^\W\d_]+", flat.lower())
+        content = [w for w in ws if len(w) > 3]
+        why = ("starts with a section number (the report numbers sections itself)" if _NUMBERED.match(flat)
+               else f"holds {_ODD.search(flat).group(0)!r}" if _ODD.search(flat)
+               else "has no word of three letters or more" if not any(len(w) >= 3 for w in ws)
+               else "repeats a word" if len(set(content)) < len(content) else None)
+        if why:
+            out.append(f"the title {flat[:80]!r} {why}; give each section a short descriptive title")
+    return out
+
+
 def _decision(a: WarpAsk, v: dict[str, Any]) -> dict[str, Any]:
     if v.get("name") == "terminate":
         return {"name": "terminate"}
@@ -190,6 +213,7 @@ SEARCH = Role(
 INITIALIZE = Role(
     name="warp", action="initialize", messages=_init_messages, output=JSONReply(InitAction),
     extractive=_initialize, max_tokens=1024, accept=FREE_TEXT,
+    check=lambda a, v: title_problems([v["title"], *(s["title"] for s in v["sections"])]),
     on_fail="outline built extractively after the model's initialize action failed")
 
 WRITE = Role(
@@ -250,7 +274,7 @@ class WarpRun:
             errors.append(f"position {value.position!r} cannot be expanded; choose one of {', '.join(can)}")
         if not 2 <= len(value.subsections) <= 7:
             errors.append(f"give 2 to 7 subsections, not {len(value.subsections)}")
-        return errors
+        return errors + title_problems([s.title for s in value.subsections])
 
     async def deepen(self, forced: bool, draft_no: int) -> dict[str, Any]:
         """One deepening decision: {"name": "expand", "position", "subsections"} or terminate."""

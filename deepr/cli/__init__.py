@@ -5,6 +5,7 @@ and imports its heavy dependencies (torch, faiss, trl) inside the function body,
 from __future__ import annotations
 
 import typer
+from rich.markup import escape
 
 from deepr import __version__
 from deepr.cli.app import app
@@ -52,11 +53,11 @@ def main() -> None:
         sys.exit(e.exit_code)
     except click.UsageError as e:
         where = e.ctx.command_path if e.ctx else "deepr"
-        console.print(f"[bold red]error:[/] {e.format_message()} (see '{where} --help')",
+        console.print(f"[bold red]error:[/] {escape(e.format_message())} (see '{escape(where)} --help')",
                       highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
     except click.ClickException as e:
-        console.print(f"[bold red]error:[/] {e.format_message()}", highlight=False, soft_wrap=True)
+        console.print(f"[bold red]error:[/] {escape(e.format_message())}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
     except typer.Abort:  # EOF at a prompt (Ctrl-C arrives as exit code 130 from typer itself);
         # click's exceptions module, which typer now vendors, no longer has Abort

@@ -9,6 +9,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 app = typer.Typer(
@@ -23,7 +24,7 @@ console = Console(stderr=True)
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print a one-line error (what went wrong and how to fix it) and exit non-zero."""
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -66,12 +67,13 @@ def finish(code: int) -> None:
 
 def summary_table(title: str, rows: Mapping[str, Any] | list[tuple[str, Any]]) -> None:
     """Print a two-column summary table of counts / metrics to stderr."""
-    table = Table(title=title, show_header=True, header_style="bold")
+    # cells and titles hold model text, ids and paths: '[/evidence]' there is text, not markup
+    table = Table(title=escape(title), show_header=True, header_style="bold")
     table.add_column("what")
     table.add_column("value", justify="right")
     items = rows.items() if isinstance(rows, Mapping) else rows
     for k, v in items:
-        table.add_row(str(k), f"{v:.4g}" if isinstance(v, float) else str(v))
+        table.add_row(escape(str(k)), f"{v:.4g}" if isinstance(v, float) else escape(str(v)))
     console.print(table)
 
 

@@ -64,4 +64,4 @@ def drb_export_command(
             rows.extend(_rows(p))
         subs = to_submission(rows)
         write_text(out, "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in subs))
-    console.print(f"drb-export: {len(subs)} reports -> {out}")
+    console.print(f"drb-export: {len(subs)} reports -> {out}", markup=False)

@@ -295,14 +295,15 @@ def _attach_models(ctx, cfg, base_url, api_key, no_cache, judge_cache, budget) -
 
 
 def _print_summary(rows: list[dict], totals: dict) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="deepr eval", header_style="bold")
     for col in ("metric", "field", "mean", "std", "n", "failures"):
         table.add_column(col, justify="left" if col in ("metric", "field") else "right")
     for r in rows:
-        table.add_row(r["metric"], r["field"], _num(r["mean"]), _num(r["std"]), str(r["n"]),
+        table.add_row(escape(str(r["metric"])), escape(str(r["field"])), _num(r["mean"]), _num(r["std"]), str(r["n"]),
                       "" if r["failures"] is None else str(r["failures"]))
     console.print(table)
     for k, v in totals.items():
-        console.print(f"{k}: {_num(v)}")
+        console.print(f"{escape(str(k))}: {_num(v)}")

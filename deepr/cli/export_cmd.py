@@ -46,4 +46,4 @@ def export_cmd(
         rows.append(("gguf", info["gguf"]))
     summary_table("export", rows)
     console.print(f"serve it: vllm serve {out}   then: deepr run --llm openai:{out} --base-url "
-                  "http://127.0.0.1:8000/v1 ...", highlight=False, soft_wrap=True)
+                  "http://127.0.0.1:8000/v1 ...", highlight=False, soft_wrap=True, markup=False)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 
 from deepr.cli import flags as F
 from deepr.cli.app import app, console, finish, summary_table, user_errors
@@ -131,9 +132,9 @@ def _run_one(query: str, tools: Any, llm: Any, config: Any, *, html: bool, query
              rubrics: Any = (), label: str = "", profile: Any = None) -> Any:
     from deepr.agent import run_agent
 
-    with console.status(f"{label}{config.mode}: starting") as status:
+    with console.status(escape(f"{label}{config.mode}: starting")) as status:
         return run_agent(query, tools=tools, llm=llm, config=config, query_id=query_id, rubrics=rubrics,
-                         html=html, profile=profile, on_phase=lambda p: status.update(f"{label}{config.mode}: {p}"))
+                         html=html, profile=profile, on_phase=lambda p: status.update(escape(f"{label}{config.mode}: {p}")))
 
 
 def _unique(record: Path, base: str) -> str:
@@ -201,8 +202,10 @@ class _Batch:
             before = search_summary(self.tools.retriever)
             res = await arun_agent(it["query"], tools=self.tools.fresh(), llm=self.llm, config=self.config,
                                    query_id=it["id"], rubrics=rubrics, html=self.html, profile=self.profile,
-                                   on_phase=lambda p: self.status.update(f"{label}{self.config.mode}: {p}"))
+                                   on_phase=lambda p: self.status.update(escape(f"{label}{self.config.mode}: {p}")))
             attach(res, self.tools.retriever, before)
+            if self.llm.unreachable:  # every turn fell back without reaching the model: not a report
+                raise LLMError(f"{self.llm.unreachable}; no report written")
         except (ValueError, LLMError, RuntimeError) as e:
             self.rejects.write(Reject(id=it["id"], stage="run", reason=str(e), record={"query": it["query"]}))
             self.counts["rejected"] += 1
@@ -226,7 +229,7 @@ class _Batch:
         self.counts["run now"] += 1
         self.counts["degraded"] += int(_turn_counts(res, self.llm)[1] > 0)
         self.counts["seconds"] += res.seconds
-        console.print(f"{it['id']}: {res.seconds:.1f}s, {len(res.trace.citations)} citations -> {paths['report']}")
+        console.print(escape(f"{it['id']}: {res.seconds:.1f}s, {len(res.trace.citations)} citations -> {paths['report']}"))
 
 
 @app.command("run", epilog=F.EXIT_HELP)
@@ -304,8 +307,8 @@ def run_command(
         if queries:
             _guard_batch(items, queries, out, corpus, record)
         if dry_run:
-            console.print(f"run: mode {mode}, llm {llm}, corpus {corpus}, "
-                          + (f"{len(items)} queries from {queries}" if queries else "1 query") + "; nothing run")
+            console.print(escape(f"run: mode {mode}, llm {llm}, corpus {corpus}, "
+                                 + (f"{len(items)} queries from {queries}" if queries else "1 query") + "; nothing run"))
             return
         from deepr.cli.search_opts import attach, check_usable, open_search, search_errors
         from deepr.corpus import ResearchTools, open_retriever
@@ -335,6 +338,7 @@ def run_command(
 
         with search_errors(source):
             res = _run_one(query, tools, model, config, html=html, profile=prof)
+            _check_reached(model)
             check_usable(source, res)
             attach(res, source)
         paths = write_report(res, out)
@@ -344,7 +348,20 @@ def run_command(
             with JsonlAppender(record) as sink:
                 sink.write(res.trajectory.model_copy(update={"id": _unique(record, res.trajectory.id)}))
     summary_table(f"deepr run — {out}", _stats(res) + [(f"wrote {k}", str(p)) for k, p in paths.items()])
-    finish(exit_code(*_turn_counts(res, model), allow_fallback=allow_fallback, auth=model.auth_failed))
+    ok, bad = _turn_counts(res, model)
+    # one run's units are its turns: with none working, nothing succeeded (unless fallback is accepted)
+    finish(exit_code(ok, bad if ok or allow_fallback else 0, 0 if ok or allow_fallback else bad,
+                     allow_fallback=allow_fallback, auth=model.auth_failed))
+
+
+def _check_reached(model: Any) -> None:
+    """A model that could not be reached wrote nothing: stop with its reason, write no report."""
+    if model.unreachable:
+        from deepr.cli.exit_codes import NOTHING
+
+        console.print(f"[red]error[/]: {escape(model.unreachable)}; no report written", highlight=False,
+                      soft_wrap=True)
+        raise typer.Exit(NOTHING)
 
 
 def _check_parallel(parallel: int, queries: Path | None, search: str) -> None:

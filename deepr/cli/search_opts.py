@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from rich.markup import escape
 
 SEARCH_HELP = (
     "Where searches go, sources joined by '+': corpus (the local index, default, offline), "
@@ -204,18 +205,18 @@ def check_usable(retriever: Any, result: Any = None) -> None:
 
     if summary["failed_searches"] >= summary["searches"]:
         reasons = sorted({f["reason"] for f in summary["failures"] if f["kind"] == "search"})[:3]
-        console.print(f"[red]error[/]: every web search failed ({summary['failed_searches']}): " + "; ".join(reasons))
+        console.print(f"[red]error[/]: every web search failed ({summary['failed_searches']}): " + escape("; ".join(reasons)))
         raise typer.Exit(NOTHING)
     if summary["results"] == 0:
         reasons = sorted({f["reason"] for f in summary["failures"]})[:3]
         console.print(f"[red]error[/]: no search returned a readable page ({summary['failed']} failures"
-                      + (": " + "; ".join(reasons) if reasons else "") + ")")
+                      + (": " + escape("; ".join(reasons)) if reasons else "") + ")")
         raise typer.Exit(NOTHING)
     trace = getattr(result, "trace", None)
     if trace is not None and not getattr(trace, "citations", None):
         reasons = sorted({f["reason"] for f in summary["failures"]})[:3]
         console.print(f"[red]error[/]: the report cites no source: {summary['results']} web results, none used "
-                      f"({summary['failed']} failed searches or fetches" + (": " + "; ".join(reasons) if reasons
+                      f"({summary['failed']} failed searches or fetches" + (": " + escape("; ".join(reasons)) if reasons
                                                                             else "") + "); no report written")
         raise typer.Exit(NOTHING)
 
@@ -230,7 +231,7 @@ def search_errors(retriever: Any = None) -> Iterator[None]:
     except CacheMiss as e:
         from deepr.cli.app import console
 
-        console.print(f"[red]error[/]: {e}")
+        console.print(f"[red]error[/]: {escape(str(e))}")
         raise typer.Exit(2) from None
     except typer.Exit:  # already reported (e.g. by check_usable itself): say it once
         raise

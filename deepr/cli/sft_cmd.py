@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from deepr.cli import flags as F
@@ -55,7 +56,7 @@ def _action_table(stats: dict[str, Any]) -> None:
     for col in ("action", "sft before", "sft after", "rl before", "rl after"):
         table.add_column(col, justify="left" if col == "action" else "right")
     for a in actions:
-        table.add_row(a, *(str(d[s].get(a, 0)) for s in ("sft", "rl") for d in (before, after)))
+        table.add_row(escape(str(a)), *(str(d[s].get(a, 0)) for s in ("sft", "rl") for d in (before, after)))
     console.print(table)
 
 
@@ -143,7 +144,8 @@ def _write_prune_outputs(out_dir: Path, examples: dict, rejects: list, stats: di
                    timings={"seconds": round(time.perf_counter() - t0, 3)}, extra={"judge": judge_llm})
     rejected = rejects_path(out_dir / "prune.jsonl")
     write_jsonl(rejected, rejects)
-    console.print(f"wrote {out_dir / 'sft.jsonl'}, {out_dir / 'rl.jsonl'} and {rejected} ({len(rejects)} rejected)")
+    console.print(f"wrote {out_dir / 'sft.jsonl'}, {out_dir / 'rl.jsonl'} and {rejected} ({len(rejects)} rejected)",
+                  markup=False)
 
 
 def _reject_rows(by_reason: dict[str, int], max_length: int) -> list[tuple[str, int]]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
+from rich.markup import escape
 
 from deepr.cli import flags as F
 from deepr.cli.app import app, console, finish, summary_table, user_errors
@@ -90,7 +91,7 @@ def _outcome(tally: Any, models: Sequence[Any], allow_fallback: bool) -> int:
 
     message = tally.verdict()
     if message:
-        console.print(f"[red]{message}[/red]")
+        console.print(f"[red]{escape(message)}[/red]")
     return exit_code(tally.ok, tally.fallback, tally.failed, allow_fallback=allow_fallback,
                      auth=any(m.auth_failed for m in models))
 

@@ -34,7 +34,7 @@ from deepr.rewards.judges import Judge, RewardInputError
 from deepr.rewards.plan_reward import PlanReward, plan_reward, plan_rewards, plan_structure
 from deepr.rewards.race import RaceTask, drop_reference_lists, find_task, race_score
 from deepr.rewards import rubric_reward as rr
-from deepr.text import Embed, squad_normalize
+from deepr.text import Embed, report_prose, squad_normalize
 
 METRICS = ("rubric", "citation", "format", "search", "composite", "plan_reward", "answer_reward",
            "em", "f1", "lj", "team", "structure", "race", "fact", "support")
@@ -224,7 +224,9 @@ async def _rubric(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
 
 
 async def _citation(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
-    c = await rr.citation_reward(item.query, _report(item), store_texts(item.citations), ctx.need_judge())
+    # the report's frame (question, notes, plan table, references) holds no claims to score
+    c = await rr.citation_reward(item.query, report_prose(_report(item)), store_texts(item.citations),
+                                 ctx.need_judge())
     if c.failure:
         raise MetricFailure(c.failure)
     f = c.fmt

@@ -127,6 +127,7 @@ class LLM(ABC):
     # refused the credentials (retrying with the same key cannot help).
     stopped: str | None = None
     auth_failed: bool = False
+    unreachable: str | None = None  # why the endpoint could not be reached (a refused connection)
     _deadline: tuple[float, float] | None = None  # (monotonic end, the budget in seconds)
 
     def __init__(self, max_concurrency: int = 8, gen: GenDefaults | None = None):
@@ -170,6 +171,9 @@ class LLM(ABC):
             if getattr(e, "status", None) in AUTH_STATUSES:
                 self.auth_failed = True
                 self.stopped = f"stopped: the endpoint refused the credentials earlier ({e})"
+            if getattr(e, "unreachable", False):  # nothing listens there: later calls cannot do better
+                self.unreachable = str(e)
+                self.stopped = f"stopped: {e}"
             raise
         return out if isinstance(out, Reply) else Reply(out)
 

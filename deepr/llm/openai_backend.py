@@ -54,6 +54,7 @@ import random
 import re
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -88,6 +89,8 @@ class _Failure:
     retryable: bool
     retry_after: float | None = None
     format_refused: bool = False
+    unreachable: bool = False
+    style: str | None = None  # the format style this request went out with
 
 
 class _Secret:
@@ -195,6 +198,9 @@ class OpenAIBackend(LLM):
                 self._io = IOLoop(lambda: openai.AsyncOpenAI(
                     api_key=self._key.reveal(), base_url=self.config.base_url,
                     timeout=self.config.timeout, max_retries=0, **extra))
+                # A backend dropped unclosed (a command's end, the process's exit) still closes its
+                # client: aiohttp reports "Unclosed client session / connector" otherwise.
+                self._closer = weakref.finalize(self, self._io.stop)
             return self._io
 
     def _scrub(self, text: str) -> str:
@@ -242,14 +248,14 @@ class OpenAIBackend(LLM):
         return delay
 
     # -- one call ----------------------------------------------------------------------
-    async def _once(self, request: dict[str, Any]) -> _Result:
+    async def _once(self, request: dict[str, Any], styles: tuple[str | None, str | None]) -> _Result:
         kw: dict[str, Any] = {"model": self.config.model, "messages": request["messages"],
                               self.config.max_tokens_field: request["max_tokens"]}
         for field in ("temperature", "top_p", "seed", "stop"):
             if request[field] is not None:
                 kw[field] = request[field]
         fmt = request["fmt"]
-        style = self._style
+        style, rstyle = styles  # read once by the caller: other calls in flight may move them meanwhile
         sent = bool(fmt and "json_schema" in fmt and style)
         if self.config.extra_body:
             kw["extra_body"] = dict(self.config.extra_body)
@@ -261,8 +267,8 @@ class OpenAIBackend(LLM):
             sent = self._send_schema_grammar(kw, fmt)
         elif sent:  # Anyscale-style APIs take the schema this way
             kw["response_format"] = {"type": "json_object", "schema": fmt["json_schema"]}
-        if fmt and fmt.get("regex") and self._rstyle:
-            sent = self._send_regex(kw, fmt["regex"])
+        if fmt and fmt.get("regex") and rstyle:
+            sent = self._send_regex(kw, fmt["regex"], rstyle)
         from openai.types.chat import ChatCompletion
 
         # client.post, not chat.completions.create: create() walks every request through the
@@ -273,7 +279,7 @@ class OpenAIBackend(LLM):
         text, finish = _read_completion(resp)
         usage = getattr(resp, "usage", None)
         return _Result(text, getattr(usage, "prompt_tokens", 0) or 0, getattr(usage, "completion_tokens", 0) or 0,
-                       finish, sent)
+                       finish, sent, rstyle if fmt and fmt.get("regex") else style)
 
     def _send_schema_grammar(self, kw: dict[str, Any], fmt: dict[str, Any]) -> bool:
         try:
@@ -300,9 +306,9 @@ class OpenAIBackend(LLM):
                         "GBNF grammars converted here by llama-cpp-python's converter")
         return nxt
 
-    def _send_regex(self, kw: dict[str, Any], regex: str) -> bool:
+    def _send_regex(self, kw: dict[str, Any], regex: str, rstyle: str) -> bool:
         body = dict(kw.get("extra_body") or {})
-        if self._rstyle == "gbnf":
+        if rstyle == "gbnf":
             try:
                 body["grammar"] = regex_to_gbnf(regex)
             except ValueError as e:  # a construct the translation lacks: this call goes unconstrained
@@ -338,7 +344,7 @@ class OpenAIBackend(LLM):
 
     def _honoured(self, res: _Result, fmt: dict[str, Any] | None = None) -> bool:
         """Was the reply really constrained? A server may accept response_format and ignore it."""
-        if not res.format_sent:
+        if not res.format_sent or not res.text:  # no text (tool_calls only) says nothing of the format
             return False
         if res.finish_reason == "length":
             return True  # cut mid-JSON by the budget; the flag 'truncated' tells the caller
@@ -346,7 +352,9 @@ class OpenAIBackend(LLM):
             if re.fullmatch(fmt["regex"], res.text.strip()):
                 return True
             # A server that ignores the field: try the next way of sending regexes from now on.
-            was = self._rstyle
+            was = res.style
+            if was != self._rstyle:  # another call in flight already moved on from this style
+                return False
             self._rstyle = _next(_REGEX_STYLES, was)
             self._warn_once(f"ignored-{was}", f"the server accepted a regex format as {was} but its reply does not "
                             "match it; " + (f"trying {self._rstyle} next" if self._rstyle else
@@ -355,7 +363,7 @@ class OpenAIBackend(LLM):
         try:
             json.loads(res.text)
         except ValueError:
-            if self._style == "gbnf":  # the grammar field was ignored: try the next style from now on
+            if self._style == "gbnf" and res.style == "gbnf":  # the grammar field was ignored: try the next style from now on
                 self._style = _next(_STYLES, "gbnf")
                 self._warn_once("ignored-gbnf", "the server accepted a JSON schema as a GBNF grammar but its reply "
                                 "is not JSON; trying response_format json_object next")
@@ -375,18 +383,27 @@ class OpenAIBackend(LLM):
             reason, status = outcome.reason, outcome.status
             fmt = request["fmt"] or {}
             if outcome.format_refused and fmt.get("regex") and self._rstyle:
+                if outcome.style != self._rstyle:  # a call beside this one moved on already: resend as is
+                    continue
                 self._rstyle = _next(_REGEX_STYLES, self._rstyle)  # the same request in the next style
                 if self._rstyle is None:
                     self._warn_once("refused-regex", f"the server refused regex formats ({reason}); this run sends "
                                     "them no more (replies are parsed and re-asked)")
                 continue
             if outcome.format_refused and self._style:
+                if outcome.style != self._style:
+                    continue
                 # The same request again, in the next style or without response_format.
                 self._style = self._next_style(self._style, reason)
                 if self._style is None:
                     self._warn_once("refused", f"the server refused structured outputs ({reason}); this run "
                                     "continues without constrained decoding (replies are parsed and re-asked)")
                 continue
+            if outcome.unreachable:
+                self.usage.failures += 1
+                err = LLMStatusError(self._scrub(f"{self.config.model}: {reason}"), None)
+                err.unreachable = True
+                raise err
             if not outcome.retryable:
                 self.usage.failures += 1
                 what = "sent an unusable reply" if status == 200 else "refused the request"
@@ -412,11 +429,21 @@ class OpenAIBackend(LLM):
         """
         import openai
 
+        regex = bool((request["fmt"] or {}).get("regex"))
+        styles = (self._style, self._rstyle)
         try:
-            return await asyncio.wait_for(self._once(request), self.config.timeout)
-        except (TimeoutError, openai.APITimeoutError):
+            return await asyncio.wait_for(self._once(request, styles), self.config.timeout)
+        except openai.APITimeoutError as e:
+            if _refused(e):
+                return _Failure(f"connection refused: nothing is listening at {safe_url(self.config.base_url)} "
+                                "(is the server running, and is --base-url right?)", None, False, unreachable=True)
+            return _Failure(f"timed out after {self.config.timeout:g}s", None, True)
+        except TimeoutError:
             return _Failure(f"timed out after {self.config.timeout:g}s", None, True)
         except openai.APIConnectionError as e:  # includes a body cut short: the server may recover
+            if _refused(e):  # the SDK reports it as a timeout; retrying an empty port only wastes time
+                return _Failure(f"connection refused: nothing is listening at {safe_url(self.config.base_url)} "
+                                "(is the server running, and is --base-url right?)", None, False, unreachable=True)
             return _Failure(f"connection error ({type(e).__name__}: {e})", None, True)
         except openai.APIStatusError as e:
             retryable = e.status_code == 429 or e.status_code >= 500
@@ -424,12 +451,12 @@ class OpenAIBackend(LLM):
             if e.body is not None and str(e.body) not in message:  # e.g. FastAPI's 422 {"detail": [...]}
                 message = f"{message} {json.dumps(e.body, default=str)[:300]}"
             # llama-cpp-python's server answers an unknown response_format type with a 500.
-            style = self._rstyle if (request["fmt"] or {}).get("regex") else self._style
+            style = styles[1] if regex else styles[0]
             refused = request["fmt"] is not None and style is not None and (
                 (e.status_code in (400, 422) and bool(_FORMAT_REFUSAL.search(message)))
                 or (e.status_code >= 500 and bool(re.search(r"response_format|json_schema", message))))
             return _Failure(f"HTTP {e.status_code}: {message}", e.status_code, retryable, _retry_after(e),
-                            format_refused=refused)
+                            format_refused=refused, style=style)
         except openai.APIError as e:  # a reply the client cannot read: retrying will not fix it
             return _Failure(f"unreadable reply ({type(e).__name__}: {e})", None, False)
         except ValueError as e:  # JSON cut short with a correct length: a server that died mid-reply
@@ -454,6 +481,9 @@ class OpenAIBackend(LLM):
     def close(self) -> None:
         with self._io_lock:
             io, self._io = self._io, None
+            closer, self._closer = getattr(self, "_closer", None), None
+        if closer is not None:
+            closer.detach()
         if io is not None:
             io.stop()
         if self.cache is not None:
@@ -479,6 +509,18 @@ def has_aiohttp() -> bool:
 def has_schema_converter() -> bool:
     """Is llama-cpp-python's JSON-schema→GBNF converter importable here (the llamacpp extra)?"""
     return importlib.util.find_spec("llama_cpp") is not None
+
+
+def _refused(e: BaseException) -> bool:
+    """Whether a connection error was a refused connection (somewhere down its cause chain)."""
+    seen: set[int] = set()
+    x: BaseException | None = e
+    while x is not None and id(x) not in seen:
+        if isinstance(x, ConnectionRefusedError):
+            return True
+        seen.add(id(x))
+        x = x.__cause__ or x.__context__
+    return False
 
 
 def _next(styles: tuple[str, ...], style: str | None) -> str | None:

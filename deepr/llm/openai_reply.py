@@ -21,6 +21,7 @@ class _Result:
     completion_tokens: int
     finish_reason: str | None
     format_sent: bool
+    style: str | None = None  # the format style the request went out with
 
 
 class _BadReply(Exception):
@@ -71,6 +72,10 @@ def _read_completion(resp: Any) -> tuple[str, str | None]:
     finish = getattr(choice, "finish_reason", None)
     message = getattr(choice, "message", None)
     content = getattr(message, "content", None)
+    if message is not None and content is None:
+        # No text (a reply of tool_calls only, or a refusal): an empty reply, which the role's
+        # parse rejects and the executor re-asks within --max-reasks instead of failing the turn.
+        return "", finish
     if not isinstance(content, str):
         why = "no message" if message is None else "no message text"
         raise _BadReply(f"the endpoint returned {why} (finish_reason={finish})")
