@@ -106,12 +106,15 @@ def score(pages: list[dict[str, Any]], records: list[dict[str, Any]]) -> dict[st
             "missed": missed, "leaked": leaked, "failed": failed}
 
 
-def stress(port: int, names: list[str], cache_dir: Path, passes: int, rounds: int) -> dict[str, Any]:
+def stress(port: int, names: list[str], cache_dir: Path, passes: int, rounds: int,
+           expect: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """``rounds`` times, ``passes`` threads each read the whole set through its own reader at the
     same moment (every reader has its own event loop and worker threads, so extractions overlap).
-    Returns counts; a native crash ends the process before it can return."""
+    Returns counts, and with ``expect`` (the records of a lone read) every page whose concurrent
+    read differs from it; a native crash ends the process before it can return."""
     pages_read = ok = 0
     errors: list[str] = []
+    differs: list[str] = []
     for r in range(rounds):
         start = threading.Barrier(passes)
         results: list[list[dict[str, Any]]] = [[] for _ in range(passes)]
@@ -132,4 +135,8 @@ def stress(port: int, names: list[str], cache_dir: Path, passes: int, rounds: in
         for recs in results:
             pages_read += len(recs)
             ok += sum(1 for rec in recs if rec["ok"])
-    return {"passes": passes, "rounds": rounds, "pages_read": pages_read, "pages_ok": ok, "errors": errors}
+            for name, rec, want in zip(names, recs, expect or []):
+                if (rec["title"], rec["text"], rec["reason"]) != (want["title"], want["text"], want["reason"]):
+                    differs.append(f"{name}: {rec['reason'] or 'text differs'}")
+    return {"passes": passes, "rounds": rounds, "pages_read": pages_read, "pages_ok": ok, "errors": errors,
+            "differs": differs[:20]}
