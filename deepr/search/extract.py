@@ -126,7 +126,7 @@ def _block(el: object) -> Iterator[tuple[str, str]]:
         for item in el:  # type: ignore[attr-defined]
             if isinstance(item.tag, str) and item.tag == "item":
                 yield from _mixed(item, "item")
-    elif tag in ("head", "p", "quote", "item", "div", "ab", "cell", "row"):
+    elif tag and tag not in ("graphic", "lb"):  # p, head, quote, item, div and anything new
         yield from _mixed(el, "head" if tag == "head" else "item" if tag == "item" else "p")
 
 

@@ -7,8 +7,8 @@ not 2xx, the content type is not allowed, or the page is an error in disguise: a
 bot check, an "enable JavaScript" shell, or no text at all. Failed fetches are recorded by
 the caller and never cached as content. HTML goes through trafilatura's main-text
 extraction (:mod:`deepr.search.extract`: one extraction at a time, blocks joined so that no
-sentence is cut, titles decoded once), PDFs through pypdf, plain text as is; ``reader="jina"`` asks the Jina reader
-(``r.jina.ai``) for the text instead.
+sentence is cut, titles decoded once), PDFs through pypdf, plain text as is;
+``reader="jina"`` asks the Jina reader (``r.jina.ai``) for the text instead.
 
 Example::
 
