@@ -57,7 +57,7 @@ def parse_spec(spec: str) -> list[tuple[str, str]]:
 
 
 # what each kind of source needs installed (the ``web`` extra) before a run may start
-NEEDS_MODULE = {"mcp": ("mcp", "mcp")}
+NEEDS_MODULE = {"mcp": "mcp"}
 WEB_MODULES = ("trafilatura", "pypdf")
 
 
@@ -79,7 +79,7 @@ def not_ready(spec: str, reader: str = "trafilatura") -> str | None:
             what = f"--search {kind}" if kind in kinds else "DEEPR_READER=jina"
             return f"{what} needs an API key: set the environment variable {env}"
     wanted = [m for m in WEB_MODULES if reader != "jina" or m != "trafilatura"]
-    wanted += [NEEDS_MODULE[k][0] for k in kinds if k in NEEDS_MODULE]
+    wanted += [NEEDS_MODULE[k] for k in kinds if k in NEEDS_MODULE]
     missing = [m for m in dict.fromkeys(wanted) if importlib.util.find_spec(m) is None]
     if missing:
         return (f"--search {spec}: reading web pages needs the 'web' extra ({', '.join(missing)} not installed): "
