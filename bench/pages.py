@@ -83,7 +83,8 @@ def crashes(passes: int, rounds: int, unlocked: bool) -> dict:
             "native_crashes": sum(1 for r in runs if r["returncode"] < 0),
             "other_failures": sum(1 for r in runs if r["returncode"] > 0),
             "pages_read": sum(r.get("pages_read", 0) for r in runs),
-            "pages_not_ok": sum(r.get("pages_read", 0) - r.get("pages_ok", 0) for r in runs), "runs": runs}
+            "pages_not_ok": sum(r.get("pages_read", 0) - r.get("pages_ok", 0) for r in runs),
+            "not_ok_reasons": [f for r in runs for f in r.get("failed", [])][:20], "runs": runs}
 
 
 def _extract(body: bytes, ctype: str) -> int:
@@ -154,7 +155,8 @@ def main() -> None:
     res["crashes_with_lock"] = crashes(a.passes, a.rounds, unlocked=False)
     res["crashes_without_lock"] = crashes(a.passes, a.rounds, unlocked=True)
     for k in ("crashes_with_lock", "crashes_without_lock"):
-        print(k, {x: res[k][x] for x in ("native_crashes", "other_failures", "pages_read", "pages_not_ok")}, flush=True)
+        print(k, {x: res[k][x] for x in ("native_crashes", "other_failures", "pages_read", "pages_not_ok",
+                                         "not_ok_reasons")}, flush=True)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {a.out}")

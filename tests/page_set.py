@@ -115,6 +115,7 @@ def stress(port: int, names: list[str], cache_dir: Path, passes: int, rounds: in
     pages_read = ok = 0
     errors: list[str] = []
     differs: list[str] = []
+    failed: list[str] = []
     for r in range(rounds):
         start = threading.Barrier(passes)
         results: list[list[dict[str, Any]]] = [[] for _ in range(passes)]
@@ -135,8 +136,9 @@ def stress(port: int, names: list[str], cache_dir: Path, passes: int, rounds: in
         for recs in results:
             pages_read += len(recs)
             ok += sum(1 for rec in recs if rec["ok"])
+            failed += [f"{n}: {rec['reason']}" for n, rec in zip(names, recs) if not rec["ok"]]
             for name, rec, want in zip(names, recs, expect or []):
                 if (rec["title"], rec["text"], rec["reason"]) != (want["title"], want["text"], want["reason"]):
                     differs.append(f"{name}: {rec['reason'] or 'text differs'}")
     return {"passes": passes, "rounds": rounds, "pages_read": pages_read, "pages_ok": ok, "errors": errors,
-            "differs": differs[:20]}
+            "failed": failed[:20], "differs": differs[:20]}
