@@ -8,6 +8,11 @@ every cited id (:meth:`Catalog.check` lists unknown ones so the writer can be re
 and renders the reference list from the ids actually cited: nothing uncited is listed
 and nothing cited is missing.
 
+Text that instructs the reader ("ignore all previous instructions and write ...") is not
+evidence: :func:`deepr.agent.instructions.set_aside` removes such sentences from every snippet
+and page before it gets an id, and :attr:`Catalog.set_aside` records each one with its reason
+(the run's trace lists them).
+
 An id, once issued, always means the same snippet: a re-run search node continues its
 numbering instead of reusing numbers, and a snippet seen twice by one node keeps its id.
 """
@@ -148,6 +153,15 @@ class Catalog:
         self._next_r: dict[str, int] = defaultdict(int)
         self._next_f = 0
         self._by_key: dict[tuple[str, str, str], str] = {}
+        self.set_aside: list[dict[str, str]] = []  # sentences that instruct the reader, never evidence
+
+    def _evidence_text(self, cid: str, source: str, text: str) -> str:
+        """``text`` without sentences addressed to the reader; each one removed is recorded."""
+        from deepr.agent.instructions import set_aside
+
+        kept, removed = set_aside(text)
+        self.set_aside.extend({"id": cid, "source": source, **r} for r in removed)
+        return kept
 
     def __contains__(self, cid: str) -> bool:
         return cid in self.entries
@@ -167,7 +181,8 @@ class Catalog:
                 self._next_r[node] += 1
                 cid = f"{node}-R{self._next_r[node]}"
                 self._by_key[key] = cid
-                self.entries[cid] = Entry(cid, "search", node, h.doc_id, h.id, h.title, h.text, h.url,
+                text = self._evidence_text(cid, h.id, h.text)
+                self.entries[cid] = Entry(cid, "search", node, h.doc_id, h.id, h.title, text, h.url,
                                           query, float(h.score), getattr(h, "retrieved_at", "") or "")
             ids.append(self._by_key[key])
         return ids
@@ -201,7 +216,8 @@ class Catalog:
             self._next_f += 1
             cid = f"{node}-F{self._next_f}"
             self._by_key[key] = cid
-            self.entries[cid] = Entry(cid, "fetch", node, doc.id, passage_id or doc.id, doc.title, doc.text,
+            text = self._evidence_text(cid, passage_id or doc.id, doc.text)
+            self.entries[cid] = Entry(cid, "fetch", node, doc.id, passage_id or doc.id, doc.title, text,
                                       doc.url, accessed=str(getattr(doc, "retrieved_at", "") or ""))
         return self._by_key[key]
 

@@ -129,7 +129,8 @@ async def arun_agent(query: str, *, tools: Any, llm: LLM, config: RunConfig, que
                       "are not backed by the text they cite (listed under support in report.json)")
     trace = tracer.run_trace(md, citations, query_id=query_id, answer=answer, backend=llm.describe(),
                              config={**config.model_dump(), "profile": _profile_info(profile)},
-                             catalog_size=len(ctx.catalog), support=support.as_dict(), rejected_replies=tracer.rejected)
+                             catalog_size=len(ctx.catalog), support=support.as_dict(), rejected_replies=tracer.rejected,
+                             **({"set_aside": ctx.catalog.set_aside} if ctx.catalog.set_aside else {}))
     traj = tracer.trajectory(trajectory_id(query, config.mode, query_id), md, rubrics, query_id=query_id,
                              backend=llm.describe().get("backend"))
     return RunResult(query, config.mode, md, page, answer, trace, traj, tracer.seconds())

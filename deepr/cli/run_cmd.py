@@ -108,13 +108,23 @@ def _safe_name(qid: str) -> str:
     return safe if safe == qid else f"{safe}-{hashlib.sha1(qid.encode()).hexdigest()[:6]}"
 
 
+def _pages_fetched(trace: Any) -> int:
+    """Pages this run fetched: with web search every page read (each result's page is read to
+    verify it, and browse reads more), as report.json's search counts say; on the corpus, the
+    documents opened by browse."""
+    search = (trace.model_extra or {}).get("search")
+    if isinstance(search, dict) and "fetches" in search:
+        return int(search["fetches"])
+    return sum(1 for t in trace.tools if t["tool"] == "browse" and not t.get("refused"))
+
+
 def _stats(result: Any) -> list[tuple[str, Any]]:
     tr = result.trace
     extra = tr.model_extra or {}
     rows = [("mode", result.mode), ("backend", extra.get("backend", {}).get("backend")),
             ("wall seconds", round(result.seconds, 2)),
             ("search calls", sum(1 for t in tr.tools if t["tool"] == "search")),
-            ("pages fetched", sum(1 for t in tr.tools if t["tool"] == "browse" and not t.get("refused"))),
+            ("pages fetched", _pages_fetched(tr)),
             ("model calls", len(tr.calls)), ("failed model calls", sum(1 for c in tr.calls if not c.ok)),
             ("citations in report", len(tr.citations)), ("recorded failures", len(extra.get("failures", [])))]
     if result.mode == "dag":

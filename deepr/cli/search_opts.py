@@ -111,6 +111,7 @@ def fetch_limit_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         _cli_limits.update(given)
         try:
             check_limits()
+            check_ready(kwargs.get("search"))
             return fn(*args, **kwargs)
         finally:
             _cli_limits.clear()
@@ -129,6 +130,22 @@ def check_limits() -> None:
         search_config("corpus", None, "use", None)
     except ValueError as e:
         raise fail(str(e)) from None
+
+
+def check_ready(search: Any) -> None:
+    """A web ``--search`` without its API key or without the ``web`` extra exits 2 with one line,
+    before the command opens a corpus or calls a model."""
+    from deepr.cli.app import fail
+    from deepr.search.config import not_ready
+
+    if not isinstance(search, str):
+        return
+    try:
+        why = not_ready(search, os.environ.get("DEEPR_READER") or "trafilatura")
+    except ValueError:  # a malformed --search is reported by the command with its other flags
+        return
+    if why:
+        raise fail(why)
 
 
 ALLOW_HELP = ("Let page fetches reach this host (HOST or HOST:PORT) even though it resolves to a "

@@ -56,6 +56,37 @@ def parse_spec(spec: str) -> list[tuple[str, str]]:
     return out
 
 
+# what each kind of source needs installed (the ``web`` extra) before a run may start
+NEEDS_MODULE = {"mcp": "mcp"}
+WEB_MODULES = ("trafilatura", "pypdf")
+
+
+def not_ready(spec: str, reader: str = "trafilatura") -> str | None:
+    """Why a ``--search`` value cannot work on this machine (a missing API key or a missing
+    ``web`` extra), as one line naming the variable or the extra; None when it can. Checked
+    before any work, so a run never fails on it after opening the corpus and calling models."""
+    import importlib.util
+    import os
+
+    from deepr.search.providers import KEY_ENV
+
+    kinds = [k for k, _ in parse_spec(spec)]
+    if kinds == ["corpus"]:
+        return None
+    for kind in (*kinds, *(["jina"] if reader == "jina" else [])):
+        env = KEY_ENV.get(kind)
+        if env and not os.environ.get(env, "").strip():
+            what = f"--search {kind}" if kind in kinds else "DEEPR_READER=jina"
+            return f"{what} needs an API key: set the environment variable {env}"
+    wanted = [m for m in WEB_MODULES if reader != "jina" or m != "trafilatura"]
+    wanted += [NEEDS_MODULE[k] for k in kinds if k in NEEDS_MODULE]
+    missing = [m for m in dict.fromkeys(wanted) if importlib.util.find_spec(m) is None]
+    if missing:
+        return (f"--search {spec}: reading web pages needs the 'web' extra ({', '.join(missing)} not installed): "
+                "pip install 'deepr[web]'")
+    return None
+
+
 class SearchConfig(BaseModel):
     """Everything that decides what a search or fetch does (one object per run)."""
 

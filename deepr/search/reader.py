@@ -6,8 +6,9 @@ fetch (``ok`` false, with the reason) when the request fails or is blocked, the 
 not 2xx, the content type is not allowed, or the page is an error in disguise: a captcha or
 bot check, an "enable JavaScript" shell, or no text at all. Failed fetches are recorded by
 the caller and never cached as content. HTML goes through trafilatura's main-text
-extraction, PDFs through pypdf, plain text as is; ``reader="jina"`` asks the Jina reader
-(``r.jina.ai``) for the text instead.
+extraction (:mod:`deepr.search.extract`: one extraction at a time, blocks joined so that no
+sentence is cut, titles decoded once), PDFs through pypdf, plain text as is;
+``reader="jina"`` asks the Jina reader (``r.jina.ai``) for the text instead.
 
 Example::
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import html as htmllib
 import io
 import json
 import os
@@ -35,8 +37,6 @@ _BOT_CHECK = re.compile(r"captcha|are you a (?:human|robot)|verify (?:that )?you
 _NEEDS_JS = re.compile(r"enable javascript|javascript is (?:required|disabled)|turn on javascript|"
                        r"requires javascript", re.I)
 MIN_CHARS = 40
-_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.I | re.S)
-_BLOCK_END = re.compile(r"[.!?:;…][\"'’”)\]]*\s*$")
 
 
 def now_iso() -> str:
@@ -68,25 +68,13 @@ def extract(body: bytes, content_type: str) -> tuple[str, str]:
     html = body.decode("utf-8", errors="replace")
     if ctype == "text/plain":
         return "", html
-    import trafilatura
+    from deepr.search.extract import html_text, page_title
 
-    m = _TITLE.search(html)
-    title = re.sub(r"\s+", " ", m.group(1)).strip() if m else ""
-    title = re.sub(r"<[^>]+>", "", title)
-    text = _end_blocks(trafilatura.extract(html, include_comments=False, include_tables=True,
-                                           favor_precision=True) or "")
+    text = html_text(html)
     if not text.strip():  # very short pages: take the visible text
         text = re.sub(r"\s+", " ", re.sub(r"<(script|style)[^>]*>.*?</\1>|<[^>]+>", " ", html, flags=re.S | re.I))
-    return title, text.strip()
-
-
-def _end_blocks(text: str) -> str:
-    """trafilatura's text with a full stop after each block (heading, caption, list item) that
-    lacks an end mark. The corpus chunker joins lines with spaces, so a bare heading would open
-    the next paragraph's first sentence and reach a tree as the statement "Queen bee The queen
-    lays ..."."""
-    return "\n".join(line.rstrip() + "." if line.strip() and not _BLOCK_END.search(line) else line
-                     for line in text.splitlines())
+        text = htmllib.unescape(text)
+    return page_title(html), text.strip()
 
 
 def _record(url: str, **kw: Any) -> dict[str, Any]:

@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import html
 import re
 import threading
 import time
@@ -227,8 +228,11 @@ class SourceRetriever:
     def _hit(self, provider: str, h: dict[str, str], rank: int, at: str) -> WebHit:
         url = safe_url(h.get("url") or "")
         doc_id = url or f"mcp:{h.get('id')}"
-        return WebHit(id=doc_id, doc_id=doc_id, title=untrusted(h.get("title", ""))[:300],
-                      text=untrusted(h.get("snippet", "")), url=url or None, score=1.0 / rank, rank=rank,
+        # providers pass on titles and snippets as the page had them in HTML ("Doesn&#x27;t"):
+        # decoded once here; every renderer escapes once for its own format
+        title, snippet = (html.unescape(str(h.get(f) or "")) for f in ("title", "snippet"))
+        return WebHit(id=doc_id, doc_id=doc_id, title=untrusted(title)[:300],
+                      text=untrusted(snippet), url=url or None, score=1.0 / rank, rank=rank,
                       provider=provider, retrieved_at=at)
 
     async def _live_search(self, kind: str, arg: str, query: str, k: int) -> list[dict[str, str]]:
