@@ -281,12 +281,16 @@ def redact(obj: Any) -> Any:
     return obj
 
 
-_VERSIONED = ("deepr", "torch", "transformers", "trl", "peft", "sentence-transformers",
+_VERSIONED = ("torch", "transformers", "trl", "peft", "sentence-transformers",
               "faiss-cpu", "bm25s", "datasets", "openai", "pydantic")
 
 
 def versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
+    from deepr import __version__
+
+    # deepr's own version from the code that runs (its distribution is deepr-toolkit; a package
+    # named "deepr" on the index is another project)
+    out = {"python": platform.python_version(), "deepr": __version__}
     for name in _VERSIONED:
         try:
             out[name] = metadata.version(name)

