@@ -78,12 +78,16 @@ def _same(a: str, b: str) -> bool:
     return " ".join(a.split()).casefold() == " ".join(b.split()).casefold()
 
 
-def _heading(nid: str, need: str) -> str:
+def _topic(need: str) -> str:
     m = _TEMPLATE_NEED.match(need.strip())
-    if m:
-        topics = [t for t in m.group("topics").split(" and ") if t != "the question"]
-        need = " and ".join(topics) or "The question as asked"
-    return f"{need} ({nid})"
+    if not m:
+        return need
+    topics = [t for t in m.group("topics").split(" and ") if t != "the question"]
+    return " and ".join(topics) or "The question as asked"
+
+
+def _heading(nid: str, need: str) -> str:
+    return f"{_topic(need)} ({nid})"
 
 
 def _sentence_key(sentence: str) -> str:
@@ -119,12 +123,15 @@ def _dag_doc(out: DagOutcome, query: str) -> tuple[str, list[Section], Graph]:
     rows = ["| node | type | query / need | inputs |", "|---|---|---|---|"]
     for n in out.plan.nodes:
         text = n.query or n.need or ""
-        text = "*(the question)*" if _same(text, query) else text.replace("|", "/")
+        text = "(the question)" if _same(text, query) else text.replace("|", "/")
         rows.append(f"| {n.id} | {n.type} | {text} | {', '.join(n.inputs)} |")
     waves = " → ".join(", ".join(w) for w in out.waves)
     sections.append(Section("Research plan", "\n".join(rows) + (
         f"\n\nAnswered in waves (nodes of one wave run side by side): {waves}" if waves else "")))
-    return out.answer, sections, plan_graph(out.plan)
+    graph = plan_graph(out.plan)
+    for g in graph.nodes:  # the drawing names each aggregate's topic, as its heading does
+        g.label = _topic(g.label) if g.kind == "aggregate" else g.label
+    return out.answer, sections, graph
 
 
 def _warp_doc(out: WarpOutcome) -> tuple[str, list[Section], Graph]:
