@@ -24,6 +24,8 @@ def test_rejected_topics_are_replaced_until_n_trees_stand(tmp_path, mini_corpus,
     assert len(trees) == 3 and r.exit_code == 0, r.output
     assert "replaced by spare topics" in r.output
     assert not {t["id"] for t in trees} & {json.loads(x)["id"] for x in rejected}
+    counts = json.loads((tmp_path / "trees.jsonl.meta.json").read_text())["counts"]
+    assert counts["trees asked for"] == 3 and counts["spare topics tried for rejected ones"] >= len(rejected)
     again = CliRunner().invoke(app, args, env={"COLUMNS": "200"})  # resumes: nothing left to build
     assert again.exit_code == 0 and len(out.read_text().splitlines()) == 3
 

@@ -226,9 +226,8 @@ def build_trees_command(
         seeds, spares = (seeds[:n_trees], seeds[n_trees:]) if topics is None and limit is None else (seeds, [])
         done = _done(out, [], rejects, retry_rejects, {s.id for s in [*seeds, *spares]})
         todo, plan = _pending(seeds, lambda s: s.id, shard, done, lambda s: s.id, limit)
-        spare = _Spares(plan["in shard"] if spares else 0, *_pending(spares, lambda s: s.id, shard, done,
-                                                                    lambda s: s.id, None)[:1],
-                        ids={s.id for s in [*seeds, *spares]})
+        spare_todo, _ = _pending(spares, lambda s: s.id, shard, done, lambda s: s.id, None)
+        spare = _Spares(plan["in shard"] if spares else 0, spare_todo, ids={s.id for s in [*seeds, *spares]})
         if dry_run:
             summary_table("build-trees --dry-run (nothing run)", [*plan.items(), ("llm", llm), ("corpus", corpus),
                           *((f"topic {i + 1}", f"{s.title} [{s.category or '-'}]") for i, s in enumerate(todo[:10]))])
@@ -329,7 +328,7 @@ def _run_trees(todo: list[Any], retriever: Any, model: Any, judge: Any, cfg: Any
         trees = list(read_jsonl(out, Tree, tolerate_torn_tail=True)) if out.exists() else []
         stats = tree_summary(trees)
         write_meta(out, stage="build-trees", config=cfg, inputs=inputs,
-                   counts={**plan, **counts, "trees in output": len(trees), **tally.counts()},
+                   counts={**plan, **dict(spare.rows()), **counts, "trees in output": len(trees), **tally.counts()},
                    timings={"seconds": round(time.perf_counter() - t0, 2)},
                    extra={"corpus": corpus, "llm": model.describe(), "judge": judge.describe(),
                           "usage": model.usage.as_dict(), "retriever": _describe(retriever), "summary": stats,
