@@ -1,7 +1,7 @@
 """Corpus sources: turn a ``--corpus`` spec into a list of :class:`Document` records.
 
 Inputs (the spec):
-- ``wiki`` (default): the offline Wikipedia summaries of the optional ``deepr[wiki]`` extra
+- ``wiki`` (default): the offline Wikipedia summaries of the optional ``wiki`` extra
   (10,033 articles, 12 topics);
 - a ``.jsonl`` file (fields ``id``, ``title``, ``text``, ``url`` optional);
 - a ``.parquet`` file with the same columns (common aliases such as ``content`` are mapped);
