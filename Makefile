@@ -20,7 +20,8 @@ install: $(BIN)/python
 demo: install
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 bash examples/demo.sh $(DEMO_DIR)
 
-# The same chain with a real model (SmolLM2-135M-Instruct, offline): 23 minutes on 2 cores with a cached index.
+# The same chain with a real model (SmolLM2-135M-Instruct, offline): about 20 minutes on 2 cores with a cached
+# index (docs/benchmarks.md).
 demo-llm: install
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 bash examples/demo_llm.sh $(DEMO_DIR)-llm
 

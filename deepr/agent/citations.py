@@ -145,6 +145,13 @@ def strip_ids(text: str, drop: Iterable[str]) -> str:
     return re.sub(r"[ \t]*\0", "", _BRACKET.sub(fix, text))
 
 
+def _excerpt(text: str, words: int = 30) -> str:
+    """The start of a source's text for the reference list; brackets become parentheses so no
+    text of a source can read as a citation of the report."""
+    parts = " ".join(text.split()).translate(str.maketrans("[]", "()")).replace("`", "'").split(" ")
+    return " ".join(parts[:words]) + (" …" if len(parts) > words else "")
+
+
 class Catalog:
     """Every citable source of one run, by id."""
 
@@ -283,9 +290,22 @@ class Catalog:
             e = self.entries[cid]
             if e.url and e.accessed:
                 pages.setdefault(e.url, []).append(e)
+        passages: dict[str, list[str]] = {}  # one corpus passage reached by several searches: one line
+        for cid in ids:
+            e = self.entries[cid]
+            if not e.accessed:
+                passages.setdefault(e.passage_id, []).append(cid)
         done: set[str] = set()
         for cid in ids:
             e = self.entries[cid]
+            if not e.accessed:
+                if e.passage_id not in done:
+                    done.add(e.passage_id)
+                    same = passages[e.passage_id]
+                    where = f" <{e.url}>" if e.url else ""
+                    lines.append(f"- [{', '.join(same)}] {e.title or e.doc_id}{where}: “{_excerpt(e.text)}” "
+                                 f"(passage `{e.passage_id}`)")
+                continue
             group = pages.get(e.url or "\0")
             if group and len(group) > 1:
                 if e.url not in done:
@@ -297,6 +317,6 @@ class Catalog:
                 continue
             where = f" <{e.url}>" if e.url else ""
             where += f", accessed {e.accessed[:10]}" if e.accessed else ""
-            kind = "full page" if e.kind == "fetch" else "snippet"
-            lines.append(f"- [{cid}] {e.title or e.doc_id} ({kind} of `{e.doc_id}`){where}")
+            kind = "page passage" if e.kind == "fetch" else "search result"
+            lines.append(f"- [{cid}] {e.title or e.doc_id}{where}: “{_excerpt(e.text)}” ({kind})")
         return "\n".join(lines)

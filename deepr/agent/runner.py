@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 from deepr.io import write_json, write_meta, write_text
 from deepr.llm.base import LLM, run_sync
 from deepr.records import RubricItem, RunTrace, Trajectory
+from deepr.text import strip_citations
 
 from deepr.agent.decor import DecorOutcome, run_decor
 from deepr.agent.dag import DagOutcome, run_dag
@@ -29,6 +31,7 @@ from deepr.agent.render import (EXTRACTIVE_NOTE, GNode, Graph, ReportDoc, Sectio
                                 render_markdown)
 from deepr.agent.support import check_support
 from deepr.agent.trace import Tracer
+from deepr.agent.writer import cited_sentences
 from deepr.agent.warp import WarpOutcome, run_warp
 
 
@@ -65,16 +68,69 @@ def _fallback_note(tracer: Tracer) -> list[str]:
             f"{', '.join(parts)} (reasons in the sidecar's failures)."]
 
 
-def _dag_doc(out: DagOutcome) -> tuple[str, list[Section], Graph]:
+# The extractive planner's aggregate need (agent/planner.py, extractive_plan): its topic list is
+# the heading a reader wants, not the instruction the writer was given.
+_TEMPLATE_NEED = re.compile(r"^What the evidence on (?P<topics>.+) establishes for the question$")
+
+
+def _same(a: str, b: str) -> bool:
+    return " ".join(a.split()).casefold() == " ".join(b.split()).casefold()
+
+
+def _topic(need: str) -> str:
+    m = _TEMPLATE_NEED.match(need.strip())
+    if not m:
+        return need
+    topics = [t for t in m.group("topics").split(" and ") if t != "the question"]
+    return " and ".join(topics) or "The question as asked"
+
+
+def _heading(nid: str, need: str) -> str:
+    return f"{_topic(need)} ({nid})"
+
+
+def _sentence_key(sentence: str) -> str:
+    return " ".join(strip_citations(sentence).split()).casefold()
+
+
+def _unseen(text: str, seen: set[str]) -> str:
+    """``text`` without the sentences already in ``seen`` (compared without their citations, so
+    the same sentence cited from another search node counts as seen); adds what it keeps."""
+    paragraphs = []
+    for para in text.split("\n\n"):
+        if re.match(r"^\s*([-*+|#>]|\d+[.)])", para):  # lists, tables, headings: whole lines only
+            lines = [ln for ln in para.splitlines() if _sentence_key(ln) not in seen]
+            seen.update(_sentence_key(ln) for ln in lines)
+            kept = "\n".join(lines)
+        else:
+            sentences = [x for x in cited_sentences(para) if _sentence_key(x) not in seen]
+            seen.update(_sentence_key(x) for x in sentences)
+            kept = " ".join(sentences)
+        if kept.strip():
+            paragraphs.append(kept)
+    return "\n\n".join(paragraphs)
+
+
+def _dag_doc(out: DagOutcome, query: str) -> tuple[str, list[Section], Graph]:
     by_id = {n.id: n for n in out.plan.nodes}
-    sections = [Section("Answer", out.answer), Section("Findings by research step", "")]
-    sections += [Section(f"{nid}: {by_id[nid].need}", out.outputs.get(nid, ""), 3) for w in out.waves for nid in w]
+    seen = {_sentence_key(x) for x in cited_sentences(out.answer)}
+    findings = [Section(_heading(nid, by_id[nid].need or nid), body, 3) for w in out.waves for nid in w
+                if (body := _unseen(out.outputs.get(nid, ""), seen))]
+    sections = [Section("Answer", out.answer)]
+    if findings:  # what the answer left out; the answer's own sentences are not repeated
+        sections += [Section("More findings by research step", ""), *findings]
     rows = ["| node | type | query / need | inputs |", "|---|---|---|---|"]
-    rows += [f"| {n.id} | {n.type} | {(n.query or n.need or '').replace('|', '/')} | {', '.join(n.inputs)} |"
-             for n in out.plan.nodes]
-    sections.append(Section("Research plan", "\n".join(rows) + "\n\nWaves: " +
-                            " → ".join("{" + ", ".join(w) + "}" for w in out.waves)))
-    return out.answer, sections, plan_graph(out.plan)
+    for n in out.plan.nodes:
+        text = n.query or n.need or ""
+        text = "(the question)" if _same(text, query) else text.replace("|", "/")
+        rows.append(f"| {n.id} | {n.type} | {text} | {', '.join(n.inputs)} |")
+    waves = " → ".join(", ".join(w) for w in out.waves)
+    sections.append(Section("Research plan", "\n".join(rows) + (
+        f"\n\nAnswered in waves (nodes of one wave run side by side): {waves}" if waves else "")))
+    graph = plan_graph(out.plan)
+    for g in graph.nodes:  # the drawing names each aggregate's topic, as its heading does
+        g.label = _topic(g.label) if g.kind == "aggregate" else g.label
+    return out.answer, sections, graph
 
 
 def _warp_doc(out: WarpOutcome) -> tuple[str, list[Section], Graph]:
@@ -105,7 +161,7 @@ async def arun_agent(query: str, *, tools: Any, llm: LLM, config: RunConfig, que
     tracer = Tracer(query, config.mode, on_phase=on_phase)
     ctx = Ctx(llm=llm, tools=tools, config=config, tracer=tracer, profile=profile)
     if config.mode == "dag":
-        answer, sections, graph = _dag_doc(await run_dag(ctx, query))
+        answer, sections, graph = _dag_doc(await run_dag(ctx, query), query)
     elif config.mode == "warp":
         answer, sections, graph = _warp_doc(await run_warp(ctx, query))
     elif config.mode == "tools":
@@ -117,7 +173,8 @@ async def arun_agent(query: str, *, tools: Any, llm: LLM, config: RunConfig, que
     # The note follows what happened: every role was performed by the non-LLM engine.
     notes = ([EXTRACTIVE_NOTE] if set(tracer.engines) == {"extractive"} else []) + _fallback_note(tracer)
     title = shorten(next(ln for ln in query.splitlines() if ln.strip()).strip(), 16)
-    doc = ReportDoc(title, [Section("Question", _question(query))] + sections, notes, graph)
+    asked = [] if _same(title, query) else [Section("Question", _question(query))]  # the title says it all
+    doc = ReportDoc(title, asked + sections, notes, graph)
     with tracer.phase("render"):
         md, citations, dropped = render_markdown(doc, ctx.catalog)
         if dropped:

@@ -111,6 +111,10 @@ def render_html(scores: list[dict], rows: list[dict], totals: dict, metrics: lis
     parts = [f"<h1>{html.escape(title)}</h1><p>{len(scores)} items</p><table border=1 cellpadding=4>"
              "<tr><th>metric</th><th>field</th><th>mean</th><th>std</th><th>n</th><th>failures</th></tr>"
              f"{table}</table>"]
+    from deepr.eval.summary import legend
+
+    parts.append("<dl>" + "".join(f"<dt><code>{html.escape(f)}</code></dt><dd>{html.escape(d)}</dd>"
+                                  for f, d in legend(rows)) + "</dl>")
     if totals:
         parts.append("<ul>" + "".join(f"<li>{html.escape(k)}: {_num(v)}</li>" for k, v in totals.items()) + "</ul>")
     for m in metrics:
@@ -163,7 +167,9 @@ def eval_command(
     allow_host: list[str] | None = ALLOW_OPT,
     search_cache: str = CACHE_OPT,
 ) -> None:
-    """Score reports, plans and answers with the metrics of SPEC §5 and the rewards of §6."""
+    """Score reports, plans and answers: DeepRubric's rubric and citation rewards, DecomposeR's
+    planner and answerer rewards, DECOR's EM / F1 / LLM judge, DeepResearch Bench's RACE and FACT,
+    structure and support. The summary ends with a legend of its fields."""
     with user_errors():
         F.check_budget(timeout, deadline, concurrency, limit)
         gen = F.gen_defaults(max_tokens, temperature, top_p, seed, formats, reask)
@@ -192,16 +198,15 @@ def _inside(path: Path, folder: Path) -> bool:
     return folder.resolve() in path.resolve().parents
 
 
-def _outcome(out: Path, ids: set[str], n_metrics: int, judge: Any, allow_fallback: bool) -> int:
-    """Items scored now: every metric computed (ok), some failed (degraded), all failed (failed)."""
+def _outcome(scores: list[dict], scored: dict[str, list[str]], judge: Any, allow_fallback: bool) -> int:
+    """Items scored now: every metric scored now computed (ok), some failed (degraded), all failed."""
     from deepr.cli.exit_codes import exit_code
-    from deepr.io import read_jsonl
 
     tally = {"ok": 0, "degraded": 0, "failed": 0}
-    for r in read_jsonl(out, tolerate_torn_tail=True) if out.exists() else []:
-        if r.get("id") in ids:
-            n = len(r.get("failures") or {})
-            tally["ok" if n == 0 else "failed" if n >= n_metrics else "degraded"] += 1
+    for r in scores:
+        if r.get("id") in scored:
+            n = len(set(r.get("failures") or {}) & set(scored[r["id"]]))
+            tally["ok" if n == 0 else "failed" if n >= len(scored[r["id"]]) else "degraded"] += 1
     auth = bool(judge is not None and getattr(judge, "llm", None) is not None and judge.llm.auth_failed)
     return exit_code(tally["ok"], tally["degraded"], tally["failed"], allow_fallback=allow_fallback, auth=auth)
 
@@ -211,9 +216,9 @@ def _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cac
          pages=(None, "use")) -> int:
     from pydantic import ValidationError
 
-    from deepr.eval.evaluate import EvalConfig, EvalContext, evaluate
-    from deepr.eval.summary import benchmark_totals, summarize
-    from deepr.io import JsonlAppender, done_ids, read_jsonl, require_records, write_meta, write_text
+    from deepr.eval.evaluate import EvalConfig, EvalContext, evaluate, missing_inputs
+    from deepr.eval.summary import benchmark_totals, latest_rows, merge_score, metric_done, summarize
+    from deepr.io import JsonlAppender, read_jsonl, require_records, write_jsonl, write_meta, write_text
 
     try:
         cfg = EvalConfig(metrics=[m.strip() for m in metric.split(",") if m.strip()], judge=judge_llm,
@@ -221,8 +226,6 @@ def _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cac
     except ValidationError as e:
         raise ValueError(F.flag_error(e)) from None
     items = require_records(load_items(input), input, what="items to score")
-    done = done_ids(out)
-    todo = [it for it in items if it.id not in done][: cfg.limit]
     ctx = EvalContext(rubrics=load_references(rubrics, "rubrics") if rubrics else ({}, {}),
                       gold=load_references(gold, "gold") if gold else ({}, {}))
     if race_criteria or race_reference:
@@ -231,7 +234,16 @@ def _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cac
         from deepr.rewards.race import load_race_tasks
 
         ctx.race_tasks = load_race_tasks(race_criteria, race_reference)
-    console.print(f"eval: {len(items)} items, {len(done)} already scored, {len(todo)} to score; "
+    problems = missing_inputs(cfg.metrics, items, ctx)
+    if problems:
+        raise ValueError("; ".join(problems))
+    # Resume per (item, metric): an item already in --out is scored again only for the metrics
+    # its row lacks (a new --metric, or one that failed before).
+    before = {r["id"]: r for r in latest_rows(list(read_jsonl(out, tolerate_torn_tail=True)))} if out.exists() else {}
+    pending = {it.id: [m for m in cfg.metrics if not metric_done(before.get(it.id), m)] for it in items}
+    todo = [it for it in items if pending[it.id]][: cfg.limit]
+    done = sum(1 for it in items if not pending[it.id])
+    console.print(f"eval: {len(items)} items, {done} already scored, {len(todo)} to score; "
                   f"metrics {', '.join(cfg.metrics)}; judge {cfg.judge}")
     if dry_run:
         return 0
@@ -245,15 +257,22 @@ def _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cac
         _attach_models(ctx, cfg, base_url, api_key, no_cache, judge_cache, budget)
         from rich.progress import Progress
 
+        groups: dict[tuple[str, ...], list[Any]] = {}
+        for it in todo:
+            groups.setdefault(tuple(pending[it.id]), []).append(it)
         with JsonlAppender(out) as sink, Progress(console=console, transient=True) as bar:
             task = bar.add_task("scoring", total=len(todo))
-            run_sync_eval(evaluate(todo, cfg.metrics, ctx, sink=sink.write, concurrency=cfg.concurrency,
-                                   progress=lambda n: bar.advance(task, n)))
+            for metrics, group in groups.items():
+                run_sync_eval(evaluate(group, list(metrics), ctx, concurrency=cfg.concurrency,
+                                       sink=lambda sc: sink.write(merge_score(before.get(sc.id), sc.model_dump())),
+                                       progress=lambda n: bar.advance(task, n)))
         if ctx.judge is not None:
             ctx.judge.cache.close()
     if ctx.pages is not None:
         ctx.pages.close()
-    scores = [r for r in read_jsonl(out, tolerate_torn_tail=True)] if out.exists() else []
+    scores = latest_rows(list(read_jsonl(out, tolerate_torn_tail=True))) if out.exists() else []
+    if before and todo:  # merged rows were appended: keep one row per id
+        write_jsonl(out, scores)
     rows, totals = summarize(scores, cfg.metrics), benchmark_totals(scores, cfg.metrics)
     _print_summary(rows, totals)
     judge_name = ctx.judge.name if ctx.judge else None
@@ -264,7 +283,7 @@ def _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cac
                extra={"judge": judge_name, "summary": rows, "totals": totals})
     if html_out:
         write_text(html_out, render_html(scores, rows, totals, cfg.metrics, f"deepr eval: {input.name}"))
-    return _outcome(out, {it.id for it in todo}, len(cfg.metrics), ctx.judge, allow_fallback)
+    return _outcome(scores, {it.id: pending[it.id] for it in todo}, ctx.judge, allow_fallback)
 
 
 def run_sync_eval(coro: Any) -> Any:
@@ -275,23 +294,17 @@ def run_sync_eval(coro: Any) -> Any:
 
 def _attach_models(ctx, cfg, base_url, api_key, no_cache, judge_cache, budget) -> None:
     """Load the judge and the embedder only when the chosen metrics need them."""
-    from deepr.eval.evaluate import JUDGED, needs
-    from deepr.rewards.judges import Judge, JudgeCache
+    from deepr.api import attach_models
 
-    extractive = cfg.judge == "extractive"
-    if needs(cfg.metrics, extractive):
-        from deepr.corpus.embed import get_embedder
+    def make_llm(spec: str) -> Any:
+        from deepr.llm import llm_from_flags
 
-        ctx.embed = get_embedder().encode
-    if JUDGED & set(cfg.metrics):
-        llm = None
-        if not extractive:
-            from deepr.llm import llm_from_flags
+        timeout, deadline, gen = budget
+        llm = llm_from_flags(spec, base_url, api_key, no_cache, timeout, cfg.concurrency, gen=gen)
+        llm.set_deadline(deadline)
+        return llm
 
-            timeout, deadline, gen = budget
-            llm = llm_from_flags(cfg.judge, base_url, api_key, no_cache, timeout, cfg.concurrency, gen=gen)
-            llm.set_deadline(deadline)
-        ctx.judge = Judge(llm, ctx.embed, cache=JudgeCache(judge_cache))
+    attach_models(ctx, cfg.metrics, cfg.judge, cache_path=judge_cache, make_llm=make_llm)
 
 
 def _print_summary(rows: list[dict], totals: dict) -> None:
@@ -307,3 +320,10 @@ def _print_summary(rows: list[dict], totals: dict) -> None:
     console.print(table)
     for k, v in totals.items():
         console.print(f"{escape(str(k))}: {_num(v)}")
+    for r in rows:
+        if r.get("top_failure"):
+            console.print(f"{r['metric']} failed on {r['failures']} item(s); commonest reason: "
+                          f"{escape(str(r['top_failure']))}")
+    from deepr.eval.summary import legend
+
+    console.print("\n".join(f"  {f}: {meaning}" for f, meaning in legend(rows)), style="dim", highlight=False)

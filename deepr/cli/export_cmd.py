@@ -23,7 +23,7 @@ def export_cmd(
     gguf: bool = typer.Option(False, "--gguf", help="Also write model-<outtype>.gguf for llama.cpp / Ollama. "
                               "Needs llama.cpp's convert_hf_to_gguf.py (the `gguf` package alone has no "
                               "Hugging Face converter): --llama-cpp, $LLAMA_CPP_DIR or PATH; it imports sentencepiece "
-                              "(pip install 'deepr[gguf-export]')."),
+                              "(pip install -e '.[gguf-export]' in the deepr checkout)."),
     gguf_outtype: str = typer.Option("f16", "--gguf-outtype", help="GGUF tensor type: f32, f16, bf16, q8_0."),
     llama_cpp: Path | None = typer.Option(None, "--llama-cpp", help="llama.cpp checkout (or the llama-cpp-python "
                                           "sdist's vendor/llama.cpp) holding convert_hf_to_gguf.py."),

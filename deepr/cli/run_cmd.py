@@ -140,10 +140,10 @@ def _stats(result: Any) -> list[tuple[str, Any]]:
 
 def _run_one(query: str, tools: Any, llm: Any, config: Any, *, html: bool, query_id: str | None = None,
              rubrics: Any = (), label: str = "", profile: Any = None) -> Any:
-    from deepr.agent import run_agent
+    import deepr
 
     with console.status(escape(f"{label}{config.mode}: starting")) as status:
-        return run_agent(query, tools=tools, llm=llm, config=config, query_id=query_id, rubrics=rubrics,
+        return deepr.run(query, tools=tools, llm=llm, config=config, query_id=query_id, rubrics=rubrics,
                          html=html, profile=profile, on_phase=lambda p: status.update(escape(f"{label}{config.mode}: {p}")))
 
 

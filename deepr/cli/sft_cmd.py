@@ -91,7 +91,8 @@ def prune_trajectories_cmd(
     limit: int | None = typer.Option(None, "--limit", help="Read only the first N trajectories."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the counts, write nothing."),
 ) -> None:
-    """Filter, prune and balance teacher trajectories into turn-level SFT / RL examples (SPEC §7)."""
+    """Filter, prune and balance teacher trajectories into turn-level SFT / RL examples
+    (AgentCPM-Report's pruning at the best draft and action balancing; DecomposeR's turn-level SFT)."""
     from deepr.io import read_jsonl, require_records
     from deepr.records import Trajectory
     from deepr.train.trajectories import STAGE, PruneConfig, judge_scorer, prune_trajectories
@@ -182,15 +183,15 @@ def sft_cmd(
     seed: int = typer.Option(0, "--seed", help="Seed of initialisation and data order."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --out."),
     checkpointing: bool = typer.Option(True, "--gradient-checkpointing/--no-gradient-checkpointing",
-                                       help="Recompute activations in the backward pass (less memory); off "
-                                       "stores them: SmolLM2-135M LoRA on CPU, 0.79x the time at 3x the memory."),
+                                       help="Recompute activations in the backward pass: less memory, more "
+                                       "compute; off stores them (docs/training.md compares the two)."),
     bf16: bool | None = typer.Option(None, "--bf16/--no-bf16", help="bf16 mixed precision (default: on a GPU "
-                                     "that supports it). On CPU too: SmolLM2-135M LoRA steps take 0.70x the time "
-                                     "(bench/results/sft_memory.json)."),
+                                     "that supports it; it also speeds up CPU steps, see docs/training.md)."),
     limit: int | None = typer.Option(None, "--limit", help="Use only the first N examples of --data."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Select and length-check the examples, train nothing."),
 ) -> None:
-    """Fine-tune one role's LoRA adapter (or the full model) on turn-level chat examples (SPEC §8).
+    """Fine-tune one role's LoRA adapter (or the full model) on turn-level chat examples
+    (DecomposeR's SFT stage).
     Multi-GPU: `accelerate launch --config_file docs/accelerate/deepspeed_zero2.yaml -m deepr sft ...`."""
     from deepr.io import read_jsonl, require_records, write_jsonl, write_meta
     from deepr.records import ChatExample

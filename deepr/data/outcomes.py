@@ -43,6 +43,15 @@ def reason_key(reason: str) -> str:
     return text if len(text) <= _REASON_CHARS else text[:_REASON_CHARS - 1].rstrip() + "…"
 
 
+def brief_reason(reason: str) -> str:
+    """A reason as a person reads it in a table: its own words and numbers, without the trailing
+    parenthesised details (they stay in the rejects file), cut to one line."""
+    text = _SPACE.sub(" ", str(reason)).strip()
+    head = text.split(" (", 1)[0] if len(text) > _REASON_CHARS // 2 else text
+    head = head or text
+    return head if len(head) <= _REASON_CHARS else head[:_REASON_CHARS - 1].rstrip() + "…"
+
+
 def _failures(record: Any) -> list[dict[str, Any]]:
     extra = getattr(record, "model_extra", None) or {}
     got = getattr(record, "failures", None)
@@ -65,6 +74,7 @@ class StageTally:
     fallback: int = 0
     failed: int = 0
     reasons: Counter = field(default_factory=Counter)
+    examples: dict[str, str] = field(default_factory=dict)  # a reason as one record gave it, per key
 
     def add(self, result: Any) -> None:
         """Count one stage result: a record, a Reject, or a verify Verdict (``kind``, ``record``)."""
@@ -86,7 +96,9 @@ class StageTally:
     def _reasons(self, failures: Iterable[dict[str, Any]]) -> None:
         for f in failures:
             where = f.get("where") or "record"
-            self.reasons[f"{where}: {reason_key(f.get('reason', ''))}"] += 1
+            key = f"{where}: {reason_key(f.get('reason', ''))}"
+            self.reasons[key] += 1
+            self.examples.setdefault(key, f"{where}: {brief_reason(f.get('reason', ''))}")
 
     @property
     def total(self) -> int:
@@ -103,13 +115,15 @@ class StageTally:
     def counts(self) -> dict[str, Any]:
         """For the provenance sidecar: record counts and the top reasons."""
         return {"ok": self.ok, "fallback": self.fallback, "failed": self.failed,
-                "top_failure_reasons": [{"reason": r, "count": c} for r, c in self.top(5)]}
+                "top_failure_reasons": [{"reason": r, "count": c, "example": self.examples.get(r, r)}
+                                        for r, c in self.top(5)]}
 
     def rows(self, n: int = 3) -> list[tuple[str, Any]]:
         """Summary-table rows: counts, then the ``n`` commonest failure reasons."""
         rows: list[tuple[str, Any]] = [("records ok", self.ok), ("rebuilt by the extractive fallback", self.fallback),
                                        ("records failed", self.failed)]
-        rows += [(f"top failure {i}", f"{c}× {r}") for i, (r, c) in enumerate(self.top(n), start=1)]
+        rows += [(f"top failure {i}", f"{c}× {self.examples.get(r, r)}" + (" (and alike)" if c > 1 else ""))
+                 for i, (r, c) in enumerate(self.top(n), start=1)]
         return rows
 
     def verdict(self) -> str | None:

@@ -305,9 +305,9 @@ class _TreeBuilder:
                     backend=self.roles.backend, category=self.seed.category, seed_doc_id=self.seed.doc_id,
                     failures=self.rec.failures)
         if stats.leaves < self.cfg.min_leaves:
-            raise TreeFailed(f"tree too small: {stats.leaves} leaf(s), min_leaves={self.cfg.min_leaves} "
-                             f"(stops: {stats.stop_reasons}; children dropped: {dict(self.dropped) or 'none'}; "
-                             f"failures: {len(self.rec.failures)})")
+            raise TreeFailed(f"tree too small: {stats.leaves} leaf(s), at least {self.cfg.min_leaves} needed "
+                             f"(leaves stopped by: {_tally(stats.stop_reasons)}; children dropped: "
+                             f"{_tally(self.dropped)}; model failures: {len(self.rec.failures)})")
         return tree
 
 
@@ -336,6 +336,12 @@ def make_roles(llm: LLM, embed: Callable[[list[str]], Any], config: TreeConfig,
                      ground_threshold=c.ground_threshold, statement_support=c.statement_support,
                      root_overlap=c.ground_root_overlap, redundancy=c.redundancy_threshold,
                      max_reasks=c.max_reasks, min_leaves=c.min_leaves, profile=profile, judge_profile=judge_profile)
+
+
+def _tally(counts: dict[str, int]) -> str:
+    """``{'no_children': 2}`` as "no children 2" (a reason read by people, not a Python dict)."""
+    parts = [f"{k.replace('_', ' ')} {v}" for k, v in counts.items() if v]
+    return ", ".join(parts) or "none"
 
 
 async def abuild_trees(topics: Sequence[SeedTopic], retriever: Any, llm: LLM, config: TreeConfig, *,

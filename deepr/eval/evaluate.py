@@ -91,6 +91,28 @@ class EvalItem:
     raw_report: str = ""  # before reference lists are dropped (FACT reads DRB's numbered URL list)
 
 
+RUBRIC_METRICS = ("rubric", "composite", "plan_reward", "answer_reward")
+GOLD_METRICS = ("em", "f1", "lj", "team")
+
+
+def missing_inputs(metrics: Sequence[str], items: Sequence["EvalItem"], ctx: "EvalContext") -> list[str]:
+    """One line per group of requested metrics whose input neither an item nor a reference file
+    gives: such a run would only record the same failure on every item."""
+    problems = []
+    want = [m for m in metrics if m in RUBRIC_METRICS]
+    if want and not (ctx.rubrics[0] or any(it.rubrics for it in items)):
+        problems.append(f"--metric {','.join(want)} scores against rubric items, and there are none: no item "
+                        "carries 'rubrics' and --rubrics was not given (pass --rubrics verified.jsonl)")
+    want = [m for m in metrics if m in GOLD_METRICS]
+    if want and not (ctx.gold[0] or any(it.answers for it in items)):
+        problems.append(f"--metric {','.join(want)} compares with gold answers, and there are none: no item "
+                        "carries 'answers' and --gold was not given (pass --gold gold.jsonl)")
+    if "race" in metrics and ctx.race_tasks is None:
+        problems.append("--metric race needs DeepResearch Bench's criteria and reference reports: "
+                        "pass --race-criteria and --race-reference")
+    return problems
+
+
 class MetricFailure(Exception):
     """A metric that cannot be computed for one item; recorded in Score.failures."""
 
@@ -399,7 +421,7 @@ async def score_item(item: EvalItem, metrics: Sequence[str], ctx: EvalContext) -
             failures[m] = str(e) or f"{m} could not be computed"
     if ctx.judge is not None and JUDGED & set(metrics):
         fields["judge"] = ctx.judge.name
-    return Score(id=item.id, failures=failures, **fields)
+    return Score(id=item.id, failures=failures, metrics=list(metrics), **fields)
 
 
 async def evaluate(items: Sequence[EvalItem], metrics: Sequence[str], ctx: EvalContext, *,

@@ -28,6 +28,71 @@ SUMMARY_FIELDS = {
     "support": ["support", "support_unsupported", "support_partial", "support_claims"],
 }
 
+# What each summary field means, printed under the table for the fields it shows (the
+# papers' names: DeepRubric App. A for the citation parts, DecomposeR App. A.5 for the rewards).
+LEGEND = {
+    "rubric": "share of rubric weight the report satisfies (judged per rubric item)",
+    "R_cite": "citation reward: 0.6 F1_mean + 0.4 R_fmt",
+    "F1_mean": "mean per-claim F1 of cited sources (recall: sources support the claim; precision: each is needed)",
+    "R_fmt": "citation format: v·m·(0.7 + 0.1 cite_d + 0.2 cite_n)",
+    "cite_v": "share of cited ids that exist in the run's sources",
+    "cite_m": "share of cited claims long enough to check (4+ words)",
+    "cite_d": "how evenly citations spread over the report (span, uniformity, centre)",
+    "cite_n": "distinct valid sources cited, over 6 (capped at 1)",
+    "R_format": "agent output format (answer, cite, tool and think tags well formed)",
+    "R_search": "search reward from the number of tool calls",
+    "composite": "0.5 rubric + 0.2 R_format + 0.2 R_cite + 0.1 R_search",
+    "plan_reward": "R_plan: planner reward of the plan graph",
+    "answer_reward": "R_ans: answerer reward (execution, synthesis, rubric judge, branch use)",
+    "em": "exact match with a gold answer", "f1": "token F1 with the best gold answer",
+    "lj": "LLM-judged correctness against the gold answers", "R_team": "DECOR team reward from f1 and lj",
+    "nodes": "plan nodes", "waves": "waves of nodes answered side by side", "sections": "report sections",
+    "citations": "citation markers in the report", "unique_sources": "distinct sources cited",
+    "cited_id_validity": "share of cited ids that resolve to a source",
+    "race": "RACE score against the reference report (DeepResearch Bench)",
+    "fact_accuracy": "FACT: share of judged citations whose page supports the claim",
+    "support": "share of cited claims the cited text backs",
+}
+
+
+def legend(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """(field, meaning) for the fields of summary ``rows`` that have one."""
+    fields = dict.fromkeys(r["field"] for r in rows)
+    return [(f, LEGEND[f]) for f in fields if f in LEGEND]
+
+
+def metric_done(row: Mapping[str, Any] | None, metric: str) -> bool:
+    """Whether a score row already holds ``metric`` (computed, not failed)."""
+    if not row or metric in (row.get("failures") or {}):
+        return False
+    listed = row.get("metrics")
+    if isinstance(listed, list):
+        return metric in listed
+    return SUMMARY_FIELDS[metric][0] in row  # rows written before the metric list was recorded
+
+
+def merge_score(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
+    """``new`` (the metrics scored now) over ``old`` (the item's earlier row): the earlier metrics
+    stay, a metric scored again replaces its failure or value."""
+    if not old:
+        return dict(new)
+    now = list(new.get("metrics") or [])
+    before = old.get("metrics")
+    if not isinstance(before, list):
+        before = [m for m in SUMMARY_FIELDS if metric_done(old, m) or m in (old.get("failures") or {})]
+    failures = {k: v for k, v in (old.get("failures") or {}).items() if k not in now}
+    failures.update(new.get("failures") or {})
+    return {**old, **new, "failures": failures, "metrics": list(dict.fromkeys([*before, *now]))}
+
+
+def latest_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per id, the last one written (a re-run appends merged rows), in first-seen order."""
+    last: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        last[str(r.get("id"))] = dict(r)  # a dict keeps a key's first position when its value changes
+    return list(last.values())
+
+
 def summarize(scores: Sequence[Mapping[str, Any]], metrics: Sequence[str]) -> list[dict[str, Any]]:
     """Rows {metric, field, mean, std, n, failures} over the scored (non-failed) items."""
     rows = []
@@ -41,8 +106,18 @@ def summarize(scores: Sequence[Mapping[str, Any]], metrics: Sequence[str]) -> li
             mean = sum(vals) / len(vals) if vals else None
             std = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals)) if vals else None
             rows.append({"metric": m, "field": f, "mean": mean, "std": std, "n": len(vals),
-                         "failures": fails if k == 0 else None})
+                         "failures": fails if k == 0 else None,
+                         **({"top_failure": _top_reason(scores, m)} if k == 0 and fails else {})})
     return rows
+
+
+def _top_reason(scores: Sequence[Mapping[str, Any]], metric: str) -> str:
+    """The commonest failure reason of ``metric``, with how many items gave it."""
+    from collections import Counter
+
+    reasons = Counter(str((s.get("failures") or {})[metric]) for s in scores if metric in (s.get("failures") or {}))
+    reason, n = reasons.most_common(1)[0]
+    return f"{n}× {reason}"
 
 
 def values_of(scores: Sequence[Mapping[str, Any]], f: str) -> list[float]:

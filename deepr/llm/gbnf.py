@@ -119,7 +119,7 @@ def regex_to_gbnf(regex: str) -> str:
 
 # --- JSON schemas through llama-cpp-python's converter -----------------------------------
 
-LLAMACPP_EXTRA = "pip install 'deepr[llamacpp]'"
+LLAMACPP_EXTRA = "pip install -e '.[llamacpp]' (in the deepr checkout)"
 # Characters written as themselves in a converter pattern; any other becomes \\xHH (\\uHHHH),
 # which the converter copies as is and llama.cpp's grammar parser reads.
 _PLAIN = re.compile(r"[A-Za-z0-9 _',;:!%&=<>@#~`/-]")

@@ -23,7 +23,7 @@ from typing import Any
 from deepr.llm.base import OutputFormat
 from deepr.text import STOP_WORDS
 
-INSTALL_HINT = "pip install 'deepr[smollm2]'  (or: pip install xgrammar)"
+INSTALL_HINT = "pip install -e '.[smollm2]' in the deepr checkout  (or: pip install xgrammar)"
 
 
 class Constrainer:

