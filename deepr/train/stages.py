@@ -59,7 +59,7 @@ def run_planner(config: Any, data: Path, open_source: OpenSource) -> tuple[GrpoR
 
     rows, lookup = grpo.planner_dataset(_verified(data))
     env = PlannerEnvironment(open_source(config), k=config.k, fetch_limit=config.fetch_limit,
-                             reask=config.train_turns != 1)
+                             validity=config.plan_validity)
     return grpo.train_grpo(config, rows, lookup, env=env), len(rows)
 
 
