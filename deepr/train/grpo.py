@@ -171,13 +171,15 @@ def train_grpo(config: GrpoConfig, rows: Sequence[dict[str, Any]], lookup: dict[
     from deepr.train.stage import train_stage
     from deepr.train.warp_calls import warp_trainer_cls
 
-    base = config.model
-    if config.planner_adapter is not None:
+    def start() -> str:  # after the output folder is checked: the merged base lives inside it
+        if config.planner_adapter is None:
+            return config.model
         merged = config.out / "base"
-        base = str(merged if (merged / "config.json").is_file() else merge_adapter(config.model,
-                                                                                    config.planner_adapter, merged))
+        return str(merged if (merged / "config.json").is_file() else merge_adapter(config.model,
+                                                                                  config.planner_adapter, merged))
+
     rollout = make_rollout_func(config.stage, lookup, budget=config.max_completion_length, env=env,
                                 generate_for=generate_for, turn_cap=config.max_turn_tokens,
                                 train_turns=config.train_turns, formats=config.rollout_formats)
     return train_stage(config, rows, rollout, reward_fn or default_reward(config), trainer_cls=warp_trainer_cls(),
-                       callbacks=callbacks, model_path=base)
+                       callbacks=callbacks, start=start)

@@ -320,14 +320,17 @@ def build_stage_trainer(config: StageConfig, rows: Sequence[dict[str, Any]], rol
 
 
 def train_stage(config: StageConfig, rows: Sequence[dict[str, Any]], rollout_func: Any, reward_fn: Any, *,
-                trainer_cls: Any = None, callbacks: Sequence[Any] = (), model_path: str | None = None) -> GrpoResult:
+                trainer_cls: Any = None, callbacks: Sequence[Any] = (),
+                start: Callable[[], str] | None = None) -> GrpoResult:
     """One GRPO run: checkpoints and --resume, Ctrl-C saves, metrics.jsonl, adapter + deepr_meta.json.
-    ``model_path``: the starting weights when they are not ``config.model`` (the answerer's merged base)."""
+    ``start()``: the starting weights when they are not ``config.model``, made once the output
+    folder is checked (the answerer merges the planner adapter into ``<out>/base``)."""
     from deepr.train.runs import stop_callback
     from deepr.train.signals import zero_advantage_callback
 
     t0 = time.perf_counter()
     data_fp, resume_now = prepare_out(config, rows)
+    model_path = start() if start is not None else None
     stop, log = stop_callback(), metrics_callback(config.out / METRICS)
     guard = zero_advantage_callback(config.zero_advantage, stage=config.stage)  # before `log`: it adds to the row
     trainer = build_stage_trainer(config, rows, rollout_func, reward_fn, [stop, guard, log, *callbacks], trainer_cls,
