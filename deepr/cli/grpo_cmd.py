@@ -21,7 +21,7 @@ from deepr.cli import flags as F
 from deepr.cli.app import app, fail, summary_table, user_errors
 from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT, SEARCH_OPT, fetch_limit_options
 
-grpo_app = typer.Typer(epilog=F.EXIT_HELP, help="DecomposeR staged RL (SPEC §8): --stage planner, then `grpo prepare`, then "
+grpo_app = typer.Typer(epilog=F.EXIT_HELP, help="Staged GRPO (DecomposeR §3.4): --stage planner, then `grpo prepare`, then "
                        "--stage answerer.", no_args_is_help=False)
 app.add_typer(grpo_app, name="grpo")
 
