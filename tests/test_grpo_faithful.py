@@ -126,3 +126,14 @@ def test_sampled_rollout_tokens_come_from_the_unconstrained_policy(tiny, tok, re
             picked = probs[torch.arange(len(c.completion_ids)), torch.tensor(c.completion_ids)]
             assert bool((picked > 0).all()) and bool(torch.isfinite(picked.log()).all())
     assert json.loads(json.dumps(cfg.model_dump(mode="json")))["rollout_formats"] == "none"
+
+
+def test_constrained_rollouts_refuse_a_backend_that_cannot_apply_them():
+    """Under --use-vllm the schema cannot apply; the run stops instead of silently sampling
+    unconstrained while deepr_meta.json says "schema"."""
+    from types import SimpleNamespace
+
+    from deepr.train.sampling import constrained_generate, planner_format
+
+    with pytest.raises(RuntimeError, match="vLLM samples them"):
+        constrained_generate(SimpleNamespace(use_vllm=True), planner_format)
