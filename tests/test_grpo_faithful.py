@@ -137,3 +137,22 @@ def test_constrained_rollouts_refuse_a_backend_that_cannot_apply_them():
 
     with pytest.raises(RuntimeError, match="vLLM samples them"):
         constrained_generate(SimpleNamespace(use_vllm=True), planner_format)
+
+
+def test_rollout_weights_count_each_episode_once_and_fillers_never():
+    """Eq. 16 (DECOR Eq. 4 per trajectory): an episode's calls share 1/|o_e|, so the episode's
+    weights sum to 1 however many calls it made; filler rows and empty episodes weigh 0 and the
+    mean's denominator counts episodes with tokens."""
+    from types import SimpleNamespace
+
+    from deepr.train.warp_calls import Call, per_rollout_loss, rollout_weights
+
+    eps = [[Call([1], [5, 6, 7]), Call([1], [8])], [Call([1], [9, 9])], []]
+    weights, counted = rollout_weights(eps, 5)
+    assert weights == pytest.approx([0.25, 0.25, 0.5, 0.0, 0.0]) and counted == 2
+    tokens = [3, 1, 2, 0, 0]
+    assert sum(w * n for w, n in zip(weights, tokens)) == pytest.approx(counted)
+    for given, used, flag in (("grpo", "dapo", True), ("dapo", "dapo", False), ("bnpo", "bnpo", False)):
+        t = SimpleNamespace(loss_type=given)
+        per_rollout_loss(t)
+        assert (t.loss_type, t._deepr_per_rollout) == (used, flag)
