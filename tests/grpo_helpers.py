@@ -14,6 +14,18 @@ def scripted(tok, replies: list[str]):
     return generate
 
 
+def scripted_rows(tok, turns: list[list[str]]):
+    """A generator writing turns[t][i] as row i's reply at model turn t (closed with eos)."""
+    def generate(seqs, first, max_new):
+        replies = turns[min(generate.calls, len(turns) - 1)]
+        generate.calls += 1
+        ids = [tok(replies[i % len(replies)], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+               for i in range(len(seqs))]
+        return [list(x)[:max_new] for x in ids], None
+    generate.calls = 0
+    return generate
+
+
 def segments(rollout) -> list[tuple[int, list[int]]]:
     """(mask value, token ids) runs of a rollout's completion."""
     out: list[tuple[int, list[int]]] = []

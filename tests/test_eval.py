@@ -281,6 +281,30 @@ def test_empty_answers_score_zero_and_only_absent_fields_fail(tmp_path):
     assert table["em"]["mean"] == 0.5 and table["em"]["n"] == 2 and table["em"]["failures"] == 1
 
 
+@pytest.mark.parametrize("answer", ["", None, "drop"])
+def test_a_run_that_answered_nothing_scores_zero_in_the_mean(tmp_path, answer):
+    """A deepr run sidecar whose answer is empty, null or missing scores 0 on EM / F1 / LJ and
+    counts in the mean (it used to be a failure, left out, so answering nothing raised the mean)."""
+    runs = tmp_path / "runs"
+    _sidecar(runs / "a", "report", "Paris is the capital.", {})
+    _sidecar(runs / "b", "report", "", {})
+    trace = json.loads((runs / "b" / "report.json").read_text())
+    if answer == "drop":
+        trace.pop("answer")
+    else:
+        trace["answer"] = answer
+    (runs / "b" / "report.json").write_text(json.dumps(trace))
+    gold = jsonl(tmp_path / "gold.jsonl", [{"id": f"{d}/report", "answers": ["Paris is the capital."]}
+                                           for d in ("a", "b")])
+    out = tmp_path / "s.jsonl"
+    r = invoke(runs, "--metric", "em,f1,lj", "--gold", gold, "--out", out)
+    s = list(rows(out).values())
+    empty = next(x for x in s if x["id"] == "b/report")
+    assert (empty["em"], empty["f1"], empty["lj"]) == (0.0, 0.0, 0.0) and empty["failures"] == {}, r.output
+    table = {x["field"]: x for x in summarize(s, ["em", "f1"])}
+    assert table["em"]["n"] == 2 and table["em"]["mean"] == 0.5 and table["em"]["failures"] == 0
+
+
 def test_empty_report_plan_completion_and_answer_are_scored_not_failed(tmp_path):
     inp = jsonl(tmp_path / "r.jsonl", [
         {"id": "empty", "query": "When?", "report": "", "completion": "", "plan": "", "node_outputs": {},

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from deepr.records import QRPair
-from grpo_helpers import capture_batches as _capture_masks, scripted
+from grpo_helpers import capture_batches as _capture_masks, scripted, scripted_rows
 
 PLAN = {"nodes": [
     {"id": "N1", "type": "search", "query": "causes of earthquakes plate tectonics", "key_points": ["faults"]},
@@ -128,33 +128,40 @@ def test_train_turns_keeps_the_first_calls_for_training_while_the_reward_reads_e
         assert tok.decode(first.completion_ids, skip_special_tokens=True) == json.dumps(PLAN)
     # every rollout is logged with its turns and what was scored, so a run of zero rewards says why
     log_dir = tmp_path / "run"
-    bad = make_rollout_func("planner", lookup, budget=4000, env=PlannerEnvironment(retriever, k=2, reask=False),
+    bad = make_rollout_func("planner", lookup, budget=4000, env=PlannerEnvironment(retriever, k=2),
                             generate_for=lambda _t: scripted(tok, ['{"nodes": []}']), train_turns=1)
     bad(prompts, SimpleNamespace(processing_class=tok, eos_token_ids=[tok.eos_token_id],
                                  args=SimpleNamespace(output_dir=str(log_dir)), state=SimpleNamespace(global_step=3)))
     rows = [json.loads(x) for x in (log_dir / "rollouts.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(r["step"] == 3 and r["plan_source"] == "refused" for r in rows)
     assert rows[0]["query"] == _pairs(2)[0].question and rows[0]["turns"] == ['{"nodes": []}']
-    assert "nodes" in rows[0]["refused"]  # the executor's reason, not an empty note
+    assert "nodes" in rows[0]["refused"]  # the validator's reason, not an empty note
 
 
-def test_planner_invalid_first_plan_is_reasked_and_budget_bounds_model_tokens(tok, retriever):
+def test_planner_invalid_first_plan_ends_the_episode_unasked_and_budget_bounds_model_tokens(tok, retriever):
+    """DecomposeR §3.4.2 has no re-ask: an invalid G0 has nothing to search, so its episode is that
+    one call, scored 0; no call of any RL rollout carries the executor's re-ask."""
     from deepr.agent.planner import INITIAL
     from deepr.train.grpo import planner_dataset
     from deepr.train.rollouts import PlannerEnvironment, planner_rollouts
 
     rows, lookup = planner_dataset(_pairs(1))
+    reask = INITIAL.output.reask("")[:30]
+    for validity in ("paper", "run"):
+        env = PlannerEnvironment(retriever, k=2, validity=validity)
+        bad_g0 = '{"nodes": [{"id": "N1", "type": "search"}]}'
+        (ep,), extra = planner_rollouts([rows[0]["prompt"]], lookup, env, scripted(tok, [bad_g0, json.dumps(PLAN)]),
+                                        tok, budget=4000, eos_ids=[tok.eos_token_id])
+        assert len(ep.calls) == 1 and ep.prompts == [rows[0]["prompt"]]
+        assert extra["initial_valid"] == [0.0] and extra["plan_source"] == ["refused"] and _score(extra) == [0.0]
+        assert "query" in extra["plan"][0]  # the validator's reason
+    for turns in ([json.dumps(PLAN), json.dumps(REVISED)], ["{not json", json.dumps(PLAN)],
+                  [json.dumps(PLAN), "no plan here"]):
+        eps, _ = planner_rollouts([rows[0]["prompt"]] * 3, lookup, PlannerEnvironment(retriever, k=2),
+                                  scripted(tok, turns), tok, budget=4000, eos_ids=[tok.eos_token_id])
+        assert not any(reask in m["content"] for e in eps for p in e.prompts for m in p)
+        assert not any(reask in tok.decode(c.prompt_ids) for e in eps for c in e.calls)
     env = PlannerEnvironment(retriever, k=2)
-    bad_g0 = '{"nodes": [{"id": "N1", "type": "search"}]}'
-    bad = scripted(tok, [bad_g0, "not json at all"])
-    (ep,), extra = planner_rollouts([rows[0]["prompt"]], lookup, env, bad, tok, budget=4000,
-                                    eos_ids=[tok.eos_token_id])
-    # an invalid G0 is re-asked in its own conversation, as the executor does in `deepr run`
-    assert [m["role"] for m in ep.prompts[1]] == ["system", "user", "assistant", "user"]
-    assert ep.prompts[1][:2] == rows[0]["prompt"] and ep.prompts[1][2]["content"] == bad_g0
-    assert ep.prompts[1][3]["content"].startswith(INITIAL.output.reask("")[:30]) and "N1-R1" not in str(ep.prompts)
-    assert extra["initial_valid"] == [0.0] and extra["plan_source"] == ["refused"]
-    assert extra["plan"][0].startswith("refused: ") and "JSON" in extra["plan"][0]  # the executor's reason
     small = scripted(tok, [json.dumps(PLAN), json.dumps(REVISED)])
     (ep,), extra = planner_rollouts([rows[0]["prompt"]], lookup, env, small, tok, budget=20,
                                     eos_ids=[tok.eos_token_id])
@@ -185,36 +192,40 @@ def _score(extra: dict) -> list[float]:
     return PlanRewardFn(_bow_embed)([""] * n, [""] * n, plan=extra["plan"], rubrics=[RUBRICS] * n)
 
 
-def test_planner_reward_scores_the_plan_deepr_run_goes_on_with(tok, retriever):
-    """A refused revision keeps G0 (as `deepr run` keeps the previous plan), so G0 is scored; a G0
-    that passes the plan checks but not the run's acceptance checks is refused and scores 0."""
+def test_planner_reward_scores_the_revised_plan_only(tok, retriever):
+    """DecomposeR Eq. 17: R_plan(G1) if G1 is valid, else 0 — a refused or cut revision scores 0
+    however good G0 was. Valid(G) is the typed-DAG check; deepr run's acceptance checks join it only
+    with validity "run"."""
     from deepr.train.grpo import planner_dataset
     from deepr.train.rollouts import PlannerEnvironment, planner_rollouts
 
     rows, lookup = planner_dataset(_pairs(1))
     env = PlannerEnvironment(retriever, k=2)
     bad_revision = dict(REVISED, nodes=[*REVISED["nodes"][:-1], dict(REVISED["nodes"][-1], inputs=["N9"])])
-    cases = {"kept": [json.dumps(PLAN), json.dumps(bad_revision)], "revised": [json.dumps(PLAN), json.dumps(REVISED)],
-             "cut": [json.dumps(PLAN), json.dumps(REVISED)]}
+    cases = {"invalid": [json.dumps(PLAN), json.dumps(bad_revision)],
+             "revised": [json.dumps(PLAN), json.dumps(REVISED)], "cut": [json.dumps(PLAN), json.dumps(REVISED)]}
     got = {}
     for name, turns in cases.items():
-        cap = 60 if name == "cut" else None  # turn 2 is cut: `deepr run` keeps G0 after a cut revision too
-        budget = len(tok(json.dumps(PLAN))["input_ids"]) + 20 if cap else 4000
+        budget = len(tok(json.dumps(PLAN))["input_ids"]) + 20 if name == "cut" else 4000
         (ep,), extra = planner_rollouts([rows[0]["prompt"]], lookup, env, scripted(tok, turns), tok,
                                         budget=budget, eos_ids=[tok.eos_token_id])
         got[name] = extra
-    assert got["kept"]["plan_source"] == ["kept"] and got["kept"]["plan"] == [PLAN]
     assert got["revised"]["plan_source"] == ["revised"] and got["revised"]["plan"][0]["nodes"] == REVISED["nodes"]
-    assert got["cut"]["plan_source"] == ["kept"] and got["cut"]["plan"] == [PLAN]
-    assert _score(got["kept"])[0] > 0 and _score(got["revised"])[0] > 0
-    # one-word queries pass validate_plan, but the run's acceptance refuses them
+    assert _score(got["revised"])[0] > 0
+    for name in ("invalid", "cut"):
+        assert got[name]["plan_source"] == ["refused"] and got[name]["initial_valid"] == [1.0]
+        assert _score(got[name]) == [0.0]
+    assert "N9" in got["invalid"]["refused"][0]
+    # one-word queries keep the typed-DAG rules (valid in the paper's sense) but not the run's acceptance
     vague = {"nodes": [dict(n, query="earthquakes") if n["type"] == "search" else n for n in PLAN["nodes"]]}
-    (ep,), extra = planner_rollouts([rows[0]["prompt"]], lookup, PlannerEnvironment(retriever, k=2, reask=False),
-                                    scripted(tok, [json.dumps(vague), json.dumps(REVISED)]), tok, budget=4000,
-                                    eos_ids=[tok.eos_token_id])
-    assert extra["initial_valid"] == [0.0] and extra["plan_source"] == ["refused"] and _score(extra) == [0.0]
-    assert "content words" in extra["plan"][0]
-    assert len(ep.calls) == 1  # reask=False: a refused G0 ends the episode, no second turn is sampled
+    turns = [json.dumps(vague), json.dumps(vague)]
+    (_,), paper = planner_rollouts([rows[0]["prompt"]], lookup, env, scripted(tok, turns), tok, budget=4000,
+                                   eos_ids=[tok.eos_token_id])
+    assert paper["plan_source"] == ["revised"] and _score(paper)[0] > 0
+    (ep,), run = planner_rollouts([rows[0]["prompt"]], lookup, PlannerEnvironment(retriever, k=2, validity="run"),
+                                  scripted(tok, turns), tok, budget=4000, eos_ids=[tok.eos_token_id])
+    assert run["initial_valid"] == [0.0] and run["plan_source"] == ["refused"] and _score(run) == [0.0]
+    assert "content words" in run["plan"][0] and len(ep.calls) == 1
 
 
 def test_planner_turn2_has_the_same_token_ids_in_run_sft_and_rl(tok, retriever):
@@ -334,36 +345,43 @@ def test_answerer_rollout_stops_at_a_failed_wave(tok, prepared):
 # --- both stages end to end on the tiny model --------------------------------------------------
 
 
+BAD_REVISION = dict(REVISED, nodes=[*REVISED["nodes"][:-1], dict(REVISED["nodes"][-1], inputs=["N9"])])
+
+
 @pytest.fixture(scope="module")
 def planner_run(tiny, tok, retriever, tmp_path_factory):
-    """One planner-stage GRPO step on the tiny model: turn 1 scripted (a valid plan, so the
-    environment searches), turn 2 sampled from the model; captures what TRL feeds the loss."""
-    from deepr.train import grpo
-    from deepr.train.rollouts import PlannerEnvironment, trainer_generate
+    """One planner-stage GRPO step on the tiny model, a group of two hand-built episodes: both
+    write the same valid G0 (so the environment searches); episode 0 then writes a valid G1,
+    episode 1 an invalid one. Captures what TRL feeds the loss."""
+    from deepr.train import grpo, stage
+    from deepr.train.rollouts import PlannerEnvironment
 
     rows, lookup = grpo.planner_dataset(_pairs(1))
     out = tmp_path_factory.mktemp("rl") / "planner"
     cfg = grpo.GrpoConfig(stage="planner", model=str(tiny), out=out, num_generations=2, prompts_per_step=1,
                           mini_batch_prompts=1, max_completion_length=3000, max_steps=1, lora_r=4, lora_alpha=8,
                           k=2, learning_rate=1e-3)
-
-    def mixed(trainer):
-        real, first = trainer_generate(trainer), scripted(tok, [json.dumps(PLAN)])
-        return lambda seqs, is_first, max_new: first(seqs, is_first, max_new) if is_first else real(
-            seqs, False, min(max_new, 12))
-
+    turns = [[json.dumps(PLAN)], [json.dumps(REVISED), json.dumps(BAD_REVISION)]]
     store: list = []
-    built = grpo.build_trainer
+    built = stage.build_stage_trainer
 
     def keep(*a, **kw):
         store.append(built(*a, **kw))
         return store[0]
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(grpo, "build_trainer", keep)
-        res = grpo.train_grpo(cfg, rows, lookup, env=PlannerEnvironment(retriever, k=2), generate_for=mixed,
-                              callbacks=[_capture_masks(store)])
+        mp.setattr(stage, "build_stage_trainer", keep)
+        res = grpo.train_grpo(cfg, rows, lookup, env=PlannerEnvironment(retriever, k=2),
+                              generate_for=lambda _t: scripted_rows(tok, turns), callbacks=[_capture_masks(store)])
     return res, store[1]
+
+
+def _live_rows(batch, tok):
+    live = [i for i, m in enumerate(batch["completion_mask"]) if int(m.sum()) > 0]
+    prompts = [tok.decode(batch["prompt_ids"][i][batch["prompt_mask"][i].bool()]) for i in live]
+    replies = [tok.decode(batch["completion_ids"][i][batch["completion_mask"][i].bool()], skip_special_tokens=True)
+               for i in live]
+    return live, prompts, replies
 
 
 def test_planner_stage_trains_masks_and_saves_a_loadable_adapter(planner_run, tok):
@@ -372,27 +390,59 @@ def test_planner_stage_trains_masks_and_saves_a_loadable_adapter(planner_run, to
     res, batch = planner_run
     assert res.steps == 1 and res.rewards and res.rewards[0][0] == 1
     # one row per model turn (2 rollouts x 2 turns), each under the prompt it was sampled from
-    live = [i for i, m in enumerate(batch["completion_mask"]) if int(m.sum()) > 0]
-    assert len(live) == 4 and "tool_mask" not in batch
-    prompts = [tok.decode(batch["prompt_ids"][i][batch["prompt_mask"][i].bool()]) for i in live]
-    replies = [tok.decode(batch["completion_ids"][i][batch["completion_mask"][i].bool()], skip_special_tokens=True)
-               for i in live]
+    live, prompts, replies = _live_rows(batch, tok)
+    assert len(live) == 4
     first = [i for i, p in enumerate(prompts) if "Write the initial plan" in p]
     assert len(first) == 2 and all(replies[i].startswith(json.dumps(PLAN)) for i in first)
     second = [i for i in range(4) if i not in first]
     assert all("N1-R1" in prompts[i] and "Write the initial plan" not in prompts[i] for i in second)
-    assert not any("N1-R1" in r for r in replies)  # search results are prompt, never trained on
-    adv = batch["advantages"].tolist()
-    assert sorted(round(adv[live[i]], 6) for i in first) == sorted(round(adv[live[i]], 6) for i in second)
+    # exactly the model's replies are trained on; the search results are prompt
+    assert sorted(replies) == sorted(json.dumps(p) for p in (PLAN, PLAN, REVISED, BAD_REVISION))
     log = [json.loads(x) for x in (res.out / "metrics.jsonl").read_text().splitlines()]
     assert {"plan/C_rub", "plan/valid", "rollout/trained_tokens_per_episode", "rollout/initial_plan_valid",
-            "rollout/calls_per_episode", "rewards/plan_reward/mean"} <= set(log[0])
+            "rollout/calls_per_episode", "rewards/plan_reward/mean", "rollout/plan_revised"} <= set(log[0])
     assert log[0]["rollout/initial_plan_valid"] == 1.0 and log[0]["rollout/calls_per_episode"] == 2.0
+    assert log[0]["rollout/plan_revised"] == 0.5 and log[0]["plan/valid"] == 0.5
     meta = json.loads((res.out / "deepr_meta.json").read_text())
     assert meta["role"] == "planner" and meta["status"] == "done"
+    assert meta["rollout_formats"] == "none" and meta["on_policy"] is True
     llm = get_llm(meta["llm_spec"])
     assert llm.config.adapters == {"planner": str(res.out)}
     assert isinstance(llm.chat([{"role": "user", "content": "hi"}], role="planner", max_tokens=4), str)
+
+
+def test_invalid_revision_scores_zero_and_both_its_calls_take_the_groups_low_advantage(planner_run, tok):
+    """Eq. 17: the episode whose G1 is invalid scores 0 though its G0 was valid, and each of its
+    turns is trained with that episode's advantage, the lower of the group's two."""
+    res, batch = planner_run
+    live, prompts, replies = _live_rows(batch, tok)
+    adv = [float(batch["advantages"][i]) for i in live]
+    bad = [j for j, r in enumerate(replies) if r == json.dumps(BAD_REVISION)]
+    good = [j for j, r in enumerate(replies) if r == json.dumps(REVISED)]
+    assert len(bad) == 1 and len(good) == 1
+    assert adv[bad[0]] < 0 < adv[good[0]] and adv[bad[0]] == min(adv)
+    # the G0 call of the bad episode shares its advantage: two rows hold the low value, two the high
+    assert sorted(adv) == pytest.approx([adv[bad[0]]] * 2 + [adv[good[0]]] * 2)
+    assert res.rewards[0][1] == pytest.approx(json.loads((res.out / "metrics.jsonl").read_text().splitlines()[0])[
+        "rewards/plan_reward/mean"])
+
+
+def test_loss_is_eq16_per_episode_not_per_call(planner_run):
+    """Eq. 16 over episodes: each trained token weighs 1/|o_e| (its episode's model tokens over both
+    calls), fillers weigh 0, and the mean's denominator is the number of episodes, not of rows."""
+    _, batch = planner_run
+    mask, weights = batch["completion_mask"].float(), batch["tool_mask"]
+    live = [i for i in range(len(mask)) if mask[i].sum() > 0]
+    assert float(batch["num_items_in_batch"]) == 2.0
+    assert all(float((weights[i] * mask[i]).sum()) == 0.0 for i in range(len(mask)) if i not in live)
+    per_row = [float((weights[i] * mask[i]).sum()) for i in live]
+    assert sum(per_row) == pytest.approx(2.0, abs=1e-5)  # each episode's weights sum to one
+    tokens = [int(mask[i].sum()) for i in live]
+    adv = [round(float(batch["advantages"][i]), 5) for i in live]  # the two episodes' advantages differ
+    assert len(set(adv)) == 2
+    for a in range(len(live)):  # rows of one episode share 1/(its total tokens over both calls)
+        episode_tokens = sum(tokens[b] for b in range(len(live)) if adv[b] == adv[a])
+        assert float(weights[live[a]][0]) == pytest.approx(1.0 / episode_tokens, rel=1e-5)
 
 
 def test_answerer_stage_merges_planner_and_saves_answerer_adapter(tiny, prepared, planner_run, tmp_path):

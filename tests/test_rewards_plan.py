@@ -18,7 +18,7 @@ VECS = {
     "qa": (0.6, 0.8, 0, 0), "qb": (0.8, 0, 0.6, 0), "qc": (0, 0, 0, 1),
     "kp1": (0, 0.6, 0.8, 0), "na1": (1, 0, 0, 0), "ka1": (0, 0, 1, 0),
     "na2": (0, 0.28, 0.96, 0), "final": (0, 1, 0, 0),
-    "qa kp1": (0, 0, 0, 1),
+    "qa kp1": (0, 0, 0, 1), "na1 ka1": (0.5 ** 0.5, 0, 0.5 ** 0.5, 0),
 }
 
 
@@ -58,8 +58,8 @@ def test_hand_worked_three_search_two_aggregate_graph():
     # D_search: pairs qa·qb = 0.48, qa·qc = 0, qb·qc = 0 -> 1 - 0.16.
     assert r.D_search == pytest.approx(0.84)
     assert r.Q_search == pytest.approx(0.5 * 0.8 + 0.5 * 0.84)
-    # B_synth: f(2) = 0.5 times d_par. A1's vector is the unit mean of na1 and ka1,
-    # (1, 0, 1, 0)/√2; A2's is na2: d_par = 1 - 0.96/√2.
+    # B_synth: f(2) = 0.5 times d_par. A1's node text "na1 ka1" is (1, 0, 1, 0)/√2; A2's is
+    # na2: d_par = 1 - 0.96/√2.
     assert r.d_par == pytest.approx(1 - 0.96 / np.sqrt(2), abs=1e-6)
     assert r.B_synth == pytest.approx(0.5 * (1 - 0.96 / np.sqrt(2)), abs=1e-6)
     # I_cross: S1 feeds A1 and A2 (r_fan 1/3); both aggregates have 2 parents (r_int 1).
@@ -184,18 +184,17 @@ def test_repeated_input_cannot_raise_the_graph_terms():
     assert any("lists input 'S1' more than once" in e for e in r.errors)
     # and the terms themselves count distinct parents/children even on an unvalidated plan
     plan = Plan.model_validate(g)
-    terms = _graph_terms(plan, Vectors(FakeEmbed(), ["na1", "ka1", "na2"]))
+    terms = _graph_terms(plan, Vectors(FakeEmbed(), ["na1 ka1", "na2"]))
     assert (terms["r_fan"], terms["r_int"], terms["I_cross"]) == (0.0, 0.5, 0.25)
 
 
 def test_rollouts_sharing_texts_embed_only_what_is_new():
-    """R_plan embeds the texts its terms read: a rollout that differs only in a search node's
-    key point costs one new text, not also the node's joined query + key point (issue 16:
-    those joined strings were new in every rollout, so cached scoring kept missing)."""
+    """R_plan embeds the texts its terms read: each field, and the joined node text of the answer's
+    aggregate parents (d_par). A search node's joined text is read by no term, so it is not embedded."""
     emb = FakeEmbed({**VECS, "kp2": (0, 0, 0.6, 0.8)})
     first = plan_reward(graph(), RUBRICS, emb)
     texts = set(emb.calls[0])
-    assert "qa kp1" not in texts and "na1 ka1" not in texts  # no joined node text at all
+    assert "qa kp1" not in texts and {"na1 ka1", "na2"} <= texts
     other = graph()
     other["nodes"][0]["key_points"] = ["kp2"]
     second = plan_reward(other, RUBRICS, emb)
@@ -203,20 +202,23 @@ def test_rollouts_sharing_texts_embed_only_what_is_new():
     assert first.valid and second.valid and first.d_par == second.d_par
 
 
-def test_d_par_reads_the_unit_mean_of_each_parents_field_vectors():
-    """Issue 16 (lead's decision): an aggregate parent's vector for d_par is the normalised
-    mean of its field vectors, so d_par needs no text beyond the fields C_rub embeds."""
+def test_d_par_reads_each_parents_node_text():
+    """App. A.5: d_par is one minus the mean pairwise cos⁺ among the parents' node texts (a node's
+    fields joined), not a mix of its field vectors."""
     from deepr.records import Plan
     from deepr.rewards.plan_reward import parent_distinctness
     from deepr.text import Vectors
 
     plan = Plan.model_validate(graph())
     a1, a2 = plan.nodes[3], plan.nodes[4]
-    vec = Vectors(FakeEmbed(), ["na1", "ka1", "na2"])
-    assert parent_distinctness(vec, [a1, a2]) == pytest.approx(1 - 0.96 / np.sqrt(2), abs=1e-6)
+    table = {**VECS, "na1 ka1": (0, 0.28, 0.96, 0)}  # A1's text now says what A2's does
+    vec = Vectors(FakeEmbed(table), ["na1 ka1", "na2"])
+    assert parent_distinctness(vec, [a1, a2]) == pytest.approx(0.0, abs=1e-6)
+    assert parent_distinctness(Vectors(FakeEmbed(), ["na1 ka1", "na2"]), [a1, a2]) == pytest.approx(
+        1 - 0.96 / np.sqrt(2), abs=1e-6)
     assert parent_distinctness(vec, [a1]) == 1.0 and parent_distinctness(vec, []) == 1.0
-    # two parents with the same fields are not distinct at all
-    assert parent_distinctness(vec, [a1, a1.model_copy(update={"id": "A3"})]) == pytest.approx(0.0, abs=1e-6)
+    r = plan_reward(graph(), RUBRICS, FakeEmbed(table))
+    assert r.d_par == pytest.approx(0.0, abs=1e-6) and r.B_synth == pytest.approx(0.0, abs=1e-6)
 
 
 def test_identical_aggregate_parents_give_zero_d_par():
@@ -249,7 +251,8 @@ def test_cached_and_uncached_embedders_give_the_same_reward(embedder):
     cached = [plan_reward(base, rubrics, embedder.encode)]
     before = embedder.encoded
     cached.append(plan_reward(other, rubrics, embedder.encode))
-    assert embedder.encoded == before + 1  # only the new key point reached the model
+    # only the new key point and A2's node text (d_par reads it whole) reached the model
+    assert embedder.encoded == before + 2
     for u, c in zip(uncached, cached):
         assert u.valid and 0.0 < u.d_par < 1.0
         for key, value in u.as_dict().items():

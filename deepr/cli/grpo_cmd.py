@@ -47,18 +47,6 @@ def load_config_file(path: Path | None) -> dict[str, Any]:
     return data
 
 
-def _training_rows(stage: str, data: Path) -> tuple[list, dict]:
-    from deepr.io import read_jsonl
-    from deepr.records import QRPair
-    from deepr.train.grpo import answerer_dataset, planner_dataset
-    from deepr.train.prepare import Prepared
-
-    if stage == "planner":
-        pairs = [p for p in read_jsonl(data, QRPair) if p.decision in (None, "KEEP", "REVISE")]
-        return planner_dataset(pairs)
-    return answerer_dataset(list(read_jsonl(data, Prepared)))
-
-
 @grpo_app.callback(invoke_without_command=True)
 @fetch_limit_options
 def grpo_cmd(
@@ -97,6 +85,12 @@ def grpo_cmd(
     vllm_server_base_url: str | None = typer.Option(None, "--vllm-server-base-url", help="URL of trl vllm-serve."),
     report_to: str | None = typer.Option(None, "--report-to", help="none or tensorboard (or wandb)."),
     corpus: str | None = typer.Option(None, "--corpus", help="planner: corpus the environment searches."),
+    rollout_formats: str | None = typer.Option(None, "--rollout-formats", help="planner: none (default: rollouts "
+                                               "sampled from the policy being trained) or schema (decoded under "
+                                               "`deepr run --formats schema`'s schema; an off-policy gradient)."),
+    plan_validity: str | None = typer.Option(None, "--plan-validity", help="planner: paper (default: Valid(G) of "
+                                             "DecomposeR Eq. 17, the plan parses and keeps the typed-DAG rules) "
+                                             "or run (also deepr run's acceptance checks; a departure)."),
     retriever: str | None = typer.Option(None, "--retriever", help="planner: dense, bm25 or hybrid."),
     k: int | None = typer.Option(None, "--k", help="planner: results per search node (default 5)."),
     judge_llm: str | None = typer.Option(None, "--judge-llm", help="answerer: judge of J_rub (default extractive)."),
@@ -112,7 +106,7 @@ def grpo_cmd(
                                     "initialisation (default 0); also sent with every --judge-llm call."),
     search: str = SEARCH_OPT, allow_host: list[str] | None = ALLOW_OPT, search_cache: str = CACHE_OPT,
 ) -> None:
-    """Train the planner (--stage planner) or the answerer (--stage answerer) with GRPO."""
+    """Train one stage with GRPO (the stages of deepr.train.stages.STAGES)."""
     if ctx.invoked_subcommand is not None:
         return
     flags = {k_: v for k_, v in dict(
@@ -121,7 +115,8 @@ def grpo_cmd(
         max_completion_length=max_completion_length, loss_type=loss_type, epsilon_high=epsilon_high,
         importance_sampling_level=importance_sampling_level, use_vllm=use_vllm, vllm_mode=vllm_mode,
         vllm_server_base_url=vllm_server_base_url, report_to=report_to, corpus=corpus, retriever=retriever,
-        k=k, judge_llm=judge_llm, require_judge_llm=require_judge_llm, stage=stage, model=model,
+        k=k, rollout_formats=rollout_formats, plan_validity=plan_validity, judge_llm=judge_llm,
+        require_judge_llm=require_judge_llm, stage=stage, model=model,
         out=out).items() if v is not None}
     with user_errors({"max_turn_tokens": "--max-tokens"}):
         from deepr.train.grpo import gen_settings
@@ -144,25 +139,9 @@ def grpo_cmd(
             return open_search(search, allow_host, search_cache, None,
                                lambda: open_retriever(cfg.corpus, retriever=cfg.retriever, progress=True))
 
-        if settings["stage"] in ("rubric", "decor", "warp-atomic", "warp-report"):  # issue 8 stages
-            from deepr.train.stages import run_from_settings
+        from deepr.train.stages import run_from_settings
 
-            res, n_rows, config = run_from_settings(settings, data, open_source=source)
-        else:
-            from deepr.train.grpo import GrpoConfig
-
-            config = GrpoConfig(**settings)
-            rows, lookup = _training_rows(config.stage, data)
-            env = None
-            if config.stage == "planner":
-                from deepr.train.rollouts import PlannerEnvironment
-
-                # A re-ask's plan would credit the refused G0 turn, which is the one that trains.
-                env = PlannerEnvironment(source(config), k=config.k, fetch_limit=config.fetch_limit,
-                                         reask=config.train_turns != 1)
-            from deepr.train.grpo import train_grpo
-
-            res, n_rows = train_grpo(config, rows, lookup, env=env), len(rows)
+        res, n_rows, config = run_from_settings(settings, data, open_source=source)
     if os.environ.get("RANK", "0") == "0":
         last = res.rewards[-1][1] if res.rewards else float("nan")
         summary_table(f"grpo --stage {config.stage}", [

@@ -89,6 +89,7 @@ class EvalItem:
     # (an empty prediction or report scores 0, so saying nothing cannot raise a mean).
     present: frozenset[str] = frozenset()
     raw_report: str = ""  # before reference lists are dropped (FACT reads DRB's numbered URL list)
+    from_run: bool = False  # a deepr run sidecar: the run owed an answer, so none is an empty one
 
 
 RUBRIC_METRICS = ("rubric", "composite", "plan_reward", "answer_reward")
@@ -175,6 +176,7 @@ def item_from_trace(trace: RunTrace, item_id: str, md_text: str = "", where: str
                     node_outputs=outs if isinstance(outs, dict) else None,
                     citations={k: c.model_dump() for k, c in trace.citations.items()},
                     tool_calls=sum(1 for t in trace.tools if not t.get("error") and t.get("ok", True)), where=where,
+                    from_run=True,
                     present=frozenset({"report", "answer"} | ({"plan"} if graphs else set())
                                       | ({"node_outputs"} if isinstance(outs, dict) else set())))
 
@@ -303,11 +305,15 @@ async def _answer_reward(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
 
 
 def _prediction(item: EvalItem) -> str:
-    """The short answer; "" is an answer that says nothing (scores 0), absence is a failure."""
+    """The short answer; "" is an answer that says nothing (scores 0), absence is a failure —
+    except from a ``deepr run`` sidecar, where the run was asked for an answer: one it did not
+    write (empty, null or missing) scores 0 and counts in the mean."""
     if item.prediction is not None:
         return item.prediction
     if isinstance(item.answer, str):
         return item.answer
+    if item.from_run:
+        return ""
     raise MetricFailure(f"item {item.id} has no 'prediction'")
 
 
@@ -320,10 +326,10 @@ async def _f1(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
 
 
 async def _lj(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
-    pred, gold, judge = _prediction(item), ctx.need_gold(item), ctx.need_judge()
+    pred, gold = _prediction(item), ctx.need_gold(item)
     if not pred.strip():
-        return {"lj": 0.0}  # nothing said is never equivalent to a gold answer
-    v = await llm_judge(item.query, pred, gold, judge)
+        return {"lj": 0.0}  # nothing said is never equivalent to a gold answer: no judge needed
+    v = await llm_judge(item.query, pred, gold, ctx.need_judge())
     if not v.ok:
         raise MetricFailure(v.reason)
     return {"lj": v.value}

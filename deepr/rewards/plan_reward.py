@@ -1,18 +1,15 @@
-"""DecomposeR planner reward R_plan (000 App. A.5, Eq. 17–24; SPEC §6) on a revised plan.
+"""DecomposeR planner reward R_plan (App. A.5, Eq. 17–24) on a revised plan.
 
-Input: a plan graph (SPEC §10; dict, JSON text or records.Plan) and rubric items
-(description, weight). Output: :class:`PlanReward` with every sub-term under the SPEC §10
-names. Pure: the embedder is passed in, and every text of one call (or of a whole batch
+Input: a plan graph (dict, JSON text or records.Plan) and rubric items (description, weight).
+Output: :class:`PlanReward` with every sub-term under the paper's names. Pure: the embedder is passed in, and every text of one call (or of a whole batch
 with :func:`plan_rewards`) is embedded in one ``embed`` call.
 
     deepr eval plans.jsonl --metric plan_reward --out plan_scores.jsonl
 
 Definitions this module fixes where the paper leaves room:
 - fields(n) are the non-empty query, need and each key point of node n;
-- the "text" of an aggregate answer-parent (for d_par) is represented by the L2-normalised
-  mean of its field vectors (its need and key points), the vectors C_rub reads anyway. A
-  joined string would be new in almost every rollout, so a cached embedder would still have
-  to encode it (issue 16: the cached path could not reach 3x the uncached one);
+- the node text of an aggregate answer-parent (for d_par) is its fields joined by spaces
+  (:func:`node_text`), embedded as one string (the embedder caches by text);
 - rubric weights enter C_rub and C_search as |w| (a plan should make room to check a
   misleading claim as much as a true one), normalised by Σ|w|;
 - r_fan is 0 without search nodes and r_int is 0 without aggregate nodes; both count distinct
@@ -80,34 +77,26 @@ def node_fields(node: PlanNode) -> list[str]:
 
 
 def node_text(node: PlanNode) -> str:
-    """The node's fields joined by spaces (what d_par read before issue 16; benches compare)."""
+    """The node's text for d_par: its fields joined by spaces."""
     return " ".join(node_fields(node))
 
 
 def _texts(plan: Plan, rubrics: Sequence[RubricItem]) -> list[str]:
-    """Every text the terms read, and no other: rubric items and each node's fields. No
-    joined node text: such strings are new in almost every rollout, so embedding them made
-    each cached call miss (bench/rewards.py)."""
+    """Every text the terms read: rubric items, each node's fields, and the node text of the
+    answer's aggregate parents (d_par)."""
     out = [r.description for r in rubrics]
     for n in plan.nodes:
         out.extend(node_fields(n))
+    by_id = {n.id: n for n in plan.nodes}
+    out.extend(node_text(by_id[p]) for p in parents_of(answer_node(plan)) if by_id[p].type == "aggregate")
     return out
 
 
-def node_vector(vec: Vectors, node: PlanNode) -> np.ndarray:
-    """The node's representation for d_par: the unit-length mean of its field vectors."""
-    mean = vec.rows(node_fields(node)).mean(axis=0)
-    norm = float(np.linalg.norm(mean))
-    return mean / norm if norm > 0 else mean
-
-
 def parent_distinctness(vec: Vectors, parents: Sequence[PlanNode]) -> float:
-    """d_par = 1 − mean pairwise cos⁺ of the parents' node vectors; 1 with fewer than two."""
-    if len(parents) < 2:
-        return 1.0
-    m = np.stack([node_vector(vec, p) for p in parents])
-    sims = np.clip(m @ m.T, 0.0, 1.0)
-    return 1.0 - float(sims[np.triu_indices(len(parents), k=1)].mean())
+    """d_par = 1 − mean pairwise cos⁺ of the parents' node texts (App. A.5); 1 with fewer than two
+    (f(|P_ans|) is 0 then, so B_synth is 0 whatever d_par is)."""
+    pair = mean_pairwise(vec, [node_text(p) for p in parents])
+    return 1.0 if pair is None else 1.0 - pair
 
 
 def coverage_score(vec: Vectors, rubrics: Sequence[RubricItem], candidates: Sequence[str]) -> float:

@@ -313,14 +313,20 @@ def merge_rows(a: Sequence[Any], b: Sequence[Any], take_b: Sequence[bool]) -> li
 def _decor_trainer_cls(dynamic_sampling: int = 0) -> type:
     from trl import GRPOTrainer
 
-    from deepr.train.warp_calls import call_batch
+    from deepr.train.warp_calls import call_batch, per_rollout_loss
 
     class DecorTrainer(GRPOTrainer):
         """GRPOTrainer whose advantages are Eq. 6: normalised within each (question, role) group,
         with the population σ, whatever the batch layout (TRL's own is per prompt, unbiased σ);
         it trains on each row's role steps, one sample per step under its own prompt
         (:func:`~deepr.train.warp_calls.call_batch`); with dynamic sampling, flat groups are
-        sampled again and, if still flat, left out."""
+        sampled again and, if still flat, left out. loss_type "grpo" is Eq. 4 per trajectory: each
+        row's steps (one role's trajectory) count once, token-weighted among themselves
+        (:func:`~deepr.train.warp_calls.per_rollout_loss`)."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            per_rollout_loss(self)
 
         def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
             from accelerate.utils import gather_object

@@ -117,7 +117,7 @@ def load_reference(adapter: Path, base: str | None = None) -> Any:
 
 def load_export_tokenizer(adapter: Path, chain: list[str]) -> Any:
     """The adapter's own tokenizer (training may have set its chat template), else the base's."""
-    from deepr.train.sft import load_tokenizer
+    from deepr.train.runs import load_tokenizer
 
     for source in (str(adapter), *reversed(chain)):
         if (Path(source) / "tokenizer_config.json").is_file() or not Path(source).exists():

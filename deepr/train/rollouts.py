@@ -8,10 +8,10 @@ one wave of aggregate nodes per turn, then a last turn writes the ``<answer>``.
 Every model turn is sampled under a fresh prompt built by its role declaration
 (:mod:`deepr.agent.planner` ``INITIAL`` / ``REVISE``, :mod:`deepr.agent.answerer` ``WAVE`` /
 ``FINAL``): the same messages ``deepr run`` sends and the SFT examples of ``prune-trajectories``
-hold, so RL, SFT and inference train and run the model on one context per turn. Only a refused
-G0 continues its conversation, with the executor's re-ask, as ``deepr run`` does. Each turn is
-judged as ``deepr run`` judges it, and R_plan scores the plan the run would have gone on with: the
-revision, or G0 when the revision is refused. Every turn is trained as its own sample under the
+hold, so RL, SFT and inference train and run the model on one context per turn. Nothing is
+re-asked during RL (DecomposeR §3.4.2 has no re-ask): R_plan scores G1 if it is valid, else the
+episode scores 0 (Eq. 17; :class:`PlannerEnvironment`). By default every turn is sampled from the
+policy being trained. Every turn is trained as its own sample under the
 prompt it was sampled from, with its sampling log-probs and the episode's advantage
 (:mod:`deepr.train.warp_calls`); TRL scores one placeholder per episode. ``budget`` (TRL's
 ``max_completion_length``) bounds the model tokens of one episode.
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from deepr.agent.answerer import FINAL, WAVE, FinalAsk, WaveAsk, final_inputs, node_evidence
 from deepr.agent.citations import Catalog, Entry, normalize
@@ -199,18 +199,23 @@ def play_calls(first: Sequence[Sequence[dict[str, str]]], generate: Generate, ne
 
 
 class PlannerEnvironment:
-    """Runs G0's search nodes on the retriever, builds planner turn 2's prompt, and says which
-    plan of an episode ``deepr run`` would have gone on with (the one R_plan scores).
+    """DecomposeR §3.4.2 as a GRPO environment: the policy writes G0, the environment runs G0's
+    search nodes on the retriever, the policy writes G1 under the revision prompt, and R_plan
+    scores G1 if G1 is valid, else the episode scores 0 (Eq. 17). Nothing is re-asked: a G0 that
+    is not a valid plan has no search nodes to run, so the episode ends there with reward 0.
 
-    Every turn is judged as the executor judges a reply (:func:`deepr.roles.judge_reply`: the
-    plan checks plus the roles' acceptance checks), so a plan that ``deepr run`` refuses earns
-    no reward here either. ``reask``: a refused G0 gets a second turn with the executor's re-ask,
-    as ``deepr run`` does; without it the episode ends there (use that when only the first turn
-    trains: a re-ask's plan would otherwise credit a refused turn)."""
+    ``validity`` is Valid(G): ``"paper"`` (default) — the reply holds a JSON plan that keeps the
+    typed-DAG rules (:func:`deepr.agent.plan.validate_plan`); ``"run"`` — what ``deepr run``
+    accepts (:func:`deepr.roles.judge_reply`: the role's reply format plus its acceptance checks,
+    such as placeholders, echoes, short queries, looped words and fetch lists), a departure from
+    the paper that is off unless chosen."""
 
-    def __init__(self, retriever: Any, *, k: int = 5, fetch_limit: int = 4, reask: bool = True):
+    def __init__(self, retriever: Any, *, k: int = 5, fetch_limit: int = 4,
+                 validity: Literal["paper", "run"] = "paper"):
+        if validity not in ("paper", "run"):
+            raise ValueError(f"validity {validity!r}: use paper (DecomposeR Eq. 17) or run (deepr run's checks)")
         self.retriever, self.config = retriever, RunConfig(k=k, fetch_limit=fetch_limit)
-        self.reask = reask
+        self.validity = validity
 
     def context(self, query: str) -> Ctx:
         from deepr.corpus.tools import ResearchTools
@@ -219,42 +224,49 @@ class PlannerEnvironment:
         return Ctx(ExtractiveLLM(), ResearchTools(self.retriever, k=self.config.k), self.config,
                    Tracer(query, "dag"))
 
+    def judge(self, role: Any, ask: Any, text: str, messages: list[dict[str, str]]) -> tuple[Any, str | None]:
+        """(the plan's value, None) when ``text`` is a valid plan under ``validity``, else (None, why)."""
+        if self.validity == "run":
+            return judge_reply(role, ask, text, messages)
+        return paper_valid(text)
+
     def next_messages(self, query: str, turn1: str) -> tuple[list[dict[str, str]] | None, dict[str, Any]]:
-        """Turn 2's prompt after turn 1 and what the environment did: the REVISE role's messages
-        over G0's search results, or, for a refused G0, the INITIAL role's conversation with the
-        executor's re-ask (None without ``reask``). The info keeps what :meth:`scored_plan` needs."""
-        value, error = judge_reply(INITIAL, PlanAsk(None, query), turn1,  # type: ignore[arg-type]
-                                   initial_messages(query))
+        """Turn 2's prompt after G0 — the REVISE role's messages over G0's search results — and what
+        the environment did; None when G0 is not valid (the episode ends, reward 0)."""
+        value, error = self.judge(INITIAL, PlanAsk(None, query), turn1, initial_messages(query))  # type: ignore[arg-type]
         if value is None:
-            reask = INITIAL.output.reask(error or "")
-            msgs = [*initial_messages(query), {"role": "assistant", "content": turn1},
-                    {"role": "user", "content": reask}]
-            return (msgs if self.reask else None), {"valid0": 0.0, "searches": 0, "error0": error}
-        plan = INITIAL.result(PlanAsk(None, query), value)  # type: ignore[arg-type]
+            return None, {"valid0": 0.0, "searches": 0, "error0": error}
+        plan = validate_plan(value)[0]
         ctx = self.context(query)
         results = {n.id: ctx.search(n.id, n.query or "") for n in plan.nodes if n.type == "search"}
         ask = PlanAsk(ctx, query, plan, results)
-        return REVISE.messages(ask), {"valid0": 1.0, "searches": float(len(results)), "initial": value, "ask": ask}
+        return REVISE.messages(ask), {"valid0": 1.0, "searches": float(len(results)), "ask": ask}
 
     def scored_plan(self, query: str, ep: Episode, info: dict[str, Any] | None) -> tuple[Any, str, str | None]:
-        """(plan, where it came from, why it was refused): the accepted revision ("revised"); the
-        accepted G0 when the revision was refused or never came ("kept", as ``deepr run`` keeps the
-        previous plan); an accepted re-asked G0 ("reasked"); else a note that scores 0 ("refused")."""
-        second = len(ep.texts) > 1 and not ep.truncated
+        """(plan, where it came from, why it was refused): G1 when it is valid ("revised"), else a
+        note R_plan scores 0 ("refused"), whatever G0 was (Eq. 17 rewards the revised graph only)."""
         if info is None:  # turn 1 was cut or the episode had no room left
             why = "the plan was cut at the token limit" if ep.truncated else "no plan was written"
-        elif info["valid0"]:
-            if second and (value := judge_reply(REVISE, info["ask"], ep.texts[1], ep.prompts[1])[0]) is not None:
-                return value, "revised", None
-            return info["initial"], "kept", None
-        elif second:  # the re-ask's reply, judged in the conversation it answered
-            value, why = judge_reply(INITIAL, PlanAsk(None, query), ep.texts[1],  # type: ignore[arg-type]
-                                     initial_messages(query), ep.prompts[1])
-            if value is not None:
-                return value, "reasked", None
+        elif not info["valid0"]:
+            why = f"G0 is not a valid plan ({info['error0']}), so there was nothing to search or revise"
+        elif len(ep.texts) < 2 or ep.truncated:
+            why = "the revision was cut at the token limit" if ep.truncated else "no revision was written"
         else:
-            why = info["error0"]
+            value, why = self.judge(REVISE, info["ask"], ep.texts[1], ep.prompts[1])
+            if value is not None:
+                return value, "revised", None
         return f"refused: {why}", "refused", why
+
+
+def paper_valid(text: str) -> tuple[dict[str, Any] | None, str | None]:
+    """Valid(G) of DecomposeR Eq. 17: the reply's JSON object with a ``nodes`` list (a thinking
+    block or prose around it is ignored) is a typed DAG (:func:`deepr.agent.plan.validate_plan`).
+    A revision's ``fetch`` list stays in the value; it is no part of the graph."""
+    found = next((o for o in json_objects(text) if isinstance(o.get("nodes"), list)), None)
+    if found is None:
+        return None, "the reply holds no JSON object with a 'nodes' list"
+    errors = validate_plan({"nodes": found["nodes"]})[1]
+    return (found, None) if not errors else (None, "; ".join(errors))
 
 
 def planner_prompt(query: str) -> list[dict[str, str]]:
@@ -429,10 +441,11 @@ def placeholders(trainer: Any, prompts: Sequence[Any], episodes: Sequence[Episod
 def make_rollout_func(stage: str, lookup: dict[str, Any], *, budget: int, env: PlannerEnvironment | None = None,
                       generate_for: Callable[[Any], Generate] | None = None,
                       turn_cap: int | None = None, train_turns: int | None = None,
-                      formats: str = "off") -> Callable[[list[Any], Any], dict]:
+                      formats: str = "none") -> Callable[[list[Any], Any], dict]:
     """A TRL ``rollout_func`` for ``stage``; ``lookup`` maps a prompt's last user message to its
     query (planner) or prepared record (answerer), since TRL hands the function prompts only.
-    ``generate_for(trainer)`` swaps the generator (default: the trainer's own backend). Train with
+    ``generate_for(trainer)`` swaps the generator (default: the policy itself, through the trainer's
+    own backend; ``formats="schema"``: planner turns under the run's decoding schema). Train with
     :func:`deepr.train.warp_calls.warp_trainer_cls`."""
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
@@ -451,8 +464,7 @@ def make_rollout_func(stage: str, lookup: dict[str, Any], *, budget: int, env: P
                                           turn_cap=turn_cap)
             _log(trainer, "rollout/initial_plan_valid", extra["initial_valid"])
             log_planner_rollouts(trainer, prompts, lookup, eps, extra)
-            for src in ("revised", "kept"):
-                _log(trainer, f"rollout/plan_{src}", [float(s == src) for s in extra["plan_source"]])
+            _log(trainer, "rollout/plan_revised", [float(s == "revised") for s in extra["plan_source"]])
         else:
             eps, extra = answerer_rollouts(prompts, lookup, gen, tok, budget=budget, eos_ids=eos_ids,
                                            turn_cap=turn_cap)

@@ -1,22 +1,21 @@
 """Rollout sampling: how the policy writes each model turn of a GRPO rollout.
 
-:func:`trainer_generate` samples through the trainer's own backend (transformers or vLLM), as
-TRL's tool loop does; :func:`constrained_generate` samples under the decoding formats ``deepr run``
-applies (xgrammar on the transformers path), so the policy is trained on replies of the shape the
-run decodes. Used by :mod:`deepr.train.rollouts` and the stages built on it.
+:func:`trainer_generate` samples from the policy being trained, through the trainer's own backend
+(transformers generate, TRL's generation, vLLM colocate or server), as TRL's tool loop does: the
+default of every stage. :func:`constrained_generate` samples under the decoding formats ``deepr
+run`` applies (xgrammar on the transformers path), only when ``rollout_formats="schema"`` asks for
+it (off-policy). Used by :mod:`deepr.train.rollouts` and the stages built on it.
 
     deepr grpo --stage planner --model runs/sft-planner-merged --data verified.jsonl --out runs/rl-planner
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
 from deepr.agent.planner import INITIAL, REVISE
 
-log = logging.getLogger(__name__)
 
 # generate(token-id sequences, first_turn, max_new_tokens) -> (new ids per sequence, logprobs or None)
 Generate = Callable[[list[list[int]], bool, int], tuple[list[list[int]], list[list[float]] | None]]
@@ -61,19 +60,16 @@ def planner_format(turn: int) -> Any:
 def constrained_generate(trainer: Any, fmt_for: Callable[[int], Any]) -> Generate:
     """Rollout sampling under the decoding formats ``deepr run`` applies (``fmt_for(turn)``: an
     :class:`~deepr.llm.base.OutputFormat` or None), through xgrammar on the transformers path.
-    Unconstrained rollouts of a small model rarely parse (SmolLM2 after SFT: 1 valid initial plan
-    in 8, every reward 0), while the same model decoded under the schema gave valid plans, so
-    the policy was trained on replies ``deepr run`` never samples. Falls back to
-    :func:`trainer_generate` (said once) on vLLM or without xgrammar."""
+    Chosen only by ``rollout_formats="schema"``: the loss then reads the model's unconstrained
+    log-probabilities of tokens it was not free to choose, so the gradient is off-policy. Where
+    the formats cannot apply (vLLM, no xgrammar) it refuses rather than sample otherwise."""
     from deepr.llm.hf_constrain import Constrainer
 
     plain = trainer_generate(trainer)
     if getattr(trainer, "use_vllm", False) or not Constrainer.available():
-        if not getattr(trainer, "_deepr_unconstrained_said", False):
-            trainer._deepr_unconstrained_said = True
-            log.warning("grpo rollouts are sampled without the run's decoding formats (%s)",
-                        "vLLM path" if getattr(trainer, "use_vllm", False) else "xgrammar is not installed")
-        return plain
+        raise RuntimeError("rollout_formats schema: rollouts cannot be decoded under the run's formats ("
+                           + ("vLLM samples them" if getattr(trainer, "use_vllm", False) else
+                              "xgrammar is not installed") + "); set rollout_formats none (on-policy sampling)")
     turn = [0]
 
     def generate(seqs: list[list[int]], first: bool, max_new: int) -> tuple[list[list[int]], None]:

@@ -9,7 +9,10 @@ never saw, recompute log-probs the sampler already had, and cut the episode at t
 budget (late calls and the stop decision dropped out while the reward scored the whole report).
 So the trainer scores episodes as TRL does (one placeholder sample per episode: the report's
 reward, the group's advantage), then trains on a batch of the episodes' calls instead: each call's
-prompt ids and reply ids as sampled, its sampling log-probs, and its episode's advantage.
+prompt ids and reply ids as sampled, its sampling log-probs, and its episode's advantage. With
+``loss_type="grpo"`` the loss is Eq. 16 over episodes, not over calls: the mean over the episodes of
+each episode's mean token loss (all its calls' tokens together); filler rows weigh nothing and an
+episode of several calls counts once (:func:`per_rollout_loss`).
 
 Input: the rollout function's ``trainer._warp_calls`` (per local episode, a list of
 :class:`Call`); output: the tensors TRL's loss reads (``prompt_ids`` ... ``num_items_in_batch``,
@@ -43,6 +46,34 @@ def call_rows(episodes: Sequence[Sequence[Call]], advantages: Sequence[float], s
     live = [1] * len(calls)
     extra = size - len(calls)
     return calls + [filler] * extra, adv + [0.0] * extra, live + [0] * extra
+
+
+def rollout_weights(episodes: Sequence[Sequence[Call]], size: int) -> tuple[list[float], int]:
+    """Per-row token weights of DecomposeR Eq. 16 over episodes (and DECOR Eq. 4 over trajectories):
+    every token of episode e weighs 1 / |o_e|, |o_e| its model tokens over all its calls, so the
+    weighted sum over a batch is the sum over episodes of each episode's token-mean loss. Filler
+    rows weigh 0. Returns the row weights (in :func:`call_rows` order) and the count of episodes
+    that have tokens (the mean's denominator; an episode without tokens has no loss term)."""
+    weights, counted = [], 0
+    for calls in episodes:
+        tokens = sum(len(c.completion_ids) for c in calls)
+        counted += tokens > 0
+        weights += [1.0 / tokens if tokens else 0.0] * len(calls)
+    return weights + [0.0] * (size - len(weights)), counted
+
+
+def per_rollout_loss(trainer: Any) -> None:
+    """Make ``loss_type="grpo"`` mean Eq. 16 over episodes for a trainer whose rows are calls.
+
+    TRL's "grpo" averages each row's tokens, then the rows: an episode of several calls would
+    count once per call and filler rows would enter the mean. Instead the trainer runs TRL's
+    token-sum loss ("dapo": the sum of ``per_token_loss * completion_mask * tool_mask`` over the
+    batch, divided by ``num_items_in_batch``) with ``tool_mask`` = :func:`rollout_weights` and
+    ``num_items_in_batch`` = the episodes counted: (1/E) Σ_e (1/|o_e|) Σ_{t ∈ o_e} loss_t, the
+    mean over episodes of each episode's token mean, as Eq. 16 writes it (G rollouts per group)."""
+    trainer._deepr_per_rollout = trainer.loss_type == "grpo"
+    if trainer._deepr_per_rollout:
+        trainer.loss_type = "dapo"
 
 
 def batch_size_for(n_local: int, trainer: Any) -> int:
@@ -108,6 +139,11 @@ def call_batch(trainer: Any, episodes: Sequence[Sequence[Call]], advantages: Seq
     out = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
            "completion_mask": completion_mask, "advantages": torch.tensor(adv, dtype=torch.float32, device=dev),
            "num_items_in_batch": trainer.accelerator.gather(completion_mask.sum()).sum()}
+    if getattr(trainer, "_deepr_per_rollout", False):  # Eq. 16 over episodes (see per_rollout_loss)
+        weights, counted = rollout_weights(episodes, len(calls))
+        out["tool_mask"] = padded([[w] * len(c.completion_ids) for c, w in zip(calls, weights)], "right", 0.0,
+                                  torch.float32)
+        out["num_items_in_batch"] = trainer.accelerator.gather(torch.tensor(float(counted), device=dev)).sum()
     ids, attn = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
     keep = completion_ids.size(1)
     vllm_is = bool(trainer.use_vllm and trainer.vllm_importance_sampling_correction)
@@ -130,7 +166,12 @@ def warp_trainer_cls() -> type:
 
     class WarpReportTrainer(GRPOTrainer):
         """GRPOTrainer that scores whole episodes (TRL's rewards and group advantages over one
-        placeholder per episode) and trains on their calls (:func:`call_batch`)."""
+        placeholder per episode) and trains on their calls (:func:`call_batch`); loss_type "grpo"
+        is Eq. 16 over episodes (:func:`per_rollout_loss`)."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            per_rollout_loss(self)
 
         def _generate_and_score_completions(self, inputs):
             scored = super()._generate_and_score_completions(inputs)

@@ -1,0 +1,115 @@
+"""Training runs, whatever the trainer (SFT or any GRPO stage): the output folder and --resume,
+Ctrl-C that checkpoints before it stops, the data fingerprint a resumed run must match, and the
+tokenizer every trainer loads (a chat template is required).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+META = "deepr_meta.json"
+
+
+def fingerprint(rows: Sequence[dict[str, Any]]) -> str:
+    """Content hash of the training rows: a resumed run must see the same data."""
+    return hashlib.sha256(json.dumps(list(rows), sort_keys=True).encode("utf-8")).hexdigest()[:16]
+
+
+# --- output folder, resume and Ctrl-C ---------------------------------------------------------
+
+
+def check_out(out: Path, resume: bool, data_fp: str) -> bool:
+    """Decide whether to resume; refuse to mix two runs in one folder. Returns 'resume now'."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    meta_file = out / META
+    if not out.exists() or not any(out.iterdir()):
+        return False
+    meta = json.loads(meta_file.read_text(encoding="utf-8")) if meta_file.is_file() else {}
+    if not resume:
+        raise ValueError(f"{out} already holds a training run ({meta.get('status', 'unknown status')}); pass "
+                         "--resume to continue it, or choose another --out")
+    if meta.get("data_fingerprint") not in (None, data_fp):
+        raise ValueError(f"{out}: the training data changed since this run began (fingerprint "
+                         f"{meta['data_fingerprint']} -> {data_fp}); resume with the same --data and --role, "
+                         "or choose another --out")
+    set_aside_incomplete_checkpoints(out)
+    return get_last_checkpoint(str(out)) is not None
+
+
+def set_aside_incomplete_checkpoints(out: Path) -> list[Path]:
+    """A kill mid-save leaves ``checkpoint-N`` without its trainer state (written last); rename
+    it so that resuming starts from the last complete checkpoint instead of failing on it."""
+    moved = []
+    for ckpt in sorted(out.glob("checkpoint-*")):
+        try:
+            json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            dest = ckpt.with_name(f"incomplete-{ckpt.name}-{int(time.time())}")
+            ckpt.rename(dest)
+            moved.append(dest)
+    return moved
+
+
+def stop_callback() -> Any:
+    from transformers import TrainerCallback
+
+    class StopOnInterrupt(TrainerCallback):
+        """After a Ctrl-C: finish the step, save a checkpoint, stop."""
+
+        requested = False
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
+            if self.requested:
+                control.should_save = True
+                control.should_training_stop = True
+            return control
+
+    return StopOnInterrupt()
+
+
+@contextmanager
+def graceful_interrupt(callback: Any) -> Iterator[None]:
+    """First Ctrl-C asks the trainer to checkpoint and stop; a second one aborts at once.
+    Only for a single process: ranks of a distributed run could disagree on the step."""
+    single = int(os.environ.get("WORLD_SIZE", "1")) <= 1
+    if not single or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if callback.requested:
+            raise KeyboardInterrupt
+        callback.requested = True
+        print("\ninterrupt: finishing this step and saving a checkpoint (Ctrl-C again aborts at once)",
+              file=sys.stderr, flush=True)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def load_tokenizer(model: str) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(model)
+    except OSError as e:
+        raise FileNotFoundError(f"cannot load a tokenizer from {model!r} ({e}); give a model folder, or a hub "
+                                "name with network access") from None
+    if not getattr(tok, "chat_template", None):
+        raise ValueError(f"the tokenizer of {model!r} has no chat template; SFT on chat examples needs one "
+                         "(use an instruct/chat model, or set tokenizer.chat_template and save it)")
+    return tok
