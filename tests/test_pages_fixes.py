@@ -162,3 +162,16 @@ def test_web_search_without_the_web_extra_fails_before_any_work(tmp_path, monkey
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert r.exit_code == 2 and len(lines) == 1, r.output
     assert "web" in lines[0] and "trafilatura" in lines[0] and "pip install" in lines[0]
+
+
+@pytest.mark.parametrize("ctype,meta", [("text/html; charset=ISO-8859-1", ""),
+                                        ("text/html", '<meta charset="windows-1252">'),
+                                        ("text/html", '<meta http-equiv="Content-Type" content="text/html; charset=latin-1">')])
+def test_pages_in_other_encodings_are_decoded_by_their_charset(ctype: str, meta: str) -> None:
+    from deepr.search.reader import extract
+
+    html = (f"<html><head>{meta}<title>Caf\xe9 cr\xe8me</title></head><body><article>" + FILLER
+            + "<p>The caf\xe9 serves cr\xe8me br\xfbl\xe9e every day of the week to its guests.</p>"
+            + FILLER + "</article></body></html>").encode("latin-1")
+    title, text = extract(html, ctype)
+    assert title == "Café crème" and "café serves crème brûlée" in text and "\ufffd" not in text

@@ -47,13 +47,12 @@ EXIT_HELP = ("Exit status: 0 all good; 2 bad input or flags (nothing run); 3 som
              "(stopped at once); 130 interrupted (re-run to resume). See README 'Exit status'.")
 
 
-def profile_of(spec: str | None, name: str | None = None, formats: str | None = None, reask: str | None = None,
-               rollouts: str | None = None) -> Any:
+def profile_of(spec: str | None, name: str | None = None, formats: str | None = None, reask: str | None = None) -> Any:
     """The :class:`~deepr.profiles.Profile` of the model ``spec`` with the user's flags on top;
     raises ValueError naming the flag."""
     from deepr.profiles import get_profile
 
-    return get_profile(name, spec=spec, formats=formats, reask=reask, rollouts=rollouts)
+    return get_profile(name, spec=spec, formats=formats, reask=reask)
 
 
 def gen_defaults(max_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,

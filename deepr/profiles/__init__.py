@@ -14,7 +14,8 @@ A 135M model needs much more to produce a usable reply; the ``small`` profile ho
 - its own rubric-synthesis prompt and slots (:mod:`deepr.profiles.rubrics_strict`);
 - re-asks that resample instead of showing a looping reply back;
 - repetition penalties and n-gram bans for the hf backend (:data:`SMALL_DECODING`);
-- constrained RL rollouts (off-policy: see docs/faithfulness.md).
+- the plan format GRPO samples planner rollouts under when ``--rollout-formats schema`` asks for
+  it (never by default: rollouts come from the policy, see docs/faithfulness.md).
 
 ``smollm2`` and ``gguf:`` select ``small``; every other model spec ``default``; ``--profile``
 overrides. The profile travels with each call (``perform(..., profile=)``); the backend object
@@ -64,15 +65,13 @@ def _lookup(table: Mapping[str, Any], role: Any) -> Any:
 @dataclass(frozen=True)
 class Profile:
     """See the module docstring. ``strict``/``roles``: whether per-call formats are on (for every
-    role / per role); ``reask``: "correct" or "resample"; ``decoding``: hf backend options;
-    ``rollouts``: "policy" (sampled from the trained model, on-policy) or "constrained"."""
+    role / per role); ``reask``: "correct" or "resample"; ``decoding``: hf backend options."""
 
     name: str = "default"
     strict: bool = False
     roles: Mapping[str, bool] = field(default_factory=dict)
     reask: str = "correct"
     decoding: Mapping[str, Any] = field(default_factory=dict)
-    rollouts: str = "policy"
 
     def tables(self) -> Tables:
         # Strict formats asked of the default profile (--formats strict) come from the same tables.
@@ -111,12 +110,11 @@ class Profile:
         """What sidecars and deepr_meta.json record."""
         return {"name": self.name, "formats": "strict" if self.strict else "schema",
                 **({"roles": {k: "strict" if v else "schema" for k, v in self.roles.items()}} if self.roles else {}),
-                "reask": self.reask, "rollouts": self.rollouts, **({"decoding": dict(self.decoding)}
-                                                                    if self.decoding else {})}
+                "reask": self.reask, **({"decoding": dict(self.decoding)} if self.decoding else {})}
 
 
 DEFAULT = Profile()
-SMALL = Profile("small", strict=True, reask="resample", decoding=SMALL_DECODING, rollouts="constrained")
+SMALL = Profile("small", strict=True, reask="resample", decoding=SMALL_DECODING)
 
 
 def auto_name(spec: str | None) -> str:
@@ -147,9 +145,9 @@ def parse_formats(value: str | None) -> tuple[str | None, dict[str, bool]]:
 
 
 def get_profile(name: str | None = None, *, spec: str | None = None, formats: str | None = None,
-                reask: str | None = None, rollouts: str | None = None) -> Profile:
-    """The profile ``name`` (None: the one ``spec`` selects), with the user's ``--formats``,
-    ``--reask`` and rollout choices on top. Raises ValueError naming a wrong value."""
+                reask: str | None = None) -> Profile:
+    """The profile ``name`` (None: the one ``spec`` selects), with the user's ``--formats`` and
+    ``--reask`` on top. Raises ValueError naming a wrong value."""
     name = name or auto_name(spec)
     if name not in PROFILES:
         raise ValueError(f"--profile {name!r}: unknown profile; choose one of {', '.join(PROFILES)}")
@@ -157,8 +155,6 @@ def get_profile(name: str | None = None, *, spec: str | None = None, formats: st
     mode, roles = parse_formats(formats)
     if reask not in (None, "auto", "correct", "resample"):
         raise ValueError(f"--reask {reask!r}: choose auto, correct or resample")
-    if rollouts not in (None, "policy", "constrained"):
-        raise ValueError(f"--rollouts {rollouts!r}: choose policy or constrained")
     return dataclasses.replace(
         base, strict=base.strict if mode is None else mode == "strict", roles={**base.roles, **roles},
-        reask=base.reask if reask in (None, "auto") else reask, rollouts=rollouts or base.rollouts)
+        reask=base.reask if reask in (None, "auto") else reask)

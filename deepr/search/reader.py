@@ -65,7 +65,7 @@ def extract(body: bytes, content_type: str) -> tuple[str, str]:
         text = "\n\n".join((p.extract_text() or "") for p in reader.pages)
         title = str((reader.metadata or {}).get("/Title") or "")
         return title, text
-    html = body.decode("utf-8", errors="replace")
+    html = body.decode(charset(content_type, body), errors="replace")
     if ctype == "text/plain":
         return "", html
     from deepr.search.extract import html_text, page_title
@@ -75,6 +75,25 @@ def extract(body: bytes, content_type: str) -> tuple[str, str]:
         text = re.sub(r"\s+", " ", re.sub(r"<(script|style)[^>]*>.*?</\1>|<[^>]+>", " ", html, flags=re.S | re.I))
         text = htmllib.unescape(text)
     return page_title(html), text.strip()
+
+
+_CHARSET = re.compile(rb"""<meta[^>]+charset=["']?([A-Za-z0-9_.:-]+)""", re.I)
+
+
+def charset(content_type: str, body: bytes) -> str:
+    """The text encoding of a body: the Content-Type's charset, else the page's ``<meta>``
+    charset, else UTF-8 (an encoding Python does not know counts as absent)."""
+    import codecs
+
+    m = re.search(r"charset=[\"']?([A-Za-z0-9_.:-]+)", content_type or "", re.I)
+    found = m.group(1) if m else None
+    if not found:
+        meta = _CHARSET.search(body[:4096])
+        found = meta.group(1).decode("ascii", "replace") if meta else None
+    try:
+        return codecs.lookup(found).name if found else "utf-8"
+    except LookupError:
+        return "utf-8"
 
 
 def _record(url: str, **kw: Any) -> dict[str, Any]:
