@@ -209,3 +209,41 @@ def test_generated_reply_count():
     if total == 0:
         pytest.skip("run with the rest of this module")
     assert total >= 2000, COUNT
+
+
+@pytest.mark.parametrize("mode", ["decor", "tools"])  # dag: drawing its plan schema takes minutes
+def test_random_valid_replies_end_to_end_through_the_cli(captured, tmp_path, mode):
+    """A few whole runs on a server whose every reply is drawn valid under the format sent:
+    exit status per the README's table (never 1), and a written report cites only its map."""
+    import warnings
+
+    from deepr.cli import app
+    from deepr.llm.base import OutputFormat
+    from deepr.llm.stub_server import Raw
+    from tree_helpers import volcano_docs
+
+    def reply(body):
+        if "grammar" in body:
+            return Raw(json.dumps({"error": {"message": "grammar is not supported"}}), status=400)
+        js = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema")
+        regex = (body.get("structured_outputs") or {}).get("regex")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            COUNT["end to end"] += 1
+            return reply_of(OutputFormat("x", json_schema=js, regex=regex if js is None else None)).example() \
+                if (js or regex) else "<answer>free text</answer>"
+
+    corpus = tmp_path / "volcano.jsonl"
+    corpus.write_text("".join(x.model_dump_json() + "\n" for x in volcano_docs()), encoding="utf-8")
+    out = tmp_path / "r.md"
+    with StubServer(reply) as srv:
+        r = CliRunner().invoke(app, ["run", QUESTION, "--mode", mode, "--out", str(out), "--corpus", str(corpus),
+                                     "--llm", "openai:fake", "--base-url", srv.base_url, "--no-cache",
+                                     "--max-reasks", "1"])
+    assert r.exit_code in (0, 3, 4), r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    if out.exists():
+        md = out.read_text(encoding="utf-8")
+        cites = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))["citations"]
+        groups = re.findall(r"\[([^\[\]\n]*)\]", md)
+        assert all(t in cites for g in groups for t in re.split(r"[,;\s]+", g.strip()) if t), groups
