@@ -6,7 +6,9 @@ key come from arguments, else ``DEEPR_LLM_BASE_URL`` / ``DEEPR_LLM_API_KEY``, el
 
 Every call has a timeout. Rate limits (429), server errors (5xx), timeouts and
 connection errors are retried a bounded number of times with exponential backoff and
-jitter; any other error fails at once with :class:`LLMStatusError`. The client's own
+jitter; any other error fails at once with :class:`LLMStatusError`. A refused connection
+(nothing listens at the base URL) is not retried: it fails at once, says so, and the backend
+answers every later call with the same error (``unreachable``), so a run writes no report. The client's own
 retries are off so ours are the only ones, and they are counted in ``usage.retries``.
 
 Every request carries ``max_tokens`` (the role's, else ``default_max_tokens``) and the

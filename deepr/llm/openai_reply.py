@@ -72,9 +72,9 @@ def _read_completion(resp: Any) -> tuple[str, str | None]:
     finish = getattr(choice, "finish_reason", None)
     message = getattr(choice, "message", None)
     content = getattr(message, "content", None)
-    if message is not None and content is None:
-        # No text (a reply of tool_calls only, or a refusal): an empty reply, which the role's
-        # parse rejects and the executor re-asks within --max-reasks instead of failing the turn.
+    if message is not None and content is None and (getattr(message, "tool_calls", None) or finish == "tool_calls"):
+        # Tool calls instead of text (deepr's protocols are text): an empty reply, which the
+        # role's parse rejects and the executor re-asks within --max-reasks, not a failed turn.
         return "", finish
     if not isinstance(content, str):
         why = "no message" if message is None else "no message text"
