@@ -122,13 +122,19 @@ def tokenize(texts: Sequence[str]) -> list[list[str]]:
     return [[w for w in _WORD.findall(t.lower()) if w not in stop] for t in texts]
 
 
-def _build_bm25(texts: Sequence[str], folder: Path) -> None:
+def _bm25s() -> Any:
+    """bm25s, imported with its logger quiet: it sets that logger to DEBUG, so any root handler
+    printed "Building index from tokens" on every build."""
     import logging
 
     import bm25s
 
-    # bm25s sets its own logger to DEBUG, so any root handler printed "Building index from tokens".
     logging.getLogger("bm25s").setLevel(logging.WARNING)
+    return bm25s
+
+
+def _build_bm25(texts: Sequence[str], folder: Path) -> None:
+    bm25s = _bm25s()
 
     bm25 = bm25s.BM25()
     bm25.index(tokenize(texts), show_progress=False)
@@ -370,8 +376,7 @@ class Retriever:
 
     @classmethod
     def load(cls, folder: Path, **kw: Any) -> Retriever:
-        import bm25s
-
+        bm25s = _bm25s()
         return cls(dense=read_dense(folder / "dense.faiss"),
                    bm25=bm25s.BM25.load(str(folder / "bm25"), show_progress=False), path=folder, **kw)
 
