@@ -5,7 +5,7 @@ text; then the answer node is written from its parent branches and the cumulativ
 evidence. Every text must cite only ids of the evidence it was shown (checked in code; an
 unknown id is re-asked with the list of bad ids). Two roles (:mod:`deepr.roles`), ``WAVE`` and
 ``FINAL``; a turn that never passes its checks is recorded as a failure and its nodes are
-written by the non-LLM implementation instead, :mod:`deepr.agent.writer` (MMR over cited
+written by the non-LLM implementation instead, :mod:`deepr.extractive.answerer` (MMR over cited
 evidence), which the report then says.
 """
 

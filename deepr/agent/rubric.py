@@ -4,9 +4,7 @@ The persistent rubric is written once from the query and the plan and conditions
 writer; after each planning cycle an ephemeral rubric names the evidence gaps that remain.
 Gaps drive another planning cycle; none left (or ``--max-cycles``) stops planning.
 
-Extractive path: persistent criteria = one per aggregate / answer node (its need and key
-points) and one per sub-question; gaps = sub-questions and key points whose best evidence
-sentence stays below ``gap_threshold`` cosine similarity, each with a search query.
+Without a model: :mod:`deepr.extractive.rubric`.
 """
 
 from __future__ import annotations

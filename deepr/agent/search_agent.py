@@ -6,8 +6,7 @@ ONE consolidated evidence list: every distinct snippet found, ranked by similari
 node's query and key points, the best ``2k`` kept and catalogued under the node's id.
 With R = 1 the node is a single top-k search.
 
-Extractive reformulation: the key points whose best snippet sentence stays below
-``gap_threshold`` become the next queries; all covered means done.
+Without a model: :mod:`deepr.extractive.search`.
 """
 
 from __future__ import annotations

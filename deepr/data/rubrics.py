@@ -12,7 +12,7 @@ The model sees the tree serialised compactly (nodes: id, parent, depth, query,
 children; leaves: id, root→leaf path, statements). Its reply is checked against every
 constraint of :mod:`deepr.data.rubric_checks`; a reply that breaks any is re-asked with the
 list of violations (bounded), then rejected. The role's non-LLM implementation is
-:mod:`deepr.data.rubrics_extractive`, and its output must pass the same checks.
+:mod:`deepr.extractive.rubrics`, and its output must pass the same checks.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""The agent's rubric roles without a model (DuMate §2.2.3): persistent criteria from the plan's
-synthesis nodes and the question's parts; evidence gaps where no retrieved sentence comes close to a
-part of the question or a key point of the plan."""
+"""The agent's rubric roles without a model (DuMate §2.2.3): persistent criteria = one per
+aggregate / answer node (its need and key points) and one per sub-question; gaps = sub-questions
+and key points whose best evidence sentence stays below ``gap_threshold`` cosine similarity, each
+with a search query."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The search agent without a model: new queries for the key points of a plan node that no
-retrieved sentence comes close to; done when every key point is covered."""
+"""The search agent without a model: the key points of a plan node whose best snippet sentence
+stays below ``gap_threshold`` become the next queries; all covered means done."""
 
 from __future__ import annotations
 
