@@ -2,8 +2,9 @@
 
 Roles never import an SDK. They receive an :class:`LLM` and call ``await llm.achat(...)``
 (or ``abatch`` for many independent prompts); backends bound concurrency themselves, so
-gathering hundreds of calls is safe. ``llm.is_extractive`` tells a role to use its
-deterministic no-LLM algorithm (SPEC §9) instead of prompting.
+gathering hundreds of calls is safe. A backend with an engine of its own (``llm.role_engine()``:
+the extractive backend) performs roles without prompting; only :mod:`deepr.extractive` asks
+``llm.is_extractive``.
 """
 
 from __future__ import annotations
