@@ -66,7 +66,7 @@ def test_the_extractive_package_imports_no_role_module():
 
 
 def test_the_engine_is_the_backend_s_answer():
-    from deepr.extractive import can_rescue, judges, needs_embedder, offload_cpu
+    from deepr.extractive import adds_judgement, can_rescue, needs_embedder, offload_cpu
     from deepr.extractive.engine import perform
     from deepr.llm.extractive import ExtractiveLLM
     from deepr.llm.replay import ReplayLLM
@@ -79,7 +79,7 @@ def test_the_engine_is_the_backend_s_answer():
     assert (can_rescue(model, "extractive"), can_rescue(ex, "extractive"), can_rescue(model, None)) == (
         True, False, False)
     assert (offload_cpu(model), offload_cpu(ex), needs_embedder(ex), needs_embedder(model)) == (True, False, True, False)
-    assert (judges(model), judges(ex), judges(None)) == (True, False, False)
+    assert (adds_judgement(model), adds_judgement(ex), adds_judgement(None)) == (True, False, False)
 
 
 def test_perform_on_the_extractive_backend_records_the_implementation_s_reply():

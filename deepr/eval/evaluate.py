@@ -352,10 +352,10 @@ async def _fact(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
 def _support_judge(judge: Judge) -> Any:
     """Entailment by the judge model through the judge's cache; None: the overlap check."""
     from deepr.agent import support as sp
-    from deepr.extractive import judges
+    from deepr.extractive import adds_judgement
     from deepr.extractive.support import overlap_verdict
 
-    if not judges(judge.llm):
+    if not adds_judgement(judge.llm):
         return None
 
     async def ask(question: str, claim: str, sources: str) -> tuple[dict | None, str | None]:

@@ -49,7 +49,7 @@ def needs_embedder(llm: Any) -> bool:
     return _engine(llm)
 
 
-def judges(llm: Any) -> bool:
+def adds_judgement(llm: Any) -> bool:
     """Whether ``llm`` as a judge adds a judgement of its own: this engine would only grade with
     the heuristics the code already applies (the overlap check, the reward's own terms). Something
     that is not a backend (None) judges nothing."""
