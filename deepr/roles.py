@@ -7,8 +7,8 @@ or :class:`TaggedReply` for ``<tag>text</tag>`` replies; both give the backend a
 checks, its default generation limits, and its non-LLM implementation (``extractive(inp)``,
 which returns the reply a model should have given, already parsed).
 
-:func:`perform` runs a role. On the extractive backend it calls the non-LLM implementation;
-otherwise model call → parse → checks → bounded re-asks (sampled, so a greedy model does not
+:func:`perform` runs a role. A backend with an engine of its own (``llm.role_engine()``: the
+extractive backend, :mod:`deepr.extractive.engine`) performs it there; otherwise model call → parse → checks → bounded re-asks (sampled, so a greedy model does not
 repeat itself) → recorded fallback. A :class:`CallPolicy` (a profile, :mod:`deepr.profiles`) may
 replace a call's decoding format or prompt and chooses how a refused reply is asked again; it
 travels with the call, so role modules never see it. Every outcome is written to a :class:`Recorder` as one
@@ -226,7 +226,13 @@ class _RecordedLLM(LLM):
     def __init__(self, inner: LLM, rec: Recorder, role: str, action: str):
         super().__init__(max_concurrency=1 << 16)  # the inner backend bounds concurrency
         self.inner, self.rec, self.role, self.action = inner, rec, role, action
-        self.name, self.is_extractive, self.usage = inner.name, inner.is_extractive, inner.usage
+        self.name, self.usage = inner.name, inner.usage
+
+    def role_engine(self) -> Callable[..., Any] | None:
+        return self.inner.role_engine()
+
+    def label(self) -> str:
+        return self.inner.label()
 
     async def _achat(self, messages: list[Message], *, role: str | None, temperature: float | None,
                      max_tokens: int | None, stop: Sequence[str] | None, **extra: Any) -> Reply:
@@ -301,20 +307,7 @@ class Recorder:
 
 def engine_label(llm: LLM) -> str:
     """How records name who answered: "extractive" for the non-LLM engine, else "llm:<backend>[:model]"."""
-    if llm.is_extractive:
-        return "extractive"
-    try:
-        info = llm.describe()
-    except Exception:  # a backend's describe() must never break scoring
-        info = {}
-    return ":".join(["llm", str(info.get("backend", llm.name)), *([str(info["model"])] if info.get("model") else [])])
-
-
-def offload_cpu(llm: LLM) -> bool:
-    """Whether a stage should move its CPU work (retrieval, embedding) to a worker thread: only
-    while model round-trips can overlap it. The non-LLM engine is all CPU on the event loop, and
-    it embeds there too, so a second thread would only add hand-offs and share the embedder."""
-    return not llm.is_extractive
+    return llm.label()
 
 
 # --- the context budget -------------------------------------------------------------------
@@ -459,19 +452,9 @@ async def perform(role: Role[I, T], inp: I, *, llm: LLM, rec: Recorder, max_reas
     its conversation), so a resampled attempt draws a seed none of them used. ``profile``: the
     model's profile (None: the role's own formats, refused replies corrected).
     """
-    if llm.is_extractive:  # the one place that chooses the engine
-        messages = role.messages(inp)
-        try:
-            value = role.extractive(inp)
-        except RoleFailed as e:
-            rec.turn(role.name, role.action, messages, "", ok=False, attempts=0, extractive=True, error=str(e),
-                     **extra)
-            return _failed(role, rec, str(e), 0, None, extra)
-        action = role.turn_action(value) if role.turn_action else role.action
-        shown = json.dumps(value, default=str) if role.direct else role.output.render(value)
-        rec.turn(role.name, action, messages, shown, ok=True, attempts=1, extractive=True, **extra)
-        rec.engines["extractive"] += 1
-        return Outcome(value if role.direct else role.result(inp, value), "extractive", attempts=0)
+    engine = llm.role_engine()  # the backend says who performs roles: the extractive one has its own engine
+    if engine is not None:
+        return engine(role, inp, rec, extra)
     fit = fit_context(role, inp, llm, max_tokens or role.max_tokens, rec, profile)
     messages = fit.messages
     skip = fit.error or (profile.precheck(role, fit.inp) if profile is not None else None)
@@ -491,20 +474,21 @@ async def perform(role: Role[I, T], inp: I, *, llm: LLM, rec: Recorder, max_reas
     error = got.error or "no usable reply"
     backup = role.extractive if role.fallback == "extractive" else role.fallback
     if backup is None:
-        return _failed(role, rec, error, got.attempts, last, extra)
+        return failed(role, rec, error, got.attempts, last, extra)
     rec.fail(f"{role.name}/{role.action}", error, role=role.name, attempts=got.attempts, **extra)
     try:
         value = backup(inp)
     except RoleFailed as e:
-        return _failed(role, rec, f"{error}; the fallback failed too: {e}", got.attempts, last, {}, record=False)
+        return failed(role, rec, f"{error}; the fallback failed too: {e}", got.attempts, last, {}, record=False)
     note = role.on_fail.format(role=role.name, action=role.action, **extra)
     rec.decide(note, reason=error, **({"fallback": role.parts(inp)} if role.parts else {}))
     rec.engines["fallback"] += 1
     return Outcome(role.result(inp, value), "fallback", error, got.attempts, last)
 
 
-def _failed(role: Role, rec: Recorder, error: str, attempts: int, reply: str | None, extra: dict[str, Any],
-            *, record: bool = True) -> Outcome:
+def failed(role: Role, rec: Recorder, error: str, attempts: int, reply: str | None, extra: dict[str, Any],
+           *, record: bool = True) -> Outcome:
+    """The outcome of a role that has no value, recorded as a failure (``record``) and counted."""
     if record:
         rec.fail(f"{role.name}/{role.action}", error, role=role.name, attempts=attempts, **extra)
     rec.engines["failed"] += 1

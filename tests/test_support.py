@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from deepr.agent.support import check_support, overlap_verdict, role_judge
+from deepr.agent.support import check_support, role_judge
+from deepr.extractive.support import overlap_verdict
 from deepr.cli import app
 from deepr.eval.evaluate import EvalContext, item_from_record, score_item
 from deepr.llm.replay import ReplayLLM

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from deepr.agent.tools_agent import ToolSession, answer_ids, parse_step, run_tools
-from deepr.agent.tools_extractive import cite_tags
+from deepr.extractive.tools import cite_tags
 
 
 def _ctx(retriever, llm, **cfg):

@@ -17,7 +17,7 @@ from deepr.llm.replay import ReplayLLM
 from deepr.records import Document, Hit, Reject, Tree
 from deepr.text import coverage
 from deepr.data.topics import SeedTopic, load_topics, sample_topics, tree_id
-from deepr.data.tree_extractive import NodeCtx, key_phrases
+from deepr.extractive.trees import NodeCtx, key_phrases
 from deepr.roles import Recorder
 from deepr.data.trees import TreeConfig, build_trees, make_roles
 from tree_helpers import LexicalRetriever, ScriptedLLM, replier, volcano_docs

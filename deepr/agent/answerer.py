@@ -5,7 +5,7 @@ text; then the answer node is written from its parent branches and the cumulativ
 evidence. Every text must cite only ids of the evidence it was shown (checked in code; an
 unknown id is re-asked with the list of bad ids). Two roles (:mod:`deepr.roles`), ``WAVE`` and
 ``FINAL``; a turn that never passes its checks is recorded as a failure and its nodes are
-written by the non-LLM implementation instead, :mod:`deepr.agent.writer` (MMR over cited
+written by the non-LLM implementation instead, :mod:`deepr.extractive.answerer` (MMR over cited
 evidence), which the report then says.
 """
 
@@ -19,12 +19,11 @@ from typing import Any
 from deepr.agent.plan import answer_node
 from deepr.records import Plan, PlanNode
 from deepr.acceptance import FREE_TEXT
+from deepr.extractive import answerer as ex
 from deepr.roles import JSONReply, Role, TaggedReply
 
 from deepr.agent.citations import cited_ids, normalize
 from deepr.agent.env import Ctx
-from deepr.agent.extract import sub_questions
-from deepr.agent import writer
 
 ANSWER_SYSTEM = """You write parts of a research report strictly from the evidence you are given.
 Every evidence item starts with an id in square brackets. After each claim, cite the ids that support \
@@ -93,14 +92,6 @@ def _node_block(ctx: Ctx, plan: Plan, node: PlanNode, ids: list[str], outputs: d
     return "\n".join(parts)
 
 
-def _extractive_node(ctx: Ctx, node: PlanNode, ids: list[str], inherited: list[str], outputs: dict[str, str],
-                     rubric: Sequence[dict[str, Any]]) -> str:
-    targets = [node.need or "", *node.key_points,
-               *(r.get("description", "") for r in rubric if r.get("node") == node.id)]
-    parents = [outputs[s] for s in node.inputs if s in outputs]
-    return writer.write(ctx, targets, ids, ctx.config.section_sentences, cited_texts=parents)
-
-
 def _wave_check(ctx: Ctx, wave: list[str], allowed: dict[str, list[str]], value: Any) -> list[str]:
     if not isinstance(value, dict):
         return ["reply must be a JSON object mapping node ids to text"]
@@ -138,12 +129,6 @@ def _wave_messages(a: WaveAsk) -> list[dict[str, str]]:
                                                          nodes=blocks, example=example)}]
 
 
-def _wave_extractive(a: WaveAsk) -> dict[str, str]:
-    by_id = {n.id: n for n in a.plan.nodes}
-    return {nid: _extractive_node(a.ctx, by_id[nid], a.shown[nid], a.allowed[nid], a.outputs, a.rubric)
-            for nid in a.wave}
-
-
 def _wave_shape(a: WaveAsk) -> dict[str, Any]:
     """The wave's reply: one text per node of the wave, keyed by its id."""
     return {"type": "object", "properties": {nid: {"type": "string"} for nid in a.wave}, "required": list(a.wave),
@@ -152,7 +137,7 @@ def _wave_shape(a: WaveAsk) -> dict[str, Any]:
 
 WAVE = Role(
     name="answerer", action="wave", messages=_wave_messages, output=JSONReply(shape=_wave_shape),
-    check=lambda a, v: _wave_check(a.ctx, a.wave, a.allowed, v), extractive=_wave_extractive,
+    check=lambda a, v: _wave_check(a.ctx, a.wave, a.allowed, v), extractive=ex.wave_reply,
     result=lambda a, v: {nid: normalize(v[nid]).strip() for nid in a.wave}, max_tokens=2048,
     accept=FREE_TEXT,
     on_fail="wave {wave} written by the extractive writer after the model's replies failed",
@@ -203,15 +188,10 @@ def _final_messages(a: FinalAsk) -> list[dict[str, str]]:
                 branches=branches, evidence=a.ctx.catalog.evidence(a.ids) or "(none)")}]
 
 
-def _final_extractive(a: FinalAsk) -> str:
-    return writer.write_by_parts(a.ctx, a.query, sub_questions(a.query), a.ids, a.ctx.config.answer_sentences,
-                                 cited_texts=[a.outputs.get(s, "") for s in a.node.inputs])
-
-
 FINAL = Role(
     name="answerer", action="final", messages=_final_messages, output=TaggedReply("answer", required=True),
     accept=FREE_TEXT,
-    check=lambda a, t: a.ctx.catalog.check(normalize(t), a.ids, require=True), extractive=_final_extractive,
+    check=lambda a, t: a.ctx.catalog.check(normalize(t), a.ids, require=True), extractive=ex.final_reply,
     result=lambda a, t: normalize(t).strip(), max_tokens=2048,
     on_fail="final answer written by the extractive writer after the model's replies failed",
     parts=lambda a: [a.node.id])

@@ -12,20 +12,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
-import numpy as np
 from pydantic import BaseModel, Field
 
 from deepr.acceptance import FREE_TEXT, query_words
+from deepr.extractive import decor as ex
 from deepr.roles import JSONReply, Role, TaggedReply
-from deepr.text import strip_citations
 
 from deepr.agent.citations import cited_ids, normalize
 from deepr.agent.env import Ctx
-from deepr.agent.extract import (FRAMING, anchored_query, approx_tokens, content_terms, focus_query,
-                                 sub_questions)
-from deepr.agent import writer
+from deepr.agent.extract import approx_tokens
 
 PLANNER_SYSTEM = """You plan the searches of a question-answering system. From the question, the facts \
 gathered so far and the searches already made, name the single fact still missing and write one precise \
@@ -132,7 +128,7 @@ PLAN = Role(
     name="decor_planner", action="plan", messages=_planner_messages, output=TaggedReply("search", required=True),
     accept=(*FREE_TEXT, query_words(lambda b: [] if _STOP.match(b) else [b])),
     check=lambda a, b: _plan_check(b, a.past, a.memory),
-    extractive=lambda a: next_query(a.ctx, a.query, a.memory, a.past) or "STOP",
+    extractive=ex.plan_reply,
     result=_planned, fallback=lambda a: "STOP", max_tokens=256,
     on_fail="step {step}: planner failed, the loop stops")
 
@@ -140,7 +136,7 @@ FILTER = Role(
     name="decor_filter", action="filter", messages=_filter_messages, output=TaggedReply("filter", required=True),
     accept=FREE_TEXT,
     check=lambda a, b: a.ctx.catalog.check(normalize(b), a.ids, require=True),
-    extractive=lambda a: filter_evidence(a.ctx, a.query, a.ids, a.memory),
+    extractive=ex.filter_reply,
     result=lambda a, b: normalize(b).strip(), max_tokens=768,
     on_fail="step {step}: evidence filtered extractively after the model failed")
 
@@ -148,7 +144,7 @@ CONDENSE = Role(
     name="condenser", action="condense", messages=_condense_messages, output=JSONReply(Facts),
     accept=FREE_TEXT,
     check=lambda a, v: [e for f in v["facts"] for e in a.ctx.catalog.check(normalize(f), _memory_ids(a.memory))],
-    extractive=lambda a: {"facts": condense_facts(a.ctx, a.query, a.memory, a.ctx.config.memory_limit // 2)},
+    extractive=ex.condense_reply,
     result=lambda a, v: [normalize(f) for f in v["facts"]], max_tokens=1024,
     on_fail="memory condensed extractively after the model failed")
 
@@ -156,7 +152,7 @@ ANSWER = Role(
     name="decor_answerer", action="answer", messages=_answer_messages, output=TaggedReply("answer", required=True),
     accept=FREE_TEXT,
     check=lambda a, b: _answer_check(a, b),
-    extractive=lambda a: short_answer(a.ctx, a.query, a.memory),
+    extractive=ex.answer_reply,
     result=lambda a, b: normalize(b).strip(), max_tokens=640,  # room for the small profile's longest answer
     on_fail="answer extracted from memory after the model failed")
 
@@ -221,117 +217,3 @@ async def run_decor(ctx: Ctx, query: str) -> DecorOutcome:
         answer = await answer_step(ctx, query, memory)
     tr.extra.update(memory=[m.__dict__ for m in memory], queries=past)
     return DecorOutcome(answer, memory, past)
-
-# --- the non-LLM implementation of these roles (SPEC §9) --------------------
-#
-# Extractive DECOR roles (SPEC §9).
-#
-# - planner: first the whole question (all its constraints); then each sub-question of a
-#   multi-part request not yet searched, or, for a single question, its named entities plus
-#   the content words the memory lacks; STOP when nothing is left or a query would repeat;
-# - filter: the sentences of the results closest to the search query (within 70% of the
-#   best similarity, at most two per result, none already in memory), each with its id;
-# - condense: memory sentences, near-duplicates removed, ranked by similarity to the
-#   question and cut to a token budget;
-# - answerer: the memory sentence most similar to the question (one per sub-question), plus
-#   the sentence covering most question terms the first one misses.
-
-
-_PRONOUNS = frozenset("it its he his she her they their this these".split())
-PART_COVERED = 0.75  # a sub-question counts as answered by memory only above this cosine
-
-
-def _memory_sentences(memory: list[Any]) -> list[str]:
-    return [s for m in memory for s in writer.cited_sentences(m.evidence)]
-
-
-def next_query(ctx: Ctx, query: str, memory: list[Any], past: list[str]) -> str | None:
-    seen = {_norm(p) for p in past}
-    if not past:
-        return focus_query(query, 48)
-    parts = sub_questions(query)
-    sents = [strip_citations(s) for s in _memory_sentences(memory)]
-    if len(parts) > 1:
-        # Embeddings cannot tell "about the topic" from "answers this part" (a generic sentence
-        # on vaccines scores 0.61 against "who developed the first vaccine", the answer 0.66),
-        # so every part gets its own search unless the memory matches it very closely.
-        cover = (ctx.encode(parts) @ ctx.encode(sents).T).max(axis=1) if sents else np.zeros(len(parts))
-        for part, c in zip(parts, cover):
-            q = focus_query(part, 32)
-            if c < PART_COVERED and _norm(q) not in seen:
-                return q
-        return None
-    have = set(content_terms(" ".join(sents)))
-    missing = [t for t in content_terms(focus_query(query)) if t not in have and t not in FRAMING and not t.isdigit()]
-    if not missing:
-        return None
-    q = anchored_query(query, missing)
-    return None if _norm(q) in seen else q
-
-
-def filter_evidence(ctx: Ctx, q: str, ids: list[str], memory: list[Any] = (), k: int = 4,
-                    per_source: int = 2) -> str:
-    known = {" ".join(strip_citations(s).split()) for s in _memory_sentences(memory)}
-    pairs = [(s, cid) for cid in ids for s in ctx.sentences(cid) if " ".join(s.split()) not in known]
-    if not pairs:
-        return ""
-    sims = ctx.encode([s for s, _ in pairs]) @ ctx.encode([q])[0]
-    order = np.argsort(-sims, kind="stable")
-    floor = max(0.2, 0.7 * float(sims[order[0]]))  # relative: only the sentences close to the best
-    taken: dict[str, int] = {}
-    out = []
-    for i in order:
-        s, cid = pairs[i]
-        if sims[i] < floor or len(out) == k:
-            break
-        if taken.get(cid, 0) < per_source:
-            taken[cid] = taken.get(cid, 0) + 1
-            out.append(writer.cite(s, cid))
-    return " ".join(out)
-
-
-def condense_facts(ctx: Ctx, query: str, memory: list[Any], budget: int) -> list[str]:
-    sents = list(dict.fromkeys(_memory_sentences(memory)))
-    if not sents:
-        return []
-    vecs = ctx.encode([strip_citations(s) for s in sents])
-    order = np.argsort(-(vecs @ ctx.encode([query])[0]), kind="stable")
-    kept: list[int] = []
-    used = 0
-    for i in order:
-        if kept and float(np.max(vecs[kept] @ vecs[i])) > 0.9:
-            continue
-        cost = approx_tokens(sents[i])
-        if kept and used + cost > budget:
-            break
-        kept.append(int(i))
-        used += cost
-    return [sents[i] for i in sorted(kept)]
-
-
-def short_answer(ctx: Ctx, query: str, memory: list[Any]) -> str:
-    """Best memory sentence per sub-question, plus one more if it covers question terms the
-    first leaves out (e.g. the second half of "who ... and what ...")."""
-    texts = [m.evidence for m in memory]
-    cands = writer.candidates(ctx, [], cited_texts=texts)
-    if not cands:
-        return "No answer found: the searches returned no relevant evidence."
-    parts = sub_questions(query)
-    picked: list[int] = []
-    for target in (parts if len(parts) > 1 else [query]):
-        picked += writer.select(ctx, cands, [target], 1, chosen=picked, floor=0.0)  # memory is curated already
-    missing = set(content_terms(query)) - set(content_terms(" ".join(cands[i][0] for i in picked)))
-    gain = [(len(missing & set(content_terms(c[0]))), -i) for i, c in enumerate(cands) if i not in picked]
-    if missing and gain and max(gain)[0] > 0:
-        picked.append(-max(gain)[1])
-    return " ".join(_with_subject(ctx, cands[i][1]) for i in picked)
-
-
-def _with_subject(ctx: Ctx, sentence: str) -> str:
-    """Name the subject of a sentence that opens with a pronoun ("It is the longest river..."):
-    a short answer stands alone, so prefix the title of the source it came from."""
-    ids = [c for c in cited_ids(sentence) if c in ctx.catalog]
-    first = sentence.split(" ", 1)[0].lower()
-    if ids and first in _PRONOUNS:
-        return f"{ctx.catalog[ids[0]].title}: {sentence}"
-    return sentence

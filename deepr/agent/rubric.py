@@ -4,9 +4,7 @@ The persistent rubric is written once from the query and the plan and conditions
 writer; after each planning cycle an ephemeral rubric names the evidence gaps that remain.
 Gaps drive another planning cycle; none left (or ``--max-cycles``) stops planning.
 
-Extractive path: persistent criteria = one per aggregate / answer node (its need and key
-points) and one per sub-question; gaps = sub-questions and key points whose best evidence
-sentence stays below ``gap_threshold`` cosine similarity, each with a search query.
+Without a model: :mod:`deepr.extractive.rubric`.
 """
 
 from __future__ import annotations
@@ -15,15 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from pydantic import BaseModel, Field
 
 from deepr.records import Plan
 
 from deepr.acceptance import FREE_TEXT, query_words
+from deepr.extractive import rubric as ex
 from deepr.roles import JSONReply, Role
 from deepr.agent.env import Ctx
-from deepr.agent.extract import focus_query, shorten, sub_questions
 
 RUBRIC_SYSTEM = """You write quality rubrics that steer a research agent while it works. Each criterion \
 has a short name, a description of what a good result has, and guidance: an instruction the agent can act \
@@ -81,19 +78,6 @@ def _plan_lines(plan: Plan) -> str:
     return "\n".join(f"- {n.id} ({n.type}): {n.query or n.need}" for n in plan.nodes)
 
 
-def _extractive_persistent(query: str, plan: Plan) -> list[dict[str, Any]]:
-    out = [{"name": f"{n.id} coverage", "description": " ".join([n.need or "", *n.key_points]).strip(),
-            "guidance": "Cite evidence for: " + "; ".join(n.key_points or [n.need or ""]), "node": n.id}
-           for n in plan.nodes if n.type in ("aggregate", "answer")]
-    parts = sub_questions(query)
-    if len(parts) > 1:
-        out += [{"name": f"part {i}", "description": p, "guidance": f"Answer this part with evidence: {p}",
-                 "node": next(n.id for n in plan.nodes if n.type == "answer")} for i, p in enumerate(parts, 1)]
-    out.append({"name": "grounding", "description": "Every claim cites an evidence id.",
-                "guidance": "Drop any claim no snippet supports."})
-    return out
-
-
 @dataclass
 class RubricAsk:
     ctx: Ctx
@@ -118,20 +102,15 @@ def _ephemeral_messages(a: RubricAsk) -> list[dict[str, str]]:
                                                               evidence="\n\n".join(blocks))}]
 
 
-def _gaps_value(a: RubricAsk) -> dict[str, Any]:
-    gaps = extractive_gaps(a.ctx, a.query, a.plan, a.results)
-    return {"sufficient": not gaps, "gaps": gaps}
-
-
 PERSISTENT = Role(
     name="rubric", action="persistent", messages=_persistent_messages, output=JSONReply(Persistent),
-    extractive=lambda a: {"criteria": _extractive_persistent(a.query, a.plan)},
+    extractive=ex.persistent_reply,
     result=lambda a, v: list(v["criteria"]), max_tokens=1024, accept=FREE_TEXT,
     on_fail="persistent rubric built extractively after the model failed")
 
 EPHEMERAL = Role(
     name="rubric", action="ephemeral", messages=_ephemeral_messages, output=JSONReply(Ephemeral),
-    extractive=_gaps_value, result=lambda a, v: [] if v["sufficient"] else list(v["gaps"]),
+    extractive=ex.gaps_reply, result=lambda a, v: [] if v["sufficient"] else list(v["gaps"]),
     fallback=lambda a: {"sufficient": True, "gaps": []}, max_tokens=1024,
     accept=(*FREE_TEXT, query_words(lambda v: [g.get("query", "") for g in v.get("gaps") or []])),
     on_fail="stopped re-planning: the gap rubric could not be read")
@@ -141,32 +120,6 @@ async def persistent_rubric(ctx: Ctx, query: str, plan: Plan) -> list[dict[str, 
     rubric = (await ctx.perform(PERSISTENT, RubricAsk(ctx, query, plan))).value
     ctx.tracer.extra.setdefault("rubrics", []).append({"kind": "persistent", "criteria": rubric})
     return rubric
-
-
-def _evidence_ids(ctx: Ctx, plan: Plan, results: dict[str, list[str]]) -> list[str]:
-    search = [n.id for n in plan.nodes if n.type == "search"]
-    ids = [c for nid in search for c in results.get(nid, [])]
-    ids += [e.id for e in ctx.catalog.entries.values() if e.kind == "fetch" and e.node in search]
-    return ids
-
-
-def extractive_gaps(ctx: Ctx, query: str, plan: Plan, results: dict[str, list[str]]) -> list[dict[str, Any]]:
-    parts = sub_questions(query)
-    targets = (parts if len(parts) > 1 else []) + [p for n in plan.nodes if n.type != "answer" for p in n.key_points]
-    targets = list(dict.fromkeys(t for t in targets if t.strip()))
-    sents = [s for cid in _evidence_ids(ctx, plan, results) for s in ctx.sentences(cid)]
-    if not targets:
-        return []
-    best = (ctx.encode(targets) @ ctx.encode(sents).T).max(axis=1) if sents else np.zeros(len(targets))
-    searched = {" ".join(t.get("query", "").lower().split()) for t in ctx.tracer.tools if t["tool"] == "search"}
-    gaps = []
-    for i in np.argsort(best, kind="stable"):
-        q = focus_query(targets[i], 16)
-        if best[i] >= ctx.config.gap_threshold or " ".join(q.lower().split()) in searched:
-            continue
-        gaps.append({"name": f"gap: {shorten(targets[i], 8)}", "description": targets[i],
-                     "guidance": f"Find evidence on: {targets[i]}", "query": q, "coverage": round(float(best[i]), 3)})
-    return gaps[:3]
 
 
 async def ephemeral_rubric(ctx: Ctx, query: str, plan: Plan, results: dict[str, list[str]],

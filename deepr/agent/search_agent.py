@@ -6,8 +6,7 @@ ONE consolidated evidence list: every distinct snippet found, ranked by similari
 node's query and key points, the best ``2k`` kept and catalogued under the node's id.
 With R = 1 the node is a single top-k search.
 
-Extractive reformulation: the key points whose best snippet sentence stays below
-``gap_threshold`` become the next queries; all covered means done.
+Without a model: :mod:`deepr.extractive.search`.
 """
 
 from __future__ import annotations
@@ -22,10 +21,11 @@ from pydantic import BaseModel, Field
 from deepr.records import Hit, PlanNode
 
 from deepr.acceptance import FREE_TEXT, query_words
+from deepr.extractive import search as ex
 from deepr.roles import JSONReply, Role
 
 from deepr.agent.env import Ctx
-from deepr.agent.extract import focus_query, shorten, split_sentences
+from deepr.agent.extract import shorten
 
 SEARCHER_SYSTEM = """You run the searches for one step of a research plan. Given the step's query, the \
 points it must establish and what the searches found so far, decide whether the points are covered. If \
@@ -57,14 +57,6 @@ def _check(value: Reformulation, asked: Sequence[str]) -> list[str]:
     return [f"query {q!r} was already run; write a different one" for q in repeats]
 
 
-def _uncovered(ctx: Ctx, node: PlanNode, hits: Sequence[Hit]) -> list[str]:
-    if not node.key_points or not hits:
-        return []
-    sents = [s for h in hits for s in (split_sentences(h.text) or [h.text])]
-    best = (ctx.encode(list(node.key_points)) @ ctx.encode(sents).T).max(axis=1)
-    return [p for p, b in zip(node.key_points, best) if b < ctx.config.gap_threshold]
-
-
 @dataclass
 class SearchAsk:
     ctx: Ctx
@@ -90,15 +82,9 @@ def _guidance(items: Sequence[dict[str, Any]]) -> str:
     return "\nThe report's quality criteria and open evidence gaps (search for what serves them):\n" + lines
 
 
-def _extractive(a: SearchAsk) -> dict[str, Any]:
-    seen = {_norm(q) for q in a.asked}
-    queries = [q for q in (focus_query(p, 16) for p in _uncovered(a.ctx, a.node, a.hits)) if _norm(q) not in seen][:3]
-    return {"done": not queries, "queries": queries}
-
-
 REFORMULATE = Role(
     name="searcher", action="search", messages=_messages, output=JSONReply(Reformulation),
-    check=lambda a, v: _check(Reformulation.model_validate(v), a.asked), extractive=_extractive,
+    check=lambda a, v: _check(Reformulation.model_validate(v), a.asked), extractive=ex.reformulate_reply,
     result=lambda a, v: [] if v["done"] else list(v["queries"]), fallback=lambda a: {"done": True, "queries": []},
     accept=(*FREE_TEXT, query_words(lambda v: v.get("queries") or [])),
     max_tokens=256, on_fail="search agent of {node} stopped: its reformulation failed")

@@ -29,11 +29,11 @@ from pydantic import BaseModel, Field, field_validator
 
 from deepr.agent.citations import normalize
 from deepr.llm.base import LLM
+from deepr.extractive import support as ex
+from deepr.extractive.support import overlap_verdict
 from deepr.roles import JSONReply, Recorder, Role, perform
-from deepr.text import STOP_WORDS, find_markers, report_prose, split_sentences, strip_citations, tok, words
+from deepr.text import find_markers, report_prose, split_sentences, strip_citations, tok
 
-SUPPORTED, PARTIAL = 0.6, 0.34  # share of the claim's content words found in the cited text
-_NAME = re.compile(r"(?<![.!?:]\s)(?<!^)\b([A-Z][\w'-]*)")
 _REFERENCE = re.compile(r"^\s*[-*]\s*\[[^\]]+\]\s")  # "- [N1-R3] Title (snippet of `doc`)"
 
 Verdict = dict[str, Any]  # {"verdict": "supported" | "partial" | "unsupported", "reason": str}
@@ -76,39 +76,6 @@ def cited_claims(report: str, known: Sequence[str] = ()) -> list[Claim]:
                 line_claims.append(Claim(text, list(dict.fromkeys(i for _, _, found in marks for i in found))))
         out += [c for c in line_claims if c.ids]
     return out
-
-
-def _key(word: str) -> str:
-    # A crude stem: "eruption" / "erupted" / "erupts" meet on "erupt"; numbers stay whole.
-    return word if any(c.isdigit() for c in word) or len(word) <= 5 else word[:5]
-
-
-def invented(claim: str, source: str) -> list[str]:
-    """Numbers and names of ``claim`` (lower-cased) that ``source`` never mentions."""
-    plain = set(words(source))
-    have = {_key(w) for w in plain}
-    numbers = [w for w in tok(claim) if any(c.isdigit() for c in w) and w not in plain]
-    names = [n for n in dict.fromkeys(m.group(1).lower() for m in _NAME.finditer(claim))
-             if n not in STOP_WORDS and _key(n) not in have]
-    return numbers + [n for n in names if n not in numbers]
-
-
-def overlap_verdict(claim: str, source: str) -> Verdict:
-    """The no-model check: content-word overlap, and no number or name missing from the source."""
-    have = {_key(w) for w in words(source)}
-    content = tok(claim)
-    if not content:
-        return {"verdict": "supported", "reason": "", "overlap": 1.0}
-    share = sum(_key(w) in have for w in content) / len(content)
-    found = invented(claim, source)
-    if found:
-        return {"verdict": "unsupported", "overlap": round(share, 3),
-                "reason": f"not in the cited source: {', '.join(found[:6])}"}
-    if share >= SUPPORTED:
-        return {"verdict": "supported", "reason": "", "overlap": round(share, 3)}
-    verdict = "partial" if share >= PARTIAL else "unsupported"
-    return {"verdict": verdict, "overlap": round(share, 3),
-            "reason": f"only {share:.0%} of its content words occur in the cited source"}
 
 
 # --- the judge role -------------------------------------------------------------------------
@@ -158,8 +125,7 @@ SUPPORT = Role(
     messages=lambda a: [{"role": "system", "content": SYSTEM},
                         {"role": "user", "content": PROMPT.format(question=a.question or "(not given)",
                                                                   claim=a.claim, sources=a.sources)}],
-    extractive=lambda a: {"verdict": (v := overlap_verdict(a.claim, a.sources))["verdict"],
-                          "unsupported_part": v["reason"]},
+    extractive=ex.support_reply,
     result=_verdict, fallback=None)
 
 

@@ -29,7 +29,7 @@ from typing import Any
 from deepr.agent.citations import cited_ids, normalize, strip_ids
 from deepr.agent.env import Ctx
 from deepr.agent.extract import shorten, sub_questions
-from deepr.agent.tools_extractive import ExtractivePolicy, cite_tags
+from deepr.extractive.tools import ExtractivePolicy, cite_tags, step_reply
 from deepr.agent.render import GNode, Graph, Section
 from deepr.llm.base import OutputFormat
 from deepr.acceptance import FREE_TEXT, no_babble, no_placeholder, query_words
@@ -268,7 +268,7 @@ def _step_accept(reply: str, messages: Sequence[dict[str, str]], sent: Sequence[
 
 
 STEP = Role(name="agent", action="step", messages=lambda a: list(a.convo), output=StepReply(),
-            extractive=lambda a: a.policy.reply(a.session), fallback=None, max_tokens=1024, accept=(_step_accept,),
+            extractive=step_reply, fallback=None, max_tokens=1024, accept=(_step_accept,),
             turn_action=lambda v: (lambda st: st.name or st.kind)(parse_step(v)))
 # 1024: after ten tool turns the transcript fills most of a small model's context.
 ANSWER = replace(STEP, action="answer", max_tokens=1024)

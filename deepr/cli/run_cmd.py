@@ -69,7 +69,9 @@ def _rubrics_of(rec: dict[str, Any], path: Path, n: int) -> None:
 
 def _turn_counts(res: Any, llm: Any) -> tuple[int, int]:
     """(model turns that worked, turns that failed or fell back to the extractive engine)."""
-    if llm.is_extractive:
+    from deepr.extractive import turns_ok
+
+    if turns_ok(llm):
         return 1, 0
     turns = res.trajectory.turns
     ok = sum(1 for t in turns if t.ok and not (t.model_extra or {}).get("extractive"))

@@ -415,8 +415,9 @@ def _run_synth(todo: list[Any], model: Any, cfg: Any, trees: Path, out: Path, re
     from deepr.records import QRPair, Reject
     from deepr.data.outcomes import StageTally
     from deepr.data.rubrics import asynthesize_rubrics, pair_summary
+    from deepr.extractive import needs_embedder
 
-    embed = _embed_fn() if model.is_extractive else None
+    embed = _embed_fn() if needs_embedder(model) else None
     counts, tally = Counter(), StageTally("synthesize-rubrics")
     try:
         with JsonlAppender(out) as sink, JsonlAppender(rejects) as rej:

@@ -12,7 +12,7 @@ The model sees the tree serialised compactly (nodes: id, parent, depth, query,
 children; leaves: id, root→leaf path, statements). Its reply is checked against every
 constraint of :mod:`deepr.data.rubric_checks`; a reply that breaks any is re-asked with the
 list of violations (bounded), then rejected. The role's non-LLM implementation is
-:mod:`deepr.data.rubrics_extractive`, and its output must pass the same checks.
+:mod:`deepr.extractive.rubrics`, and its output must pass the same checks.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from deepr.llm.base import LLM, run_sync
 from deepr.records import MergeStep, QRPair, Reject, RubricItem, Tree
 from deepr.acceptance import FREE_TEXT
-from deepr.roles import CallPolicy, JSONReply, Recorder, Role, RoleFailed, perform
+from deepr.roles import CallPolicy, JSONReply, Recorder, Role, perform
 from deepr.data.outcomes import Fallback, mark_fallback
 from deepr.data.rubric_checks import RubricLimits, leaf_statements, pair_problems
-from deepr.data.rubrics_extractive import synthesize as synthesize_extractive
+from deepr.extractive import can_rescue, prechecks, rubrics as ex
 
 SYSTEM = (
     "You design one deep-research task from an evidence tree. The input is a compact JSON tree: \"nodes\" "
@@ -152,6 +152,9 @@ class SynthAsk:
     leaves: dict[str, list[str]]
     compact: dict[str, Any]
 
+    def problems(self, value: dict[str, Any]) -> list[str]:
+        return _synth_check(self, value)
+
 
 def _synth_messages(a: SynthAsk) -> list[dict[str, str]]:
     return [{"role": "system", "content": _system(a.cfg)},
@@ -160,22 +163,6 @@ def _synth_messages(a: SynthAsk) -> list[dict[str, str]]:
 
 def _synth_check(a: SynthAsk, value: dict[str, Any]) -> list[str]:
     return pair_problems(SynthReply.model_validate(value), a.leaves, a.cfg.limits)
-
-
-def _synth_extractive(a: SynthAsk) -> dict[str, Any]:
-    if a.embed is None:
-        raise ValueError("the extractive synthesiser needs an embedder")
-    lim = a.cfg.limits
-    value, error = synthesize_extractive(
-        a.tree, a.embed, n_select=a.cfg.n_select, lam=a.cfg.mmr_lambda, max_words=lim.max_rubric_words,
-        min_rubrics=lim.min_rubrics, max_rubrics=lim.max_rubrics, min_relevance=a.cfg.min_relevance)
-    if value is None:
-        raise RoleFailed(error or "no pair")
-    # The non-LLM output meets the same constraints a model's reply must.
-    problems = _synth_check(a, value)
-    if problems:
-        raise RoleFailed("constraint violations: " + "; ".join(problems))
-    return value
 
 
 def _synth_shrink(a: SynthAsk, step: int) -> SynthAsk | None:
@@ -188,7 +175,7 @@ def _synth_shrink(a: SynthAsk, step: int) -> SynthAsk | None:
 
 SYNTHESIZE = Role(
     name="synthesize", action="pair", output=JSONReply(SynthReply), check=_synth_check,
-    messages=_synth_messages, extractive=_synth_extractive, result=lambda a, v: SynthReply.model_validate(v),
+    messages=_synth_messages, extractive=ex.synth_reply, result=lambda a, v: SynthReply.model_validate(v),
     fallback=None, max_tokens=4096, accept=FREE_TEXT, shrink=_synth_shrink)
 
 
@@ -197,7 +184,7 @@ async def synthesize_one(tree: Tree, llm: LLM, cfg: SynthConfig, embed: Callable
     """One tree → one pair, or a Reject with the reason (never raises on a bad reply)."""
     leaves = leaf_statements(tree)
     compact = serialize_tree(tree, cfg.statements_per_leaf)
-    if not llm.is_extractive and len(leaves) < cfg.limits.min_selected:
+    if prechecks(llm) and len(leaves) < cfg.limits.min_selected:
         # No reply could pass the selection check: say so instead of spending a long generation.
         return Reject(id=pair_id(tree.id), stage="synthesize-rubrics", record={"tree_id": tree.id, "attempts": 0},
                       reason=f"the tree has {len(leaves)} leaf/leaves with statements; a pair selects at "
@@ -231,7 +218,7 @@ async def asynthesize_rubrics(trees: Sequence[Tree], llm: LLM, config: SynthConf
     """All trees, ``config.concurrency`` at once; ``on_result`` sees each result as it ends."""
     sem = asyncio.Semaphore(config.concurrency)
     results: list[QRPair | Reject] = []
-    rescue = config.fallback == "extractive" and not llm.is_extractive
+    rescue = can_rescue(llm, config.fallback)
 
     async def one(tree: Tree) -> None:
         nonlocal embed

@@ -4,7 +4,7 @@ root query · gate (is the sub-query atomic?) · decompose (child sub-queries) �
 ground (which retrieved documents support a sub-query) · extract (1–3 statements per
 supporting document). Each is a :class:`deepr.roles.Role`: our prompt, a JSON reply with the
 SPEC constraints checked in code and re-asked on violation, and its non-LLM implementation
-from :mod:`deepr.data.tree_extractive`; :func:`deepr.roles.perform` picks the engine. A role
+from :mod:`deepr.extractive.trees`; :func:`deepr.roles.perform` picks the engine. A role
 never raises on a bad reply: its :class:`~deepr.roles.Outcome` carries the reason, and the
 failure is recorded on the tree's :class:`~deepr.roles.Recorder`.
 """
@@ -18,14 +18,14 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from deepr.data import tree_extractive as ex
+from deepr.extractive import trees as ex
 from deepr.llm.base import LLM
 from deepr.records import Hit
 from deepr.acceptance import FREE_TEXT, query_words
 from deepr.roles import CallPolicy, JSONReply, Outcome, Recorder, Role, perform
 from deepr.text import coverage
 from deepr.data.topics import SeedTopic
-from deepr.data.tree_extractive import NodeCtx, Proposal
+from deepr.extractive.trees import NodeCtx, Proposal
 
 ROLES = ("root_query", "gate", "decompose", "ground", "extract")
 REQUIRED_FACETS = {"comparison": ("compar", "alternativ", "versus"),
@@ -144,7 +144,7 @@ def _root_check(a: TreeAsk, v: dict[str, Any]) -> list[str]:
 
 ROOT_QUERY = Role(
     name="root_query", action="write", messages=_root_messages, output=JSONReply(_Query), check=_root_check,
-    extractive=lambda a: {"query": a.seed.title}, result=lambda a, v: v["query"].strip(), fallback=None,
+    extractive=ex.root_reply, result=lambda a, v: v["query"].strip(), fallback=None,
     max_tokens=128, accept=FREE_TEXT)
 
 
@@ -163,7 +163,7 @@ def _gate_messages(a: TreeAsk) -> list[dict[str, str]]:
 
 GATE = Role(
     name="gate", action="judge", messages=_gate_messages, output=JSONReply(_Gate),
-    extractive=lambda a: dict(zip(("atomic", "reason"), ex.gate(a.ctx))),
+    extractive=ex.gate_reply,
     result=lambda a, v: (v["atomic"], v["reason"]), fallback=lambda a: {"atomic": False, "reason": ""},
     max_tokens=256, accept=FREE_TEXT, on_fail="gate failed on {query!r}: the node is expanded anyway")
 
@@ -202,12 +202,6 @@ def _decompose_check(a: TreeAsk, v: dict[str, Any]) -> list[str]:
     return errs
 
 
-def _decompose_extractive(a: TreeAsk) -> dict[str, Any]:
-    r = a.roles
-    props = ex.decompose(a.ctx, a.limit, r.embed, max_words=r.max_words, redundancy=r.redundancy)
-    return {"queries": [{"query": p.query, "facet": p.facet, "phrase": p.phrase} for p in props]}
-
-
 def _proposals(a: TreeAsk, v: dict[str, Any]) -> list[Proposal]:
     return [Proposal(c["query"].strip(), c.get("facet", "").strip(), c.get("phrase") or c["query"].strip())
             for c in v["queries"]]
@@ -227,24 +221,13 @@ FACETS = tuple(OPENERS)
 
 DECOMPOSE = Role(
     name="decompose", action="split", messages=_decompose_messages, output=JSONReply(_Children),
-    check=_decompose_check, extractive=_decompose_extractive, result=_proposals,
+    check=_decompose_check, extractive=ex.decompose_reply, result=_proposals,
     fallback=lambda a: {"queries": []}, max_tokens=768,
     accept=(*FREE_TEXT, query_words(lambda v: [c.get("query", "") for c in v.get("queries") or []])),
     on_fail="decompose failed on {query!r}: the node stops here")
 
 
 # -- ground ---------------------------------------------------------------------------
-
-def _ground_extractive(a: TreeAsk) -> dict[str, Any]:
-    ctx, r = a.ctx, a.roles
-    links = [ctx.anchor, ctx.phrase] if ctx.anchor and ctx.phrase != ctx.query else []
-    # The root is a bare title: most of its words must match, or "Domestic turkey"
-    # would be grounded by documents about the country.
-    overlap = max(r.min_overlap, r.root_overlap) if ctx.depth == 0 else r.min_overlap
-    picked = ex.ground(ctx.query, ctx.hits, min_overlap=overlap, threshold=r.ground_threshold,
-                       max_docs=r.max_docs, links=links, seen=ctx.seen_docs)
-    return {"supporting": [i + 1 for i in picked]}
-
 
 def _ground_check(a: TreeAsk, v: dict[str, Any]) -> list[str]:
     n = len(a.ctx.hits)
@@ -256,7 +239,7 @@ GROUND = Role(
     name="ground", action="judge", output=JSONReply(_Support), check=_ground_check,
     messages=lambda a: _msgs(PROMPTS["ground"], f"Sub-query: {a.ctx.query}\nDocuments:\n"
                              f"{_snippets(a.ctx.hits, a.roles.snippet_chars)}"),
-    extractive=_ground_extractive, fallback=lambda a: {"supporting": []}, max_tokens=256,
+    extractive=ex.ground_reply, fallback=lambda a: {"supporting": []}, max_tokens=256,
     result=lambda a, v: list(dict.fromkeys(k - 1 for k in v["supporting"]))[: a.roles.max_docs],
     on_fail="grounding failed on {query!r}: no supporting documents")
 
@@ -283,8 +266,7 @@ EXTRACT = Role(
     messages=lambda a: _msgs(PROMPTS["extract"].format(k=a.roles.max_statements),
                              f"Goal of this research branch: {a.note}\nSub-query: {a.query}\n"
                              f"Document: {a.hit.title}\n{a.hit.text}"),
-    extractive=lambda a: {"statements": ex.extract(a.query, a.hit, a.roles.embed,
-                                                   max_statements=a.roles.max_statements)},
+    extractive=ex.extract_reply,
     result=lambda a, v: list(dict.fromkeys(s.strip() for s in v["statements"] if s.strip())),
     fallback=lambda a: {"statements": []}, max_tokens=768, accept=FREE_TEXT,
     on_fail="no statements taken from {hit} after the model failed")

@@ -34,9 +34,10 @@ from deepr.llm.base import LLM, run_sync
 from deepr.records import Hit, Reject, SupportingDoc, Tree, TreeNode, TreeStats
 from deepr.data.outcomes import Fallback, mark_fallback
 from deepr.data.topics import SeedTopic
-from deepr.data.tree_extractive import NodeCtx, Proposal, dedup
+from deepr.extractive.trees import NodeCtx, Proposal, dedup
 from deepr.data.tree_roles import TreeRoles
-from deepr.roles import Recorder, offload_cpu
+from deepr.extractive import can_rescue, offload_cpu
+from deepr.roles import Recorder
 
 
 class TreeConfig(BaseModel):
@@ -366,7 +367,7 @@ async def abuild_trees(topics: Sequence[SeedTopic], retriever: Any, llm: LLM, co
     sem = asyncio.Semaphore(config.concurrency)
     results: list[Tree | Reject] = []
     backup = None
-    if config.fallback == "extractive" and not llm.is_extractive:
+    if can_rescue(llm, config.fallback):
         from deepr.llm.extractive import ExtractiveLLM
 
         backup = make_roles(ExtractiveLLM(), embed, config)

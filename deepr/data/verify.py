@@ -34,7 +34,9 @@ from deepr.acceptance import FREE_TEXT
 from deepr.roles import JSONReply, Recorder, Role, perform
 from deepr.data.outcomes import Fallback, mark_fallback
 from deepr.data.rubric_checks import RubricLimits, question_problems, rubric_problems
-from deepr.data.verify_checks import Embed, Finding, findings, leaves_of, repair
+from deepr.data.verify_checks import Embed, Finding, findings, leaves_of
+from deepr.extractive import can_rescue
+from deepr.extractive.verify import audit_reply
 
 SYSTEM = (
     "You audit one training sample for deep-research agents: a research question, the evidence leaves it "
@@ -169,24 +171,6 @@ def _audit_messages(a: AuditAsk) -> list[dict[str, str]]:
             {"role": "user", "content": json.dumps(sample, ensure_ascii=False) + f"\n\nAutomatic checks found:\n{notes}"}]
 
 
-def audit_extractive(a: AuditAsk) -> dict[str, Any]:
-    """Decide from the code findings alone (SPEC §9): none → KEEP, only fixable ones → REVISE by
-    dropping or reweighting the criteria they name, any fatal one → DROP; as an audit reply."""
-    fatal = [f for f in a.found if f.kind == "fatal"]
-    if fatal:
-        return {"decision": "DROP", "justification": "; ".join(f.detail for f in fatal)}
-    if not any(f.kind == "fixable" for f in a.found):
-        return {"decision": "KEEP"}
-    cfg = a.cfg
-    fixed = repair(a.pair.rubrics, a.found, cfg.revise_max)
-    left = rubric_problems(fixed, a.pair.selected_leaf_ids, a.leaves, cfg.limits,
-                           min_n=cfg.revise_min, max_n=cfg.revise_max)
-    if left:
-        return {"decision": "DROP", "justification": "repair not possible: " + "; ".join(left)}
-    return {"decision": "REVISE", "fix_plan": "dropped or reweighted the criteria named by the findings",
-            "revised_rubrics": [r.model_dump() for r in fixed]}
-
-
 # The tags the code checks give (deepr.data.verify_checks); a strict audit picks among them.
 AUDIT_TAGS = ("structure", "question_form", "too_many_rubrics", "source_outside_selection", "evidence_unsupported",
               "negative_weight", "rubric_redundant", "logical_dominates", "not_deep", "rubric_misaligned",
@@ -196,7 +180,7 @@ AUDIT_TAGS = ("structure", "question_form", "too_many_rubrics", "source_outside_
 AUDIT = Role(
     name="verify", action="audit", messages=_audit_messages, output=JSONReply(AuditReply),
     check=lambda a, v: _revision_problems(AuditReply.model_validate(v), a.pair, a.leaves, a.cfg),
-    extractive=audit_extractive, result=lambda a, v: AuditReply.model_validate(v), fallback=None,
+    extractive=audit_reply, result=lambda a, v: AuditReply.model_validate(v), fallback=None,
     max_tokens=3072, accept=FREE_TEXT)
 
 
@@ -242,7 +226,7 @@ async def averify(pairs: Sequence[QRPair], judge: LLM, config: VerifyConfig, *, 
     sem = asyncio.Semaphore(config.concurrency)
     out: list[Verdict] = []
 
-    rescue = config.fallback == "extractive" and not judge.is_extractive
+    rescue = can_rescue(judge, config.fallback)
 
     async def one(pair: QRPair) -> None:
         async with sem:

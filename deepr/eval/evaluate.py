@@ -382,14 +382,16 @@ async def _fact(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
 def _support_judge(judge: Judge) -> Any:
     """Entailment by the judge model through the judge's cache; None: the overlap check."""
     from deepr.agent import support as sp
+    from deepr.extractive import adds_judgement
+    from deepr.extractive.support import overlap_verdict
 
-    if judge.llm.is_extractive:
+    if not adds_judgement(judge.llm):
         return None
 
     async def ask(question: str, claim: str, sources: str) -> tuple[dict | None, str | None]:
         v = await judge.run("support", [question, claim, sources], prompt=sp.PROMPT.format(
             question=question or "(not given)", claim=claim, sources=sources), schema=sp.SupportReply,
-            local=lambda: sp.overlap_verdict(claim, sources),
+            local=lambda: overlap_verdict(claim, sources),
             convert=lambda r: {"verdict": r.verdict, "reason": r.unsupported_part}, max_tokens=160)
         return (v.value, None) if v.ok else (None, v.reason)
 

@@ -2,8 +2,9 @@
 
 Roles never import an SDK. They receive an :class:`LLM` and call ``await llm.achat(...)``
 (or ``abatch`` for many independent prompts); backends bound concurrency themselves, so
-gathering hundreds of calls is safe. ``llm.is_extractive`` tells a role to use its
-deterministic no-LLM algorithm (SPEC §9) instead of prompting.
+gathering hundreds of calls is safe. A backend with an engine of its own (``llm.role_engine()``:
+the extractive backend) performs roles without prompting; only :mod:`deepr.extractive` asks
+``llm.is_extractive``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import asyncio
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
@@ -215,6 +216,20 @@ class LLM(ABC):
     def describe(self) -> dict[str, Any]:
         """What goes into sidecars: backend and model, never credentials."""
         return {"backend": self.name}
+
+    def role_engine(self) -> Callable[..., Any] | None:
+        """What performs a role instead of prompting this backend: None, the role asks the model.
+        The extractive backend returns :func:`deepr.extractive.engine.perform`."""
+        return None
+
+    def label(self) -> str:
+        """How records name who answered: "llm:<backend>[:model]"."""
+        try:
+            info = self.describe()
+        except Exception:  # a backend's describe() must never break scoring
+            info = {}
+        return ":".join(["llm", str(info.get("backend", self.name)),
+                         *([str(info["model"])] if info.get("model") else [])])
 
     def close(self) -> None:
         """Release resources (HTTP clients, model weights). Safe to call twice."""

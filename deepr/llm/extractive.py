@@ -1,7 +1,7 @@
 """``extractive``: the backend with NO language model (SPEC §9).
 
-Roles that see ``llm.is_extractive`` run their own deterministic algorithms over
-retrieval and embeddings instead of prompting. For a generic prompt this backend still
+Roles run their own deterministic algorithms over retrieval and embeddings instead of
+prompting (:meth:`ExtractiveLLM.role_engine`, the :mod:`deepr.extractive` package). For a generic prompt this backend still
 answers something real and repeatable: the few sentences of the prompt's material
 (system and user messages) that share the most informative words with the last user
 message, in their original order. When the whole prompt is one user message, its last
@@ -101,6 +101,14 @@ class ExtractiveLLM(LLM):
         prompt_words = sum(len(str(m.get("content", "")).split()) for m in messages)
         self.usage.add(role=role, prompt_tokens=prompt_words, completion_tokens=len(text.split()))
         return text
+
+    def role_engine(self) -> Any:
+        from deepr.extractive.engine import perform
+
+        return perform
+
+    def label(self) -> str:
+        return "extractive"
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "model": None, "note": NOTE}

@@ -15,7 +15,7 @@ JSONL file, so re-scoring the same report costs nothing.
 
 Extractive mappings (s = ½ best sentence cos⁺ + ½ content-token coverage of the claim):
 rubric criterion round(4 s)/4; cited claim full if s ≥ 0.7, partial if s ≥ 0.45 (none when it
-names a number or name the sources never mention: ``deepr.agent.support.invented``), relevant
+names a number or name the sources never mention: ``deepr.extractive.support.invented``), relevant
 if s ≥ 0.3; equivalence YES if every gold token is in the prediction or s ≥ 0.9; an uncited
 sentence needs a citation if it holds a digit, a capitalised name or ≥ 8 content tokens;
 role judges check the role's tag format and then its content (fresh query, gold facts kept,

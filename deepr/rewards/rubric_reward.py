@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, field_validator
 
-from deepr.agent.support import invented
+from deepr.extractive.support import invented
 from deepr.rewards.judges import Judge, Verdict, coerce_rubrics
 from deepr.text import find_markers, split_sentences, strip_citations, tok
 

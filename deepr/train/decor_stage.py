@@ -147,7 +147,7 @@ class TeamDriver:
         return self._check(role, out)
 
     def play(self) -> Generator[list[dict[str, str]], str, None]:
-        from deepr.agent import decor as ex
+        from deepr.extractive import decor as ex
         from deepr.agent.citations import normalize
         from deepr.agent.extract import approx_tokens
 

@@ -11,9 +11,10 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field, RootModel
 
 from deepr.agent import writer
-from deepr.agent.decor import DecorAsk, _memory_ids, _memory_sentences
+from deepr.agent.decor import DecorAsk, _memory_ids
 from deepr.agent.tools_agent import StepAsk, ToolSession, _searched
 from deepr.agent.warp import WarpAsk
+from deepr.extractive.decor import memory_sentences as _memory_sentences
 from deepr.llm.base import OutputFormat
 from deepr.profiles.formats import (LABEL_WORD, QUERY_WORD, TITLE, action_schema, cite_spans as answer_spans,
                                     cited_map_schema, cited_prose, cited_sentence, id_choice, items_schema,

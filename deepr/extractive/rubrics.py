@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from deepr.records import RubricItem, Tree, TreeNode
+from deepr.roles import RoleFailed
 from deepr.text import STOP_WORDS, tok
 
 Embed = Callable[[list[str]], np.ndarray]
@@ -204,3 +205,19 @@ def _logical(leaves: list[TreeNode], groups: list[list[int]], topics: list[str],
                 "description": f"The answer ends with a conclusion on {root} that weighs {_join(topics)} "
                                "against each other."})
     return out
+
+
+def synth_reply(a: Any) -> dict[str, Any]:
+    """The synthesis role's reply (deepr.data.rubrics), held to the same checks as a model's."""
+    if a.embed is None:
+        raise ValueError("the extractive synthesiser needs an embedder")
+    lim = a.cfg.limits
+    value, error = synthesize(
+        a.tree, a.embed, n_select=a.cfg.n_select, lam=a.cfg.mmr_lambda, max_words=lim.max_rubric_words,
+        min_rubrics=lim.min_rubrics, max_rubrics=lim.max_rubrics, min_relevance=a.cfg.min_relevance)
+    if value is None:
+        raise RoleFailed(error or "no pair")
+    problems = a.problems(value)
+    if problems:
+        raise RoleFailed("constraint violations: " + "; ".join(problems))
+    return value

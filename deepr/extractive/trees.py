@@ -1,6 +1,6 @@
 """Extractive (no language model) algorithms for the tree-building roles (SPEC §9).
 
-Used by :mod:`deepr.data.tree_roles` when ``llm.is_extractive``. Every function is
+Used by :mod:`deepr.data.tree_roles` as the roles' non-LLM implementation. Every function is
 deterministic given the corpus, the retriever and the embedder:
 
 - root query: the seed topic itself (Alg. 1 of the DeepRubric paper starts from it);
@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -266,3 +267,35 @@ def dedup(props: list[Proposal], context: list[str], embed: Embed, threshold: fl
         if sims.size == 0 or float(sims.max()) < threshold:
             kept.append(i)
     return [props[i] for i in kept]
+
+
+# --- the roles' replies (deepr.data.tree_roles): each takes the role's input, duck-typed ---------
+
+
+def root_reply(a: Any) -> dict[str, Any]:
+    return {"query": a.seed.title}
+
+
+def gate_reply(a: Any) -> dict[str, Any]:
+    return dict(zip(("atomic", "reason"), gate(a.ctx)))
+
+
+def decompose_reply(a: Any) -> dict[str, Any]:
+    r = a.roles
+    props = decompose(a.ctx, a.limit, r.embed, max_words=r.max_words, redundancy=r.redundancy)
+    return {"queries": [{"query": p.query, "facet": p.facet, "phrase": p.phrase} for p in props]}
+
+
+def ground_reply(a: Any) -> dict[str, Any]:
+    ctx, r = a.ctx, a.roles
+    links = [ctx.anchor, ctx.phrase] if ctx.anchor and ctx.phrase != ctx.query else []
+    # The root is a bare title: most of its words must match, or "Domestic turkey"
+    # would be grounded by documents about the country.
+    overlap = max(r.min_overlap, r.root_overlap) if ctx.depth == 0 else r.min_overlap
+    picked = ground(ctx.query, ctx.hits, min_overlap=overlap, threshold=r.ground_threshold,
+                    max_docs=r.max_docs, links=links, seen=ctx.seen_docs)
+    return {"supporting": [i + 1 for i in picked]}
+
+
+def extract_reply(a: Any) -> dict[str, Any]:
+    return {"statements": extract(a.query, a.hit, a.roles.embed, max_statements=a.roles.max_statements)}

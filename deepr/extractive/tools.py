@@ -59,3 +59,8 @@ class ExtractivePolicy:
 
         text = write_by_parts(self.ctx, self.query, self.parts, session.shown, self.ctx.config.answer_sentences)
         return f"<think>Answer from the cited evidence.</think>\n<answer>{cite_tags(text)}</answer>"
+
+
+def step_reply(a: Any) -> str:
+    """One step of the tools agent's conversation (deepr.agent.tools_agent), by its policy."""
+    return a.policy.reply(a.session)

@@ -1,0 +1,102 @@
+"""The engine seam: role modules declare the model's turn; the extractive engine lives in
+deepr/extractive, and only deepr/llm and that package know which engine runs."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import importlib
+import pkgutil
+from pathlib import Path
+
+import deepr
+from deepr.roles import Role
+
+ROOT = Path(deepr.__file__).parent
+ROLE_PACKAGES = ("deepr.agent", "deepr.data", "deepr.rewards")
+ENGINE_PLACES = (ROOT / "llm", ROOT / "extractive")
+
+
+def _modules(package: str) -> list[str]:
+    pkg = importlib.import_module(package)
+    return [f"{package}.{m.name}" for m in pkgutil.iter_modules(pkg.__path__) if not m.ispkg]
+
+
+def _roles() -> list[tuple[str, str, Role]]:
+    found = []
+    for name in (m for p in ROLE_PACKAGES for m in _modules(p)):
+        module = importlib.import_module(name)
+        found += [(name, attr, v) for attr, v in vars(module).items() if isinstance(v, Role)]
+    return found
+
+
+def test_no_engine_branch_outside_llm_and_the_extractive_package():
+    outside = [f"{path.relative_to(ROOT.parent)}:{n}"
+               for path in sorted(ROOT.rglob("*.py")) if not any(path.is_relative_to(p) for p in ENGINE_PLACES)
+               for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+               if "is_extractive" in line]
+    assert outside == []
+
+
+def test_every_role_names_its_implementation_in_the_extractive_package():
+    roles = _roles()
+    # the agent's dag, decor, warp, tools and support roles and the data stages' ones
+    assert len(roles) >= 20
+    assert {name for name, _, _ in roles} >= {"deepr.agent.planner", "deepr.agent.decor", "deepr.agent.warp",
+                                               "deepr.agent.tools_agent", "deepr.data.tree_roles",
+                                               "deepr.data.rubrics", "deepr.data.verify"}
+    elsewhere = [f"{name}.{attr}: {role.extractive.__module__}.{role.extractive.__qualname__}"
+                 for name, attr, role in roles if not role.extractive.__module__.startswith("deepr.extractive.")]
+    assert elsewhere == []
+    # plain references, not lambdas: reading the role shows where its implementation is
+    assert [f"{n}.{a}" for n, a, r in roles if r.extractive.__name__ == "<lambda>"] == []
+
+
+def test_the_extractive_package_imports_no_role_module():
+    role_modules = {name for name, _, _ in _roles()}
+    imports = {}
+    for path in sorted((ROOT / "extractive").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        names |= {f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+                  for a in n.names}
+        names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imports[path.name] = sorted(names & role_modules)
+    assert {k: v for k, v in imports.items() if v} == {}
+
+
+def test_the_engine_is_the_backend_s_answer():
+    from deepr.extractive import adds_judgement, can_rescue, needs_embedder, offload_cpu
+    from deepr.extractive.engine import perform
+    from deepr.llm.extractive import ExtractiveLLM
+    from deepr.llm.replay import ReplayLLM
+    from deepr.roles import Recorder, engine_label
+
+    ex, model = ExtractiveLLM(), ReplayLLM([])
+    assert ex.role_engine() is perform and model.role_engine() is None
+    assert Recorder().llm(ex, "r", "a").role_engine() is perform  # the recording wrapper keeps it
+    assert engine_label(ex) == "extractive" and engine_label(model).startswith("llm:replay")
+    assert (can_rescue(model, "extractive"), can_rescue(ex, "extractive"), can_rescue(model, None)) == (
+        True, False, False)
+    assert (offload_cpu(model), offload_cpu(ex), needs_embedder(ex), needs_embedder(model)) == (True, False, True, False)
+    assert (adds_judgement(model), adds_judgement(ex), adds_judgement(None)) == (True, False, False)
+
+
+def test_perform_on_the_extractive_backend_records_the_implementation_s_reply():
+    from deepr.llm.extractive import ExtractiveLLM
+    from deepr.roles import JSONReply, Recorder, RoleFailed, perform
+
+    def reply(a: dict) -> dict:
+        if not a["ok"]:
+            raise RoleFailed("nothing to say")
+        return {"x": a["x"]}
+
+    role = Role(name="probe", action="say", messages=lambda a: [{"role": "user", "content": "say"}],
+                output=JSONReply(), extractive=reply, result=lambda a, v: v["x"] * 2)
+    rec = Recorder()
+    out = asyncio.run(perform(role, {"ok": True, "x": 21}, llm=ExtractiveLLM(), rec=rec))
+    assert (out.value, out.by, rec.engines["extractive"]) == (42, "extractive", 1)
+    assert rec.turns[-1].completion == '{"x": 21}' and rec.turns[-1].model_extra["extractive"] is True
+    out = asyncio.run(perform(role, {"ok": False}, llm=ExtractiveLLM(), rec=rec))
+    assert (out.value, out.by, out.error) == (None, "failed", "nothing to say")
+    assert rec.failures[-1]["reason"] == "nothing to say" and rec.engines["failed"] == 1
