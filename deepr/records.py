@@ -1,4 +1,4 @@
-"""Typed records, one class per JSONL artefact (SPEC §10 field names are interface).
+"""Typed records, one class per JSONL artefact (their field names are the interface scripts rely on).
 
 Every record has an ``id``; readers and writers live in :mod:`deepr.io`. Records accept
 extra fields (``extra="allow"``) so artefacts written by a newer deepr, or annotated by a
@@ -23,7 +23,7 @@ class Record(BaseModel):
 
 
 class Document(Record):
-    """One corpus document (SPEC §0: id, title, text, url optional)."""
+    """One corpus document (id, title, text, url optional)."""
 
     title: str = ""
     text: str
@@ -53,7 +53,7 @@ class Hit(BaseModel):
     rank: int = 0
 
 
-# --- build-trees (SPEC §1) ------------------------------------------------------------
+# --- build-trees (DeepRubric §3.1) ------------------------------------------------------------
 
 
 class SupportingDoc(BaseModel):
@@ -93,7 +93,7 @@ class Tree(Record):
     backend: str = ""
 
 
-# --- synthesize-rubrics / verify (SPEC §2–3) -----------------------------------------
+# --- synthesize-rubrics / verify (DeepRubric §3.2) -----------------------------------------
 
 
 class RubricItem(BaseModel):
@@ -126,7 +126,7 @@ class QRPair(Record):
     error_tags: list[str] = Field(default_factory=list)
 
 
-# --- plans (SPEC §4, §10) ------------------------------------------------------------
+# --- plans (DecomposeR §3.3) ------------------------------------------------------------
 
 
 class PlanNode(BaseModel):
@@ -147,7 +147,7 @@ class Plan(BaseModel):
     fetch: list[str] = Field(default_factory=list)
 
 
-# --- run traces and trajectories (SPEC §4, §7) ---------------------------------------
+# --- run traces and trajectories ---------------------------------------
 
 
 class Citation(BaseModel):

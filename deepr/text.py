@@ -1,7 +1,7 @@
 """Text helpers every reward shares: content tokens, citation stripping, SQuAD
 normalisation, sentence splitting, and one batched embedding lookup per call.
 
-``tok(x)`` is the set of SPEC §6: lower-cased content tokens of ``x`` after inline
+``tok(x)`` is the set the rewards use (DecomposeR Eq. 28): lower-cased content tokens of ``x`` after inline
 citations are removed, without punctuation or stop-words. :class:`Vectors` embeds every
 distinct text of one reward call in a single ``embed`` call and answers cosine queries
 from that table, so a reward never encodes the same string twice.
@@ -75,7 +75,7 @@ def words(text: str) -> list[str]:
 
 
 def tok(text: str) -> set[str]:
-    """Normalised content tokens of ``text`` after citation stripping (SPEC §6 tok)."""
+    """Normalised content tokens of ``text`` after citation stripping (the rewards' tok)."""
     return {w for w in words(strip_citations(text)) if w not in STOP_WORDS}
 
 

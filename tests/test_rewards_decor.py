@@ -1,4 +1,4 @@
-"""DECOR (001 Eq. 2–3, 6; SPEC §5): EM / F1 normalisation, LJ, R_team, format gate, advantages."""
+"""DECOR (001 Eq. 2–3, 6): EM / F1 normalisation, LJ, R_team, format gate, advantages."""
 
 from __future__ import annotations
 

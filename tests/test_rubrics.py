@@ -1,4 +1,4 @@
-"""synthesize-rubrics: compact serialisation, every SPEC §2 constraint in code, the LLM path
+"""synthesize-rubrics: compact serialisation, every pair constraint in code, the LLM path
 with recorded replies (re-asks, rejections) and the extractive synthesiser."""
 
 from __future__ import annotations

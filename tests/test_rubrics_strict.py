@@ -1,6 +1,6 @@
 """synthesize-rubrics under --formats strict (issue 14): the selection, ids and evidence slots are
 fixed by code, the format admits only the tree's own statements as evidence and words (no ids) in
-the prose, and a reply that fills the format passes every SPEC §2 check."""
+the prose, and a reply that fills the format passes every pair check."""
 
 from __future__ import annotations
 

@@ -174,7 +174,7 @@ def test_judge_scorer_prefers_the_draft_that_covers_the_rubric() -> None:
 
 
 def test_drafts_of_a_query_without_rubrics_are_scored_by_the_judge() -> None:
-    # Issue 15.9 / SPEC §7: no rubrics -> the judge's report-quality criteria, not a dropped trajectory.
+    # no rubrics -> the judge's report-quality criteria, not a dropped trajectory.
     from deepr.rewards.judges import Judge
 
     score = judge_scorer(lambda: Judge(None, _bag_of_words))

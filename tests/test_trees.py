@@ -31,7 +31,7 @@ def volc() -> LexicalRetriever:
 
 
 def _check_tree(tree: Tree, cfg: TreeConfig) -> None:
-    """The SPEC §1 shape every built tree must have."""
+    """The shape every built tree must have."""
     by_id = {n.id: n for n in tree.nodes}
     assert tree.root_id == "n0" and by_id["n0"].parent is None
     for n in tree.nodes:

@@ -1,4 +1,4 @@
-"""Deterministic text tools behind the extractive roles of the agent (SPEC §9).
+"""Deterministic text tools behind the extractive roles of the agent (the extractive engine).
 
 Sub-question splitting, distinctive terms, clustering of retrieval results and maximal
 marginal relevance (MMR) over sentence embeddings. Everything here is pure: embeddings

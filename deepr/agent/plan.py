@@ -1,4 +1,4 @@
-"""Typed DAG research plans (DecomposeR §3.3; SPEC §4, §10): validation and wave order.
+"""Typed DAG research plans (DecomposeR §3.3): validation and wave order.
 
 A plan has search nodes {id, query, key_points}, aggregate nodes {id, need, key_points,
 inputs} and exactly one answer node {id, need, inputs}. ``inputs`` are the edges: node v

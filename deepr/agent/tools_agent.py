@@ -1,4 +1,4 @@
-"""tools mode: the DeepRubric tool-calling research agent (002 App. D; SPEC §4 "tools").
+"""tools mode: the DeepRubric tool-calling research agent (002 App. D).
 
 One model loops ``<think>`` → ``<tool_call>{"name", "arguments"}</tool_call>`` → the
 environment's ``<tool_response>`` → ... → ``<answer>`` whose claims are wrapped in

@@ -2,7 +2,7 @@
 
 :class:`Tracer` collects the record while the agent works and turns it into
 
-- a :class:`~deepr.records.RunTrace` (the ``report.json`` sidecar, SPEC §10: query, mode,
+- a :class:`~deepr.records.RunTrace` (the ``report.json`` sidecar: query, mode,
   plans, calls, tools, citations, report, plus decisions, waves, timings, failures), and
 - a :class:`~deepr.records.Trajectory` for ``--record``: one :class:`~deepr.records.Turn`
   per model turn, tagged role/action, holding the exact prompt messages and the accepted

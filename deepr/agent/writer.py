@@ -1,4 +1,4 @@
-"""The extractive writer (SPEC §9): an MMR summary of cited evidence covering key points.
+"""The extractive writer: an MMR summary of cited evidence covering key points.
 
 Used by every mode when no language model is configured, and as the recorded fallback
 when a model's section never passes its checks. Each selected sentence keeps the id of

@@ -1,4 +1,4 @@
-"""Corpus, chunking, embeddings, index and agent tools (SPEC §0 "Corpus and retrieval").
+"""Corpus, chunking, embeddings, index and agent tools (the corpus and retrieval layer of every stage).
 
     from deepr.corpus import open_retriever, ResearchTools
     r = open_retriever("wiki", retriever="hybrid")      # builds + caches the index once

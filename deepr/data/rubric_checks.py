@@ -1,4 +1,4 @@
-"""Every constraint of a query–rubric pair (SPEC §2–3), checked in code.
+"""Every constraint of a query–rubric pair (DeepRubric §3.2), checked in code.
 
 Shared by ``synthesize-rubrics`` (a reply that breaks one is re-asked with the list, then
 rejected) and ``verify`` (a revision that breaks one is not accepted). Each function
@@ -29,7 +29,7 @@ class RubricLimits(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    min_rubrics: int = Field(5, ge=1, description="Fewest rubric criteria per pair (SPEC: at least 5).")
+    min_rubrics: int = Field(5, ge=1, description="Fewest rubric criteria per pair (DeepRubric: at least 5).")
     max_rubrics: int = Field(12, ge=1, description="Most rubric criteria per synthesised pair.")
     min_selected: int = Field(3, ge=1, description="Fewest selected leaves (the paper averages 5).")
     max_selected: int = Field(8, ge=1, description="Most selected leaves.")
@@ -197,7 +197,7 @@ def trace_problems(question: str, selected: Sequence[str], selection_trace: Sequ
 
 
 def pair_problems(pair: Any, leaves: Mapping[str, list[str]], limits: RubricLimits) -> list[str]:
-    """All SPEC §2 constraints of a synthesised pair (a reply or a QRPair)."""
+    """All the constraints of a synthesised pair (a reply or a QRPair)."""
     selected = list(_get(pair, "selected_leaf_ids"))
     rubrics = list(_get(pair, "rubrics"))
     question = _get(pair, "question")

@@ -1,4 +1,4 @@
-"""Stage ``synthesize-rubrics``: evidence trees → query–rubric pairs (SPEC §2; DeepRubric §3.2).
+"""Stage ``synthesize-rubrics``: evidence trees → query–rubric pairs (DeepRubric §3.2).
 
 Input: ``trees.jsonl`` (:class:`deepr.records.Tree`). Output: one
 :class:`deepr.records.QRPair` per tree (id ``<tree id>-qr``) with the final question,

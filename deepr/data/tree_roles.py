@@ -1,9 +1,9 @@
-"""The five roles that grow an evidence tree (SPEC §1; DeepRubric §3.1, App. C.2).
+"""The five roles that grow an evidence tree (DeepRubric §3.1, App. C.2).
 
 root query · gate (is the sub-query atomic?) · decompose (child sub-queries) ·
 ground (which retrieved documents support a sub-query) · extract (1–3 statements per
 supporting document). Each is a :class:`deepr.roles.Role`: our prompt, a JSON reply with the
-SPEC constraints checked in code and re-asked on violation, and its non-LLM implementation
+constraints checked in code and re-asked on violation, and its non-LLM implementation
 from :mod:`deepr.extractive.trees`; :func:`deepr.roles.perform` picks the engine. A role
 never raises on a bad reply: its :class:`~deepr.roles.Outcome` carries the reason, and the
 failure is recorded on the tree's :class:`~deepr.roles.Recorder`.

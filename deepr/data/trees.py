@@ -1,4 +1,4 @@
-"""Stage ``build-trees``: seed topics → evidence trees (SPEC §1; DeepRubric §3.1, Alg. 1).
+"""Stage ``build-trees``: seed topics → evidence trees (DeepRubric §3.1, Alg. 1).
 
 Input: seed topics (:mod:`deepr.data.topics`), a retriever (``deepr.corpus``), an LLM (or the
 extractive backend). Output: one :class:`deepr.records.Tree` per topic, or a
@@ -53,7 +53,7 @@ class TreeConfig(BaseModel):
     max_support_docs: int = Field(3, ge=1, le=10, description="Most supporting documents kept per node.")
     max_statements: int = Field(3, ge=1, le=3, description="Most statements extracted per supporting document (1–3).")
     max_query_words: int = Field(11, ge=3, le=40, description=(
-        "Longest child sub-query in words (SPEC: under 12 tokens)."))
+        "Longest child sub-query in words (DeepRubric: under 12 tokens)."))
     redundancy_threshold: float = Field(0.85, gt=0, le=1, description=(
         "Embedding cosine at or above which a child counts as redundant with an ancestor or earlier sibling."))
     ground_min_overlap: float = Field(0.5, ge=0, le=1, description=(

@@ -1,4 +1,4 @@
-"""Stage ``verify``: audit query–rubric pairs and KEEP / REVISE / DROP them (SPEC §3; DeepRubric
+"""Stage ``verify``: audit query–rubric pairs and KEEP / REVISE / DROP them (DeepRubric
 §3.2, App. C.3–C.4).
 
 Input: ``pairs.jsonl`` (:class:`deepr.records.QRPair`, as written by synthesize-rubrics).

@@ -1,4 +1,4 @@
-"""The code half of the audit (SPEC §3): findings any pair can be checked for without a model,
+"""The code half of the audit (DeepRubric App. C.3–C.4): findings any pair can be checked for without a model,
 and the deterministic repairs the extractive auditor applies.
 
 Each finding has a tag (the error-tag vocabulary of the histogram), a detail, and a

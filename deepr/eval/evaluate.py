@@ -1,4 +1,4 @@
-"""`deepr eval`: metrics over reports, plans and short answers (SPEC §5, rewards of §6).
+"""`deepr eval`: metrics over reports, plans and short answers (and the rewards of the papers).
 
 Inputs (one of):
 - a JSONL of records with an ``id``: plan records ``{"plan", "rubrics"}``, answer records

@@ -1,4 +1,4 @@
-"""Extractive (no language model) query–rubric synthesis (SPEC §9).
+"""Extractive (no language model) query–rubric synthesis.
 
 - leaf selection: maximal marginal relevance over leaves (relevance to the root query
   against similarity to the leaves already chosen);

@@ -1,4 +1,4 @@
-"""Extractive (no language model) algorithms for the tree-building roles (SPEC §9).
+"""Extractive (no language model) algorithms for the tree-building roles.
 
 Used by :mod:`deepr.data.tree_roles` as the roles' non-LLM implementation. Every function is
 deterministic given the corpus, the retriever and the embedder:

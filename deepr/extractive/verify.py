@@ -9,7 +9,7 @@ from deepr.data.verify_checks import repair
 
 
 def audit_reply(a: Any) -> dict[str, Any]:
-    """Decide from the code findings alone (SPEC §9): none → KEEP, only fixable ones → REVISE by
+    """Decide from the code findings alone: none → KEEP, only fixable ones → REVISE by
     dropping or reweighting the criteria they name, any fatal one → DROP; as an audit reply."""
     fatal = [f for f in a.found if f.kind == "fatal"]
     if fatal:

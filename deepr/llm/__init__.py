@@ -1,6 +1,6 @@
 """LLM access: pick a backend by a spec string, the same one ``--llm`` takes.
 
-    extractive                              no language model (SPEC §9), the offline default
+    extractive                              no language model, the offline default
     openai:<model>                          any OpenAI-compatible endpoint (vLLM, Ollama, OpenAI...)
     hf:<path>[,adapter=<role>:<path>...]    a local transformers model, one LoRA adapter per role;
                                             <path> may be a saved adapter folder (base from its metadata)

@@ -1,4 +1,4 @@
-"""``extractive``: the backend with NO language model (SPEC §9).
+"""``extractive``: the backend with NO language model.
 
 Roles run their own deterministic algorithms over retrieval and embeddings instead of
 prompting (:meth:`ExtractiveLLM.role_engine`, the :mod:`deepr.extractive` package). For a generic prompt this backend still

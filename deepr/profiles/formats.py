@@ -1,4 +1,4 @@
-"""Output formats built per call from what the prompt actually shows.
+"""Output formats built per call from what the prompt actually shows (the small profile's).
 
 A role's static format (a pydantic schema, ``<tag>[^<]+</tag>``) only fixes the shape; a weak
 model then fills it with dots, the prompt's example id or a one-word query, and the acceptance
@@ -18,7 +18,8 @@ itself excludes those replies:
 The acceptance checks still run on every reply: a format cannot tell a real query from a
 repeated one, nor an echo from an answer.
 
-    constrain=lambda a: tagged("answer", cited_prose(a.ids, sentences=(5, 8)))
+    # deepr/profiles/small/agent.py: the final answer's format, from the ids the prompt shows
+    "answerer.final": lambda a: tagged("answer", cited_prose(a.ids, sentences=(3, 5))) if a.ids else None
 """
 
 from __future__ import annotations

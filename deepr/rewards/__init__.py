@@ -1,4 +1,4 @@
-"""Every reward of SPEC §6, as pure functions shared by `deepr grpo` and `deepr eval`.
+"""Every reward of the papers, as pure functions shared by `deepr grpo` and `deepr eval`.
 
 - :mod:`~deepr.rewards.plan_reward`: DecomposeR planner reward R_plan (000 Eq. 17–24)
 - :mod:`~deepr.rewards.answer_reward`: DecomposeR answerer reward R_ans (000 Eq. 25–31)

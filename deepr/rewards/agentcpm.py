@@ -1,4 +1,4 @@
-"""AgentCPM-Report atomic-skill rewards (003 App. A.6.1; SPEC §6) for WARP actions.
+"""AgentCPM-Report atomic-skill rewards (003 App. A.6.1) for WARP actions.
 
 - outline (initialize / expand): 2–7 subsections per section, and language consistency
   with the query measured by character statistics (share of letters in the query's script);

@@ -1,4 +1,4 @@
-"""DecomposeR answerer reward R_ans (000 Eq. 25–31 and partial credit; SPEC §6).
+"""DecomposeR answerer reward R_ans (000 Eq. 25–31 and partial credit).
 
 Input: the fixed plan, ``node_outputs`` {aggregate node id: text} (a node that failed to
 parse is absent or None), the final answer (None when it did not parse), the query-level

@@ -1,4 +1,4 @@
-"""DECOR short-answer metrics and the hybrid team/role reward (001 Eq. 2–3, 6; SPEC §5–6).
+"""DECOR short-answer metrics and the hybrid team/role reward (001 Eq. 2–3, 6).
 
 Input: predictions and gold answers (``{"id", "prediction", "answers": [str]}``), role
 outputs of the planner / filter / answerer. Output: EM and F1 (SQuAD v1.1 normalisation,

@@ -1,4 +1,4 @@
-"""FACT-style citation check (SPEC §5): are the cited statements supported by their sources?
+"""FACT-style citation check: are the cited statements supported by their sources?
 
 Input: a report (``<cite id>`` spans, ``[id]`` markers or markdown links) and its citation
 store {id or url: source text} — the ``citations`` of a ``deepr run`` sidecar. Output per

@@ -1,4 +1,4 @@
-"""Judges: the LLM-scored parts of the rewards, each with a no-LLM twin (SPEC §9).
+"""Judges: the LLM-scored parts of the rewards, each with a no-LLM twin.
 
 A :class:`Judge` wraps one LLM (None: the extractive backend). Every judgement is a role
 (:mod:`deepr.roles`) whose non-LLM implementation is embedding + lexical coverage mapped onto

@@ -1,4 +1,4 @@
-"""DeepResearch Bench-style RACE scoring (SPEC §5), reading the benchmark's own files.
+"""DeepResearch Bench-style RACE scoring, reading the benchmark's own files.
 
 Inputs: criteria JSONL ``{"id", "prompt", "dimension_weight": {dim: W_d}, "criterions":
 {dim: [{"criterion", "explanation", "weight"}]}}``, reference reports ``{"id", "prompt",

@@ -1,4 +1,4 @@
-"""Report-level score (003 App. A.6.2; SPEC §7): the rubric reward when the query has rubrics,
+"""Report-level score (003 App. A.6.2): the rubric reward when the query has rubrics,
 else the judge's four report-quality criteria (comprehensiveness, insight, instruction
 following, readability) combined with equal weights. Used by best-draft pruning and by
 ``grpo --stage warp-report``.

@@ -1,4 +1,4 @@
-"""DeepRubric composite reward (002 Eq. 5, App. A.1–A.4; SPEC §6) and its parts.
+"""DeepRubric composite reward (002 Eq. 5, App. A.1–A.4) and its parts.
 
     R = 0.5 R_rubric + 0.2 R_format + 0.2 R_cite + 0.1 R_search
 

@@ -1,4 +1,4 @@
-"""Search sources for agents: the local corpus and the web behind one interface (SPEC §12).
+"""Search sources for agents: the local corpus and the web behind one interface.
 
 Modules: ``config`` (``--search`` specs and limits), ``providers`` (each web API's request and
 response shape), ``mcp_client`` (any MCP search tool), ``net`` (requests with limits and

@@ -1,4 +1,4 @@
-"""One source interface over the local corpus and the web (SPEC §12).
+"""One source interface over the local corpus and the web.
 
 :class:`SourceRetriever` looks like the corpus :class:`~deepr.corpus.index.Retriever` to
 agents (``search``/``search_many``/``get_document``/``embedder``), so ``ResearchTools``,

@@ -1,5 +1,5 @@
 """grpo --stage decor: one shared policy plays DECOR's planner / filter / answerer (001 §4.3–4.4,
-App. C; SPEC §6, §8).
+App. C).
 
 Input: question–answer JSONL ``{"id", "question", "answers": [str]}``. Every question becomes
 three rows, one per role u; each row's G rollouts are whole team episodes of 001 Alg. 1

@@ -47,7 +47,7 @@ class Prepared(BaseModel):
     id: str
     query: str
     rubrics: list[dict[str, Any]]
-    plan: dict[str, Any] = Field(description="The revised plan graph (SPEC §10), with 'fetch'.")
+    plan: dict[str, Any] = Field(description="The revised plan graph, with 'fetch'.")
     results: dict[str, list[str]] = Field(description="Catalog ids of each search node's results.")
     catalog: dict[str, dict[str, Any]] = Field(description="Every snippet and fetched page by catalog id.")
     waves: list[list[str]]

@@ -375,7 +375,7 @@ def answerer_rollouts(prompts: Sequence[Any], records: dict[str, dict[str, Any]]
                       tokenizer: Any, *, budget: int, eos_ids: Sequence[int],
                       turn_cap: int | None = None) -> tuple[list[Episode], dict]:
     """Waves then the final turn over prepared records; a wave that yields no node stops the
-    episode (later nodes score 0, no answer: the partial credit of SPEC §6)."""
+    episode (later nodes score 0, no answer: DecomposeR's partial credit)."""
     envs = [AnswererEnvironment(records[_user_text(p)]) for p in prompts]
     outputs: list[dict[str, str]] = [{} for _ in prompts]
     failed = [False] * len(prompts)

@@ -1,5 +1,5 @@
 """grpo --stage rubric: the DeepRubric tool-calling agent trained with the composite rubric reward
-(002 §3.3, App. A–B, D; SPEC §6, §8).
+(002 §3.3, App. A–B, D).
 
 Input: verified query–rubric pairs (``verified.jsonl``, QRPair rows kept or revised by
 ``deepr verify``). Each rollout is the agent of ``deepr run --mode tools``: ``<think>`` →

@@ -1,4 +1,4 @@
-"""sft: supervised fine-tuning of one role's adapter on turn-level chat examples (SPEC §8).
+"""sft: supervised fine-tuning of one role's adapter on turn-level chat examples (DecomposeR Tables 4–5).
 
 Input: :class:`~deepr.records.ChatExample` records (``sft.jsonl`` from prune-trajectories),
 a base model folder or hub name. Output: a folder with the LoRA adapter (or the full model

@@ -1,4 +1,4 @@
-"""prune-trajectories: teacher trajectories -> turn-level SFT and RL examples (SPEC §7).
+"""prune-trajectories: teacher trajectories -> turn-level SFT and RL examples (AgentCPM-Report §2.3.1; DecomposeR §3.4.1).
 
 Input: :class:`~deepr.records.Trajectory` records written by ``deepr run --record`` (dag or
 warp mode). Output: :class:`~deepr.records.ChatExample` records split by query into an SFT
@@ -307,7 +307,7 @@ def unforce(turn: Turn) -> Turn:
 def judge_scorer(make_judge: Callable[[], Any]) -> ScoreFn:
     """Report-level score of a draft from a :class:`~deepr.rewards.judges.Judge` (LLM or extractive),
     built on first use so a run without scorable drafts loads no model: R_rubric when the
-    trajectory has rubrics, else the judge's four report-quality criteria (SPEC §7,
+    trajectory has rubrics, else the judge's four report-quality criteria (AgentCPM-Report App. A.6.2,
     :mod:`deepr.rewards.report_quality`)."""
     from deepr.llm.base import run_sync
     from deepr.rewards.report_quality import report_score

@@ -1,5 +1,5 @@
 """grpo --stage warp-atomic / warp-report: AgentCPM-Report's RL on the WARP writer (003 §2.3.2,
-App. A.6, B.1 Table 7; SPEC §6, §8).
+App. A.6, B.1 Table 7).
 
 warp-atomic — single-step RL on action-level samples: ``rl.jsonl`` of ``deepr prune-trajectories``
 (ChatExample rows of role ``warp``: the prompt messages plus the teacher's reply). The policy
