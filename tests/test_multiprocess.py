@@ -33,7 +33,8 @@ def torchrun(*args: object, nproc: int = 2, env_extra: dict | None = None) -> su
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            "-m", "deepr", *map(str, args)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
-    assert done.returncode == 0, f"{' '.join(cmd)}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    errors = [x for x in done.stderr.splitlines() if "Error" in x or "error:" in x][:8]  # ranks' own, first
+    assert done.returncode == 0, f"{' '.join(cmd)}\n{done.stdout[-2000:]}\n" + "\n".join(errors)
     return done
 
 
