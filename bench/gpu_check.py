@@ -144,6 +144,9 @@ def train_figures(out: Path) -> dict:
         end = next((r for r in reversed(hist) if "train_runtime" in r), None)
     if end:
         fig.update(train_runtime_s=end["train_runtime"], steps_per_s=end.get("train_steps_per_second"))
+    elif meta.get("seconds"):  # no checkpoint yet: deepr's own count, model loading included
+        steps = meta.get("counts", meta).get("steps", 0)
+        fig.update(steps=steps, steps_per_s_incl_loading=round(steps / meta["seconds"], 4))
     cfg = meta.get("config", {})
     episodes = cfg.get("num_generations", 0) * cfg.get("prompts_per_step", 0)
     tokens = sum(r.get("rollout/trained_tokens_per_episode", 0) * episodes for r in rows)
