@@ -101,12 +101,12 @@ class Peak:
     def _poll(self) -> None:
         while not self._stop.is_set():
             out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True).stdout.split()
+                                 capture_output=True, text=True, check=False).stdout.split()
             if out:
                 self.mib = max(self.mib or 0.0, float(out[0]))
             self._stop.wait(0.2)
 
-    def __enter__(self) -> Peak:
+    def __enter__(self) -> Peak:  # noqa: PYI034
         if self._thread:
             self._thread.start()
         return self
@@ -121,7 +121,8 @@ def step(name: str, cmd: list, log: Path, env: dict) -> dict:
     print(f"== {name}: {' '.join(map(str, cmd))}", flush=True)
     t0 = time.perf_counter()
     with Peak() as peak, open(log, "w") as err:
-        rc = subprocess.run([str(c) for c in cmd], env=env, cwd=ROOT, stdout=err, stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run([str(c) for c in cmd], env=env, cwd=ROOT, stdout=err, stderr=subprocess.STDOUT,
+                            check=False).returncode
     row = {"step": name, "command": " ".join(map(str, cmd)), "rc": rc, "wall_s": round(time.perf_counter() - t0, 1),
            "peak_gpu_mib": peak.mib,
            "peak_rss_mib_any_child": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)}

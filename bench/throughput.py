@@ -67,8 +67,8 @@ def deepr(args: list, env: dict) -> subprocess.Popen:
 
 def replies_from(traj: Path) -> dict[str, tuple[str, str, str]]:
     """prompt key -> (reply, role, question) of every recorded model turn."""
-    from deepr.records import Trajectory
     from deepr.io import read_jsonl
+    from deepr.records import Trajectory
 
     out = {}
     for t in read_jsonl(traj, Trajectory):

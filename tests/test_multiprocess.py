@@ -32,7 +32,7 @@ def torchrun(*args: object, nproc: int = 2, env_extra: dict | None = None) -> su
            "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1", **(env_extra or {})}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            "-m", "deepr", *map(str, args)]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600, check=False)
     errors = [x for x in done.stderr.splitlines() if "Error" in x or "error:" in x][:8]  # ranks' own, first
     assert done.returncode == 0, f"{' '.join(cmd)}\n{done.stdout[-2000:]}\n" + "\n".join(errors)
     return done
@@ -99,7 +99,7 @@ def one_run_saved(out: Path, steps: int) -> dict:
 
 
 def log_history(out: Path) -> list[dict]:
-    state = sorted(out.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1]))[-1]
+    state = max(out.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1]))
     return json.loads(state.read_text())["log_history"]
 
 
@@ -167,7 +167,7 @@ def test_resume_under_two_processes(tiny, inputs, mini_corpus, tmp_path):
     Rollouts unconstrained here: with schema formats, this resumed two-process run's sampling on
     rank 0 tripped xgrammar's own assertion (a sampled token its matcher refuses; the one-process
     resume of the same checkpoint did not), an open matter of constrained sampling in
-    deepr/train/sampling.py that this resume check should not hide behind."""
+    deepr/train/sampling.py, outside what this test checks."""
     out = tmp_path / "rl"
     over = {"rollout_formats": "off"}
     torchrun(*grpo_args("planner", tiny, inputs, mini_corpus, out, 1, over))
