@@ -196,8 +196,10 @@ def _trl_args(config: SftConfig, on_gpu: bool, bf16_ok: bool) -> Any:
         save_total_limit=2, report_to=config.report_to, seed=config.seed,
         logging_steps=min(config.logging_steps, config.max_steps) if config.max_steps > 0 else config.logging_steps,
         dataset_num_proc=None, dataloader_pin_memory=on_gpu,
-        # transformers refuses bf16 without a GPU unless told the run is on the CPU
-        **({"use_cpu": True} if config.bf16 and not on_gpu else {}))
+        # use_cpu on every CPU run: transformers refuses bf16 without a GPU unless told, and without it
+        # `torchrun --nproc_per_node 2` on CPU starts two unrelated one-process runs (accelerate joins CPU
+        # ranks into a gloo group only under use_cpu) that train on the same batches and both save.
+        use_cpu=not on_gpu)
 
 
 def build_trainer(config: SftConfig, examples: Sequence[ChatExample], tokenizer: Any,

@@ -1,0 +1,245 @@
+"""Benchmark: does `deepr run --queries` keep a served model busy?
+
+A loopback OpenAI-compatible stub (deepr/llm/stub_server.py, a thread per request, no
+concurrency limit) answers every call after a fixed latency (default 200 ms). Its replies are
+the ones the extractive backend's own run gave for the same prompts: the questions are first run
+with ``--llm extractive --record``, each recorded turn's prompt messages map to its completion,
+and the stub answers a request by looking its messages up. So every reply is a valid reply for
+its role, the run over the stub takes the same path as the extractive run, and a miss (a prompt
+the recording never saw) is counted, not hidden.
+
+For each mode (dag, warp) and each ``--parallel`` (1, 8, 32), `deepr run` runs as a subprocess
+(`--llm openai:stub --no-cache --concurrency 256`) and the bench records:
+
+- wall seconds of the command, and the batch's seconds from the first call's arrival to the
+  last call's answer (start-up, mostly imports, is outside it), against the critical-path
+  bound: per question, its chain of dependent calls
+  (from the ``--parallel 1`` run's request log: calls of one question that overlap in time
+  are one link) times the latency; at ``--parallel P`` the bound is the larger of the longest
+  chain and the sum of chains over P (questions overlapped, P at a time);
+- deepr's own CPU seconds per model call: user + system CPU of the `deepr run` process, minus
+  that of a one-question run (start-up and imports), over the calls beyond that run's;
+- peak RSS of that process (polled every 50 ms) and its RSS when question 8 and question 32
+  had finished;
+- the largest number of calls in flight at the stub.
+
+    python bench/throughput.py                          # 32 questions, dag and warp, --parallel 1,8,32
+    python bench/throughput.py --questions 32 --modes dag --parallel 32 --latency 0.2
+
+Writes bench/results/throughput.json (load average recorded: a busy machine stretches CPU-bound
+parts, not the latency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+def key(messages: list[dict]) -> str:
+    return hashlib.sha1(json.dumps([[m.get("role"), m.get("content")] for m in messages]).encode()).hexdigest()
+
+
+def questions(n: int, corpus: Path) -> list[dict]:
+    """One question per corpus article title ("What is X?"): distinct plans and searches."""
+    rows = [json.loads(x) for x in corpus.read_text().splitlines()]
+    titles = [r["title"] for r in rows if len(r["title"]) > 3][:n]
+    return [{"id": f"q{i}", "question": f"What is known about {t} and why does it matter?"}
+            for i, t in enumerate(titles)]
+
+
+def deepr(args: list, env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "deepr", *map(str, args)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def replies_from(traj: Path) -> dict[str, tuple[str, str, str]]:
+    """prompt key -> (reply, role, question) of every recorded model turn."""
+    from deepr.io import read_jsonl
+    from deepr.records import Trajectory
+
+    out = {}
+    for t in read_jsonl(traj, Trajectory):
+        for turn in t.turns:
+            out[key(turn.messages)] = (turn.completion, turn.role, t.query)
+    return out
+
+
+class Log:
+    """The stub's reply function: recorded replies, plus when each call ran and for which question."""
+
+    def __init__(self, table: dict, latency: float):
+        self.table, self.latency, self.calls, self.misses = table, latency, [], 0
+        self.lock = threading.Lock()
+
+    def __call__(self, body: dict) -> str:
+        hit = self.table.get(key(body["messages"]))
+        now = time.perf_counter()
+        with self.lock:
+            self.calls.append((now - self.latency, now, hit[2] if hit else None))
+            self.misses += hit is None
+        return hit[0] if hit else "{}"
+
+
+def rss_mb(pid: int) -> float:
+    """RSS of a process and its children (MB), from /proc."""
+    total = 0
+    pids = [pid]
+    try:
+        pids += [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        pass
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total / 1024
+
+
+def watch(proc: subprocess.Popen, reports: Path, done_event: threading.Event) -> dict:
+    """Peak RSS, and RSS when the 8th and 32nd reports were written (never reaps the child:
+    :func:`cpu_of` must, to read its CPU time)."""
+    peak, at = 0.0, {}
+    while not done_event.is_set():
+        r = rss_mb(proc.pid)
+        peak = max(peak, r)
+        done = len(reports.read_text().splitlines()) if reports.is_file() else 0
+        for n in (8, 32):
+            if done >= n and n not in at:
+                at[n] = round(r, 1)
+        time.sleep(0.05)
+    return {"peak_rss_mb": round(peak, 1), "rss_mb_after_question": at}
+
+
+def in_flight(calls: list) -> int:
+    events = sorted([(s, 1) for s, _, _ in calls] + [(e, -1) for _, e, _ in calls], key=lambda x: (x[0], x[1]))
+    cur = best = 0
+    for _, d in events:
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def chains(calls: list) -> dict[str, int]:
+    """Per question: links of its call chain (calls that overlap in time share a link)."""
+    by_q: dict[str, list] = {}
+    for s, e, q in calls:
+        by_q.setdefault(q, []).append((s, e))
+    out = {}
+    for q, cs in by_q.items():
+        cs.sort()
+        links, end = 0, -1.0
+        for s, e in cs:
+            if s >= end:
+                links, end = links + 1, e
+            else:
+                end = max(end, e)
+        out[q] = links
+    return out
+
+
+def cpu_of(proc: subprocess.Popen) -> float:
+    _, status, ru = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return ru.ru_utime + ru.ru_stime
+
+
+def one_run(mode: str, parallel: int, qfile: Path, corpus: Path, table: dict, a, tmp: Path, env: dict,
+            limit: int | None = None) -> dict:
+    from deepr.llm.stub_server import StubServer
+
+    log = Log(table, a.latency)
+    out = tmp / f"{mode}-{parallel}-{limit}"
+    with StubServer(reply=log, latency=a.latency) as srv:
+        t0 = time.perf_counter()
+        proc = deepr(["run", "--queries", qfile, "--out", out, "--mode", mode, "--corpus", corpus, "--retriever",
+                      "bm25", "--llm", "openai:stub", "--base-url", srv.base_url, "--api-key", "k", "--no-cache",
+                      "--concurrency", "256", "--parallel", parallel, "--allow-fallback", "--timeout", "120",
+                      *(["--limit", limit] if limit else [])], env)
+        res: dict = {}
+        finished = threading.Event()
+        mem = threading.Thread(target=lambda: res.update(watch(proc, out / "reports.jsonl", finished)))
+        mem.start()
+        cpu = cpu_of(proc)
+        finished.set()
+        wall = time.perf_counter() - t0
+        mem.join()
+        tail = proc.stdout.read()[-1500:]
+    if proc.returncode not in (0, 3):
+        raise SystemExit(f"deepr run {mode} --parallel {parallel} failed ({proc.returncode}):\n{tail}")
+    batch = max(e for _, e, _ in log.calls) - min(s for s, _, _ in log.calls) if log.calls else 0.0
+    return {"wall_s": round(wall, 2), "batch_s": round(batch, 2), "cpu_s": round(cpu, 2), "calls": len(log.calls),
+            "misses": log.misses,
+            "max_in_flight": in_flight(log.calls), **res, "_calls": log.calls}
+
+
+def bench_mode(mode: str, qfile: Path, corpus: Path, a, tmp: Path, env: dict) -> dict:
+    traj = tmp / f"{mode}-traj.jsonl"
+    p = deepr(["run", "--queries", qfile, "--out", tmp / f"{mode}-rec", "--mode", mode, "--corpus", corpus,
+               "--retriever", "bm25", "--record", traj, "--parallel", "8"], env)
+    p.wait()
+    table = replies_from(traj)
+    base = one_run(mode, 1, qfile, corpus, table, a, tmp, env, limit=1)  # start-up + one question
+    rows, chain = {}, None
+    for par in a.parallel:
+        r = one_run(mode, par, qfile, corpus, table, a, tmp, env)
+        calls = r.pop("_calls")
+        if chain is None:  # the first (sequential) run gives each question's chain
+            chain = chains(calls)
+        longest, total = max(chain.values()), sum(chain.values())
+        bound = max(longest, total / par) * a.latency
+        extra_calls = max(r["calls"] - base["calls"], 1)
+        r.update(bound_s=round(bound, 2), batch_over_bound=round(r["batch_s"] / bound, 3),
+                 deepr_cpu_ms_per_call=round(1000 * max(r["cpu_s"] - base["cpu_s"], 0) / extra_calls, 2))
+        rows[f"parallel {par}"] = r
+        print(mode, par, json.dumps(r), flush=True)
+    base.pop("_calls")
+    return {"recorded_turns": len(table), "one_question_run": base, "questions": len(chain or {}),
+            "chain_links": {"longest": max(chain.values()), "mean": round(sum(chain.values()) / len(chain), 2)},
+            "runs": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--questions", type=int, default=32)
+    p.add_argument("--modes", default="dag,warp")
+    p.add_argument("--parallel", default="1,8,32")
+    p.add_argument("--latency", type=float, default=0.2)
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "throughput.json")
+    a = p.parse_args(argv)
+    a.parallel = [int(x) for x in a.parallel.split(",")]
+    from conftest import wiki_rows
+
+    with tempfile.TemporaryDirectory() as tmp_s:
+        tmp = Path(tmp_s)
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "DEEPR_CACHE": str(tmp / "cache"), "HF_HUB_OFFLINE": "1",
+               "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+        corpus = tmp / "corpus.jsonl"
+        corpus.write_text("".join(json.dumps(r) + "\n" for r in wiki_rows(15)))
+        qfile = tmp / "questions.txt"
+        qfile.write_text("".join(q["question"] + "\n" for q in questions(a.questions, corpus)))
+        res = {"latency_s": a.latency, "questions": a.questions,
+               "modes": {m: bench_mode(m, qfile, corpus, a, tmp, env) for m in a.modes.split(",")},
+               "load_average_at_end": round(os.getloadavg()[0], 2)}
+    a.out.write_text(json.dumps(res, indent=1) + "\n")
+    print(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
