@@ -8,7 +8,7 @@ are computed here from the trace and the trajectory, not from deepr's own accept
 - calls: model calls in the trace; format failures: calls whose reply was not the accepted one
   of its turn (parse, format or acceptance check failed, or the call errored), as % of calls;
 - accepted placeholders/echoes: accepted model turns whose completion, checked by the rules
-  below (written for this bench, independent of deepr.acceptance), is dots, template text, a
+  below (written for this bench, independent of deepr.roles.acceptance), is dots, template text, a
   copy of the instructions, a one-word search query, or cites an id the run never showed;
 - turns ok: accepted model turns / model turns (fallback and extractive turns excluded);
 - the answer: words (citations removed), whether the model wrote it (the final turn is ok),

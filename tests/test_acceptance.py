@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from deepr.acceptance import no_echo, no_placeholder, query_words, template_texts
+from deepr.roles.acceptance import no_echo, no_placeholder, query_words, template_texts
 from deepr.llm.base import run_sync
 from deepr.llm.replay import ReplayLLM
 
@@ -185,7 +185,7 @@ def test_regex_formats_translate_to_gbnf_for_llama_cpp_servers():
 
 
 def test_degenerate_text_is_rejected_but_prose_with_numbers_is_not():
-    from deepr.acceptance import no_babble
+    from deepr.roles.acceptance import no_babble
 
     seen = [  # what SmolLM2 wrote in warp mode through llama.cpp, each inside a valid format
         {"title": "S1-R12345678901 1 2 3 4 5 6 7 8 9", "plan": "Explain how magma rises"},
@@ -240,7 +240,7 @@ def test_a_loop_that_varies_a_number_or_an_id_per_sentence_is_rejected_but_wikip
     import json
     from pathlib import Path
 
-    from deepr.acceptance import babble, phrase_loop
+    from deepr.roles.acceptance import babble, phrase_loop
 
     loop = ("The volcano is a seamount which is a volcanic island which is a seamount form, and the seamount is a "
             "seamount which is a volcanic island which is a seamount [S2-R1]. The volcano is a seamount which is a "
@@ -296,7 +296,7 @@ def _all_roles():
 
 
 def test_every_free_text_role_rejects_placeholders_echoes_and_loops():
-    from deepr.acceptance import FREE_TEXT
+    from deepr.roles.acceptance import FREE_TEXT
 
     roles = _all_roles()
     assert len(roles) >= 25  # the module list still covers every role declaration

@@ -226,11 +226,11 @@ def test_ordered_graphs_are_the_teachers_graphs_with_ids_in_reading_order():
 
 
 def test_compact_teacher_plan_is_what_the_planner_decoding_schema_admits():
-    """SFT teaches the plan form `deepr run --formats schema` decodes under: a plan the schema
-    refuses (a search node with `"inputs": []`) taught a form the model could not write."""
+    """SFT teaches the plan form the small profile decodes under with `--formats schema`: a plan
+    its schema refuses (a search node with `"inputs": []`) taught a form the model could not write."""
     from pydantic import ValidationError
 
-    from deepr.agent.planner import _PlanShape
+    from deepr.profiles.small.planner import _PlanShape
 
     teacher = {"nodes": [{"id": "N1", "type": "search", "query": "volcano eruption magma chambers", "inputs": [],
                           "key_points": ["Magma rises."]},

@@ -274,13 +274,14 @@ def test_cited_sentence_formats_hold_through_the_server(llama_server):
 
 
 def test_a_plan_through_the_server_keeps_the_graph_schema_wiring(llama_server):
-    """`--formats schema` sends the planner's graph schema (deepr/profiles/plan_guard.py) to
-    llama.cpp as a GBNF grammar: SmolLM2's plan has ids in order, a search first, readers that
+    """The small profile with `--formats schema` sends the planner's graph schema
+    (deepr/profiles/plan_guard.py) to llama.cpp as a GBNF grammar: SmolLM2's plan has ids in order, a search first, readers that
     name only earlier nodes, and one answer, last. (PlanGuard's rules beyond the schema, such as
     "the answer reads every unread node", need a logits processor: hf backend and GRPO only.)"""
-    from deepr.agent.planner import INITIAL, initial_messages
+    from deepr.agent.planner import initial_messages
+    from deepr.profiles.small.planner import graph_format
 
-    fmt = INITIAL.output.fmt(INITIAL.name)
+    fmt = graph_format(False)
     llm = _client(llama_server)
     try:
         out = llm.chat(initial_messages("How do volcanoes form and erupt?"), fmt=fmt, max_tokens=700,

@@ -68,7 +68,7 @@ def test_tools_mode_refuses_an_answer_empty_once_its_cite_tags_go():
 
 
 def test_tools_mode_searches_the_whole_question_without_an_ellipsis(tools):
-    from deepr.agent.tools_extractive import ExtractivePolicy
+    from deepr.extractive.tools import ExtractivePolicy
 
     long_q = ("What were the causes, the immediate human consequences and the long-term climatic effects of the "
               "great eruptions of Tambora in 1815 and Krakatoa in 1883 on the farming communities of Europe, Asia "
@@ -153,12 +153,18 @@ def test_concurrent_regex_refusals_advance_the_fallback_once():
 
 
 def test_eval_with_one_metric_unscorable_exits_3(tmp_path):
-    items = tmp_path / "items.jsonl"
-    items.write_text(json.dumps({"id": "a", "query": "What is lava?", "report": "Lava is molten rock [N1-R1].",
-                                 "citations": {"N1-R1": {"doc_id": "d", "text": "Lava is molten rock."}}}) + "\n")
-    r = CliRunner().invoke(app, ["eval", str(items), "--metric", "support,em", "--out", str(tmp_path / "s.jsonl")])
-    row = json.loads((tmp_path / "s.jsonl").read_text().splitlines()[0])
-    assert row["support"] is not None and "em" in row["failures"], row
+    """Item b has no gold answer: its em fails, its support is scored, and the command exits 3
+    (some metric failed), not 4 (nothing succeeded)."""
+    items, gold = tmp_path / "items.jsonl", tmp_path / "gold.jsonl"
+    items.write_text("".join(json.dumps({
+        "id": i, "query": "What is lava?", "report": "Lava is molten rock [N1-R1].", "answer": "molten rock",
+        "citations": {"N1-R1": {"doc_id": "d", "text": "Lava is molten rock."}}}) + "\n" for i in ("a", "b")))
+    gold.write_text(json.dumps({"id": "a", "answers": ["molten rock"]}) + "\n")
+    r = CliRunner().invoke(app, ["eval", str(items), "--metric", "support,em", "--gold", str(gold),
+                                 "--out", str(tmp_path / "s.jsonl")])
+    rows = {row["id"]: row for row in map(json.loads, (tmp_path / "s.jsonl").read_text().splitlines())}
+    assert rows["b"]["support"] is not None and "em" in rows["b"]["failures"], rows["b"]
+    assert rows["a"]["em"] == 1.0
     assert r.exit_code == 3, r.output
 
 

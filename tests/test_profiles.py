@@ -288,8 +288,9 @@ def test_no_module_imports_itself_back_through_others():
     edges: dict[str, set[str]] = {m: set() for m in mods}
     for mod, path in mods.items():
         for node in ast.parse(path.read_text()).body:
-            names = ([node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-                     if isinstance(node, ast.ImportFrom) and node.module else
+            # ``from pkg import module`` depends on that module; ``from pkg import name`` on pkg
+            names = ([f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module
+                      for a in node.names] if isinstance(node, ast.ImportFrom) and node.module else
                      [a.name for a in node.names] if isinstance(node, ast.Import) else [])
             for target in filter(None, map(resolve, (n for n in names if n.startswith("deepr")))):
                 if target != mod and not mod.startswith(target + "."):  # its own package's __init__

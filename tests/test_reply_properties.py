@@ -61,7 +61,9 @@ def captured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
     real = roles_mod._ask
 
     async def spy(role, inp, messages, llm, rec, *a, **kw):
-        seen.setdefault(f"{role.name}/{role.action}", (role, inp, messages, roles_mod._format(role, inp, llm, messages)))
+        policy = a[4] if len(a) > 4 else kw.get("policy")  # the call's profile (None: the default formats)
+        seen.setdefault(f"{role.name}/{role.action}", (role, inp, messages,
+                                                       roles_mod._format(role, inp, policy, messages)))
         return await real(role, inp, messages, llm, rec, *a, **kw)
 
     d = tmp_path_factory.mktemp("props")

@@ -102,7 +102,7 @@ def test_an_injected_sentence_never_becomes_a_finding(tools, mode: str) -> None:
 def test_tree_statements_never_come_from_an_injected_sentence() -> None:
     import numpy as np
 
-    from deepr.data.tree_extractive import extract
+    from deepr.extractive.trees import extract
     from deepr.records import Hit
 
     def embed(texts: list[str]) -> np.ndarray:  # the injection shares the most words with the query

@@ -18,7 +18,7 @@ from typing import Any
 
 from deepr.agent.plan import answer_node
 from deepr.records import Plan, PlanNode
-from deepr.acceptance import FREE_TEXT
+from deepr.roles.acceptance import FREE_TEXT
 from deepr.extractive import answerer as ex
 from deepr.roles import JSONReply, Role, TaggedReply
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field
 
-from deepr.acceptance import FREE_TEXT, query_words
+from deepr.roles.acceptance import FREE_TEXT, query_words
 from deepr.extractive import decor as ex
 from deepr.roles import JSONReply, Role, TaggedReply
 

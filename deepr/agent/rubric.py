@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from deepr.records import Plan
 
-from deepr.acceptance import FREE_TEXT, query_words
+from deepr.roles.acceptance import FREE_TEXT, query_words
 from deepr.extractive import rubric as ex
 from deepr.roles import JSONReply, Role
 from deepr.agent.env import Ctx

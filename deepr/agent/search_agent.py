@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from deepr.records import Hit, PlanNode
 
-from deepr.acceptance import FREE_TEXT, query_words
+from deepr.roles.acceptance import FREE_TEXT, query_words
 from deepr.extractive import search as ex
 from deepr.roles import JSONReply, Role
 

@@ -32,7 +32,7 @@ from deepr.agent.extract import shorten, sub_questions
 from deepr.extractive.tools import ExtractivePolicy, cite_tags, step_reply
 from deepr.agent.render import GNode, Graph, Section
 from deepr.llm.base import OutputFormat
-from deepr.acceptance import FREE_TEXT, no_babble, no_placeholder, query_words
+from deepr.roles.acceptance import FREE_TEXT, no_babble, no_placeholder, query_words
 from deepr.roles import REASK_TEMPERATURE, Role, perform
 
 RUN_TURNS, TRAIN_TURNS = 10, 20

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from deepr.acceptance import FREE_TEXT, query_words
+from deepr.roles.acceptance import FREE_TEXT, query_words
 from deepr.extractive import warp as ex
 from deepr.roles import JSONReply, Role, TaggedReply
 

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 from deepr.extractive import trees as ex
 from deepr.llm.base import LLM
 from deepr.records import Hit
-from deepr.acceptance import FREE_TEXT, query_words
+from deepr.roles.acceptance import FREE_TEXT, query_words
 from deepr.roles import CallPolicy, JSONReply, Outcome, Recorder, Role, perform
 from deepr.text import coverage
 from deepr.data.topics import SeedTopic

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from deepr.llm.base import LLM, run_sync
 from deepr.llm.parse import parse_reply
 from deepr.records import QRPair, Reject, RubricItem
-from deepr.acceptance import FREE_TEXT
+from deepr.roles.acceptance import FREE_TEXT
 from deepr.roles import JSONReply, Recorder, Role, perform
 from deepr.data.outcomes import Fallback, mark_fallback
 from deepr.data.rubric_checks import RubricLimits, question_problems, rubric_problems

@@ -1,4 +1,5 @@
-"""The role seam: a model role is one declaration, and one executor performs any role.
+"""The role seam: a model role is one declaration, and one executor performs any role (the
+shared acceptance checks roles opt into are in :mod:`deepr.roles.acceptance`).
 
 A :class:`Role` says everything about one model turn: its name and action, the messages it
 sends (``messages(inp)``), the shape of its reply (:class:`JSONReply` from a pydantic schema,
@@ -187,7 +188,7 @@ class Role(Generic[I, T]):
     temperature: float | None = None
     turn_action: Callable[[Any], str] | None = None
     direct: bool = False  # extractive() returns the result itself (a judge's local score), not a reply
-    accept: tuple[Callable[[Any, Sequence[Message], Sequence[str]], list[str]], ...] = ()  # deepr.acceptance
+    accept: tuple[Callable[[Any, Sequence[Message], Sequence[str]], list[str]], ...] = ()  # deepr.roles.acceptance
     # A smaller input for a prompt over the model's context (step 1, 2, …; None: nothing left to
     # cut). It should drop evidence first; the executor then trims evidence lines itself.
     shrink: Callable[[I, int], I | None] | None = None
