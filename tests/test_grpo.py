@@ -522,7 +522,8 @@ def test_constrained_rollouts_sample_under_the_runs_decoding_format(tiny, tok):
     replies are then JSON of the requested shape, one group of `num_generations` per prompt."""
     pytest.importorskip("xgrammar")
     from deepr.llm.base import OutputFormat
-    from deepr.train.rollouts import constrained_generate, planner_format, prompt_ids
+    from deepr.profiles.small.rollouts import constrained_generate, planner_format
+    from deepr.train.rollouts import prompt_ids
 
     trainer = _sampling_trainer(tiny, tok, max_new=40, n=2)
     shape = {"type": "object", "properties": {"q": {"type": "string", "maxLength": 8}}, "required": ["q"],
@@ -554,7 +555,8 @@ def test_constrained_planner_rollouts_are_valid_plans_even_from_a_random_model(t
     pytest.importorskip("xgrammar")
     from deepr.agent.plan import validate_plan
     from deepr.profiles.plan_guard import PlanGuard
-    from deepr.train.rollouts import constrained_generate, planner_format, prompt_ids
+    from deepr.profiles.small.rollouts import constrained_generate, planner_format
+    from deepr.train.rollouts import prompt_ids
 
     assert isinstance(planner_format(0).guard, PlanGuard) and isinstance(planner_format(1).guard, PlanGuard)
     trainer = _sampling_trainer(tiny, tok, max_new=900, n=3)

@@ -90,6 +90,10 @@ def test_cli_sets_rollout_formats_and_plan_validity(tmp_path: Path, monkeypatch:
     assert r.exit_code == 0, r.output
     assert [(c.rollout_formats, c.plan_validity) for c, _ in seen] == [("none", "paper"), ("schema", "run")]
     assert [e["validity"] for e in envs] == ["paper", "run"]
+    from deepr.profiles.small.rollouts import planner_generate
+
+    # the constrained generator is the small profile's, handed in only when schema is asked for
+    assert [kw.get("generate_for") for _, kw in seen] == [None, planner_generate]
 
 
 def test_sampled_rollout_tokens_come_from_the_unconstrained_policy(tiny, tok, retriever, tmp_path, monkeypatch):
@@ -133,7 +137,7 @@ def test_constrained_rollouts_refuse_a_backend_that_cannot_apply_them():
     unconstrained while deepr_meta.json says "schema"."""
     from types import SimpleNamespace
 
-    from deepr.train.sampling import constrained_generate, planner_format
+    from deepr.profiles.small.rollouts import constrained_generate, planner_format
 
     with pytest.raises(RuntimeError, match="vLLM samples them"):
         constrained_generate(SimpleNamespace(use_vllm=True), planner_format)

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import deepr.roles as roles_mod

@@ -139,9 +139,11 @@ def grpo_cmd(
             return open_search(search, allow_host, search_cache, None,
                                lambda: open_retriever(cfg.corpus, retriever=cfg.retriever, progress=True))
 
+        from deepr.profiles.small.rollouts import planner_generate
         from deepr.train.stages import run_from_settings
 
-        res, n_rows, config = run_from_settings(settings, data, open_source=source)
+        # --rollout-formats schema samples planner turns under the small profile's plan format
+        res, n_rows, config = run_from_settings(settings, data, open_source=source, constrained=planner_generate)
     if os.environ.get("RANK", "0") == "0":
         last = res.rewards[-1][1] if res.rewards else float("nan")
         summary_table(f"grpo --stage {config.stage}", [

@@ -22,7 +22,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
 from pydantic import BaseModel, Field
 
 from deepr.agent.plan import answer_node, children_map, nodes_of, parents_of, validate_plan

@@ -38,10 +38,10 @@ from deepr.agent.trace import Tracer
 from deepr.agent.plan import validate_plan, waves
 from deepr.rewards.trl_adapters import json_objects, parse_answerer
 from deepr.roles import judge_reply
-from deepr.train.sampling import Generate, constrained_generate, planner_format, trainer_generate
+from deepr.train.sampling import Generate, trainer_generate
 from deepr.train.warp_calls import Call
 
-__all__ = ["Generate", "trainer_generate", "constrained_generate", "planner_format"]  # the stages import them here
+__all__ = ["Generate", "trainer_generate"]  # the stages import them here
 _A_MARK, _U_MARK = "\x00A\x00", "\x00U\x00"
 
 
@@ -445,7 +445,8 @@ def make_rollout_func(stage: str, lookup: dict[str, Any], *, budget: int, env: P
     """A TRL ``rollout_func`` for ``stage``; ``lookup`` maps a prompt's last user message to its
     query (planner) or prepared record (answerer), since TRL hands the function prompts only.
     ``generate_for(trainer)`` swaps the generator (default: the policy itself, through the trainer's
-    own backend; ``formats="schema"``: planner turns under the run's decoding schema). Train with
+    own backend). ``formats="schema"`` needs ``generate_for``: the profile's constrained generator
+    (:func:`deepr.profiles.small.rollouts.planner_generate`, which ``deepr grpo`` hands in). Train with
     :func:`deepr.train.warp_calls.warp_trainer_cls`."""
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
@@ -453,7 +454,8 @@ def make_rollout_func(stage: str, lookup: dict[str, Any], *, budget: int, env: P
         if generate_for is not None:
             gen = generate_for(trainer)
         elif formats == "schema" and stage == "planner":
-            gen = constrained_generate(trainer, planner_format)
+            raise ValueError("rollout_formats schema: pass generate_for, the profile's constrained planner "
+                             "generator (deepr.profiles.small.rollouts.planner_generate), or set rollout_formats none")
         else:
             gen = trainer_generate(trainer)
         eos_ids = list(getattr(trainer, "eos_token_ids", None) or [tok.eos_token_id])

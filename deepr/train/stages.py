@@ -53,14 +53,14 @@ def _verified(data: Path) -> list[Any]:
     return [p for p in _read(data, QRPair) if p.decision in (None, "KEEP", "REVISE")]
 
 
-def run_planner(config: Any, data: Path, open_source: OpenSource) -> tuple[GrpoResult, int]:
+def run_planner(config: Any, data: Path, open_source: OpenSource, generate_for: Any = None) -> tuple[GrpoResult, int]:
     from deepr.train import grpo
     from deepr.train.rollouts import PlannerEnvironment
 
     rows, lookup = grpo.planner_dataset(_verified(data))
     env = PlannerEnvironment(open_source(config), k=config.k, fetch_limit=config.fetch_limit,
                              validity=config.plan_validity)
-    return grpo.train_grpo(config, rows, lookup, env=env), len(rows)
+    return grpo.train_grpo(config, rows, lookup, env=env, generate_for=generate_for), len(rows)
 
 
 def run_answerer(config: Any, data: Path, open_source: OpenSource) -> tuple[GrpoResult, int]:
@@ -133,10 +133,12 @@ def stage_config(settings: dict[str, Any]) -> StageConfig:
     return STAGES[name].config_cls()(**settings)
 
 
-def run_from_settings(settings: dict[str, Any], data: Any,
-                      open_source: OpenSource | None = None) -> tuple[GrpoResult, int, StageConfig]:
+def run_from_settings(settings: dict[str, Any], data: Any, open_source: OpenSource | None = None,
+                      constrained: Any = None) -> tuple[GrpoResult, int, StageConfig]:
     """Build the stage's config, read ``data`` for it, open the corpus (or ``open_source(config)``:
-    e.g. the web sources of ``--search``) and train; returns (result, rows, config)."""
+    e.g. the web sources of ``--search``) and train; returns (result, rows, config).
+    ``constrained``: the planner's rollout generator under a profile's formats, used when the
+    config asks for ``rollout_formats="schema"``."""
 
     def default_source(config: StageConfig) -> Any:
         from deepr.corpus import open_retriever
@@ -144,5 +146,9 @@ def run_from_settings(settings: dict[str, Any], data: Any,
         return open_retriever(config.corpus, retriever=config.retriever, progress=True)
 
     config = stage_config(settings)
-    res, n_rows = STAGES[config.stage].runner()(config, Path(data), open_source or default_source)
+    if config.stage == "planner":
+        gen = constrained if config.rollout_formats == "schema" else None
+        res, n_rows = STAGES[config.stage].runner()(config, Path(data), open_source or default_source, gen)
+    else:
+        res, n_rows = STAGES[config.stage].runner()(config, Path(data), open_source or default_source)
     return res, n_rows, config
