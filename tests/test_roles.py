@@ -299,7 +299,8 @@ def test_a_resampled_reask_sends_the_same_prompt_with_a_new_seed():
     fine = '{"keywords": ["lava flow"]}'
     resample = Scripted(['{"keywords": ["rock"]}', '{"keywords": ["stone"]}', fine], gen=GenDefaults(seed=7))
     out, rec = go(SEARCH, resample, profile=get_profile("default", reask="resample"))
-    assert out.by == "llm" and out.value == ["lava flow"] and out.attempts == 3 and rec.rejected == 2
+    assert out.by == "llm" and out.value == ["lava flow"] and out.attempts == 3
+    assert rec.rejected == 2 and resample.usage.rejected == 2  # the run's record and the backend's accounting
     prompts = [c["messages"] for c in resample.calls]
     assert prompts[0] == prompts[1] == prompts[2]
     assert [c["seed"] for c in resample.calls] == [7, 8, 9] and [c["temperature"] for c in resample.calls][1:] == [0.7, 0.7]

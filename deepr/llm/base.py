@@ -100,6 +100,7 @@ class Usage:
     cache_hits: int = 0
     failures: int = 0
     retries: int = 0
+    rejected: int = 0  # replies that came back but failed their format or acceptance checks (deepr.roles)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     seconds: float = 0.0

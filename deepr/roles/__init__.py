@@ -435,6 +435,7 @@ async def _ask(role: Role, inp: Any, messages: list[Message], llm: LLM, rec: Rec
             return out
         out.error = error
         rec.rejected += 1
+        llm.usage.rejected += 1  # the backend's accounting, which stage sidecars and demo summaries report
         if not resample:
             convo = convo + [{"role": "assistant", "content": reply},
                              {"role": "user", "content": role.output.reask(error)}]
