@@ -127,12 +127,12 @@ def evaluate(items: str | Path | Sequence[Any], *, metrics: Sequence[str], rubri
     cfg = EvalConfig(metrics=list(metrics), judge=judge if isinstance(judge, str) else "custom",
                      concurrency=concurrency)
     if isinstance(items, (str, Path)):
-        from deepr.cli.eval_cmd import load_items
+        from deepr.eval.inputs import load_items
 
         items = load_items(Path(items))
     ctx = EvalContext()
     if rubrics is not None or gold is not None:
-        from deepr.cli.eval_cmd import load_references
+        from deepr.eval.inputs import load_references
 
         ctx.rubrics = load_references(Path(rubrics), "rubrics") if rubrics else ({}, {})
         ctx.gold = load_references(Path(gold), "gold") if gold else ({}, {})

@@ -12,67 +12,7 @@ import typer
 from deepr.cli import flags as F
 from deepr.cli.app import app, console, finish, user_errors
 from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT, fetch_limit_options
-
-
-def load_items(path: Path) -> list[Any]:
-    """Items from a JSONL file, one run sidecar (.json), or a folder of sidecars."""
-    import json
-
-    from pydantic import ValidationError
-
-    from deepr.eval.evaluate import EvalRecord, item_from_record, item_from_trace
-    from deepr.io import RecordError, read_jsonl
-    from deepr.records import RunTrace
-
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no such input (give a .jsonl, a report.json or a folder of them)")
-    if path.is_dir() or path.suffix == ".json":
-        files = sorted(p for p in path.rglob("*.json") if not p.name.endswith(".meta.json")) \
-            if path.is_dir() else [path]
-        if not files:
-            raise ValueError(f"{path}: the folder holds no report.json sidecars (deepr run --out X.md writes X.json)")
-        items = []
-        for p in files:
-            try:
-                trace = RunTrace.model_validate(json.loads(p.read_text(encoding="utf-8")))
-            except (json.JSONDecodeError, ValidationError) as e:
-                raise ValueError(f"{p}: not a deepr run sidecar: {str(e).splitlines()[0]}") from None
-            md = p.with_suffix(".md")
-            item_id = str(p.relative_to(path).with_suffix("")) if path.is_dir() else p.stem
-            items.append(item_from_trace(trace, item_id, md.read_text(encoding="utf-8") if md.exists() else "",
-                                         where=str(p)))
-        return items
-    items, seen = [], set()
-    for n, rec in enumerate(read_jsonl(path, EvalRecord), start=1):
-        if rec.id in seen:
-            raise RecordError(path, n, f"id {rec.id!r} appears twice; ids must be unique", field="id")
-        seen.add(rec.id)
-        items.append(item_from_record(rec.model_dump(), f"{path}:{n}"))
-    return items
-
-
-def load_references(path: Path, kind: str) -> tuple[dict, dict]:
-    """--rubrics / --gold rows by id and by normalised question; bad rows name file:line."""
-    from deepr.eval.evaluate import EvalRecord
-    from deepr.io import RecordError, read_jsonl
-    from deepr.rewards.judges import RewardInputError, coerce_rubrics
-    from deepr.text import squad_normalize
-
-    by_id, by_q = {}, {}
-    for n, rec in enumerate(read_jsonl(path, EvalRecord), start=1):
-        row = rec.model_dump()
-        if kind == "rubrics":
-            try:
-                coerce_rubrics(row.get("rubrics"), where=f"rubrics of {row['id']}")
-            except RewardInputError as e:
-                raise RecordError(path, n, str(e), field="rubrics") from None
-        elif not (row.get("answers") or row.get("answer")):
-            raise RecordError(path, n, "a gold row needs 'answers' (a list) or 'answer'", field="answers")
-        by_id[row["id"]] = row
-        q = row.get("question") or row.get("query")
-        if isinstance(q, str) and q.strip():
-            by_q[squad_normalize(q)] = row
-    return by_id, by_q
+from deepr.eval.inputs import load_items, load_references
 
 
 def _bar_svg(labels: list[str], values: list[float], width: int = 420) -> str:
