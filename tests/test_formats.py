@@ -155,3 +155,25 @@ def test_content_words_keep_years_not_the_pieces_of_bigger_numbers():
 
     words = content_words(["Flocks of 10,000 turkeys since the 1970s, 2.5 million by 2024."])
     assert words == ["Flocks", "turkeys", "since", "1970s", "million", "2024"]  # no "000"
+
+
+def test_outline_patterns_stay_small_with_many_terms_and_a_long_word_list():
+    """A warp outline's title and plan over a word list once had one branch per term and position,
+    each with its own list: ~20 terms and ~130 words made a pattern xgrammar compiled for longer than
+    the run (make demo-llm hung in warp). The term now comes within the first five words, so the
+    pattern grows with terms plus words, and a repeated word is the decoder's distinct-word ban."""
+    from deepr.profiles.formats import items_schema, label_vocab, term_words
+    from deepr.profiles.small.agent import STRICT
+
+    texts = [f"Why did the {w}ian empire trade {w}ite and {w}ium with its neighbours in the {w} valley?"
+             for w in ("Dor", "Kal", "Mer", "Tos", "Vel", "Zan")]
+    terms, vocab = term_words(texts), label_vocab(texts, most=80)
+    assert len(terms) >= 20
+    item = items_schema(2, 3, terms, vocab)["items"]["properties"]
+    title, plan = item["title"]["pattern"].strip("^$"), item["plan"]["pattern"].strip("^$")
+    assert len(plan) < 4 * len(vocab) + 200 * len(terms) and len(title) < 4 * len(vocab) + 200 * len(terms)
+    assert re.fullmatch(plan, "How the Dorian empire traded") is None  # "traded": not in the texts
+    assert re.fullmatch(plan, "How the Dorian empire trade Dorite")
+    assert re.fullmatch(title, "Dorite trade") and not re.fullmatch(title, "in the with")  # no term
+    assert not re.fullmatch(plan, " ".join(["the"] * 5 + ["Dorian"]))  # the term within the first five words
+    assert STRICT["warp.expand"] and STRICT["warp.initialize"]  # the outline formats (they ask for distinct words)

@@ -187,6 +187,8 @@ def query_with(terms: Sequence[str], words: tuple[int, int] = (2, 6), word: str 
     terms over a 60-word list compile in about 0.2 s)."""
     lo, most = words
     listed = _listed(word)
+    if listed and most > 8:
+        return _term_early(terms, words, listed, word)
     groups = ([(t, "(?:" + "|".join(w for w in listed if w.lower() != t.lower()) + ")") for t in dict.fromkeys(terms)]
               if listed else [("|".join(re.escape(t) for t in dict.fromkeys(terms)), word)])
     branches = []
@@ -198,6 +200,27 @@ def query_with(terms: Sequence[str], words: tuple[int, int] = (2, 6), word: str 
             head = rf"(?:{other} ){{{before}}}" if before else ""
             tail = rf"(?: {other}){{{after_lo},{after_hi}}}" if after_hi else ""
             branches.append(f"{head}(?:{term}){tail}" if listed is None else f"{head}{re.escape(term)}{tail}")
+    return "(?:" + "|".join(branches) + ")"
+
+
+def _term_early(terms: Sequence[str], words: tuple[int, int], listed: list[str], word: str) -> str:
+    """:func:`query_with` for titles and plan sentences over a word list: one of ``terms`` within
+    the first five words, then words of the list. The exact form (one branch per term and
+    position, each with its own list) grows with terms x positions^2 x list size: a warp outline's
+    plan (4 to 15 words, ~20 terms, ~130 listed words) took xgrammar minutes to compile, longer
+    than the run. This one is linear in each; a repeated word is left to the decoder's
+    distinct-word ban, which the outline formats ask for."""
+    lo, hi = words
+    low = {t.lower() for t in terms}
+    others = [w for w in listed if w.lower() not in low]
+    head = min(4, hi - 1) if others else 0
+    first = "(?:" + "|".join(re.escape(t) for t in dict.fromkeys(terms)) + ")"
+    other, rest = "(?:" + "|".join(others) + ")", hi - 1 - head
+    # a branch per count of leading words below lo - 1 (its tail makes up the minimum), one for the rest
+    branches = [rf"(?:{other} ){{{b}}}{first}(?: {word}){{{lo - 1 - b},{rest}}}" if b else
+                rf"{first}(?: {word}){{{lo - 1},{rest}}}" for b in range(min(lo - 1, head + 1))]
+    if head >= lo - 1:
+        branches.append(rf"(?:{other} ){{{max(0, lo - 1)},{head}}}{first}(?: {word}){{0,{rest}}}")
     return "(?:" + "|".join(branches) + ")"
 
 

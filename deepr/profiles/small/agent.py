@@ -203,7 +203,7 @@ def _init_format(a: WarpAsk) -> OutputFormat:
     vocab = label_vocab([a.run.query, a.run.ctx.catalog.evidence(a.ids, 300)]) if terms else None
     title = query_with(terms, (2, 10), vocab or LABEL_WORD) if terms else TITLE
     return OutputFormat("initialize", json_schema=action_schema(
-        "initialize", title=text(title), sections=items_schema(2, 3, terms, vocab)))
+        "initialize", title=text(title), sections=items_schema(2, 3, terms, vocab)), distinct_words=True)
 
 
 def _deepen_format(a: WarpAsk) -> OutputFormat | None:
@@ -217,7 +217,8 @@ def _deepen_format(a: WarpAsk) -> OutputFormat | None:
         options.append(action_schema("terminate"))
     if not options:
         return None
-    return OutputFormat("expand", json_schema=options[0] if len(options) == 1 else {"anyOf": options})
+    return OutputFormat("expand", json_schema=options[0] if len(options) == 1 else {"anyOf": options},
+                        distinct_words=True)
 
 
 
