@@ -21,6 +21,7 @@ held-out run's metrics per stage and seed), ``docs/img/learning_grpo.png`` and
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,7 @@ def teacher_sft_data(cfg: LearnConfig, train: Path, log: Path) -> Path:
         deepr(["prune-trajectories", str(w / "trajectories.jsonl"), "--rubrics", str(train), "--out-dir", str(out),
                "--heldout", "0", "--target-ratios", "none"], log, threads=cfg.threads)
         mark(out, **compact_sft(out / "sft.jsonl", out / "sft-compact.jsonl", actions=tuple(cfg.sft_actions.split(",")),
-                                graph=cfg.sft_graph))
+                                graph=cfg.sft_graph, form=cfg.profile))
     return out / "sft-compact.jsonl"
 
 
@@ -137,11 +138,14 @@ def ordered(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return renumbered([by_id[i] for i in order], sort_inputs=True)
 
 
-def compact_plan(reply: str, *, query_words: int = 7, graph: str = "teacher") -> str | None:
+def compact_plan(reply: str, *, query_words: int = 7, graph: str = "teacher", form: str = "small") -> str | None:
     """The teacher's plan in the form the planner's decoding schema (``--formats schema``) admits:
     queries and needs cut to a few words, the optional key points and the search nodes' empty
     inputs dropped, the answer reading every aggregate (ids, types, the other inputs and fetch
-    lists untouched; ``graph="flat"``/``"ordered"``: :func:`flatten`/:func:`ordered`); None when the reply is not a plan. The
+    lists untouched; ``graph="flat"``/``"ordered"``: :func:`flatten`/:func:`ordered`); None when the reply is not a plan.
+    ``form`` is the profile whose decoding schema the reply must follow: ``small`` (each node type its
+    own fields) or ``default`` (every node with all six fields of ``PlanShape``, in its order, null or
+    empty where the type has none: a model decoded under that schema writes exactly this). The
     extractive teacher copies whole evidence sentences into key points (~600 tokens a plan): a 135M
     model on CPU writes a plan of that length in minutes, so it learns the same graphs in short form."""
     try:
@@ -175,34 +179,81 @@ def compact_plan(reply: str, *, query_words: int = 7, graph: str = "teacher") ->
         ids = {n.get("id") for n in value["nodes"]}
         if all(i in ids for n in value["nodes"] for i in n.get("inputs") or []):  # a dangling input has no new id
             value["nodes"] = ordered(value["nodes"])
+    if form == "default":
+        value = {"nodes": [default_node(n) for n in value["nodes"]],
+                 **({"fetch": value["fetch"]} if "fetch" in value else {})}
     return json.dumps(value, ensure_ascii=False)
 
 
-def compact_sft(src: Path, dest: Path, *, actions: tuple[str, ...] = ("plan",), graph: str = "teacher") -> dict[str, int]:
-    """Planner examples of ``src`` whose action is in ``actions``, with compact plan replies (see
-    :func:`compact_plan`) → ``dest``. Initial plans only by default: a revision turn carries the
+def default_node(node: dict[str, Any]) -> dict[str, Any]:
+    """A node in the default planner schema's form: its six fields in order (pydantic's field order
+    is the schema's, which the grammar engines decode in), null or empty where the type has none."""
+    search = node.get("type") == "search"
+    return {"id": node.get("id"), "type": node.get("type"), "query": node.get("query") if search else None,
+            "need": None if search else node.get("need"), "key_points": [],
+            "inputs": [] if search else list(node.get("inputs") or [])}
+
+
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+
+
+def compact_answer(reply: str, *, words: int = 90) -> str | None:
+    """The teacher's final answer cut to whole sentences within ``words`` words, each kept sentence
+    with its own citations, still in its ``<answer>`` tags; None when no cited sentence fits. The
+    extractive writer copies evidence paragraphs (~600 tokens): more than the model's answer budget,
+    so it would learn answers it is always cut off in."""
+    m = re.search(r"<answer>(.*?)</answer>", reply, re.S)
+    if not m:
+        return None
+    kept: list[str] = []
+    for sentence in _SENTENCE.split(" ".join(m.group(1).split())):
+        if sum(len(x.split()) for x in kept) + len(sentence.split()) > words:
+            break
+        kept.append(sentence)
+    from deepr.agent.citations import cited_ids
+
+    if not any(cited_ids(x) for x in kept):
+        return None
+    return "<answer>" + " ".join(kept) + "</answer>"
+
+
+_TAUGHT = {("planner", "plan"), ("planner", "revise"), ("answerer", "final")}
+
+
+def compact_sft(src: Path, dest: Path, *, actions: tuple[str, ...] = ("plan",), graph: str = "teacher",
+                form: str = "small") -> dict[str, int]:
+    """The examples of ``src`` whose action is in ``actions`` (planner ``plan``/``revise``,
+    answerer ``final``), with compact replies (:func:`compact_plan` in the ``form`` of the profile
+    the model is evaluated under, :func:`compact_answer`) → ``dest``. A revision turn carries the
     search results (~2,500 prompt tokens against ~500), so it costs five plan turns of CPU training,
-    and the model writes a revision in the same JSON form it learns from the plans."""
+    and the model writes a revision in the same JSON form it learns from the plans: off by default."""
     sys.path.insert(0, str(ROOT))
     from deepr.agent.planner import INITIAL, PlanAsk
     from deepr.roles import judge_reply
 
-    kept, skipped, refused = [], 0, 0
+    kept, counts = [], {"planner_examples": 0, "answer_examples": 0, "not_a_plan": 0, "refused_by_the_run": 0,
+                        "answer_without_citation": 0}
     for ex in read_jsonl(src):
-        if ex.get("role") != "planner" or ex.get("action") not in actions:
+        if ex.get("action") not in actions or (ex.get("role"), ex.get("action")) not in _TAUGHT:
             continue
-        short = compact_plan(ex["messages"][-1]["content"], graph=graph)
-        if short is None:
-            skipped += 1
-            continue
-        # Teach only plans `deepr run` accepts: the cut can leave a query of one content word.
-        if ex["action"] == "plan" and judge_reply(INITIAL, PlanAsk(None, ""), short, ex["messages"][:-1])[0] is None:
-            refused += 1
-            continue
-        ex["messages"][-1] = {**ex["messages"][-1], "content": short}
-        kept.append(ex)
+        if ex["role"] == "answerer":
+            short = compact_answer(ex["messages"][-1]["content"])
+            counts["answer_without_citation" if short is None else "answer_examples"] += 1
+        else:
+            short = compact_plan(ex["messages"][-1]["content"], graph=graph, form=form)
+            if short is None:
+                counts["not_a_plan"] += 1
+            # Teach only plans `deepr run` accepts: the cut can leave a query of one content word.
+            elif ex["action"] == "plan" and judge_reply(INITIAL, PlanAsk(None, ""), short, ex["messages"][:-1])[0] is None:
+                counts["refused_by_the_run"] += 1
+                short = None
+            else:
+                counts["planner_examples"] += 1
+        if short is not None:
+            ex["messages"][-1] = {**ex["messages"][-1], "content": short}
+            kept.append(ex)
     write_jsonl(dest, kept)
-    return {"planner_examples": len(kept), "not_a_plan": skipped, "refused_by_the_run": refused}
+    return counts
 
 
 def base_model(cfg: LearnConfig) -> str:
@@ -226,7 +277,7 @@ def evaluate(cfg: LearnConfig, spec: str, name: str, held: Path, seed: int, log:
         return scores
     deepr(["run", "--queries", str(held), "--mode", "dag", "--corpus", cfg.corpus, "--top-k", str(cfg.top_k), "--llm", spec, "--out", str(runs), "--no-cache",
            "--temperature", "0", "--seed", str(seed), "--max-tokens", str(cfg.eval_max_tokens), "--timeout", "900",
-           "--max-reasks", "0", "--formats", cfg.formats, "--parallel", str(cfg.eval_parallel), "--allow-fallback"],
+           "--max-reasks", "0", "--profile", cfg.profile, "--formats", cfg.formats, "--parallel", str(cfg.eval_parallel), "--allow-fallback"],
           log, threads=cfg.threads)
     scores.parent.mkdir(parents=True, exist_ok=True)
     deepr(["eval", str(runs), "--metric", "plan_reward,rubric,citation", "--rubrics", str(held), "--out",
@@ -250,7 +301,7 @@ def train_sft(cfg: LearnConfig, base: str, sft_data: Path, seed: int, log: Path)
     w = cfg.work / f"seed{seed}"
     sft, merged = w / "sft", w / "sft-merged"
     if not done(sft):
-        deepr(["sft", "--model", base, "--data", str(sft_data), "--role", "planner", "--out", str(sft),
+        deepr(["sft", "--model", base, "--data", str(sft_data), "--role", "all", "--out", str(sft),
                "--lora-r", str(cfg.lora_r), "--lora-alpha", str(2 * cfg.lora_r), "--lr", str(cfg.sft_lr),
                "--max-steps", str(cfg.sft_steps), "--grad-accum", "1", "--batch-size", str(cfg.sft_batch), "--max-length", "4096",
                "--logging-steps", "1", "--seed", str(seed), "--report-to", cfg.report_to, "--resume",
@@ -281,7 +332,8 @@ def train_grpo(cfg: LearnConfig, merged: Path, train: Path, seed: int, log: Path
         deepr(["grpo", "--stage", "planner", "--model", str(merged), "--data", str(train), "--out", str(grpo),
                "--config", str(w / "grpo.json"), "--corpus", cfg.corpus, "--k", str(cfg.top_k), "--max-steps", str(cfg.grpo_steps),
                "--num-generations", str(cfg.num_generations), "--prompts-per-step", str(cfg.prompts_per_step),
-               "--max-completion-length", str(cfg.rollout_tokens), "--resume"], log, threads=cfg.threads, ok=(0,))
+               "--max-completion-length", str(cfg.rollout_tokens), "--resume",
+               *(["--rollout-formats", "schema"] if cfg.profile == "small" else [])], log, threads=cfg.threads, ok=(0,))
         mark(grpo)
     return grpo
 

@@ -35,7 +35,7 @@ class LearnConfig:
     sft_steps: int = 48  # ~4 passes over ~24 initial plans at --sft-batch 2 (24 steps: 2 of 12 held-out plans valid)
     sft_batch: int = 2
     sft_lr: float = 1e-3
-    sft_actions: str = "plan"  # planner turns to learn from: plan, or plan,revise
+    sft_actions: str = "plan,final"  # turns to learn from: the initial plan and the final answer (+ revise)
     sft_graph: str = "teacher"  # the taught plans' graphs: teacher (as written), flat (one level of aggregates), ordered
     # activations stored, not recomputed: 0.79x the CPU time of an SFT step at ~4.5 GB instead of ~1.5 GB
     sft_checkpointing: bool = False
@@ -57,6 +57,9 @@ class LearnConfig:
     minutes: float = 60.0
     llm: str = "smollm2"
     formats: str = "schema"  # decoding constraints of every evaluation (deepr run --formats), one for all stages
+    # the profile every stage is evaluated under (deepr run --profile); GRPO samples on-policy under
+    # `default`, and under `small` (graph schema + plan guard) with --rollout-formats schema, the same constraints
+    profile: str = "default"
     corpus: str = "wiki"
     use_vllm: bool = False
     threads: int = 1
@@ -83,13 +86,16 @@ def validate(cfg: LearnConfig) -> LearnConfig:
         raise ValueError(f"--seeds {cfg.seeds}: give distinct seeds, e.g. 0,1,2")
     if cfg.grpo_train_turns not in (0, 1, 2):
         raise ValueError(f"--grpo-train-turns {cfg.grpo_train_turns}: give 1 (the initial plan), 2 or 0 (both turns)")
+    if cfg.profile not in ("default", "small"):
+        raise ValueError(f"--profile {cfg.profile!r}: give default or small")
     if cfg.formats not in ("schema", "strict"):
         raise ValueError(f"--formats {cfg.formats!r}: give schema or strict")
     if cfg.sft_graph not in ("teacher", "flat", "ordered"):
         raise ValueError(f"--sft-graph {cfg.sft_graph!r}: give teacher, flat or ordered")
-    bad = set(cfg.sft_actions.split(",")) - {"plan", "revise"}
-    if bad or not cfg.sft_actions:
-        raise ValueError(f"--sft-actions {cfg.sft_actions!r}: give plan, or plan,revise")
+    bad = set(cfg.sft_actions.split(",")) - {"plan", "revise", "final"}
+    if bad or "plan" not in cfg.sft_actions.split(","):
+        raise ValueError(f"--sft-actions {cfg.sft_actions!r}: give plan, optionally with revise and final "
+                         "(e.g. plan,final)")
     for lr in ("sft_lr", "grpo_lr"):
         if not 0 < getattr(cfg, lr) < 1:
             raise ValueError(f"--{lr.replace('_', '-')} {getattr(cfg, lr)}: must be in (0, 1)")
@@ -109,7 +115,10 @@ def parse_args(argv: list[str] | None = None) -> LearnConfig:
     for name in ("sft_lr", "grpo_lr", "minutes"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
     p.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds")
-    p.add_argument("--sft-actions", default=d.sft_actions, help="planner turns SFT learns from: plan, or plan,revise")
+    p.add_argument("--sft-actions", default=d.sft_actions, help="turns SFT learns from: plan, plus revise (the "
+                   "planner's revision) and final (the answerer's final answer), e.g. plan,final")
+    p.add_argument("--profile", default=d.profile, help="profile of every evaluation: default (each role's own "
+                   "schema; GRPO on-policy) or small (graph schema and plan guard, GRPO rollouts under them too)")
     p.add_argument("--sft-graph", default=d.sft_graph, help="taught plan graphs: teacher (as the teacher wrote "
                    "them), flat (aggregates over searches only, ids renumbered) or ordered (the teacher's graphs, ids in reading "
                    "order: searches by the aggregate that first reads them); changing it needs a new --work")

@@ -133,7 +133,7 @@ def test_plots_are_written_from_a_small_metrics_file(tmp_path):
     (["--trees", "4", "--heldout-topics", "3"], "too few to hold out 3 topics"),
     (["--grpo-lr", "2"], "--grpo-lr 2.0: must be in (0, 1)"),
     (["--heldout", "0"], "--heldout 0: must be at least 1"),
-    (["--sft-actions", "plan,answer"], "--sft-actions 'plan,answer': give plan, or plan,revise"),
+    (["--sft-actions", "plan,answer"], "--sft-actions 'plan,answer': give plan, optionally with revise and final"),
     (["--sft-batch", "0"], "--sft-batch 0: must be at least 1"),
     (["--grpo-train-turns", "3"], "--grpo-train-turns 3: give 1"),
     (["--formats", "free"], "--formats 'free': give schema or strict"),
@@ -259,12 +259,55 @@ def test_sft_data_keeps_the_chosen_planner_turns_in_compact_form(tmp_path):
         example("plan"), example("revise"), example("final", role="answerer"), example("plan", reply="not json")]))
     counts = learning.compact_sft(src, tmp_path / "plans.jsonl")
     rows = [json.loads(x) for x in (tmp_path / "plans.jsonl").read_text().splitlines()]
-    assert counts == {"planner_examples": 1, "not_a_plan": 1, "refused_by_the_run": 0}
+    assert counts == {"planner_examples": 1, "answer_examples": 0, "not_a_plan": 1, "refused_by_the_run": 0,
+                      "answer_without_citation": 0}
     assert [r["action"] for r in rows] == ["plan"]
     node = json.loads(rows[0]["messages"][-1]["content"])["nodes"][0]
     assert node["query"] == "one two three four five six seven" and "key_points" not in node
     learning.compact_sft(src, tmp_path / "both.jsonl", actions=("plan", "revise"))
     assert [json.loads(x)["action"] for x in (tmp_path / "both.jsonl").read_text().splitlines()] == ["plan", "revise"]
+
+
+def test_default_form_is_what_the_default_planner_schema_decodes():
+    """Under the default profile the planner decodes in PlanShape's strict schema: every node has its
+    six fields in the schema's order, null or empty where the type has none. Taught that form, the
+    model writes what its grammar lets it; the graph and the cut texts are the small form's."""
+    from deepr.agent.plan import validate_plan
+    from deepr.agent.planner import PlanShape, RevisionShape
+
+    teacher = {"nodes": [{"id": "N1", "type": "search", "query": "volcano eruption magma chambers and more words here",
+                          "inputs": [], "key_points": ["Magma rises."]},
+                         {"id": "N2", "type": "aggregate", "need": "why volcanoes erupt", "inputs": ["N1"],
+                          "key_points": ["pressure"]},
+                         {"id": "N3", "type": "answer", "need": "how the nine steps combine", "inputs": ["N2"]}],
+               "fetch": ["N1-R2"]}
+    short = json.loads(learning.compact_plan(json.dumps(teacher), form="default"))
+    RevisionShape.model_validate(short)
+    PlanShape.model_validate({"nodes": short["nodes"]})
+    assert [list(n) for n in short["nodes"]] == [list(PlanShape.model_fields["nodes"].annotation.__args__[0].model_fields)] * 3
+    assert short["nodes"][0] == {"id": "N1", "type": "search", "query": "volcano eruption magma chambers and more words",
+                                 "need": None, "key_points": [], "inputs": []}
+    assert short["nodes"][2]["query"] is None and short["nodes"][2]["inputs"] == ["N2"]
+    assert short["fetch"] == ["N1-R2"] and validate_plan(short)[1] == []
+
+
+def test_teacher_answers_are_cut_to_cited_sentences_within_the_budget(tmp_path):
+    long = " ".join(["Magma rises through the crust [N1-R1]."] * 3 + ["Pressure builds until the rock gives way [N2-R1]."] * 20)
+    short = learning.compact_answer(f"<answer>{long}</answer>", words=40)
+    assert short.startswith("<answer>Magma rises") and short.endswith("[N2-R1].</answer>")
+    assert len(short.split()) <= 40 and short.count("[N1-R1]") == 3
+    assert learning.compact_answer("no tags here [N1-R1].") is None
+    assert learning.compact_answer("<answer>Nothing cited here. Nor here.</answer>") is None
+    rows = [{"id": "f", "role": "answerer", "action": "final",
+             "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": f"<answer>{long}</answer>"}]},
+            {"id": "w", "role": "answerer", "action": "wave",
+             "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "{}"}]}]
+    src = tmp_path / "sft.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    counts = learning.compact_sft(src, tmp_path / "out.jsonl", actions=("plan", "final"))
+    kept = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert counts["answer_examples"] == 1 and [r["action"] for r in kept] == ["final"]
+    assert len(kept[0]["messages"][-1]["content"].split()) <= 90
 
 
 def test_sft_data_drops_plans_the_run_would_refuse_and_trims_dangling_words(tmp_path):
