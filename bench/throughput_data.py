@@ -163,8 +163,8 @@ def stub_run(stage: str, inp: Path, table: dict, a, tmp: Path, env: dict, concur
     batch = max(e for _, e, _ in log.calls) - min(s for s, _, _ in log.calls) if log.calls else 0.0
     written = len(out.read_text().splitlines()) if out.is_file() else 0
     return {"wall_s": round(wall, 2), "batch_s": round(batch, 2), "cpu_s": round(cpu, 2), "calls": len(log.calls),
-            "exit": proc.returncode, "records_written": written, "misses": log.misses, "max_in_flight": in_flight(log.calls), **res,
-            "_calls": log.calls}
+            "exit": proc.returncode, "records_written": written, "misses": log.misses,
+            "max_in_flight": in_flight(log.calls), **res, "_calls": log.calls}
 
 
 def bench_stage(stage: str, inp: Path, table: dict, a, tmp: Path, env: dict) -> dict:
