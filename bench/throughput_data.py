@@ -73,8 +73,7 @@ def drive(argv: list[str]) -> None:
 
         Recorder.turn = turn  # type: ignore[method-assign]
     if calls:
-        models = tc._models
-        tc._models = lambda *a, **kw: models(*a[:6], calls, *a[7:], **kw)  # a[6] is the concurrency
+        tc._models = with_calls(tc._models, calls)
     sys.argv = ["deepr", *argv]
     from deepr.cli import main
 
@@ -83,6 +82,20 @@ def drive(argv: list[str]) -> None:
     finally:
         if record_to:
             Path(record_to).write_text(json.dumps(turns))
+
+
+def with_calls(models, calls: int):
+    """``trees_cmd._models`` building its models with ``calls`` in flight, whatever --concurrency is."""
+    import inspect
+
+    sig = inspect.signature(models)
+
+    def built(*a, **kw):  # type: ignore[no-untyped-def]
+        bound = sig.bind(*a, **kw)
+        bound.arguments["concurrency"] = calls
+        return models(*bound.args, **bound.kwargs)
+
+    return built
 
 
 def run_cmd(args: list, env: dict, driver: list | None = None) -> subprocess.Popen:
@@ -240,8 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         if "build-trees" in wanted:
             res["build-trees"] = bench_stage("build-trees", topics_file(a, tmp / "topics.txt"), {}, a, tmp, env)
             print("build-trees", json.dumps(res["build-trees"]), flush=True)
-        inp = extractive_trees(a, tmp, env)  # topic-coherent trees: the pairs made from them pass
-        for stage in [s for s in STAGES[1:] if STAGES.index(s) <= max(STAGES.index(w) for w in wanted)]:
+        later = [s for s in STAGES[1:] if STAGES.index(s) <= max(STAGES.index(w) for w in wanted)]
+        inp = extractive_trees(a, tmp, env) if later else tmp  # topic-coherent trees: their pairs pass
+        for stage in later:
             counts[stage] = len(inp.read_text().splitlines())
             out, table = record(stage, inp, tmp, a, env)
             if stage == "synthesize-rubrics":  # the trees the extractive run made a pair of: a clean
