@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -286,6 +287,14 @@ _VERSIONED = ("torch", "transformers", "trl", "peft", "sentence-transformers",
 
 
 def versions() -> dict[str, str]:
+    """Python's, deepr's and the main libraries' versions, read once per process: a metadata
+    lookup scans sys.path (~6 ms a package), and `deepr run --queries` writes a sidecar per
+    question (bench/throughput.py: 60 ms a question, a third of its CPU)."""
+    return dict(_versions())
+
+
+@functools.cache
+def _versions() -> tuple[tuple[str, str], ...]:
     from deepr import __version__
 
     # deepr's own version from the code that runs (its distribution is deepr-toolkit; a package
@@ -296,7 +305,7 @@ def versions() -> dict[str, str]:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
-    return out
+    return tuple(out.items())
 
 
 def write_meta(

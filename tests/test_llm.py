@@ -629,6 +629,21 @@ def test_malformed_replies_are_llm_errors_with_their_reason(bad, reason, retried
     assert llm.usage.failures == 1 and llm.usage.retries == (2 if retried else 0)
 
 
+def test_a_completion_is_read_whatever_its_content_type_and_odd_usage_counts_as_none():
+    """The reply is read from its JSON (not the SDK's typed object): a completion served as
+    text/plain still answers, and usage that is not a number counts 0 instead of breaking the
+    token accounting."""
+    done = {"id": "x", "choices": [{"index": 0, "finish_reason": "stop",
+                                    "message": {"role": "assistant", "content": "hi"}}]}
+    replies = [Raw(json.dumps(done), "text/plain"),
+               {**done, "usage": {"prompt_tokens": "12", "completion_tokens": None}},
+               {**done, "usage": {"prompt_tokens": 7, "completion_tokens": 2}}]
+    with StubServer(reply=replies) as srv:
+        llm = openai_llm(srv)
+        assert [llm.chat(USER) for _ in replies] == ["hi", "hi", "hi"]
+    assert (llm.usage.prompt_tokens, llm.usage.completion_tokens) == (7, 2)
+
+
 def test_a_run_survives_a_malformed_reply_and_records_it():
     from deepr.llm.parse import ask_json
 

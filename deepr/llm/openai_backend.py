@@ -68,7 +68,8 @@ from deepr.llm.base import LLM, LLMError, Message, OutputFormat, Reply
 from deepr.llm.cache import LLMCache
 from deepr.llm.gbnf import LLAMACPP_EXTRA, regex_to_gbnf, schema_to_gbnf
 from deepr.llm.io_loop import IOLoop
-from deepr.llm.openai_reply import _FORMAT_REFUSAL, _REGEX_STYLES, _STYLES, _BadReply, _fmt_dict, _read_completion, _Result
+from deepr.llm.openai_reply import (_FORMAT_REFUSAL, _REGEX_STYLES, _STYLES, _BadReply, _fmt_dict, _read_completion,
+                                    _Result, _usage)
 
 log = logging.getLogger("deepr.llm")
 
@@ -271,17 +272,16 @@ class OpenAIBackend(LLM):
             kw["response_format"] = {"type": "json_object", "schema": fmt["json_schema"]}
         if fmt and fmt.get("regex") and rstyle:
             sent = self._send_regex(kw, fmt["regex"], rstyle)
-        from openai.types.chat import ChatCompletion
-
         # client.post, not chat.completions.create: create() walks every request through the
         # SDK's type-driven transform, a no-op for plain JSON chat bodies that cost ~1 ms of a
-        # ~4 ms call on the client's one thread (bench/tree_concurrency.py, issue 16)
+        # ~4 ms call on the client's one thread (bench/tree_concurrency.py, issue 16); and the
+        # reply comes back as decoded JSON (cast_to=object), not built into the SDK's pydantic
+        # ChatCompletion, of which deepr reads three fields (~9 % of build-trees' client CPU
+        # under py-spy, bench/throughput_data.py)
         body = {k: v for k, v in kw.items() if k != "extra_body"} | dict(kw.get("extra_body") or {})
-        resp = await self._loop().client.post("/chat/completions", body=body, cast_to=ChatCompletion)
+        resp = await self._loop().client.post("/chat/completions", body=body, cast_to=object)
         text, finish = _read_completion(resp)
-        usage = getattr(resp, "usage", None)
-        return _Result(text, getattr(usage, "prompt_tokens", 0) or 0, getattr(usage, "completion_tokens", 0) or 0,
-                       finish, sent, rstyle if fmt and fmt.get("regex") else style)
+        return _Result(text, *_usage(resp), finish, sent, rstyle if fmt and fmt.get("regex") else style)
 
     def _send_schema_grammar(self, kw: dict[str, Any], fmt: dict[str, Any]) -> bool:
         try:

@@ -7,6 +7,7 @@ and whether a retry can help.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -53,26 +54,31 @@ def _fmt_dict(fmt: OutputFormat | None) -> dict[str, Any] | None:
 
 
 def _read_completion(resp: Any) -> tuple[str, str | None]:
-    """(text, finish_reason) of a chat completion, or :class:`_BadReply` saying what is wrong."""
-    if isinstance(resp, (str, bytes)):  # the client hands back bodies that are not JSON as text
-        head = " ".join(str(resp)[:80].split())
-        raise _BadReply(f"HTTP 200 with a body that is not JSON ({head!r}); is --base-url the API root "
-                        "(ending in /v1)?")
-    choices = getattr(resp, "choices", None)
+    """(text, finish_reason) of a chat completion as decoded JSON, or :class:`_BadReply` saying
+    what is wrong. The SDK hands back bodies it did not read as JSON (a JSON content type) as
+    text: a JSON object there is still read, anything else is not a completion."""
+    if isinstance(resp, (str, bytes)):
+        try:
+            resp = json.loads(resp)
+        except ValueError:
+            head = " ".join(str(resp)[:80].split())
+            raise _BadReply(f"HTTP 200 with a body that is not JSON ({head!r}); is --base-url the API root "
+                            "(ending in /v1)?") from None
+    body = resp if isinstance(resp, dict) else {}
+    choices = body.get("choices")
     if choices is None:
-        extra = getattr(resp, "model_extra", None) or {}
-        if isinstance(extra.get("error"), (dict, str)):  # an upstream failure passed on with status 200
-            err = extra["error"]
+        err = body.get("error")
+        if isinstance(err, (dict, str)):  # an upstream failure passed on with status 200
             msg = err.get("message", err) if isinstance(err, dict) else err
             raise _BadReply(f"HTTP 200 carrying an error: {str(msg)[:200]}", retryable=True)
         raise _BadReply("HTTP 200 with JSON that is not a chat completion (no 'choices')")
     if not isinstance(choices, list) or not choices:
         raise _BadReply("the endpoint returned no choices")
-    choice = choices[0]
-    finish = getattr(choice, "finish_reason", None)
-    message = getattr(choice, "message", None)
-    content = getattr(message, "content", None)
-    if message is not None and content is None and (getattr(message, "tool_calls", None) or finish == "tool_calls"):
+    choice = choices[0] if isinstance(choices[0], dict) else {}
+    finish = choice.get("finish_reason")
+    message = choice.get("message")
+    content = message.get("content") if isinstance(message, dict) else None
+    if isinstance(message, dict) and content is None and (message.get("tool_calls") or finish == "tool_calls"):
         # Tool calls instead of text (deepr's protocols are text): an empty reply, which the
         # role's parse rejects and the executor re-asks within --max-reasks, not a failed turn.
         return "", finish
@@ -80,3 +86,10 @@ def _read_completion(resp: Any) -> tuple[str, str | None]:
         why = "no message" if message is None else "no message text"
         raise _BadReply(f"the endpoint returned {why} (finish_reason={finish})")
     return content, finish
+
+
+def _usage(resp: Any) -> tuple[int, int]:
+    """(prompt, completion) tokens a completion reports (0 where it reports none or no number)."""
+    usage = resp.get("usage") if isinstance(resp, dict) else None
+    usage = usage if isinstance(usage, dict) else {}
+    return tuple(n if isinstance(n := usage.get(k), int) else 0 for k in ("prompt_tokens", "completion_tokens"))

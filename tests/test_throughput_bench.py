@@ -1,0 +1,45 @@
+"""The arithmetic behind bench/throughput.py and bench/throughput_data.py: the critical-path
+bound is only as good as the chains and in-flight counts read from the stub's request log."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from throughput import chains, in_flight  # noqa: E402
+from throughput_data import with_calls  # noqa: E402
+
+
+def test_calls_of_one_item_that_overlap_are_one_link_and_items_are_counted_apart():
+    log = [(0.0, 0.2, "a"), (0.2, 0.4, "a"), (0.25, 0.45, "a"), (0.5, 0.7, "a"),  # 3 links
+           (0.0, 0.2, "b"), (0.05, 0.25, "b")]  # 1 link, beside a's first
+    assert chains(log) == {"a": 3, "b": 1}
+    # a call that starts as another ends does not overlap it
+    assert in_flight(log) == 3 and in_flight([(0.0, 0.2, "x"), (0.2, 0.4, "x")]) == 1
+
+
+def test_the_serial_run_keeps_the_model_calls_in_flight_that_it_is_given():
+    """The data bench runs one record at a time (--concurrency 1) with the model still allowed
+    N calls in flight; the override must reach the stage's models by name, wherever the
+    argument sits."""
+    from deepr.cli import trees_cmd
+
+    seen: list[int] = []
+    wrapped = with_calls(_spy(trees_cmd._models, seen), 64)
+    wrapped("extractive", None, None, None, True, 30.0, 1)
+    wrapped("extractive", None, None, None, True, 30.0, concurrency=1)
+    assert seen == [64, 64]
+
+
+def _spy(real, seen):
+    import functools
+    import inspect
+
+    @functools.wraps(real)
+    def spy(*a, **kw):  # the real signature, so with_calls binds as it does on trees_cmd._models
+        seen.append(inspect.signature(real).bind(*a, **kw).arguments["concurrency"])
+
+    return spy
