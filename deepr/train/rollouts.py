@@ -39,6 +39,7 @@ from deepr.agent.plan import validate_plan, waves
 from deepr.rewards.trl_adapters import json_objects, parse_answerer
 from deepr.roles import judge_reply
 from deepr.train.sampling import Generate, trainer_generate
+from deepr.train.step_timing import timed_generate
 from deepr.train.warp_calls import Call
 
 __all__ = ["Generate", "trainer_generate"]  # the stages import them here
@@ -458,6 +459,7 @@ def make_rollout_func(stage: str, lookup: dict[str, Any], *, budget: int, env: P
                              "generator (deepr.profiles.small.rollouts.planner_generate), or set rollout_formats none")
         else:
             gen = trainer_generate(trainer)
+        gen = timed_generate(trainer, gen)  # a profile's own generator is sampling time too
         eos_ids = list(getattr(trainer, "eos_token_ids", None) or [tok.eos_token_id])
         if stage == "planner":
             if env is None:
