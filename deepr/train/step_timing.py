@@ -46,7 +46,7 @@ class PhaseClock:
     def __init__(self) -> None:
         self.totals: dict[str, float] = defaultdict(float)
         self._stack: list[str] = []
-        self._since = 0.0
+        self._since = self._t0 = 0.0
 
     def enter(self, name: str) -> None:
         now = time.perf_counter()
@@ -71,8 +71,14 @@ class PhaseClock:
         finally:
             self.leave(name)
 
-    def reset(self) -> None:
+    def begin_step(self) -> None:
+        """A new optimiser step: phase totals start from zero."""
         self.totals.clear()
+        self._t0 = time.perf_counter()
+
+    def end_step(self) -> dict[str, float]:
+        """The step's ``time/*`` row (see :func:`step_row`)."""
+        return step_row(self.totals, time.perf_counter() - self._t0)
 
 
 def step_row(totals: dict[str, float], step: float) -> dict[str, float]:
@@ -92,12 +98,12 @@ def step_clock(clock: PhaseClock) -> Any:
 
     class StepClock(TrainerCallback):
         def __init__(self) -> None:
-            self.t0: float | None = None
+            self.open = False
             self.pending: list[dict[str, float]] = []
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            clock.reset()
-            self.t0 = time.perf_counter()
+            clock.begin_step()
+            self.open = True
 
         def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             clock.enter("optimizer")
@@ -106,9 +112,9 @@ def step_clock(clock: PhaseClock) -> Any:
             clock.leave("optimizer")
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            if self.t0 is not None:
-                self.pending.append(step_row(clock.totals, time.perf_counter() - self.t0))
-            self.t0 = None
+            if self.open:
+                self.pending.append(clock.end_step())
+            self.open = False
 
         def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kw: Any) -> None:
             if logs is None or not self.pending or "loss" not in logs:  # training rows only
