@@ -108,3 +108,41 @@ def test_trl_generation_is_timed_without_a_rollout_function(tiny, tmp_path):
     (row,) = [r for r in _rows(cfg.out) if "loss" in r]
     assert row["time/generate"] > 0 and row["time/environment"] == 0.0 and row["time/reward"] > 0
     assert sum(row[f"time/{p}"] for p in PARTS) == pytest.approx(row["time/step"], rel=1e-6)
+
+
+class CountingTokenizer:
+    """The tokenizer, counting chat-template renderings."""
+
+    def __init__(self, tok):
+        self.tok, self.rendered = tok, 0
+
+    def apply_chat_template(self, *a, **kw):
+        self.rendered += 1
+        return self.tok.apply_chat_template(*a, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.tok, name)
+
+
+def test_a_rollout_renders_each_distinct_prompt_once(tok):
+    """A step's 2 prompts x 4 rollouts: the first turn's prompts and TRL's placeholder rows are
+    rendered twice (once per distinct prompt), not 16 times, with the same token ids."""
+    from deepr.train.rollouts import planner_prompt, play_calls, prompt_ids, rendered_once
+    from grpo_helpers import scripted
+
+    counting = CountingTokenizer(tok)
+    prompts = [planner_prompt("What causes earthquakes?")] * 4 + [planner_prompt("How do volcanoes form?")] * 4
+
+    def rollout(prompts, trainer):
+        eps = play_calls(prompts, scripted(tok, ["no plan"]), lambda i, e: None, counting, budget=32,
+                         eos_ids=[tok.eos_token_id], max_turns=1)
+        return {"calls": [e.calls[0].prompt_ids for e in eps], "rows": [prompt_ids(counting, p) for p in prompts]}
+
+    out = rendered_once(rollout)(prompts, None)
+    assert counting.rendered == 2
+    plain = [prompt_ids(tok, p) for p in prompts]
+    assert out["calls"] == out["rows"] == plain
+    out["rows"][0].append(-1)  # a caller's change does not reach another caller's ids
+    assert out["calls"][0] == plain[0]
+    prompt_ids(counting, prompts[0]), prompt_ids(counting, prompts[0])  # outside a rollout: nothing kept
+    assert counting.rendered == 4

@@ -316,6 +316,10 @@ def build_stage_trainer(config: StageConfig, rows: Sequence[dict[str, Any]], rol
 
         peft_config = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                                  target_modules=config.target_modules, task_type="CAUSAL_LM")
+    if rollout_func is not None:
+        from deepr.train.rollouts import rendered_once
+
+        rollout_func = rendered_once(rollout_func)
     if clock is not None:
         from deepr.train.step_timing import timed_rollout, timed_trainer_cls
 
