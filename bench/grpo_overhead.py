@@ -226,6 +226,37 @@ def run_stage(name: str, settings: dict[str, Any], data: Path, retriever: Any, s
     return out
 
 
+def render_ab(tokenizer: Any, group: int, rounds: int = 30) -> dict[str, Any]:
+    """What a planner step renders before its first sampling call and for TRL's placeholder rows
+    (2 questions x ``group`` rollouts), each prompt rendered every time (before) or once per
+    rollout call (:func:`~deepr.train.rollouts.rendered_once`, after). Each call is timed on its
+    own and the fastest of ``rounds`` kept per call: on a loaded machine a 100 ms burst is
+    preempted where a 1 ms one is not, which would flatter the cached variant."""
+    from deepr.train.rollouts import planner_prompt, prompt_ids, rendered_once
+
+    prompts = [planner_prompt(q) for q in QUESTIONS for _ in range(group)] * 2  # first turn, then TRL's rows
+
+    def step(prompts: list[Any], trainer: Any) -> list[tuple[list[int], float]]:
+        out = []
+        for p in prompts:
+            t0 = time.perf_counter()
+            out.append((prompt_ids(tokenizer, p), time.perf_counter() - t0))
+        return out
+
+    best: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for label, fn in (("before", step), ("after", rendered_once(step))):
+            got = fn(prompts, None)
+            best[label] = [min(a, b) for a, b in zip(best.get(label, [float("inf")] * len(got)), (t for _, t in got))]
+    same = [ids for ids, _ in step(prompts, None)] == [ids for ids, _ in rendered_once(step)(prompts, None)]
+    if not same:
+        raise AssertionError("rendered_once changed the token ids")
+    before, after = sum(best["before"]), sum(best["after"])
+    return {"renders_before": len(prompts), "renders_after": len(QUESTIONS), "before_s": round(before, 5),
+            "after_s": round(after, 5), "ratio": round(after / before, 3), "prompt_tokens": len(prompt_ids(
+                tokenizer, prompts[0]))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", action="append", choices=list(STAGES), help="Tiny stages to run (default: all but "
@@ -238,6 +269,7 @@ def main() -> None:
     ap.add_argument("--formats", default="schema", choices=["schema", "none"],
                     help="SmolLM2: rollout_formats (schema: the small profile's plan format, so plans are "
                          "valid and the environment searches).")
+    ap.add_argument("--render-ab", action="store_true", help="Only the prompt-rendering A/B (seconds).")
     ap.add_argument("--corpus", default="wiki")
     ap.add_argument("--retriever", default="hybrid", help="As deepr grpo's default.")
     ap.add_argument("--out", type=Path, default=ROOT / "bench/results/grpo_overhead.json")
@@ -248,6 +280,8 @@ def main() -> None:
     from deepr.corpus import open_retriever
     from deepr.train.tiny import build_tiny_model, wiki_texts
 
+    if args.render_ab:
+        return write_render_ab(args)
     from deepr.corpus.embed import get_embedder
 
     install_profiling()
@@ -291,6 +325,27 @@ def recorded(name: str, run: Any) -> dict[str, Any]:
         where = traceback.extract_tb(e.__traceback__)[-1]
         print(f"{name}: FAILED {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return {"failed": f"{type(e).__name__}: {e} (at {where.filename}:{where.lineno})"}
+
+
+def write_render_ab(args: argparse.Namespace) -> None:
+    """Adds ``render_ab`` (tiny and SmolLM2 tokenizers) to the results file, keeping its stages."""
+    import subprocess
+
+    from transformers import AutoTokenizer
+
+    from deepr.train.tiny import build_tiny_model, wiki_texts
+
+    out = json.loads(args.out.read_text()) if args.out.is_file() else {"stages": {}}
+    smol = subprocess.run([sys.executable, "-m", "deepr.llm.smollm2"], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout.strip().splitlines()[-1]
+    with tempfile.TemporaryDirectory() as tmp:
+        tiny = build_tiny_model(Path(tmp) / "tiny", corpus_texts=wiki_texts(300) or None, vocab_size=1500)
+        out["render_ab"] = {"command": " ".join(sys.argv), "load_average": os.getloadavg(),
+                            **{name: render_ab(AutoTokenizer.from_pretrained(str(path)), args.group)
+                               for name, path in (("tiny", tiny), ("SmolLM2-135M", smol))}}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps(out["render_ab"], indent=1))
 
 
 def run_smollm2(args: argparse.Namespace, d: Path, data: Path, retriever: Any) -> dict[str, Any]:
