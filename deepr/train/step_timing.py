@@ -169,4 +169,5 @@ def timed_trainer_cls(base: type, clock: PhaseClock) -> type:
              "_get_per_token_logps_and_entropies": "forward", "compute_loss": "loss", "_prepare_inputs": "score"}
     body = {n: timed(n, p) for n, p in names.items()}
     body["_deepr_clock"] = clock
-    return type(f"Timed{base.__name__}", (base,), body)
+    # the same name: logs and checks that name the trainer class keep reading it
+    return type(base.__name__, (base,), {**body, "__qualname__": base.__qualname__})
