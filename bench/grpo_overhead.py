@@ -301,8 +301,9 @@ def main() -> None:
                 key, cfg = STAGES[name]
                 settings = {**COMMON, **cfg, "model": str(tiny), "out": str(d / f"rl-{name}"),
                             "corpus": args.corpus, "retriever": args.retriever}
+                data = inputs[key]
                 result["stages"][f"{name} (tiny)"] = recorded(
-                    name, lambda: run_stage(name, settings, inputs[key], retriever, args.steps))
+                    name, lambda n=name, c=settings, f=data: run_stage(n, c, f, retriever, args.steps))
         if args.smollm2:
             result["stages"]["planner (SmolLM2-135M)"] = recorded(
                 "planner (SmolLM2)", lambda: run_smollm2(args, d, inputs["verified"], retriever))

@@ -7,9 +7,9 @@ import json
 import time
 
 import pytest
+from grpo_helpers import scripted_rows
 
 from deepr.records import QRPair, RubricItem
-from grpo_helpers import scripted_rows
 
 PLAN = {"nodes": [
     {"id": "N1", "type": "search", "query": "causes of earthquakes plate tectonics", "key_points": ["faults"]},
@@ -127,8 +127,14 @@ class CountingTokenizer:
 def test_a_rollout_renders_each_distinct_prompt_once(tok):
     """A step's 2 prompts x 4 rollouts: the first turn's prompts and TRL's placeholder rows are
     rendered twice (once per distinct prompt), not 16 times, with the same token ids."""
-    from deepr.train.rollouts import planner_prompt, play_calls, prompt_ids, rendered_once
     from grpo_helpers import scripted
+
+    from deepr.train.rollouts import (
+        planner_prompt,
+        play_calls,
+        prompt_ids,
+        rendered_once,
+    )
 
     counting = CountingTokenizer(tok)
     prompts = [planner_prompt("What causes earthquakes?")] * 4 + [planner_prompt("How do volcanoes form?")] * 4
