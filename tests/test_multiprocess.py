@@ -176,3 +176,80 @@ def test_resume_under_two_processes(tiny, inputs, mini_corpus, tmp_path):
     torchrun(*args, "--resume")
     one_run_saved(out, 2)
     assert (out / "checkpoint-2").is_dir()
+
+
+# Sampling is seeded per rank (TRL's set_seed(seed, device_specific=True)) and one process samples all
+# groups in one batched generate, so sampled rollouts differ between 1 and 2 processes. The comparison
+# therefore fixes the rollouts: every prompt's rollout j writes a valid G0 for even j and no plan for odd j,
+# and each G1 is the revision, so each group's rewards have a spread and the loss is not zero. What then
+# differs is only who computes what: each rank's group must be complete (its advantages are
+# group-relative), the rewards gathered, and the loss scaled to the global batch.
+SAME_ROLLOUTS = r'''
+import json, sys
+from pathlib import Path
+from deepr.corpus import open_retriever
+from deepr.io import read_jsonl
+from deepr.records import QRPair
+from deepr.train import grpo
+from deepr.train.rollouts import PlannerEnvironment
+
+model, data, corpus, out = sys.argv[1:5]
+PLAN = {"nodes": [
+    {"id": "N1", "type": "search", "query": "causes of earthquakes plate tectonics", "key_points": ["faults"]},
+    {"id": "N2", "type": "search", "query": "volcano eruption climate effects", "key_points": ["ash"]},
+    {"id": "N3", "type": "aggregate", "need": "what the searches found", "key_points": ["plates"],
+     "inputs": ["N1", "N2"]},
+    {"id": "N4", "type": "answer", "need": "a short report", "inputs": ["N3"]}]}
+REVISED = {"nodes": PLAN["nodes"], "fetch": ["N1-R1"]}
+
+def scripted(trainer):
+    tok = trainer.processing_class
+    def generate(seqs, first, max_new):
+        texts = [json.dumps(PLAN) if j % 2 == 0 else "no plan" for j in range(len(seqs))] if first \
+            else [json.dumps(REVISED)] * len(seqs)
+        return [(tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id])[:max_new] for t in texts], None
+    return generate
+
+rows, lookup = grpo.planner_dataset(list(read_jsonl(Path(data), QRPair)))
+cfg = grpo.GrpoConfig(stage="planner", model=model, out=out, num_generations=4, prompts_per_step=2,
+                      mini_batch_prompts=2, max_completion_length=3000, max_steps=2, lora_r=4, lora_alpha=8, k=2,
+                      learning_rate=1e-3, zero_advantage="off", save_steps=10, full=True)
+env = PlannerEnvironment(open_retriever(corpus, retriever="bm25", progress=False), k=2)
+grpo.train_grpo(cfg, rows, lookup, env=env, generate_for=scripted)
+'''
+
+
+def torchrun_script(script: Path, *args: object, nproc: int) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           str(script), *map(str, args)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600, check=False)
+    assert done.returncode == 0, f"{' '.join(cmd)}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+
+
+def test_planner_two_processes_match_one_with_the_same_rollouts(tiny, inputs, mini_corpus, tmp_path):
+    """Same global batch (2 prompts x 4 rollouts a step), same rollouts: rewards, their spread, the
+    loss and the gradient norm of the first two steps match a one-process run, within 1e-4
+    (relative for the gradient norm): the ranks' sums differ only in float32 order (the rewards'
+    embeddings are batched differently). A rank that scored an incomplete group, or a loss scaled
+    by the local instead of the global batch, moves them by far more (the advantages or the
+    gradient change by a factor). At step 1 the policy is its own reference and old policy, so
+    the loss is the mean advantage, 0: the gradient norm carries that step's comparison."""
+    script = tmp_path / "same_rollouts.py"
+    script.write_text(SAME_ROLLOUTS)
+    for n in (1, 2):
+        torchrun_script(script, tiny, inputs["verified"], mini_corpus, tmp_path / f"p{n}", nproc=n)
+    one, two = ([json.loads(x) for x in (tmp_path / f"p{n}" / "metrics.jsonl").read_text().splitlines()
+                 if "loss" in json.loads(x)] for n in (1, 2))
+    assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2]
+    for a, b in zip(one, two, strict=True):
+        assert a["reward_std"] > 0.01 and a["grad_norm"] > 1e-3  # the check has something to compare
+        for key in ("rewards/plan_reward/mean", "reward_std", "frac_reward_zero_std", "loss"):
+            assert abs(a[key] - b[key]) < 1e-4, (key, a[key], b[key])
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+    for n in (1, 2):  # every query's group of 4, whole, in each step's rollouts
+        lines = [json.loads(x) for x in (tmp_path / f"p{n}" / "rollouts.jsonl").read_text().splitlines()]
+        for step in (1, 2):
+            queries = sorted(x["query"] for x in lines if x["step"] == step - 1)
+            assert queries == sorted(QUESTIONS * 4), (n, step, queries)

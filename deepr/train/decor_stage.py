@@ -226,11 +226,13 @@ def make_decor_rollout_func(lookup: dict[tuple[str, str], QARecord], make_ctx: C
                             budget: int, steps: int = 4, memory_limit: int = 4096, turn_cap: int | None = None,
                             generate_for: Callable[[Any], Any] | None = None) -> Callable[[list[Any], Any], dict]:
     from deepr.train.rollouts import _log, placeholders, trainer_generate
+    from deepr.train.step_timing import timed_generate
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
         tok = trainer.processing_class
         eos_ids = list(getattr(trainer, "eos_token_ids", None) or [tok.eos_token_id])
-        played, extra = decor_rollouts(prompts, lookup, make_ctx, (generate_for or trainer_generate)(trainer), tok,
+        gen = timed_generate(trainer, (generate_for or trainer_generate)(trainer))
+        played, extra = decor_rollouts(prompts, lookup, make_ctx, gen, tok,
                                        budget=budget, eos_ids=eos_ids, steps=steps, memory_limit=memory_limit,
                                        turn_cap=turn_cap)
         _log(trainer, "rollout/role_spoke", [float(s) for s in extra["spoke"]])

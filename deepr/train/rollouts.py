@@ -26,7 +26,9 @@ too.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -39,17 +41,43 @@ from deepr.agent.plan import validate_plan, waves
 from deepr.rewards.trl_adapters import json_objects, parse_answerer
 from deepr.roles import judge_reply
 from deepr.train.sampling import Generate, trainer_generate
+from deepr.train.step_timing import timed_generate
 from deepr.train.warp_calls import Call
 
 __all__ = ["Generate", "trainer_generate"]  # the stages import them here
 _A_MARK, _U_MARK = "\x00A\x00", "\x00U\x00"
+_RENDERED: ContextVar[dict | None] = ContextVar("deepr_rendered_prompts", default=None)
 
 
 def prompt_ids(tokenizer: Any, messages: Sequence[dict[str, Any]]) -> list[int]:
-    """Token ids of a chat prompt with the assistant generation header, as TRL renders it."""
+    """Token ids of a chat prompt with the assistant generation header, as TRL renders it
+    (inside :func:`rendered_once`, each distinct prompt is rendered once)."""
+    memo = _RENDERED.get()
+    key = (id(tokenizer), json.dumps(list(messages), sort_keys=True, default=str)) if memo is not None else None
+    if key is not None and key in memo:
+        return list(memo[key])
     ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True,
                                         return_dict=False)
-    return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+    ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+    if key is not None:
+        memo[key] = ids
+    return list(ids)
+
+
+def rendered_once(rollout_func: Callable[[list[Any], Any], dict]) -> Callable[[list[Any], Any], dict]:
+    """``rollout_func`` rendering each distinct chat prompt once per call: a group's rollouts share
+    their first prompt, and TRL's placeholder rows repeat it, so without this every prompt was
+    rendered and tokenised 2 x num_generations times a step (the largest cost outside the model
+    in bench/grpo_overhead.py). Same token ids; nothing is kept between calls."""
+
+    def rollout(prompts: list[Any], trainer: Any) -> dict:
+        token = _RENDERED.set({})
+        try:
+            return rollout_func(prompts, trainer)
+        finally:
+            _RENDERED.reset(token)
+
+    return rollout
 
 
 def env_turn_ids(tokenizer: Any, content: str, *, closed: bool) -> list[int]:
@@ -458,6 +486,7 @@ def make_rollout_func(stage: str, lookup: dict[str, Any], *, budget: int, env: P
                              "generator (deepr.profiles.small.rollouts.planner_generate), or set rollout_formats none")
         else:
             gen = trainer_generate(trainer)
+        gen = timed_generate(trainer, gen)  # a profile's own generator is sampling time too
         eos_ids = list(getattr(trainer, "eos_token_ids", None) or [tok.eos_token_id])
         if stage == "planner":
             if env is None:

@@ -294,9 +294,11 @@ def trl_args(config: StageConfig) -> Any:
 
 
 def build_stage_trainer(config: StageConfig, rows: Sequence[dict[str, Any]], rollout_func: Any, reward_fn: Any,
-                        callbacks: Sequence[Any] = (), trainer_cls: Any = None, model_path: str | None = None) -> Any:
+                        callbacks: Sequence[Any] = (), trainer_cls: Any = None, model_path: str | None = None,
+                        clock: Any = None) -> Any:
     """``trainer_cls`` (default TRL's GRPOTrainer) over ``model_path`` (default ``config.model``),
-    with LoRA unless --full: every stage's trainer is built here."""
+    with LoRA unless --full: every stage's trainer is built here. ``clock``: a
+    :class:`~deepr.train.step_timing.PhaseClock` that times the step's phases."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
@@ -314,6 +316,14 @@ def build_stage_trainer(config: StageConfig, rows: Sequence[dict[str, Any]], rol
 
         peft_config = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                                  target_modules=config.target_modules, task_type="CAUSAL_LM")
+    if rollout_func is not None:
+        from deepr.train.rollouts import rendered_once
+
+        rollout_func = rendered_once(rollout_func)
+    if clock is not None:
+        from deepr.train.step_timing import timed_rollout, timed_trainer_cls
+
+        trainer_cls, rollout_func = timed_trainer_cls(trainer_cls, clock), timed_rollout(clock, rollout_func)
     return trainer_cls(model=model, reward_funcs=[reward_fn], args=args, train_dataset=Dataset.from_list(list(rows)),
                        processing_class=load_tokenizer(path), peft_config=peft_config,
                        callbacks=list(callbacks), rollout_func=rollout_func)
@@ -327,14 +337,16 @@ def train_stage(config: StageConfig, rows: Sequence[dict[str, Any]], rollout_fun
     folder is checked (the answerer merges the planner adapter into ``<out>/base``)."""
     from deepr.train.runs import stop_callback
     from deepr.train.signals import zero_advantage_callback
+    from deepr.train.step_timing import PhaseClock, step_clock
 
     t0 = time.perf_counter()
     data_fp, resume_now = prepare_out(config, rows)
     model_path = start() if start is not None else None
     stop, log = stop_callback(), metrics_callback(config.out / METRICS)
     guard = zero_advantage_callback(config.zero_advantage, stage=config.stage)  # before `log`: it adds to the row
-    trainer = build_stage_trainer(config, rows, rollout_func, reward_fn, [stop, guard, log, *callbacks], trainer_cls,
-                                  model_path)
+    clock = PhaseClock()  # its callback, before `log` too, adds each step's time/* to the row
+    trainer = build_stage_trainer(config, rows, rollout_func, reward_fn, [stop, guard, step_clock(clock), log,
+                                                                          *callbacks], trainer_cls, model_path, clock)
     return fit_and_save(config, trainer, stop, log, data_fp=data_fp, base=model_path or config.model,
                         n_rows=len(rows), resume_now=resume_now, t0=t0)
 

@@ -273,10 +273,11 @@ def warp_report_rollout_func(queries: dict[str, dict[str, Any]], retriever: Any,
     episode (the prompt and a masked end token) to score; the episode's calls go to
     ``trainer._warp_calls``, which :class:`~deepr.train.warp_calls` trains on."""
     from deepr.train.rollouts import _log, _user_text, prompt_ids, trainer_generate
+    from deepr.train.step_timing import timed_generate
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
         tok = trainer.processing_class
-        gen = (generate_for or trainer_generate)(trainer)
+        gen = timed_generate(trainer, (generate_for or trainer_generate)(trainer))
         eos = (list(getattr(trainer, "eos_token_ids", None) or []) or [tok.eos_token_id])[0]
         episodes, reports, failed = [], [], []
         for p in prompts:
