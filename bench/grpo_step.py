@@ -55,7 +55,8 @@ batch = seen[0]
 groups = [batch["rewards"][i:i + g] for i in range(0, len(batch["rewards"]), g)]
 stats = [{"mean": statistics.fmean(x), "std": statistics.pstdev(x), "rewards": x} for x in groups]
 log = [json.loads(x) for x in (config.out / "metrics.jsonl").read_text().splitlines()]
-print("RESULT " + json.dumps({
+import deepr
+print("RESULT " + json.dumps({"deepr_from": deepr.__file__,
     "steps": res.steps, "seconds": round(time.perf_counter() - t0, 1), "groups": stats,
     "zero_advantage_fraction": sum(s["std"] == 0 for s in stats) / len(stats),
     "reward_mean": statistics.fmean(batch["rewards"]), "plan_source": batch["source"],
@@ -67,7 +68,10 @@ print("RESULT " + json.dumps({
 def run_one(code: Path, opts: dict, threads: int) -> dict:
     env = {**os.environ, "PYTHONPATH": str(code.resolve()), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(opts)], env=env, capture_output=True, text=True)
+    # cwd: `python -c` puts the working directory first on sys.path, ahead of PYTHONPATH, so run
+    # from the copy's root or the checkout's own deepr is imported whatever --code says
+    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(opts)], env=env, capture_output=True, text=True,
+                          cwd=code.resolve())
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
     if proc.returncode or line is None:
         raise RuntimeError(f"{code}: the child failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
