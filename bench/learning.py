@@ -202,7 +202,7 @@ def compact_answer(reply: str, *, words: int = 90) -> str | None:
     with its own citations, still in its ``<answer>`` tags; None when no cited sentence fits. The
     extractive writer copies evidence paragraphs (~600 tokens): more than the model's answer budget,
     so it would learn answers it is always cut off in."""
-    m = re.search(r"<answer>(.*?)</answer>", reply, re.S)
+    m = re.search(r"<answer>(.*?)</answer>", reply, re.DOTALL)
     if not m:
         return None
     kept: list[str] = []
