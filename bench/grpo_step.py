@@ -70,8 +70,8 @@ def run_one(code: Path, opts: dict, threads: int) -> dict:
            "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
     # cwd: `python -c` puts the working directory first on sys.path, ahead of PYTHONPATH, so run
     # from the copy's root or the checkout's own deepr is imported whatever --code says
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(opts)], env=env, capture_output=True, text=True, check=False,
-                          cwd=code.resolve())
+    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(opts)], env=env, capture_output=True, text=True,
+                          check=False, cwd=code.resolve())
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
     if proc.returncode or line is None:
         raise RuntimeError(f"{code}: the child failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
