@@ -29,7 +29,7 @@ test: install
 	$(BIN)/python -m pytest -q
 
 # Does it learn? SFT then GRPO on SmolLM2-135M-Instruct, scored on held-out topics (docs/learning.md).
-# Default size: a run from scratch took 55.0 min on 2 CPU cores (docs/learning.md). Scale with LEARN_ARGS, e.g.
+# Default size: sized for about 60 minutes on 2 quiet CPU cores (docs/learning.md). Scale with LEARN_ARGS, e.g.
 #   make learn LEARN_ARGS="--minutes 240 --trees 120 --heldout 40 --grpo-steps 60"
 LEARN_ARGS ?=
 learn: install
