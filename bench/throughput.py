@@ -163,6 +163,25 @@ def cpu_of(proc: subprocess.Popen) -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+def measure(proc: subprocess.Popen, watched: Path, t0: float) -> tuple[dict, float, float, str]:
+    """Waits for ``proc`` while :func:`watch` samples its RSS against ``watched``'s progress:
+    (the RSS fields, its CPU seconds, wall seconds since ``t0``, the tail of its output)."""
+    res: dict = {}
+    finished = threading.Event()
+    mem = threading.Thread(target=lambda: res.update(watch(proc, watched, finished)))
+    mem.start()
+    cpu = cpu_of(proc)
+    finished.set()
+    wall = time.perf_counter() - t0
+    mem.join()
+    return res, cpu, wall, proc.stdout.read()[-2000:]
+
+
+def batch_seconds(calls: list) -> float:
+    """First call's arrival to the last call's answer (start-up is outside it)."""
+    return max(e for _, e, _ in calls) - min(s for s, _, _ in calls) if calls else 0.0
+
+
 def one_run(mode: str, parallel: int, qfile: Path, corpus: Path, table: dict, a, tmp: Path, env: dict,
             limit: int | None = None) -> dict:
     from deepr.llm.stub_server import StubServer
@@ -175,18 +194,10 @@ def one_run(mode: str, parallel: int, qfile: Path, corpus: Path, table: dict, a,
                       "bm25", "--llm", "openai:stub", "--base-url", srv.base_url, "--api-key", "k", "--no-cache",
                       "--concurrency", "256", "--parallel", parallel, "--allow-fallback", "--timeout", "120",
                       *(["--limit", limit] if limit else [])], env)
-        res: dict = {}
-        finished = threading.Event()
-        mem = threading.Thread(target=lambda: res.update(watch(proc, out / "reports.jsonl", finished)))
-        mem.start()
-        cpu = cpu_of(proc)
-        finished.set()
-        wall = time.perf_counter() - t0
-        mem.join()
-        tail = proc.stdout.read()[-1500:]
+        res, cpu, wall, tail = measure(proc, out / "reports.jsonl", t0)
     if proc.returncode not in (0, 3):
         raise SystemExit(f"deepr run {mode} --parallel {parallel} failed ({proc.returncode}):\n{tail}")
-    batch = max(e for _, e, _ in log.calls) - min(s for s, _, _ in log.calls) if log.calls else 0.0
+    batch = batch_seconds(log.calls)
     return {"wall_s": round(wall, 2), "batch_s": round(batch, 2), "cpu_s": round(cpu, 2), "calls": len(log.calls),
             "misses": log.misses,
             "max_in_flight": in_flight(log.calls), **res, "_calls": log.calls}

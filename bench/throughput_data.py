@@ -37,7 +37,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -46,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from throughput import Log, chains, cpu_of, in_flight, key, watch  # noqa: E402
+from throughput import Log, batch_seconds, chains, in_flight, key, measure  # noqa: E402
 
 STAGES = ("build-trees", "synthesize-rubrics", "verify")
 
@@ -162,18 +161,10 @@ def stub_run(stage: str, inp: Path, table: dict, a, tmp: Path, env: dict, concur
     with StubServer(reply=log, latency=a.latency) as srv:
         t0 = time.perf_counter()
         proc = run_cmd([*args, "--base-url", srv.base_url], env, ["--calls", a.in_flight] if serial else None)
-        res: dict = {}
-        finished = threading.Event()
-        mem = threading.Thread(target=lambda: res.update(watch(proc, out, finished)))
-        mem.start()
-        cpu = cpu_of(proc)
-        finished.set()
-        wall = time.perf_counter() - t0
-        mem.join()
-        tail = proc.stdout.read()[-2000:]
+        res, cpu, wall, tail = measure(proc, out, t0)
     if proc.returncode not in (0, 3):
         raise SystemExit(f"{stage} over the stub ({tag}) failed ({proc.returncode}):\n{tail}")
-    batch = max(e for _, e, _ in log.calls) - min(s for s, _, _ in log.calls) if log.calls else 0.0
+    batch = batch_seconds(log.calls)
     written = len(out.read_text().splitlines()) if out.is_file() else 0
     return {"wall_s": round(wall, 2), "batch_s": round(batch, 2), "cpu_s": round(cpu, 2), "calls": len(log.calls),
             "exit": proc.returncode, "records_written": written, "misses": log.misses,
