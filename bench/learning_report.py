@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.learning_setup import ROOT, Budget, LearnConfig, deepr, done, read_jsonl, write_atomic
-from bench.learning_stats import (METRICS, STAGES, markdown_table, plot_grpo, plot_stages, read_metrics_rows,
-                                  run_metrics, summarize)
+from bench.learning_stats import (METRICS, STAGES, answer_writers, grpo_step_stats, markdown_table, plot_grpo,
+                                  plot_stages, read_metrics_rows, run_metrics, summarize)
 
 
 def collect(cfg: LearnConfig, name: str, held_ids: list[str], *, pending_ok: bool = False) -> dict[str, dict[str, Any]]:
@@ -74,6 +74,8 @@ def report(cfg: LearnConfig, per_run: dict, held_ids: list[str], budget: Budget 
         "base_is_seed_independent": "greedy decoding: the base model is run once and its runs count for every seed",
         "grpo_reward_per_step": {k: [[r["step"], r.get(_reward(r))] for r in v if _reward(r)]
                                  for k, v in grpo_logs.items()},
+        "grpo_steps": grpo_step_stats(grpo_logs),
+        "answer_writers": answer_writers(per_run, qids),
         "figures": figures, **summary}
     write_atomic(cfg.results / "learning.json", result)
     write_atomic(cfg.results / "learning_runs.json", {"split": split, "runs": per_run})

@@ -92,8 +92,13 @@ def run_metrics(trace: Mapping[str, Any], score: Mapping[str, Any] | None) -> di
     precision = sum(float(c.get("precision") or 0) for c in claims) / len(claims) if claims and by_model else 0.0
     calls = [c for c in trace.get("calls") or [] if isinstance(c, Mapping)]
     bad = sum(1 for c in calls if not c.get("ok", True) or c.get("truncated"))
+    rubric = float(score.get("rubric") or 0.0)
     return {"plan_valid": plan_valid, "r_plan": r_plan, "answer_by_model": float(by_model),
-            "rubric": float(score.get("rubric") or 0.0) if by_model else 0.0, "cite_precision": precision, "format_fail": bad / len(calls) if calls else 0.0}
+            "rubric": rubric if by_model else 0.0, "cite_precision": precision,
+            "format_fail": bad / len(calls) if calls else 0.0,
+            # whoever wrote the answer (the extractive writer when the model's failed): the
+            # reference the model's own answers are compared with, not a held-out metric
+            "rubric_any_writer": rubric}
 
 
 # --- bootstrap ---------------------------------------------------------------------------------
@@ -156,6 +161,44 @@ def summarize(per_run: Mapping[str, Mapping[int, Mapping[str, Mapping[str, float
                                                                 grid(per_run, y, m, qids, common), **kw)),
                                             "seeds": common} for m in METRICS}
     return out
+
+
+def answer_writers(per_run: Mapping[str, Mapping[int, Mapping[str, Mapping[str, float]]]],
+                   qids: Sequence[str]) -> dict[str, Any]:
+    """Per stage: how many final answers the model wrote and their mean rubric score, next to the
+    answers the extractive writer wrote in its place and theirs (rows without ``rubric_any_writer``,
+    from before it was recorded, count as unknown)."""
+    out: dict[str, Any] = {}
+    for st, by_seed in per_run.items():
+        cells = [by_seed[s][q] for s in sorted(by_seed) for q in qids]
+        model = [c["rubric_any_writer"] for c in cells if c.get("answer_by_model") and "rubric_any_writer" in c]
+        extractive = [c["rubric_any_writer"] for c in cells if not c.get("answer_by_model") and "rubric_any_writer" in c]
+
+        def mean(xs: list[float]) -> float | None:
+            return round(sum(xs) / len(xs), 4) if xs else None
+
+        out[st] = {"runs": len(cells), "model_written": len(model), "model_share": mean([1.0] * len(model) + [0.0] * len(extractive)),
+                   "model_rubric_mean": mean(model), "extractive_written": len(extractive),
+                   "extractive_rubric_mean": mean(extractive)}
+    return out
+
+
+def grpo_step_stats(logs: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
+    """Per seed, one row per GRPO step of what decides whether the step teaches anything (reward
+    mean and within-group std, share of zero-advantage groups, KL, entropy, seconds per phase), and
+    the zero-advantage share averaged over every step of every seed."""
+    keep = ("step", "kl", "entropy", "reward_std", "frac_reward_zero_std", "zero_advantage_frac",
+            "time/step", "time/generate", "time/environment", "time/reward", "time/forward", "time/backward",
+            "time/outside_model_share")
+    per_seed, zero = {}, []
+    for name, rows in logs.items():
+        steps = [r for r in rows if "step" in r and any(k.startswith("rewards/") for k in r)]
+        per_seed[name] = [{**{k: r[k] for k in keep if k in r}, "reward": r.get(reward_key([r]))} for r in steps]
+        # deepr's zero_advantage_frac where written, else TRL's frac_reward_zero_std (the same share)
+        zero += [float(z) for r in steps
+                 if isinstance(z := r.get("zero_advantage_frac", r.get("frac_reward_zero_std")), (int, float))]
+    return {"per_seed": per_seed, "zero_advantage_mean": round(sum(zero) / len(zero), 4) if zero else None,
+            "steps": len(zero)}
 
 
 def _ci_row(t: tuple[float, float, float]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import learning  # noqa: E402
-from bench.learning_stats import (METRICS, bootstrap_ci, markdown_table, paired_ci, plot_grpo, plot_stages, read_metrics_rows,  # noqa: E402
+from bench.learning_stats import (METRICS, answer_writers, bootstrap_ci, grpo_step_stats, markdown_table, paired_ci, plot_grpo, plot_stages, read_metrics_rows,  # noqa: E402
                                   run_metrics, split_by_topic, summarize)
 
 
@@ -87,7 +87,7 @@ def test_run_metrics_do_not_credit_the_fallback_plan():
                                                                    {"ids": [], "precision": 0.0}]}
     m = run_metrics(trace, score)
     assert m == {"plan_valid": 0.0, "r_plan": 0.0, "answer_by_model": 1.0, "rubric": 0.4, "cite_precision": 0.5,
-                 "format_fail": 0.5}
+                 "format_fail": 0.5, "rubric_any_writer": 0.4}
     trace["plans"] = [{"turn": "initial", "by": "llm"}, {"turn": "revised", "by": "llm"}]
     assert run_metrics(trace, score)["r_plan"] == 0.7 and run_metrics(trace, score)["plan_valid"] == 1.0
     # a refused revision keeps the model's own first plan: that is the plan eval scored
@@ -100,6 +100,30 @@ def test_run_metrics_do_not_credit_the_fallback_plan():
     trace["failures"] = [{"where": "answerer/final", "reason": "the reply was cut at max_tokens (2048)"}]
     m = run_metrics(trace, score)
     assert (m["answer_by_model"], m["rubric"], m["cite_precision"], m["r_plan"]) == (0.0, 0.0, 0.0, 0.7)
+    assert m["rubric_any_writer"] == 0.4  # kept apart, to compare the two writers
+
+
+def test_answer_writers_and_grpo_steps_are_summarised_per_stage():
+    def cell(by_model, rubric):
+        return {"answer_by_model": by_model, "rubric": rubric if by_model else 0.0, "rubric_any_writer": rubric}
+
+    per_run = {"sft": {0: {"q1": cell(1.0, 0.6), "q2": cell(0.0, 0.3)}, 1: {"q1": cell(1.0, 0.2), "q2": cell(1.0, 0.4)}},
+               "base": {0: {"q1": cell(0.0, 0.5), "q2": cell(0.0, 0.1)}}}
+    w = answer_writers(per_run, ["q1", "q2"])
+    assert w["sft"] == {"runs": 4, "model_written": 3, "model_share": 0.75, "model_rubric_mean": 0.4,
+                        "extractive_written": 1, "extractive_rubric_mean": 0.3}
+    assert w["base"]["model_written"] == 0 and w["base"]["model_rubric_mean"] is None
+    assert w["base"]["extractive_rubric_mean"] == 0.3
+    logs = {"seed 0": [{"step": 1, "rewards/plan_reward/mean": 0.2, "zero_advantage_frac": 0.5, "kl": 0.0,
+                        "time/generate": 30.0},
+                       {"step": 2, "rewards/plan_reward/mean": 0.3, "frac_reward_zero_std": 0.0},
+                       {"step": 2, "train_runtime": 9.0}],  # TRL's closing row is not a step
+            "seed 1": [{"step": 1, "rewards/plan_reward/mean": 0.1, "zero_advantage_frac": 1.0}]}
+    g = grpo_step_stats(logs)
+    assert g["steps"] == 3 and g["zero_advantage_mean"] == 0.5
+    assert g["per_seed"]["seed 0"][0] == {"step": 1, "kl": 0.0, "zero_advantage_frac": 0.5, "time/generate": 30.0,
+                                          "reward": 0.2}
+    assert [r["reward"] for r in g["per_seed"]["seed 0"]] == [0.2, 0.3]
 
 
 def test_plots_are_written_from_a_small_metrics_file(tmp_path):
