@@ -239,3 +239,37 @@ def test_strict_audit_is_a_short_keep_or_drop():
                 {**keep, "justification": " ".join(["word"] * 40)},
                 {**keep, "revised_rubrics": REVISED}):
         assert not _admits(schema, bad), bad
+
+
+def test_pairs_are_embedded_in_batches_and_audited_concurrently():
+    """Embedding pair by pair on the event loop kept one audit in flight at a time; each group of
+    ``concurrency`` pairs is now embedded in one batch, and the audits overlap. Verdicts are the
+    ones the pair-by-pair path gives."""
+    import asyncio
+
+    calls: list[int] = []
+
+    def counting(texts):
+        calls.append(len(texts))
+        return _embed(texts)
+
+    from deepr.llm.base import LLM
+
+    class SlowJudge(LLM):  # keeps every pair, after a round-trip
+        name, in_flight, peak = "slow-judge", 0, 0
+
+        async def _achat(self, messages, **kw):
+            SlowJudge.in_flight += 1
+            SlowJudge.peak = max(SlowJudge.peak, SlowJudge.in_flight)
+            await asyncio.sleep(0.05)
+            SlowJudge.in_flight -= 1
+            return _audit("KEEP")
+
+    broken = _pair(lambda d: d["merge_trace"][-1].update(output="Other question here?"))
+    pairs = [_pair(extra=True).model_copy(update={"id": f"p{i}"}) for i in range(5)] + [broken]
+    got = verify(pairs, SlowJudge(), VerifyConfig(concurrency=4), embed=counting)
+    assert len(calls) == 2  # two groups of at most 4 pairs, one embed call each
+    assert SlowJudge.peak > 1
+    one_by_one = {p.id: verify([p], SlowJudge(), VerifyConfig(concurrency=1), embed=_embed)[0] for p in pairs}
+    assert sorted((v.record.id, v.kind) for v in got) == sorted((k, v.kind) for k, v in one_by_one.items())
+    assert {v.kind for v in got} == {"verified", "dropped"}

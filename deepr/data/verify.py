@@ -34,7 +34,7 @@ from deepr.roles.acceptance import FREE_TEXT
 from deepr.roles import JSONReply, Recorder, Role, perform
 from deepr.data.outcomes import Fallback, mark_fallback
 from deepr.data.rubric_checks import RubricLimits, question_problems, rubric_problems
-from deepr.data.verify_checks import Embed, Finding, findings, leaves_of
+from deepr.data.verify_checks import Embed, Finding, Prefetched, embedding_texts, findings, leaves_of
 from deepr.extractive import can_rescue
 from deepr.extractive.verify import audit_reply
 
@@ -228,16 +228,29 @@ async def averify(pairs: Sequence[QRPair], judge: LLM, config: VerifyConfig, *, 
 
     rescue = can_rescue(judge, config.fallback)
 
-    async def one(pair: QRPair) -> None:
+    async def one(pair: QRPair, vectors: Embed) -> None:
         async with sem:
-            v = await verify_one(pair, judge, config, embed, trees, profile)
+            v = await verify_one(pair, judge, config, vectors, trees, profile)
             if v.kind == "reject" and rescue:
-                v = await _rescue(pair, v, config, embed, trees)
+                v = await _rescue(pair, v, config, vectors, trees)
         out.append(v)
         if on_result is not None:
             on_result(v)
 
-    await asyncio.gather(*(one(p) for p in pairs))
+    # Each group's embeddings in one batch, in a worker thread, while the audits of the groups
+    # before it are in flight; memory holds one group's vectors (plus the groups still auditing).
+    tasks: list[asyncio.Task[None]] = []
+    size = max(1, config.concurrency)
+    try:
+        for start in range(0, len(pairs), size):
+            group, vectors = pairs[start:start + size], Prefetched(embed)
+            texts = [t for p in group if (lv := leaves_of(p, trees)) is not None for t in embedding_texts(p, lv)]
+            await asyncio.to_thread(vectors.fill, texts)
+            tasks += [asyncio.create_task(one(p, vectors)) for p in group]
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:  # cancelled or failed part-way: no audit is left running unawaited
+            t.cancel()
     return out
 
 

@@ -88,12 +88,41 @@ def _rubric_findings(rubrics: Sequence[RubricItem], selected: Sequence[str],
     return out
 
 
+def embedding_texts(pair: QRPair, leaves: Mapping[str, list[str]]) -> list[str]:
+    """The texts the embedding checks of ``pair`` embed, in order: the question, each criterion
+    with its evidence, each selected leaf's first statements."""
+    leaf_texts = [" ".join(leaves.get(lid, [])[:3]) or lid for lid in pair.selected_leaf_ids]
+    return [pair.question, *(_text(r) for r in pair.rubrics), *leaf_texts]
+
+
+class Prefetched:
+    """An :data:`Embed` answering from vectors computed ahead, in one batch (:meth:`fill`), for a
+    group of pairs. Embedding pair by pair on the event loop kept one audit call in flight at a
+    time: each pair's encode outlasted the previous pair's round-trip. A text not filled is
+    embedded on demand. One lock: the embedder's tokenizer is not safe to share across threads."""
+
+    def __init__(self, embed: Embed) -> None:
+        import threading
+
+        self.embed, self.vectors, self._lock = embed, {}, threading.Lock()
+
+    def fill(self, texts: Sequence[str]) -> None:
+        new = [t for t in dict.fromkeys(texts) if t not in self.vectors]
+        if new:
+            with self._lock:
+                vecs = self.embed(new)
+            self.vectors.update(zip(new, vecs))
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        self.fill(texts)
+        return np.stack([self.vectors[t] for t in texts])
+
+
 def _embedding_findings(pair: QRPair, leaves: Mapping[str, list[str]], embed: Embed,
                         redundancy: float, min_alignment: float) -> list[Finding]:
     out: list[Finding] = []
     rubrics = pair.rubrics
-    leaf_texts = [" ".join(leaves.get(lid, [])[:3]) or lid for lid in pair.selected_leaf_ids]
-    vecs = embed([pair.question, *(_text(r) for r in rubrics), *leaf_texts])
+    vecs = embed(embedding_texts(pair, leaves))
     q, rv, lv = vecs[0], vecs[1:1 + len(rubrics)], vecs[1 + len(rubrics):]
     sims = rv @ rv.T
     for i in range(len(rubrics)):
