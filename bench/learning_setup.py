@@ -39,9 +39,10 @@ class LearnConfig:
     sft_graph: str = "teacher"  # the taught plans' graphs: teacher (as written), flat (one level of aggregates), ordered
     # activations stored, not recomputed: 0.79x the CPU time of an SFT step at ~4.5 GB instead of ~1.5 GB
     sft_checkpointing: bool = False
-    # bf16 mixed precision on CPU too: 0.70x the time of an fp32 step, losses within 0.03 over 4 steps
-    # (bench/results/sft_memory.json, key lora_bf16); evaluations stay fp32
-    sft_bf16: bool = True
+    # fp32: on a CPU without native bf16 (AVX512-BF16/AMX), TRL's fused LM head runs every bf16 tile
+    # through slow kernels; with answer turns in the data (~2,200 tokens a step) one bf16 step took
+    # longer than 8 fp32 steps (bench/results/sft_precision.json). --sft-bf16 for CPUs that have it.
+    sft_bf16: bool = False
     # GRPO with bf16 weights (its rollouts decoded in bf16 too): one step took 550 s against 742 s in fp32
     grpo_bf16: bool = True
     grpo_steps: int = 2
@@ -124,8 +125,8 @@ def parse_args(argv: list[str] | None = None) -> LearnConfig:
                    "order: searches by the aggregate that first reads them); changing it needs a new --work")
     p.add_argument("--sft-checkpointing", action="store_true", help="SFT recomputes activations in the backward "
                    "pass: ~1/3 of the memory, ~1.27x the time (for machines short of memory)")
-    p.add_argument("--sft-fp32", dest="sft_bf16", action="store_false", help="SFT in fp32 instead of bf16 mixed "
-                   "precision (1.4x the time on CPU)")
+    p.add_argument("--sft-bf16", action="store_true", help="SFT in bf16 mixed precision (default fp32: on a CPU "
+                   "without native bf16 a step is many times slower; see docs/learning.md)")
     p.add_argument("--grpo-fp32", dest="grpo_bf16", action="store_false", help="GRPO in fp32 (default: bf16 "
                    "weights, rollouts decoded in bf16 too; the evaluations are fp32 either way)")
     p.add_argument("--corpus", default=d.corpus, help="corpus of trees, runs and rollouts (as deepr --corpus)")
