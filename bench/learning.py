@@ -375,13 +375,15 @@ def experiment(cfg: LearnConfig) -> dict[str, Any]:
     with ThreadPoolExecutor(max_workers=cfg.jobs) as pool:
         futures = {pool.submit(evaluate, cfg, f"hf:{base}", "base", held, 0, cfg.work / "learning-base.log"): "base"}
         queue = list(cfg.seeds)
-        while futures:
+        while futures or queue:  # with --jobs 1 the seeds wait until the base evaluation is done
             while queue and len(futures) < cfg.jobs:
                 seed = queue.pop(0)
                 if budget.left() <= 0:
                     skipped.append(seed)
                     continue
                 futures[pool.submit(seed_pipeline, cfg, base, sft_data, train, held, seed, held_ids)] = seed
+            if not futures:
+                break
             finished, _ = wait(futures, return_when=FIRST_COMPLETED)
             for fut in finished:
                 what = futures.pop(fut)

@@ -445,3 +445,24 @@ def test_sft_runs_in_fp32_and_grpo_in_bf16_unless_told(tmp_path, monkeypatch):
         cfg = learning.parse_args(["--work", str(tmp_path / f"g{bf16}"), *argv])
         learning.train_grpo(cfg, tmp_path / "merged", tmp_path / "train.jsonl", 0, tmp_path / "log")
         assert json.loads((cfg.work / "seed0" / "grpo.json").read_text())["bf16"] is bf16
+
+
+@pytest.mark.parametrize("jobs", [1, 2, 3])
+def test_every_seed_runs_whatever_the_number_of_jobs(tmp_path, monkeypatch, jobs):
+    """With --jobs 1 the base evaluation holds the only slot at first: the seeds must still run
+    after it (they were silently skipped, and the run reported itself complete)."""
+    import bench.learning_report as lr
+
+    held = tmp_path / "heldout.jsonl"
+    held.write_text('{"id": "q1"}\n', encoding="utf-8")
+    ran: list = []
+    monkeypatch.setattr(learning, "build_data", lambda cfg, log: (tmp_path / "train.jsonl", held))
+    monkeypatch.setattr(learning, "teacher_sft_data", lambda cfg, train, log: tmp_path / "sft.jsonl")
+    monkeypatch.setattr(learning, "base_model", lambda cfg: "base")
+    monkeypatch.setattr(learning, "evaluate", lambda cfg, spec, name, *a: ran.append(name))
+    monkeypatch.setattr(learning, "seed_pipeline", lambda cfg, *a: ran.append(a[-2]) or {"sft": {}, "grpo": {}})
+    monkeypatch.setattr(lr, "collect", lambda *a, **k: {})
+    monkeypatch.setattr(lr, "report", lambda cfg, per_run, ids, budget, status: {"status": status})
+    cfg = learning.parse_args(["--work", str(tmp_path / "w"), "--jobs", str(jobs), "--seeds", "0,1,2"])
+    assert learning.experiment(cfg)["status"] == "complete"
+    assert sorted(ran, key=str) == [0, 1, 2, "base"]
