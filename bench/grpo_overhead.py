@@ -232,7 +232,8 @@ def render_ab(tokenizer: Any, group: int, rounds: int = 30) -> dict[str, Any]:
     rollout call (:func:`~deepr.train.rollouts.rendered_once`, after). Each call is timed on its
     own and the fastest of ``rounds`` kept per call: on a loaded machine a 100 ms burst is
     preempted where a 1 ms one is not, which would flatter the cached variant."""
-    from deepr.train.rollouts import planner_prompt, prompt_ids, rendered_once
+    from deepr.train.environments import planner_prompt
+    from deepr.train.rollouts import prompt_ids, rendered_once
 
     prompts = [planner_prompt(q) for q in QUESTIONS for _ in range(group)] * 2  # first turn, then TRL's rows
 

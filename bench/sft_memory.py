@@ -82,7 +82,7 @@ from deepr.corpus import open_retriever
 from deepr.io import read_jsonl
 from deepr.records import QRPair
 from deepr.train.grpo import GrpoConfig, planner_dataset, train_grpo
-from deepr.train.rollouts import PlannerEnvironment
+from deepr.train.environments import PlannerEnvironment
 
 opts = json.loads(sys.argv[1])
 pairs = [p for p in read_jsonl(Path(opts.pop("data")), QRPair) if p.decision in (None, "KEEP", "REVISE")]

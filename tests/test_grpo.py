@@ -83,7 +83,8 @@ def test_env_turn_tokens_match_the_chat_template(tok):
 
 def test_planner_turns_are_separate_calls_under_their_own_prompts(tok, retriever):
     from deepr.train.grpo import planner_dataset
-    from deepr.train.rollouts import PlannerEnvironment, planner_prompt, planner_rollouts, prompt_ids
+    from deepr.train.environments import PlannerEnvironment, planner_prompt
+    from deepr.train.rollouts import planner_rollouts, prompt_ids
 
     rows, lookup = planner_dataset(_pairs(2))
     env = PlannerEnvironment(retriever, k=2)
@@ -112,7 +113,8 @@ def test_train_turns_keeps_the_first_calls_for_training_while_the_reward_reads_e
     from types import SimpleNamespace
 
     from deepr.train.grpo import planner_dataset
-    from deepr.train.rollouts import PlannerEnvironment, make_rollout_func
+    from deepr.train.environments import PlannerEnvironment
+    from deepr.train.rollouts import make_rollout_func
 
     rows, lookup = planner_dataset(_pairs(2))
     prompts = [r["prompt"] for r in rows]
@@ -143,7 +145,8 @@ def test_planner_invalid_first_plan_ends_the_episode_unasked_and_budget_bounds_m
     one call, scored 0; no call of any RL rollout carries the executor's re-ask."""
     from deepr.agent.planner import INITIAL
     from deepr.train.grpo import planner_dataset
-    from deepr.train.rollouts import PlannerEnvironment, planner_rollouts
+    from deepr.train.environments import PlannerEnvironment
+    from deepr.train.rollouts import planner_rollouts
 
     rows, lookup = planner_dataset(_pairs(1))
     reask = INITIAL.output.reask("")[:30]
@@ -197,7 +200,8 @@ def test_planner_reward_scores_the_revised_plan_only(tok, retriever):
     however good G0 was. Valid(G) is the typed-DAG check; deepr run's acceptance checks join it only
     with validity "run"."""
     from deepr.train.grpo import planner_dataset
-    from deepr.train.rollouts import PlannerEnvironment, planner_rollouts
+    from deepr.train.environments import PlannerEnvironment
+    from deepr.train.rollouts import planner_rollouts
 
     rows, lookup = planner_dataset(_pairs(1))
     env = PlannerEnvironment(retriever, k=2)
@@ -238,7 +242,8 @@ def test_planner_turn2_has_the_same_token_ids_in_run_sft_and_rl(tok, retriever):
     from deepr.corpus.tools import ResearchTools
     from deepr.llm.base import run_sync
     from deepr.train.grpo import planner_dataset
-    from deepr.train.rollouts import PlannerEnvironment, planner_rollouts, prompt_ids
+    from deepr.train.environments import PlannerEnvironment
+    from deepr.train.rollouts import planner_rollouts, prompt_ids
     from deepr.train.sft import to_row
     from deepr.train.trajectories import turn_examples
     from tree_helpers import ScriptedLLM
@@ -300,7 +305,8 @@ def test_answerer_waves_are_separate_calls_under_the_run_prompts(tok, prepared):
     from deepr.agent.answerer import FINAL, WAVE, FinalAsk, WaveAsk, final_inputs, node_evidence
     from deepr.agent.plan import validate_plan
     from deepr.train.grpo import answerer_dataset
-    from deepr.train.rollouts import AnswererEnvironment, answerer_rollouts, prompt_ids
+    from deepr.train.environments import AnswererEnvironment
+    from deepr.train.rollouts import answerer_rollouts, prompt_ids
 
     rec = prepared[0].model_dump()
     rows, lookup = answerer_dataset([prepared[0]])
@@ -354,7 +360,7 @@ def planner_run(tiny, tok, retriever, tmp_path_factory):
     write the same valid G0 (so the environment searches); episode 0 then writes a valid G1,
     episode 1 an invalid one. Captures what TRL feeds the loss."""
     from deepr.train import grpo, stage
-    from deepr.train.rollouts import PlannerEnvironment
+    from deepr.train.environments import PlannerEnvironment
 
     rows, lookup = grpo.planner_dataset(_pairs(1))
     out = tmp_path_factory.mktemp("rl") / "planner"

@@ -104,7 +104,8 @@ def test_sampled_rollout_tokens_come_from_the_unconstrained_policy(tiny, tok, re
 
     import deepr.llm.hf_constrain as hc
     from deepr.train import grpo
-    from deepr.train.rollouts import PlannerEnvironment, make_rollout_func
+    from deepr.train.environments import PlannerEnvironment
+    from deepr.train.rollouts import make_rollout_func
 
     def no_constraints(*a, **k):
         raise AssertionError("an on-policy rollout built a decoding constraint")

@@ -37,7 +37,7 @@ def small_env(retriever):
     """One result per search node and few explored passages: short plans and revision turns, so
     a GRPO step stays within a CPU budget."""
     from deepr.agent.env import RunConfig
-    from deepr.train.rollouts import PlannerEnvironment
+    from deepr.train.environments import PlannerEnvironment
 
     env = PlannerEnvironment(retriever, k=1, fetch_limit=0)
     env.config = RunConfig(k=1, fetch_limit=0, explore_k=2)
@@ -90,7 +90,7 @@ def cold_start(pairs: list[QRPair], env) -> list[ChatExample]:
 
 
 def env_prompt(q: str) -> list[dict[str, str]]:
-    from deepr.train.rollouts import planner_prompt
+    from deepr.train.environments import planner_prompt
 
     return planner_prompt(q)
 

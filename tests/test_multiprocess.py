@@ -191,7 +191,7 @@ from deepr.corpus import open_retriever
 from deepr.io import read_jsonl
 from deepr.records import QRPair
 from deepr.train import grpo
-from deepr.train.rollouts import PlannerEnvironment
+from deepr.train.environments import PlannerEnvironment
 
 model, data, corpus, out = sys.argv[1:5]
 PLAN = {"nodes": [

@@ -125,7 +125,7 @@ def test_mcp_server_over_stdio(tmp_path) -> None:
 def test_grpo_planner_rollouts_use_web_tools_and_replay(web, tmp_path) -> None:
     from deepr.search import SearchConfig
     from deepr.search.source import SourceRetriever
-    from deepr.train.rollouts import PlannerEnvironment
+    from deepr.train.environments import PlannerEnvironment
 
     turn1 = json.dumps({"nodes": [
         {"id": "N1", "type": "search", "query": "volcano eruptions and lava", "key_points": ["eruptions"]},

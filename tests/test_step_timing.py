@@ -63,7 +63,7 @@ def test_every_planner_row_splits_its_step_into_phases(tiny, tok, retriever, tmp
     """Two steps over one generation batch: step 1 samples (two turns, each generator call sleeping
     0.1 s), searches and scores (the reward sleeping 0.15 s); step 2 trains on the buffered half."""
     from deepr.train import grpo
-    from deepr.train.rollouts import PlannerEnvironment
+    from deepr.train.environments import PlannerEnvironment
 
     rub = RubricItem(id="R1", type="factual", description="Plates cause earthquakes.", weight=1.0)
     pairs = [QRPair(id=f"q{i}", tree_id="t", question=q, selected_leaf_ids=[], rubrics=[rub])
@@ -129,8 +129,8 @@ def test_a_rollout_renders_each_distinct_prompt_once(tok):
     rendered twice (once per distinct prompt), not 16 times, with the same token ids."""
     from grpo_helpers import scripted
 
+    from deepr.train.environments import planner_prompt
     from deepr.train.rollouts import (
-        planner_prompt,
         play_calls,
         prompt_ids,
         rendered_once,

@@ -92,7 +92,7 @@ def gen_settings(gen: GenDefaults) -> dict[str, Any]:
 
 def planner_dataset(pairs: Sequence[QRPair]) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """Rows {prompt, rubrics, query, id} and the prompt → query lookup the rollout needs."""
-    from deepr.train.rollouts import planner_prompt
+    from deepr.train.environments import planner_prompt
 
     rows, lookup = [], {}
     for p in pairs:
@@ -105,7 +105,7 @@ def planner_dataset(pairs: Sequence[QRPair]) -> tuple[list[dict[str, Any]], dict
 
 def answerer_dataset(records: Sequence[Any]) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """Rows over prepared records (:class:`deepr.train.prepare.Prepared`) and the prompt → record lookup."""
-    from deepr.train.rollouts import AnswererEnvironment
+    from deepr.train.environments import AnswererEnvironment
 
     rows, lookup = [], {}
     for rec in records:
@@ -165,7 +165,7 @@ def default_reward(config: GrpoConfig, embed: Any = None) -> Any:
 
 def train_grpo(config: GrpoConfig, rows: Sequence[dict[str, Any]], lookup: dict[str, Any], *, env: Any = None,
                reward_fn: Any = None, callbacks: Sequence[Any] = (), generate_for: Any = None) -> GrpoResult:
-    """Run one stage; ``env`` is the planner's :class:`~deepr.train.rollouts.PlannerEnvironment`;
+    """Run one stage; ``env`` is the planner's :class:`~deepr.train.environments.PlannerEnvironment`;
     ``generate_for(trainer)`` replaces the rollout generator (tests script turns with it)."""
     from deepr.train.rollouts import make_rollout_func
     from deepr.train.stage import train_stage

@@ -55,7 +55,7 @@ def _verified(data: Path) -> list[Any]:
 
 def run_planner(config: Any, data: Path, open_source: OpenSource, generate_for: Any = None) -> tuple[GrpoResult, int]:
     from deepr.train import grpo
-    from deepr.train.rollouts import PlannerEnvironment
+    from deepr.train.environments import PlannerEnvironment
 
     rows, lookup = grpo.planner_dataset(_verified(data))
     env = PlannerEnvironment(open_source(config), k=config.k, fetch_limit=config.fetch_limit,
