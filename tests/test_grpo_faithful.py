@@ -70,14 +70,14 @@ def test_cli_sets_rollout_formats_and_plan_validity(tmp_path: Path, monkeypatch:
     from typer.testing import CliRunner
 
     import deepr.cli.search_opts as search_opts
+    import deepr.train.environments as environments
     import deepr.train.grpo as grpo
-    import deepr.train.rollouts as rollouts
     from deepr.cli import app
 
     seen, envs = [], []
     monkeypatch.setattr(grpo, "train_grpo", lambda config, rows, lookup, **kw: seen.append((config, kw)) or
                         grpo.GrpoResult(out=config.out, steps=0, rewards=[]))
-    monkeypatch.setattr(rollouts, "PlannerEnvironment", lambda *a, **k: envs.append(k))
+    monkeypatch.setattr(environments, "PlannerEnvironment", lambda *a, **k: envs.append(k))
     monkeypatch.setattr(search_opts, "open_search", lambda *a, **k: None)
     data = tmp_path / "verified.jsonl"
     data.write_text(QRPair(id="q0", tree_id="t", question="What causes earthquakes?", selected_leaf_ids=[],

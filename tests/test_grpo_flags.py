@@ -21,8 +21,8 @@ def planner_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list, 
     """`deepr grpo --stage planner` arguments whose run stops where training would start; returns
     (the configs train_grpo received, the base arguments)."""
     import deepr.cli.search_opts as search_opts
+    import deepr.train.environments as environments
     import deepr.train.grpo as grpo
-    import deepr.train.rollouts as rollouts
 
     seen: list = []
 
@@ -31,7 +31,7 @@ def planner_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list, 
         return grpo.GrpoResult(out=config.out, steps=0, rewards=[])
 
     monkeypatch.setattr(grpo, "train_grpo", fake_train)
-    monkeypatch.setattr(rollouts, "PlannerEnvironment", lambda *a, **k: None)
+    monkeypatch.setattr(environments, "PlannerEnvironment", lambda *a, **k: None)
     monkeypatch.setattr(search_opts, "open_search", lambda *a, **k: None)
     data = tmp_path / "verified.jsonl"
     data.write_text(QRPair(id="q0", tree_id="t", question="What causes earthquakes?", selected_leaf_ids=[],
