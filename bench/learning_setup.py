@@ -32,7 +32,9 @@ class LearnConfig:
     heldout: int = 4
     max_train: int = 24
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    sft_steps: int = 48  # ~4 passes over ~24 initial plans at --sft-batch 2 (24 steps: 2 of 12 held-out plans valid)
+    # one pass over ~24 plans and ~24 answers at --sft-batch 2: a step of one plan (~810 tokens) and one
+    # answer (~1,430) takes 63-75 s on one core in fp32, so 48 steps would be ~55 min a seed
+    sft_steps: int = 24
     sft_batch: int = 2
     sft_lr: float = 1e-3
     sft_actions: str = "plan,final"  # turns to learn from: the initial plan and the final answer (+ revise)
@@ -50,8 +52,10 @@ class LearnConfig:
     grpo_train_turns: int = 1  # planner turns GRPO trains on (0: both); 1 = the initial plan, see GrpoConfig
     num_generations: int = 4
     prompts_per_step: int = 2
-    rollout_tokens: int = 800
-    eval_max_tokens: int = 400
+    rollout_tokens: int = 1400  # both planner turns of one GRPO episode
+    # a plan in the default schema's form (six fields a node) is 283-503 tokens in the SFT data (14 of
+    # 24 over 400): at 400 the SFT'd model's plans were cut before they closed
+    eval_max_tokens: int = 640
     eval_parallel: int = 4  # held-out questions in flight per evaluation; the hf backend batches their calls
     lora_r: int = 16
     top_k: int = 3
@@ -64,7 +68,9 @@ class LearnConfig:
     corpus: str = "wiki"
     use_vllm: bool = False
     threads: int = 1
-    jobs: int = 3  # base eval + 2 seeds at first; three processes keep both cores busy
+    # base eval + 1 seed at first: an SFT process with stored activations peaks near 9 GB on answer
+    # turns, so three at once would not fit 24 GB (--sft-checkpointing: ~1/3, but ~1.8x the time here)
+    jobs: int = 2
     report_to: str = "none"
     report_only: bool = False
 
