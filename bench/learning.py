@@ -6,13 +6,13 @@ Pipeline (every step a ``deepr`` command; every output under ``--work``; re-runn
            train / held-out by topic (corpus category), recorded in ``split.json``
   teacher  deepr run --mode dag on the train questions (extractive) --record → prune-trajectories
   base     deepr run --llm smollm2 on the held-out questions (greedy) + deepr eval
-  per seed deepr sft --role planner (LoRA) → deepr export (merge) → evaluate;
+  per seed deepr sft --role all (LoRA; plans and final answers) → deepr export (merge) → evaluate;
            deepr grpo --stage planner from the merged SFT model → evaluate (--llm hf:<adapter>)
   report   mean and 95 % bootstrap interval per stage and metric, paired differences, figures
 
 Outputs: ``bench/results/learning.json`` (summary), ``bench/results/learning_runs.json`` (every
 held-out run's metrics per stage and seed), ``docs/img/learning_grpo.png`` and
-``docs/img/learning_stages.png``. Example (the default is sized for ≤ 60 minutes on 2 CPU cores):
+``docs/img/learning_stages.png``. Example (the default does not yet fit 60 minutes on 2 CPU cores: see docs/learning.md):
 
     python bench/learning.py                       # make learn
     python bench/learning.py --trees 120 --heldout 40 --grpo-steps 60 --seeds 0,1,2,3,4 --use-vllm
