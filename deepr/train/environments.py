@@ -11,7 +11,7 @@ messages as inference and SFT. The rollout functions that drive them are in
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from deepr.agent.answerer import FINAL, WAVE, FinalAsk, WaveAsk, final_inputs, node_evidence
 from deepr.agent.citations import Catalog, Entry, normalize
@@ -22,8 +22,13 @@ from deepr.agent.trace import Tracer
 from deepr.rewards.trl_adapters import json_objects
 from deepr.roles import judge_reply
 
-if TYPE_CHECKING:
-    from deepr.train.rollouts import Episode
+
+class Played(Protocol):
+    """What the environment reads of a played episode (:class:`deepr.train.rollouts.Episode`)."""
+
+    prompts: list[list[dict[str, str]]]
+    texts: list[str]
+    truncated: bool
 
 
 class PlannerEnvironment:
@@ -70,7 +75,7 @@ class PlannerEnvironment:
         ask = PlanAsk(ctx, query, plan, results)
         return REVISE.messages(ask), {"valid0": 1.0, "searches": float(len(results)), "ask": ask}
 
-    def scored_plan(self, query: str, ep: Episode, info: dict[str, Any] | None) -> tuple[Any, str, str | None]:
+    def scored_plan(self, query: str, ep: Played, info: dict[str, Any] | None) -> tuple[Any, str, str | None]:
         """(plan, where it came from, why it was refused): G1 when it is valid ("revised"), else a
         note R_plan scores 0 ("refused"), whatever G0 was (Eq. 17 rewards the revised graph only)."""
         if info is None:  # turn 1 was cut or the episode had no room left
