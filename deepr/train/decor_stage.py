@@ -225,13 +225,13 @@ def decor_rollouts(prompts: Sequence[Any], lookup: dict[tuple[str, str], QARecor
 def make_decor_rollout_func(lookup: dict[tuple[str, str], QARecord], make_ctx: Callable[[str], Any], *,
                             budget: int, steps: int = 4, memory_limit: int = 4096, turn_cap: int | None = None,
                             generate_for: Callable[[Any], Any] | None = None) -> Callable[[list[Any], Any], dict]:
-    from deepr.train.rollouts import _log, placeholders, trainer_generate
-    from deepr.train.step_timing import timed_generate
+    from deepr.train.rollouts import _log, placeholders
+    from deepr.train.sampling import policy_generate
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
         tok = trainer.processing_class
         eos_ids = list(getattr(trainer, "eos_token_ids", None) or [tok.eos_token_id])
-        gen = timed_generate(trainer, (generate_for or trainer_generate)(trainer))
+        gen = policy_generate(trainer, generate_for)
         played, extra = decor_rollouts(prompts, lookup, make_ctx, gen, tok,
                                        budget=budget, eos_ids=eos_ids, steps=steps, memory_limit=memory_limit,
                                        turn_cap=turn_cap)

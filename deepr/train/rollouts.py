@@ -34,8 +34,7 @@ from typing import Any
 
 from deepr.rewards.trl_adapters import parse_answerer
 from deepr.train.environments import AnswererEnvironment, PlannerEnvironment
-from deepr.train.sampling import Generate, trainer_generate
-from deepr.train.step_timing import timed_generate
+from deepr.train.sampling import Generate, policy_generate, trainer_generate
 from deepr.train.warp_calls import Call
 
 __all__ = ["Generate", "trainer_generate"]  # the stages import them here
@@ -351,14 +350,10 @@ def make_rollout_func(stage: str, lookup: dict[str, Any], *, budget: int, env: P
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
         tok = trainer.processing_class
-        if generate_for is not None:
-            gen = generate_for(trainer)
-        elif formats == "schema" and stage == "planner":
+        if generate_for is None and formats == "schema" and stage == "planner":
             raise ValueError("rollout_formats schema: pass generate_for, the profile's constrained planner "
                              "generator (deepr.profiles.small.rollouts.planner_generate), or set rollout_formats none")
-        else:
-            gen = trainer_generate(trainer)
-        gen = timed_generate(trainer, gen)  # a profile's own generator is sampling time too
+        gen = policy_generate(trainer, generate_for)
         eos_ids = list(getattr(trainer, "eos_token_ids", None) or [tok.eos_token_id])
         if stage == "planner":
             if env is None:

@@ -107,13 +107,13 @@ def make_tool_rollout_func(lookup: dict[str, str], make_session: Callable[[str],
                            tool_turns: int = 20, turn_cap: int | None = None,
                            generate_for: Callable[[Any], Any] | None = None) -> Callable[[list[Any], Any], dict]:
     """TRL ``rollout_func`` of the rubric stage (``generate_for`` swaps the generator, for tests)."""
-    from deepr.train.rollouts import _log, _mask_stats, trainer_generate
-    from deepr.train.step_timing import timed_generate
+    from deepr.train.rollouts import _log, _mask_stats
+    from deepr.train.sampling import policy_generate
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
         tok = trainer.processing_class
         eos_ids = list(getattr(trainer, "eos_token_ids", None) or [tok.eos_token_id])
-        gen = timed_generate(trainer, (generate_for or trainer_generate)(trainer))
+        gen = policy_generate(trainer, generate_for)
         rollouts, extra = tool_rollouts(prompts, lookup, make_session, gen,
                                         tok, budget=budget, eos_ids=eos_ids, tool_turns=tool_turns,
                                         turn_cap=turn_cap)

@@ -44,3 +44,12 @@ def trainer_generate(trainer: Any) -> Generate:
         return [list(x) for x in ids], lps
 
     return generate
+
+
+def policy_generate(trainer: Any, generate_for: Callable[[Any], Generate] | None = None) -> Generate:
+    """The generator a stage's rollouts sample with: ``generate_for(trainer)`` (a profile's or a
+    test's) else :func:`trainer_generate`, counted as sampling time on the trainer's step clock."""
+    from deepr.train.step_timing import timed_generate
+
+    return timed_generate(trainer, (generate_for or trainer_generate)(trainer))
+

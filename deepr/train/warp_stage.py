@@ -272,12 +272,12 @@ def warp_report_rollout_func(queries: dict[str, dict[str, Any]], retriever: Any,
     """TRL ``rollout_func``: one whole WARP episode per prompt. TRL gets one placeholder sample per
     episode (the prompt and a masked end token) to score; the episode's calls go to
     ``trainer._warp_calls``, which :class:`~deepr.train.warp_calls` trains on."""
-    from deepr.train.rollouts import _log, _user_text, prompt_ids, trainer_generate
-    from deepr.train.step_timing import timed_generate
+    from deepr.train.rollouts import _log, _user_text, prompt_ids
+    from deepr.train.sampling import policy_generate
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
         tok = trainer.processing_class
-        gen = timed_generate(trainer, (generate_for or trainer_generate)(trainer))
+        gen = policy_generate(trainer, generate_for)
         eos = (list(getattr(trainer, "eos_token_ids", None) or []) or [tok.eos_token_id])[0]
         episodes, reports, failed = [], [], []
         for p in prompts:
