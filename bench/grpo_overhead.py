@@ -4,7 +4,7 @@ profile of that share's top costs.
 Every stage (planner with and without the small profile's decoding formats, answerer, rubric,
 decor, warp-atomic, warp-report) runs through ``deepr.train.stages.run_from_settings`` (what
 ``deepr grpo`` calls) on the tiny random model; ``--smollm2`` adds ONE planner step on
-SmolLM2-135M-Instruct (``python -m deepr.llm.smollm2`` converts it). The step's phases come
+SmolLM2-135M-Instruct (converted on first use, as ``--llm smollm2`` does). The step's phases come
 from the ``time/*`` columns every stage writes to metrics.jsonl (deepr/train/step_timing.py):
 model compute is sampling + log-prob forwards + backward + optimiser; everything else
 (environment: search and building the next messages; rewards; TRL's scoring and loss
@@ -331,15 +331,14 @@ def recorded(name: str, run: Any) -> dict[str, Any]:
 
 def write_render_ab(args: argparse.Namespace) -> None:
     """Adds ``render_ab`` (tiny and SmolLM2 tokenizers) to the results file, keeping its stages."""
-    import subprocess
-
     from transformers import AutoTokenizer
 
     from deepr.train.tiny import build_tiny_model, wiki_texts
 
+    from deepr.llm.smollm2 import smollm2_dir
+
     out = json.loads(args.out.read_text()) if args.out.is_file() else {"stages": {}}
-    smol = subprocess.run([sys.executable, "-m", "deepr.llm.smollm2"], capture_output=True, text=True, check=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout.strip().splitlines()[-1]
+    smol = smollm2_dir()
     with tempfile.TemporaryDirectory() as tmp:
         tiny = build_tiny_model(Path(tmp) / "tiny", corpus_texts=wiki_texts(300) or None, vocab_size=1500)
         out["render_ab"] = {"command": " ".join(sys.argv), "load_average": os.getloadavg(),
@@ -352,10 +351,9 @@ def write_render_ab(args: argparse.Namespace) -> None:
 
 def run_smollm2(args: argparse.Namespace, d: Path, data: Path, retriever: Any) -> dict[str, Any]:
     """One planner step on SmolLM2-135M-Instruct: 2 questions x ``--group`` rollouts, profiled."""
-    import subprocess
+    from deepr.llm.smollm2 import smollm2_dir
 
-    model = subprocess.run([sys.executable, "-m", "deepr.llm.smollm2"], capture_output=True, text=True,
-                           check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout.strip().splitlines()[-1]
+    model = str(smollm2_dir())
     PROFILE_FROM["step"] = 1  # the only step is the profiled one
     settings = {**COMMON, "stage": "planner", "model": model, "out": str(d / "rl-smollm2"), "lora_r": 8,
                 "lora_alpha": 16, "num_generations": args.group, "max_turn_tokens": args.turn_tokens,
