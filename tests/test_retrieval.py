@@ -397,6 +397,34 @@ def test_numpy_encoder_shares_a_few_texts_among_the_cores_without_changing_them(
     assert np.allclose((two * two).sum(1), 1.0, atol=1e-5)
 
 
+def test_bm25_retriever_embeds_nothing_and_needs_no_faiss(tiny_corpus: Path, tmp_path: Path) -> None:
+    """A BM25-only user (or a machine without faiss) gets an index without the corpus embedding pass;
+    a later hybrid open of the same corpus builds the dense half instead of failing."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['faiss'] = None; from deepr.corpus import open_retriever; "
+            f"r = open_retriever({str(tiny_corpus)!r}, cache_dir={str(tmp_path)!r}, progress=False, "
+            "retriever='bm25'); h = r.search('planet with rings', k=1); print(h[0].doc_id, r.built, "
+            "r.embedder.encoded)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["saturn", "True", "0"]
+    index = next((tmp_path / "index").iterdir())
+    assert (index / "bm25").is_dir() and not (index / "dense.faiss").exists()
+    bm25_only = open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False, retriever="bm25")
+    assert not bm25_only.built  # the BM25-only index is reused by a BM25 search
+    with pytest.raises(ValueError, match="indexed for BM25 alone"):
+        bm25_only.search("planet with rings", mode="dense")
+    hybrid = open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False)
+    assert hybrid.built and (hybrid.path / "dense.faiss").is_file()
+    assert hybrid.search("planet with rings", k=1, mode="dense")[0].doc_id == "saturn"
+    # the full index serves a later BM25 search too, its dense half left closed until asked for
+    again = open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False, retriever="bm25")
+    assert not again.built and again.search("planet with rings", k=1, mode="dense")[0].doc_id == "saturn"
+
+
 def test_search_process_never_imports_torch(tiny_corpus: Path, tmp_path: Path) -> None:
     import subprocess
     import sys

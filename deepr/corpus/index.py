@@ -184,26 +184,30 @@ def embed_passages(passages: Sequence[Passage], embedder: Embedder, cache: Embed
 
 def build_index(passages: Sequence[Passage], embedder: Embedder, target: Path,
                 progress: Progress | None = None, meta: dict[str, Any] | None = None, *,
-                dense: DenseKind = "auto", require_cached: bool = False) -> float:
+                dense: DenseKind | None = "auto", require_cached: bool = False) -> float:
     """Build dense + BM25 indexes into ``target`` atomically; returns the seconds spent.
 
     Vectors come from (and go to) the embedding cache under ``target``'s cache root.
+    ``dense=None`` builds the BM25 half alone: a BM25-only search needs neither the
+    embedder's pass over the corpus nor faiss.
     """
     t0 = time.perf_counter()
     work = target.with_name(target.name + ".partial")
     work.mkdir(parents=True, exist_ok=True)
-    cache = EmbeddingCache(target.parent.parent, embedder.name)
-    try:
-        vecs = embed_passages(passages, embedder, cache, progress, require_cached=require_cached)
-    finally:
-        cache.close()
-    index = build_dense(vecs, kind=dense)
-    write_dense(index, work / "dense.faiss")
+    index = None
+    if dense is not None:
+        cache = EmbeddingCache(target.parent.parent, embedder.name)
+        try:
+            vecs = embed_passages(passages, embedder, cache, progress, require_cached=require_cached)
+        finally:
+            cache.close()
+        index = build_dense(vecs, kind=dense)
+        write_dense(index, work / "dense.faiss")
     _build_bm25([embed_text(p) for p in passages], work / "bm25")
     (work / "ids.json").write_text(json.dumps([p.id for p in passages]), encoding="utf-8")
     seconds = time.perf_counter() - t0
     meta = dict(meta or {})
-    meta["dense_index"] = describe_dense(index)
+    meta["dense_index"] = describe_dense(index) if index is not None else None
     _write_index_meta(work, target, passages, embedder, seconds, meta)
     try:
         os.rename(work, target)
@@ -261,10 +265,11 @@ def open_retriever(corpus: str | Sequence[Document] = "wiki", *, retriever: Mode
     kind = resolve_kind(len(passages), dense)
     target = cache_root(cache_dir) / "index" / index_key(name, passages, emb.name, chunking, kind)
     built, seconds = False, 0.0
+    need_dense = retriever != "bm25"
     with _build_lock(target):  # a second process waits, then finds the index built
-        if not _usable(target, passages):
+        if not _usable(target, passages, dense=need_dense):
             built, seconds = _build(corpus, name, docs, passages, emb, chunking, limit, target, progress,
-                                    dense=kind, require_cached=require_cached)
+                                    dense=kind if need_dense else None, require_cached=require_cached)
     r = Retriever.load(target, name=name, documents=docs, passages=passages, embedder=emb,
                        mode=retriever, fusion=fusion or FusionConfig())
     r.built, r.build_seconds = built, seconds
@@ -291,7 +296,7 @@ def _build_lock(target: Path) -> Iterator[None]:
 
 def _build(corpus: Any, name: str, docs: Sequence[Document], passages: Sequence[Passage], emb: Embedder,
            chunking: ChunkConfig, limit: int | None, target: Path, progress: bool | Progress, *,
-           dense: DenseKind = "auto", require_cached: bool = False) -> tuple[bool, float]:
+           dense: DenseKind | None = "auto", require_cached: bool = False) -> tuple[bool, float]:
     shutil.rmtree(target, ignore_errors=True)
     meta = {"config": {"corpus": name, "limit": limit, "chunking": chunking.model_dump()},
             "counts": {"documents": len(docs), "documents_without_text":
@@ -304,13 +309,17 @@ def _build(corpus: Any, name: str, docs: Sequence[Document], passages: Sequence[
     return True, seconds
 
 
-def _usable(target: Path, passages: Sequence[Passage]) -> bool:
-    """A cached index is used only if it is complete and lists exactly these passages."""
+def _usable(target: Path, passages: Sequence[Passage], *, dense: bool = True) -> bool:
+    """A cached index is used only if it is complete and lists exactly these passages.
+
+    A BM25-only index (built for ``--retriever bm25``) is rebuilt whole when a dense or hybrid
+    search asks for the same key; BM25 over 10k summaries takes under a second.
+    """
     try:
         ids = json.loads((target / "ids.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    complete = (target / "dense.faiss").is_file() and (target / "bm25").is_dir()
+    complete = (target / "bm25").is_dir() and (not dense or (target / "dense.faiss").is_file())
     return complete and ids == [p.id for p in passages]
 
 
@@ -377,7 +386,9 @@ class Retriever:
     @classmethod
     def load(cls, folder: Path, **kw: Any) -> Retriever:
         bm25s = _bm25s()
-        return cls(dense=read_dense(folder / "dense.faiss"),
+        dense = folder / "dense.faiss"
+        # a BM25 retriever leaves faiss unimported; its dense half, if any, opens on first use
+        return cls(dense=read_dense(dense) if kw.get("mode", "hybrid") != "bm25" else None,
                    bm25=bm25s.BM25.load(str(folder / "bm25"), show_progress=False), path=folder, **kw)
 
     def search(self, query: str, k: int = 5, mode: Mode | None = None) -> list[Hit]:
@@ -413,6 +424,12 @@ class Retriever:
     def _dense_ranks(self, texts: list[str], depth: int) -> list[list[tuple[int, float]]]:
         import faiss
 
+        if self._dense is None:
+            path = self.path / "dense.faiss" if self.path else None
+            if path is None or not path.is_file():
+                raise ValueError(f"corpus {self.corpus_name!r} was indexed for BM25 alone; open it with "
+                                 "--retriever dense or hybrid to build its dense half")
+            self._dense = read_dense(path)
         vecs = self.embedder.encode(texts)
         with _FAISS_THREADS:  # the OpenMP thread count is process-wide
             before = faiss.omp_get_max_threads()
