@@ -7,6 +7,7 @@ Uses the session fixtures of conftest.py (``mini_corpus``: ~180 wiki articles;
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -423,6 +424,33 @@ def test_bm25_retriever_embeds_nothing_and_needs_no_faiss(tiny_corpus: Path, tmp
     # the full index serves a later BM25 search too, its dense half left closed until asked for
     again = open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False, retriever="bm25")
     assert not again.built and again.search("planet with rings", k=1, mode="dense")[0].doc_id == "saturn"
+
+
+def test_bm25_keeps_an_installed_jax_off_the_gpu(tiny_corpus: Path, tmp_path: Path) -> None:
+    """bm25s calls JAX once on import when jax is installed; with a GPU that call would reserve 75 %
+    of the card. A stand-in jax records the platform it was started on and every top-k asked of it."""
+    import subprocess
+    import sys
+
+    fake = tmp_path / "site" / "jax"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("from . import lax\n")
+    (fake / "lax.py").write_text(
+        "import os, numpy as np\nCALLS = []\n"
+        "def top_k(x, k):\n"
+        "    CALLS.append(os.environ.get('JAX_PLATFORMS'))\n"
+        "    i = np.argsort(-np.asarray(x))[:k]\n    return np.asarray(x)[i], i\n")
+    code = ("import sys; sys.modules['faiss'] = None; from deepr.corpus import open_retriever; "
+            f"r = open_retriever({str(tiny_corpus)!r}, cache_dir={str(tmp_path / 'c')!r}, progress=False, "
+            "retriever='bm25'); h = r.search('planet with rings', k=1); import jax.lax; "
+            "print(h[0].doc_id, jax.lax.CALLS)")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.pop("JAX_PLATFORMS", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    # bm25s's import-time probe ran on the CPU platform; the search itself used numpy's top-k
+    assert out.stdout.split() == ["saturn", "['cpu']"]
 
 
 def test_search_process_never_imports_torch(tiny_corpus: Path, tmp_path: Path) -> None:

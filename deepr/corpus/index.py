@@ -124,9 +124,15 @@ def tokenize(texts: Sequence[str]) -> list[list[str]]:
 
 def _bm25s() -> Any:
     """bm25s, imported with its logger quiet: it sets that logger to DEBUG, so any root handler
-    printed "Building index from tokens" on every build."""
+    printed "Building index from tokens" on every build.
+
+    bm25s runs one JAX top-k when it is imported if jax is installed. On a machine whose jax has
+    a GPU, that first JAX call reserves 75 % of the card for the rest of the process (108 of the
+    H200's 141 GB in the GPU check, beside the trainer and the policy). deepr asks bm25s for its
+    numpy top-k (``_bm25_ranks``), so JAX is kept on the CPU unless the user chose its platform."""
     import logging
 
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import bm25s
 
     logging.getLogger("bm25s").setLevel(logging.WARNING)
@@ -447,7 +453,7 @@ class Retriever:
         asked = [j for j, t in enumerate(tokens) if t]  # a query of stop words only matches nothing
         if asked:
             idx, scores = self._bm25.retrieve([tokens[j] for j in asked], k=min(depth, len(self.passages)),
-                                              show_progress=False, n_threads=1)
+                                              show_progress=False, n_threads=1, backend_selection="numpy")
             for j, row_i, row_s in zip(asked, idx, scores):
                 out[j] = [(int(i), float(s)) for i, s in zip(row_i, row_s) if s > 0]
         return out
