@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,11 +159,16 @@ def train_figures(out: Path) -> dict:
     return fig
 
 
-def chain(tag: str, model: str, inp: Path, work: Path, device: str, small: bool) -> list[dict]:
+def chain(tag: str, model: str, inp: Path, work: Path, device: str, small: bool,
+          save: Callable[[list[dict]], None] = lambda rows: None) -> list[dict]:
     """sft -> grpo planner -> grpo prepare -> grpo answerer -> run; ``small``: 2 / 1 / 1 steps, 2 rollouts
     of 96 tokens, one question run (the CPU rehearsal: a loaded 2-core machine samples slowly)."""
     py = sys.executable
     sft_steps, rl_steps, gens, room = ("2", "1", "2", "96") if small else ("8", "4", "4", "256")
+    # `grpo prepare` and `run` decode through deepr's hf backend one call at a time; on the H200 the
+    # tiny model decoded ~8x slower than on this 2-core CPU (launch-bound: 326 s for 4 queries at 256
+    # tokens), so they get 2 queries / 1 question at 128 tokens to keep the check inside 8 minutes.
+    serve_room, serve_n = ("96", "2") if small else ("128", "2")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "DEEPR_CACHE": str(work / "cache"), "HF_HOME": str(work / "hf"), "TRL_EXPERIMENTAL_SILENCE": "1"}
     launch = [py, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
@@ -180,7 +186,8 @@ def chain(tag: str, model: str, inp: Path, work: Path, device: str, small: bool)
         ("grpo-planner", [*launch, "-m", "deepr", "grpo", "--stage", "planner", "--model", ck / "sft", "--data",
                           inp / "verified.jsonl", "--out", ck / "planner", "--max-steps", rl_steps, *g, *c], ck / "planner"),
         ("grpo-prepare", [py, "-m", "deepr", "grpo", "prepare", "--planner", ck / "planner", "--data",
-                          inp / "verified.jsonl", "--out", ck / "prepared.jsonl", *c, "--max-tokens", room], None),
+                          inp / "verified.jsonl", "--out", ck / "prepared.jsonl", *c, "--max-tokens", serve_room,
+                          "--limit", serve_n], None),
         ("grpo-answerer", [*launch, "-m", "deepr", "grpo", "--stage", "answerer", "--model", ck / "sft",
                            "--planner-adapter", ck / "planner", "--data", ck / "prepared.jsonl", "--out",
                            ck / "answerer", "--max-steps", rl_steps, *g], ck / "answerer"),
@@ -192,11 +199,12 @@ def chain(tag: str, model: str, inp: Path, work: Path, device: str, small: bool)
             return rows
         if out is not None:
             rows[-1].update(train_figures(out))
+        save(rows)
     spec = json.loads((ck / "answerer" / "deepr_meta.json").read_text())["llm_spec"]
     rows.append({"model": tag, **step("run-trained", [py, "-m", "deepr", "run", "--queries", inp / "verified.jsonl",
                                                       "--out", ck / "runs", "--llm", spec, *c[:4], "--allow-fallback",
-                                                      "--timeout", "600", "--max-tokens", room,
-                                                      *(["--limit", "1"] if small else [])],
+                                                      "--timeout", "600", "--max-tokens", serve_room,
+                                                      "--limit", "1"],
                                       work / f"{tag}-run.log", env)})
     return rows
 
@@ -217,16 +225,21 @@ def run(inputs: Path, out: Path, device: str, work: Path, small: bool) -> int:
     work.mkdir(parents=True)
     t0 = time.perf_counter()
     result: dict = {"info": {**device_info(device), "small": small}, "steps": []}
-    result["steps"] += chain("tiny", str(inputs / "tiny"), inputs, work, device, small)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(rows: list[dict]) -> None:  # partial results survive a time limit
+        out.write_text(json.dumps({**result, "steps": result["steps"] + rows, "status": "partial"}, indent=1) + "\n")
+
+    result["steps"] += chain("tiny", str(inputs / "tiny"), inputs, work, device, small, save)
     smol = os.environ.get("SMOLLM2_DIR")
     if smol:
-        result["steps"] += chain("smollm2", smol, inputs, work, device, small)
+        result["steps"] += chain("smollm2", smol, inputs, work, device, small, save)
     else:
         result["smollm2"] = ("skipped: no SMOLLM2_DIR; its GGUF (98 MB) does not fit the 64 MiB that travels to "
                              "the lent GPU machine, and that machine has no network to fetch it")
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     result["failed"] = [s["step"] for s in result["steps"] if s["rc"]]
-    out.parent.mkdir(parents=True, exist_ok=True)
+    result["status"] = "failed" if result["failed"] else "complete"
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "steps"}, indent=1))
     return 1 if result["failed"] else 0
