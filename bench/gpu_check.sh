@@ -2,8 +2,8 @@
 # GPU check: `deepr sft`, `deepr grpo --stage planner`, `grpo prepare`, `--stage answerer` under
 # `accelerate launch` in bf16 on CUDA, then `deepr run` with the trained adapters; writes
 # bench/results/gpu_check.json (steps/s, peak GPU memory, rollout tokens/s, errors).
-# Sized for <= 8 minutes on one GPU with the tiny model (8 SFT steps, 4 per GRPO stage); not yet
-# run on a GPU. bench/gpu_check.py says what each step runs and measures.
+# Sized for <= 8 minutes on one GPU with the tiny model (8 SFT steps, 4 per GRPO stage); run on an
+# H200 (bench/results/gpu_check.json). bench/gpu_check.py says what each step runs and measures.
 #
 # The GPU machine has python 3.12, torch, transformers, peft, accelerate and
 # sentence-transformers but no network and no trl, datasets, bm25s, pydantic, openai, jsonlines.
