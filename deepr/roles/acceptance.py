@@ -11,7 +11,9 @@ re-asks, and records the failure with its reason when the re-asks run out.
 
 from __future__ import annotations
 
+import functools
 import re
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -45,17 +47,26 @@ def _norm(text: str) -> str:
     return _SPACE.sub(" ", _CITES.sub(" ", text)).strip().strip(".").strip().lower()
 
 
+# A run's prompts repeat: one system prompt per role, and a request is checked against every reply
+# and re-ask it gets. Normalising them once per text, not once per check, was a tenth of deepr's
+# CPU per model call at --parallel 32 (bench/throughput.py --profile).
+_norm_prompt = functools.lru_cache(maxsize=512)(_norm)
+
+
+@functools.lru_cache(maxsize=512)
+def _message_templates(text: str, system: bool) -> frozenset[str]:
+    patterns = ((_TAG_BODY, 2), (_QUOTED, 1), (_ANGLE, 1)) if system else ((_ANGLE, 1),)
+    return frozenset(_norm(x.group(group)) for pattern, group in patterns for x in pattern.finditer(text))
+
+
 def template_texts(messages: Sequence[Message]) -> set[str]:
     """Texts the prompt shows as a format to fill: ``<tag>the query</tag>`` bodies and quoted
     strings of JSON examples in the instructions, and ``<a placeholder>`` descriptions."""
     out: set[str] = set()
     for m in messages:
-        text, role = str(m.get("content", "")), m.get("role")
         # Quoted strings and tag bodies count only in the instructions: a user message carries
         # evidence whose quoted statements a reply may rightly repeat.
-        patterns = ((_TAG_BODY, 2), (_QUOTED, 1), (_ANGLE, 1)) if role == "system" else ((_ANGLE, 1),)
-        for pattern, group in patterns:
-            out.update(_norm(x.group(group)) for x in pattern.finditer(text))
+        out.update(_message_templates(str(m.get("content", "")), m.get("role") == "system"))
     # One-word values ("search", "factual", "STOP") are legitimate choices, not templates.
     return {t for t in out if len(t.split()) >= 2}
 
@@ -98,8 +109,8 @@ def _copied_sentence(text: str, sources: Sequence[str]) -> str | None:
 def no_echo(value: Any, messages: Sequence[Message], reasks: Sequence[str] = ()) -> list[str]:
     """A reply that repeats the instructions (system prompt), a re-ask, or the whole request;
     in a longer text, one sentence copied from the instructions or a re-ask is enough."""
-    instructions = [_norm(str(m.get("content", ""))) for m in messages if m.get("role") == "system"]
-    requests = [_norm(str(m.get("content", ""))) for m in messages if m.get("role") == "user"]
+    instructions = [_norm_prompt(str(m.get("content", ""))) for m in messages if m.get("role") == "system"]
+    requests = [_norm_prompt(str(m.get("content", ""))) for m in messages if m.get("role") == "user"]
     again = [_norm(r) for r in reasks]
     # A re-ask may quote the rejected reply ('...'); a corrected reply may rightly keep that text.
     own_words = [_norm(_QUOTE.sub(" ", r)) for r in reasks]
@@ -167,7 +178,10 @@ _LOOP_MIN, _LOOP_N, _LOOP_SHARE = 20, 4, 0.4
 def phrase_loop(text: str) -> float:
     """The share of the word ``_LOOP_N``-grams of ``text`` that repeat an earlier one (0 below
     ``_LOOP_MIN`` words)."""
-    words = [w.lower() for w in _WORD.findall(_CITES.sub(" ", text))]
+    return _loop_share([w.lower() for w in _WORD.findall(_CITES.sub(" ", text))])
+
+
+def _loop_share(words: list[str]) -> float:
     if len(words) < _LOOP_MIN:
         return 0.0
     seen: set[tuple[str, ...]] = set()
@@ -183,20 +197,25 @@ def babble(text: str) -> str | None:
     """Why a text is degenerate (None: it is not): half or more of its sentences are copies of the
     others, a sentence loops on one word ("SECTION 1 SECTION 2 SECTION 3 …"), or its words are
     mostly digit strings and ids ("S1-R1234 1 2 3")."""
-    sentences = [" ".join(_WORD.findall(x.lower())) for x in _SENTENCE_END.split(_CITES.sub(" ", text))]
+    # The text is cleaned and split once; the sentences' words, joined, are the whole text's words
+    # (sentences split on whitespace only), which the phrase-loop share reads.
+    parts = _SENTENCE_END.split(_CITES.sub(" ", text))
+    sentences = [" ".join(_WORD.findall(x.lower())) for x in parts]
     sentences = [x for x in sentences if len(x.split()) >= 4]
     if len(sentences) >= 3 and 2 * len(set(sentences)) <= len(sentences):
         return f"{len(sentences) - len(set(sentences))} of its {len(sentences)} sentences repeat others"
-    for sentence in _SENTENCE_END.split(_CITES.sub(" ", text)):
+    every: list[str] = []
+    for sentence in parts:
         words = [w.lower() for w in _WORD.findall(sentence)]
+        every += words
         # counted by whitespace: one id ("n0.1.2", "2023-05-01") is a legitimate field value
         toks = sentence.split()
         if len(toks) >= _DIGIT_MIN and sum(any(c.isdigit() for c in t) for t in toks) >= _DIGIT_SHARE * len(toks):
             return f"{sentence.strip()[:60]!r} is mostly numbers and ids, not words"
-        counts = [(words.count(w), w) for w in set(words) - _COMMON]
+        counts = [(n, w) for w, n in Counter(words).items() if w not in _COMMON]
         if len(words) >= _REPEAT_MIN and counts and max(counts)[0] >= _REPEAT_SHARE * len(words):
             return f"{sentence.strip()[:60]!r} repeats {max(counts)[1]!r} over and over"
-    if (share := phrase_loop(text)) >= _LOOP_SHARE:
+    if (share := _loop_share(every)) >= _LOOP_SHARE:
         return f"{round(100 * share)} % of its 4-word phrases repeat earlier ones (a loop)"
     return None
 
