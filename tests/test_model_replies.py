@@ -204,6 +204,11 @@ def test_warp_refuses_junk_outline_titles():
                                  {"title": "1815 eruption of Tambora", "plan": "The year without a summer."}]}
     assert judge_reply(INITIALIZE, None, json.dumps(good), [])[1] is None
     assert DEEPEN.check is not None
+    # names that are short or hold symbols are titles; a lone letter behind a digit is not
+    from deepr.agent.warp import title_problems
+
+    assert title_problems(["AT&T", "Wi-Fi standards", "3C 273", "1990"]) == []
+    assert title_problems(["a b", "1 p"]) and len(title_problems(["a b", "1 p"])) == 2
 
 
 # -- 9: claims of the report's frame ----------------------------------------------------------

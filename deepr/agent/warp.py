@@ -170,16 +170,17 @@ _ODD = re.compile(r"[^\w\s,:;()'’&/?!.\-–—\"]")
 
 def title_problems(titles: list[str]) -> list[str]:
     """Headings that are not headings: numbered by the model (the code numbers sections), with
-    symbols, no word of three letters, or a content word twice ("1 chamber rises volcanic press
-    volcanic @", "1 p")."""
+    symbols, no word of three letters or digits, or a content word twice ("1 chamber rises
+    volcanic press volcanic @", "1 p"). Names count whole: "AT&T", "Wi-Fi" and "3C 273" are titles."""
     out = []
     for t in titles:
         flat = " ".join(str(t).split())
         ws = re.findall(r"[^\W\d_]+", flat.lower())
         content = [w for w in ws if len(w) > 3]
+        named = any(sum(c.isalnum() for c in w) >= 3 for w in flat.split())
         why = ("starts with a section number (the report numbers sections itself)" if _NUMBERED.match(flat)
                else f"holds {_ODD.search(flat).group(0)!r}" if _ODD.search(flat)
-               else "has no word of three letters or more" if not any(len(w) >= 3 for w in ws)
+               else "has no word of three letters or digits" if not named
                else "repeats a word" if len(set(content)) < len(content) else None)
         if why:
             out.append(f"the title {flat[:80]!r} {why}; give each section a short descriptive title")
