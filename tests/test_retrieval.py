@@ -416,11 +416,13 @@ def test_bm25_retriever_embeds_nothing_and_needs_no_faiss(tiny_corpus: Path, tmp
     assert (index / "bm25").is_dir() and not (index / "dense.faiss").exists()
     bm25_only = open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False, retriever="bm25")
     assert not bm25_only.built  # the BM25-only index is reused by a BM25 search
+    assert bm25_only.describe()["dense_index"] is None and bm25_only.describe()["mode"] == "bm25"
     with pytest.raises(ValueError, match="indexed for BM25 alone"):
         bm25_only.search("planet with rings", mode="dense")
     hybrid = open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False)
     assert hybrid.built and (hybrid.path / "dense.faiss").is_file()
     assert hybrid.search("planet with rings", k=1, mode="dense")[0].doc_id == "saturn"
+    assert hybrid.describe()["dense_index"]["vectors"] == 6
     # the full index serves a later BM25 search too, its dense half left closed until asked for
     again = open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False, retriever="bm25")
     assert not again.built and again.search("planet with rings", k=1, mode="dense")[0].doc_id == "saturn"

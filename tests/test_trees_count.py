@@ -50,3 +50,18 @@ def test_summary_reasons_read_as_written():
                      "(leaves stopped by: no children 2; children dropped: none; model failures: 1)"))
     [(_, top)] = [row for row in tally.rows() if row[0].startswith("top failure")]
     assert top == "2× record: tree too small: 1 leaf(s), at least 2 needed (and alike)"
+
+
+def test_bm25_trees_build_without_a_dense_index(tmp_path, mini_corpus):
+    """`--retriever bm25` builds trees over a BM25-only index (no corpus embedding pass), and the
+    sidecar says which index served them."""
+    out = tmp_path / "trees.jsonl"
+    args = ["build-trees", "--corpus", str(mini_corpus), "--cache-dir", str(tmp_path / "cache"),
+            "--retriever", "bm25", "--n-trees", "1", "--out", str(out)]
+    r = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert len(out.read_text().splitlines()) == 1
+    index = next((tmp_path / "cache" / "index").iterdir())
+    assert not (index / "dense.faiss").exists()
+    meta = (tmp_path / "trees.jsonl.meta.json").read_text()
+    assert '"mode": "bm25"' in meta and '"dense_index": null' in meta

@@ -479,5 +479,6 @@ class Retriever:
                 "documents": len(self.documents), "passages": len(self.passages),
                 "documents_without_text": len(self.documents) - len({p.doc_id for p in self.passages}),
                 "index": str(self.path) if self.path else None, "built_now": self.built,
-                "dense_index": describe_dense(self._dense),
+                # None: opened for BM25 alone, its dense half (if any) not read
+                "dense_index": describe_dense(self._dense) if self._dense is not None else None,
                 "build_seconds": round(self.build_seconds, 3)}
