@@ -229,6 +229,23 @@ def test_cli_index_then_search(tiny_corpus: Path, tmp_path: Path) -> None:
     assert res.exit_code == 0 and "1. [volcano#0] Volcano" in res.stdout
 
 
+def test_cli_index_and_search_for_bm25_alone(tiny_corpus: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from deepr.cli import app
+
+    runner = CliRunner()
+    cache = tmp_path / "cache"
+    res = runner.invoke(app, ["index", "--corpus", str(tiny_corpus), "--cache-dir", str(cache), "--retriever", "bm25"],
+                        env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "none (--retriever bm25)" in res.output and "built now" in res.output
+    assert not list((cache / "index").glob("*/dense.faiss"))
+    res = runner.invoke(app, ["search", "lava", "--corpus", str(tiny_corpus), "--cache-dir", str(cache),
+                              "--retriever", "bm25"])
+    assert res.exit_code == 0 and "1. [volcano#0] Volcano" in res.stdout
+
+
 def test_cli_bad_corpus_is_a_clean_error(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

@@ -106,7 +106,7 @@ def index_command(
         ("documents", info["documents"]), ("passages", info["passages"]),
         ("documents without text (not indexed)", info["documents_without_text"]),
         ("embedder", info["embedder"]), ("index", "built now" if r.built else "reused from cache"),
-        ("dense index", info["dense_index"]["kind"]),
+        ("dense index", info["dense_index"]["kind"] if info["dense_index"] else "none (--retriever bm25)"),
         ("build seconds", round(r.build_seconds, 2)), ("total seconds", round(time.perf_counter() - t0, 2)),
         ("cache path", info["index"]),
     ])
