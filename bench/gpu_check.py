@@ -168,7 +168,7 @@ def chain(tag: str, model: str, inp: Path, work: Path, device: str, small: bool,
     # `grpo prepare` and `run` decode through deepr's hf backend one call at a time; on the H200 the
     # tiny model decoded ~8x slower than on this 2-core CPU (launch-bound: 326 s for 4 queries at 256
     # tokens), so they get 2 queries / 1 question at 128 tokens to keep the check inside 8 minutes.
-    serve_room, serve_n = ("96", "2") if small else ("128", "2")
+    serve_room, serve_n = ("96" if small else "128"), "2"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "DEEPR_CACHE": str(work / "cache"), "HF_HOME": str(work / "hf"), "TRL_EXPERIMENTAL_SILENCE": "1"}
     launch = [py, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",

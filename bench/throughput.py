@@ -69,7 +69,8 @@ def questions(n: int, corpus: Path) -> list[dict]:
 
 def deepr(args: list, env: dict, profile: Path | None = None) -> subprocess.Popen:
     """``profile``: record the run's stacks with py-spy (collapsed, one file a run) to find its CPU."""
-    spy = [str(Path(sys.executable).with_name("py-spy")), "record", "--gil", "-f", "raw", "-r", "250", "-o", str(profile), "--"] if profile else []
+    spy = [str(Path(sys.executable).with_name("py-spy")), "record", "--gil", "-f", "raw", "-r", "250",
+           "-o", str(profile), "--"] if profile else []
     return subprocess.Popen([*spy, sys.executable, "-m", "deepr", *map(str, args)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -265,10 +266,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parallel", default="1,8,32")
     p.add_argument("--latency", type=float, default=0.2)
     p.add_argument("--profile", type=Path, default=None,
-                   help="folder for py-spy stacks of each run (pip install py-spy); CPU figures then include its cost")
+                   help="folder for py-spy stacks of each run (pip install py-spy), to find costs: the process "
+                        "watched is then py-spy, so the CPU and RSS figures are not deepr's")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "throughput.json")
     a = p.parse_args(argv)
     a.parallel = [int(x) for x in a.parallel.split(",")]
+    if a.profile:
+        a.profile.mkdir(parents=True, exist_ok=True)
     from conftest import wiki_rows
 
     with tempfile.TemporaryDirectory() as tmp_s:
