@@ -6,8 +6,14 @@ evaluation of 4 questions on 2 cores, so a training change can be checked before
     python bench/plan_probe.py hf:learn-work/seed0/sft-merged hf:learn-work/seed0/more-sft \
         --questions learn-work/heldout.jsonl --label "SFT 24 steps" --label "SFT 24+24 steps"
 
-Writes bench/results/plan_probe.json: per model, how many first plans were accepted and each
-refusal's reason.
+With ``--samples G`` each question gets G plans sampled at GRPO's temperature instead: a question
+none of whose samples is accepted is a planner group with nothing to learn from.
+
+    python bench/plan_probe.py hf:learn-work/seed0/sft-merged --questions learn-work/train.jsonl \
+        --samples 4 --limit 6 --max-tokens 640
+
+Writes bench/results/plan_probe.json: per model, how many first plans were accepted (per question
+too) and each refusal's reason.
 """
 
 from __future__ import annotations
@@ -23,24 +29,40 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-async def probe(spec: str, questions: list[str], max_tokens: int) -> list[str | None]:
-    """None for an accepted plan, else why `deepr run` would refuse it."""
+async def probe(spec: str, questions: list[str], max_tokens: int, samples: int = 1,
+                temperature: float = 0.0) -> list[list[str | None]]:
+    """Per question, per sample: None for an accepted plan, else why `deepr run` would refuse it.
+    One greedy plan a question, or ``samples`` plans sampled at ``temperature`` (seeds 0, 1, ...)."""
     from deepr.agent.planner import INITIAL, PlanAsk, initial_messages
     from deepr.llm import get_llm
     from deepr.llm.base import GenDefaults
     from deepr.roles import judge_reply
 
-    llm = get_llm(spec, gen=GenDefaults(max_tokens=max_tokens, temperature=0.0, top_p=None, seed=0))
-    out: list[str | None] = []
+    llm = get_llm(spec, gen=GenDefaults(max_tokens=max_tokens, temperature=temperature, top_p=None, seed=0))
+    out: list[list[str | None]] = []
     for q in questions:
-        msgs = initial_messages(q)
-        reply = await llm.achat(msgs, role="planner", temperature=0.0, max_tokens=max_tokens,
-                                fmt=INITIAL.output.fmt("plan"), seed=0)
-        if reply.truncated:
-            out.append(f"cut at {max_tokens} tokens")
-        else:
-            out.append(judge_reply(INITIAL, PlanAsk(None, q), reply, msgs)[1])  # type: ignore[arg-type]
+        msgs, verdicts = initial_messages(q), []
+        for seed in range(samples):
+            reply = await llm.achat(msgs, role="planner", temperature=temperature, max_tokens=max_tokens,
+                                    fmt=INITIAL.output.fmt("plan"), seed=seed)
+            if reply.truncated:
+                verdicts.append(f"cut at {max_tokens} tokens")
+            else:
+                verdicts.append(judge_reply(INITIAL, PlanAsk(None, q), reply, msgs)[1])  # type: ignore[arg-type]
+        out.append(verdicts)
     return out
+
+
+def summary(verdicts: list[list[str | None]]) -> dict:
+    """Counts, and for sampled plans the share of questions none of whose samples was accepted: GRPO
+    scores a refused plan 0 (DecomposeR Eq. 17), so such a question's group has no advantage to learn
+    from (a lower bound on the zero-advantage share: the revision turn can still be refused)."""
+    flat = [v for per_q in verdicts for v in per_q]
+    per_q = [sum(v is None for v in vs) for vs in verdicts]
+    return {"accepted": sum(v is None for v in flat), "plans": len(flat), "questions": len(verdicts),
+            "accepted_per_question": per_q,
+            "questions_with_none_accepted": round(sum(n == 0 for n in per_q) / max(len(per_q), 1), 3),
+            "refusals": [v for v in flat if v is not None]}
 
 
 def main() -> None:
@@ -49,21 +71,28 @@ def main() -> None:
     ap.add_argument("--questions", type=Path, default=Path("learn-work/heldout.jsonl"))
     ap.add_argument("--label", action="append", default=[], help="a name per spec, in order")
     ap.add_argument("--max-tokens", type=int, default=400)
+    ap.add_argument("--samples", type=int, default=1, help="plans per question (1: greedy)")
+    ap.add_argument("--temperature", type=float, default=None,
+                    help="sampling temperature with --samples > 1 (default 0.8, make learn's GRPO rollouts)")
+    ap.add_argument("--limit", type=int, default=None, help="first N questions only")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "plan_probe.json")
     args = ap.parse_args()
     if not args.questions.exists():
         sys.exit(f"--questions {args.questions}: no such file (run `make learn` first, or give a queries JSONL)")
-    questions = [json.loads(line)["question"] for line in args.questions.read_text().splitlines() if line.strip()]
+    temperature = 0.0 if args.samples == 1 else (0.8 if args.temperature is None else args.temperature)
+    questions = [json.loads(line)["question"] for line in args.questions.read_text().splitlines()
+                 if line.strip()][:args.limit]
     labels = args.label + args.specs[len(args.label):]
     results = {}
     for label, spec in zip(labels, args.specs):
-        reasons = asyncio.run(probe(spec, questions, args.max_tokens))
-        results[label] = {"spec": spec, "accepted": sum(r is None for r in reasons), "questions": len(questions),
-                          "refusals": [r for r in reasons if r is not None]}
-        print(f"{label}: {results[label]['accepted']} of {len(questions)} first plans accepted")
+        results[label] = {"spec": spec, **summary(asyncio.run(
+            probe(spec, questions, args.max_tokens, args.samples, temperature)))}
+        print(f"{label}: {results[label]['accepted']} of {results[label]['plans']} first plans accepted; "
+              f"per question {results[label]['accepted_per_question']}")
+    how = ("greedy" if args.samples == 1 else f"{args.samples} samples a question at temperature {temperature}")
     args.out.write_text(json.dumps({"command": "python bench/plan_probe.py " + shlex.join(sys.argv[1:]),
-                                    "greedy, --formats schema, judged by deepr run's checks": True,
-                                    "results": results}, indent=1) + "\n")
+                                    "decoding": f"{how}, the planner's schema (default profile), judged by "
+                                                "deepr run's checks", "results": results}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

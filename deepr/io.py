@@ -162,9 +162,11 @@ def write_jsonl(path: str | Path, records: Iterable[BaseModel | dict]) -> int:
 
 
 def write_json(path: str | Path, obj: Any) -> None:
+    # dumps, not dump: dump hands the file the encoder's small pieces one write call each, a
+    # quarter slower on a report's trace (written once per question by `deepr run`).
+    text = json.dumps(obj, ensure_ascii=False, indent=2, default=str)
     with atomic_open(path) as f:
-        json.dump(obj, f, ensure_ascii=False, indent=2, default=str)
-        f.write("\n")
+        f.write(text + "\n")
 
 
 def write_text(path: str | Path, text: str) -> None:

@@ -206,6 +206,24 @@ def test_degenerate_text_is_rejected_but_prose_with_numbers_is_not():
         assert no_babble(value, []) == [], value
 
 
+def test_loops_and_echoes_are_caught_outside_ascii_and_across_odd_whitespace():
+    """The checks read non-ASCII text (which lower-cases differently) and any Unicode whitespace
+    the way they read plain ASCII."""
+    from deepr.roles.acceptance import no_babble, no_echo
+
+    looped = "İstanbul İstanbul İstanbul köprü İstanbul İstanbul İstanbul İstanbul boğaz İstanbul."
+    assert "repeats" in no_babble(looped, [])[0]
+    fine = ("İstanbul, Boğaziçi'nin iki yakasında kurulmuş bir şehirdir [S1-R1]. Η Αθήνα είναι η "
+            "πρωτεύουσα της Ελλάδας [S2-R1]. Μεγάλη πόλη με μακρά ιστορία.")
+    assert no_babble(fine, []) == []
+    request = "Explain how the  Bosphorus\u00a0shapes Istanbul's\ttrade [S1-R1] and its climate."
+    msgs = [{"role": "system", "content": "You write answers."}, {"role": "user", "content": request}]
+    # the same words with other whitespace, case and citations are the request echoed
+    assert "repeats the request" in no_echo("explain how the Bosphorus shapes\nIstanbul's trade and its climate",
+                                            msgs)[0]
+    assert no_echo("The Bosphorus carries most of Istanbul's sea trade [S1-R1].", msgs) == []
+
+
 _LOOPED = "SECTION 1 SECTION 2 SECTION 3 SECTION 4 SECTION 5"
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import typer
 from rich.markup import escape
+from rich.text import Text  # plain text: a status line updated per phase skips markup parsing
 
 from deepr.cli import flags as F
 from deepr.cli.app import app, console, finish, summary_table, user_errors
@@ -146,7 +147,7 @@ def _run_one(query: str, tools: Any, llm: Any, config: Any, *, html: bool, query
 
     with console.status(escape(f"{label}{config.mode}: starting")) as status:
         return deepr.run(query, tools=tools, llm=llm, config=config, query_id=query_id, rubrics=rubrics,
-                         html=html, profile=profile, on_phase=lambda p: status.update(escape(f"{label}{config.mode}: {p}")))
+                         html=html, profile=profile, on_phase=lambda p: status.update(Text(f"{label}{config.mode}: {p}")))
 
 
 def _unique(record: Path, base: str) -> str:
@@ -214,7 +215,7 @@ class _Batch:
             before = search_summary(self.tools.retriever)
             res = await arun_agent(it["query"], tools=self.tools.fresh(), llm=self.llm, config=self.config,
                                    query_id=it["id"], rubrics=rubrics, html=self.html, profile=self.profile,
-                                   on_phase=lambda p: self.status.update(escape(f"{label}{self.config.mode}: {p}")))
+                                   on_phase=lambda p: self.status.update(Text(f"{label}{self.config.mode}: {p}")))
             attach(res, self.tools.retriever, before)
             if self.llm.unreachable:  # every turn fell back without reaching the model: not a report
                 raise LLMError(f"{self.llm.unreachable}; no report written")
@@ -241,7 +242,9 @@ class _Batch:
         self.counts["run now"] += 1
         self.counts["degraded"] += int(_turn_counts(res, self.llm)[1] > 0)
         self.counts["seconds"] += res.seconds
-        console.print(escape(f"{it['id']}: {res.seconds:.1f}s, {len(res.trace.citations)} citations -> {paths['report']}"))
+        # no highlighting: rich's highlighter regexes cost more than the rest of this line's work
+        console.print(escape(f"{it['id']}: {res.seconds:.1f}s, {len(res.trace.citations)} citations -> {paths['report']}"),
+                      highlight=False)
 
 
 @app.command("run", epilog=F.EXIT_HELP)
