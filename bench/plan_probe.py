@@ -30,9 +30,11 @@ sys.path.insert(0, str(ROOT))
 
 
 async def probe(spec: str, questions: list[str], max_tokens: int, samples: int = 1,
-                temperature: float = 0.0) -> list[list[str | None]]:
+                temperature: float = 0.0, schema: bool = True) -> list[list[str | None]]:
     """Per question, per sample: None for an accepted plan, else why `deepr run` would refuse it.
-    One greedy plan a question, or ``samples`` plans sampled at ``temperature`` (seeds 0, 1, ...)."""
+    One greedy plan a question, or ``samples`` plans sampled at ``temperature`` (seeds 0, 1, ...);
+    decoded under the planner's schema as `deepr run` decodes, or free (``schema=False``) as GRPO's
+    on-policy rollouts are sampled."""
     from deepr.agent.planner import INITIAL, PlanAsk, initial_messages
     from deepr.llm import get_llm
     from deepr.llm.base import GenDefaults
@@ -44,7 +46,7 @@ async def probe(spec: str, questions: list[str], max_tokens: int, samples: int =
         msgs, verdicts = initial_messages(q), []
         for seed in range(samples):
             reply = await llm.achat(msgs, role="planner", temperature=temperature, max_tokens=max_tokens,
-                                    fmt=INITIAL.output.fmt("plan"), seed=seed)
+                                    fmt=INITIAL.output.fmt("plan") if schema else None, seed=seed)
             if reply.truncated:
                 verdicts.append(f"cut at {max_tokens} tokens")
             else:
@@ -75,6 +77,8 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=None,
                     help="sampling temperature with --samples > 1 (default 0.8, make learn's GRPO rollouts)")
     ap.add_argument("--limit", type=int, default=None, help="first N questions only")
+    ap.add_argument("--no-schema", action="store_true",
+                    help="decode without the planner's schema, as GRPO's on-policy rollouts sample")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "plan_probe.json")
     args = ap.parse_args()
     if not args.questions.exists():
@@ -86,13 +90,14 @@ def main() -> None:
     results = {}
     for label, spec in zip(labels, args.specs):
         results[label] = {"spec": spec, **summary(asyncio.run(
-            probe(spec, questions, args.max_tokens, args.samples, temperature)))}
+            probe(spec, questions, args.max_tokens, args.samples, temperature, not args.no_schema)))}
         print(f"{label}: {results[label]['accepted']} of {results[label]['plans']} first plans accepted; "
               f"per question {results[label]['accepted_per_question']}")
     how = ("greedy" if args.samples == 1 else f"{args.samples} samples a question at temperature {temperature}")
+    how += ", free (as GRPO's rollouts)" if args.no_schema else ", under the planner's schema (as deepr run)"
     args.out.write_text(json.dumps({"command": "python bench/plan_probe.py " + shlex.join(sys.argv[1:]),
-                                    "decoding": f"{how}, the planner's schema (default profile), judged by "
-                                                "deepr run's checks", "results": results}, indent=1) + "\n")
+                                    "decoding": f"{how}, judged by deepr run's checks", "results": results},
+                                   indent=1) + "\n")
 
 
 if __name__ == "__main__":
