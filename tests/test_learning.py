@@ -466,3 +466,18 @@ def test_every_seed_runs_whatever_the_number_of_jobs(tmp_path, monkeypatch, jobs
     cfg = learning.parse_args(["--work", str(tmp_path / "w"), "--jobs", str(jobs), "--seeds", "0,1,2"])
     assert learning.experiment(cfg)["status"] == "complete"
     assert sorted(ran, key=str) == [0, 1, 2, "base"]
+
+
+def test_plan_probe_counts_groups_with_nothing_to_learn_from():
+    """bench/plan_probe.py --samples: a question none of whose sampled plans is accepted is a GRPO
+    group whose rewards are all 0; one accepted plan among refusals is a group with a spread."""
+    from bench.plan_probe import summary
+
+    verdicts = [[None, "cut at 640 tokens", None, "G0 is not a valid plan"],
+                ["cut at 640 tokens"] * 4,
+                [None] * 4]
+    s = summary(verdicts)
+    assert s["accepted_per_question"] == [2, 0, 4]
+    assert (s["accepted"], s["plans"], s["questions"]) == (6, 12, 3)
+    assert s["questions_with_none_accepted"] == round(1 / 3, 3)
+    assert s["refusals"].count("cut at 640 tokens") == 5
