@@ -21,7 +21,7 @@ from typing import Any
 
 import typer
 from rich.markup import escape
-from rich.text import Text  # plain text: a status line updated per phase skips markup parsing
+from rich.text import Text
 
 from deepr.cli import flags as F
 from deepr.cli.app import app, console, finish, summary_table, user_errors
@@ -213,6 +213,7 @@ class _Batch:
         try:
             rubrics = [RubricItem.model_validate(r) for r in it.get("rubrics", [])]
             before = search_summary(self.tools.retriever)
+            # the phase line is a Text: rich parses no markup in it, once per phase per question
             res = await arun_agent(it["query"], tools=self.tools.fresh(), llm=self.llm, config=self.config,
                                    query_id=it["id"], rubrics=rubrics, html=self.html, profile=self.profile,
                                    on_phase=lambda p: self.status.update(Text(f"{label}{self.config.mode}: {p}")))
