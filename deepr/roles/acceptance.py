@@ -90,12 +90,14 @@ def no_placeholder(value: Any, messages: Sequence[Message], reasks: Sequence[str
     templates = template_texts(messages)
     problems = []
     for s in strings(value):
-        if _ELLIPSIS.match(_CITES.sub("", s)) and s.strip():  # dots, maybe behind a real id
-            problems.append(f"{s.strip()!r} is a placeholder, not content; write the actual text")
-        elif s.strip() and (body := _norm(s)) in templates:
-            problems.append(f"{s.strip()!r} is the prompt's template text; replace it with real content")
-        elif s.strip() and len(body.split()) >= 2 and _SLOT_NAME.fullmatch(body):  # "Summary" may be a title
-            problems.append(f"{s.strip()!r} only names what belongs there; write the actual text")
+        if not (text := s.strip()):
+            continue
+        if _ELLIPSIS.match(_CITES.sub("", s)):  # dots, maybe behind a real id
+            problems.append(f"{text!r} is a placeholder, not content; write the actual text")
+        elif (body := _norm(s)) in templates:
+            problems.append(f"{text!r} is the prompt's template text; replace it with real content")
+        elif len(body.split()) >= 2 and _SLOT_NAME.fullmatch(body):  # "Summary" may be a title
+            problems.append(f"{text!r} only names what belongs there; write the actual text")
     return problems[:3]
 
 
@@ -190,7 +192,7 @@ _LOOP_MIN, _LOOP_N, _LOOP_SHARE = 20, 4, 0.4
 def phrase_loop(text: str) -> float:
     """The share of the word ``_LOOP_N``-grams of ``text`` that repeat an earlier one (0 below
     ``_LOOP_MIN`` words)."""
-    return _loop_share([w.lower() for w in _WORD.findall(_CITES.sub(" ", text))])
+    return _loop_share([w.lower() for w in _WORD.findall(_uncite(text))])
 
 
 def _loop_share(words: list[str]) -> float:
@@ -230,9 +232,9 @@ def babble(text: str) -> str | None:
             return f"{sentence.strip()[:60]!r} is mostly numbers and ids, not words"
         if len(words) < _REPEAT_MIN:
             continue
-        counts = [(n, w) for w, n in Counter(words).items() if w not in _COMMON]
-        if counts and max(counts)[0] >= _REPEAT_SHARE * len(words):
-            return f"{sentence.strip()[:60]!r} repeats {max(counts)[1]!r} over and over"
+        top = max(((n, w) for w, n in Counter(words).items() if w not in _COMMON), default=None)
+        if top and top[0] >= _REPEAT_SHARE * len(words):
+            return f"{sentence.strip()[:60]!r} repeats {top[1]!r} over and over"
     if (share := _loop_share(every)) >= _LOOP_SHARE:
         return f"{round(100 * share)} % of its 4-word phrases repeat earlier ones (a loop)"
     return None
