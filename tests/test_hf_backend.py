@@ -171,6 +171,39 @@ def test_constrained_formats_hold_even_for_a_random_model(tiny_dir):
     assert not free.constrained
 
 
+def test_the_grammar_ends_the_reply_on_every_token_generation_stops_at(tiny_dir):
+    """The tiny models stop at <|endoftext|> as well as at the tokenizer's eos. Taken for text, it
+    could be sampled inside a JSON string: generation then ended the row and padded it while the
+    grammar still waited, and xgrammar's processor failed an assertion on the next token of a
+    batch (seen in `deepr grpo --rollout-formats schema`). The grammar now takes it only where the
+    reply may end, as the end."""
+    xgr = pytest.importorskip("xgrammar")
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from deepr.llm import OutputFormat
+    from deepr.llm.hf_backend import _as_list
+    from deepr.llm.hf_constrain import Constrainer
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    stops = _as_list(GenerationConfig.from_pretrained(tiny_dir).eos_token_id)
+    extra = [t for t in stops if t != tok.eos_token_id]
+    assert extra, "the tiny model's generation config names a second stop token"
+    schema = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"],
+              "additionalProperties": False}
+    grammar = Constrainer(tok, len(tok), stops).compile(OutputFormat("x", json_schema=schema))
+
+    def matcher_after(text: str):
+        m = xgr.GrammarMatcher(grammar)
+        assert all(m.accept_token(t) for t in tok.encode(text, add_special_tokens=False))
+        return m
+
+    inside = matcher_after('{"q": "ab')
+    assert not any(inside.accept_token(t) for t in extra)  # not text inside the string
+    for t in extra:  # ... but the end once the object is complete
+        done = matcher_after('{"q": "ab"}')
+        assert done.accept_token(t) and done.is_terminated()
+
+
 def test_budget_cut_is_flagged_truncated(tiny_dir):
     llm = HFLLM(tiny_dir)
     cut = llm.chat(PROMPT, max_tokens=3)

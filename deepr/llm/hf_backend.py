@@ -241,7 +241,8 @@ class HFLLM(LLM):
                     log.warning("hf backend: xgrammar is not installed, so replies are not constrained to "
                                 "their format; install it with: %s", INSTALL_HINT)
                 return False
-            self._constrainer = Constrainer(self.tokenizer, int(self.model.config.vocab_size))
+            self._constrainer = Constrainer(self.tokenizer, int(self.model.config.vocab_size),
+                                            _as_list(self.model.generation_config.eos_token_id))
         self._constrainer.compile(fmt)
         return True
 

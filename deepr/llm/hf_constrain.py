@@ -29,8 +29,14 @@ INSTALL_HINT = "pip install -e '.[smollm2]' in the deepr checkout  (or: pip inst
 class Constrainer:
     """Compiles formats for one tokenizer and hands out a fresh processor per generate call."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int):
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: Any = ()):
+        """``stop_ids``: every token id generation stops at (the generation config's eos list,
+        which may name more than the tokenizer's eos). The grammar ends its reply on each of them;
+        a stop id it took for text would end the row mid-reply (the tiny models stop at
+        ``<|endoftext|>`` too) and leave the matcher behind the padded row."""
         self._tokenizer, self._vocab_size = tokenizer, vocab_size
+        eos = tokenizer.eos_token_id
+        self._stop_ids = sorted({int(t) for t in stop_ids} | ({int(eos)} if eos is not None else set()))
         self._compiler: Any = None
         self._compiled: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -49,7 +55,8 @@ class Constrainer:
                 import xgrammar as xgr
 
                 if self._compiler is None:
-                    info = xgr.TokenizerInfo.from_huggingface(self._tokenizer, vocab_size=self._vocab_size)
+                    info = xgr.TokenizerInfo.from_huggingface(self._tokenizer, vocab_size=self._vocab_size,
+                                                              stop_token_ids=self._stop_ids or None)
                     self._compiler = xgr.GrammarCompiler(info)
                 try:
                     if fmt.json_schema is not None:

@@ -76,7 +76,7 @@ def _sample_constrained(trainer: Any, seqs: list[list[int]], n: int, max_new: in
                                      gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs
                                      ) as model, torch.no_grad():
         if getattr(trainer, "_deepr_constrainer", None) is None:
-            trainer._deepr_constrainer = Constrainer(tok, int(model.config.vocab_size))
+            trainer._deepr_constrainer = Constrainer(tok, int(model.config.vocab_size), trainer.eos_token_ids)
         processors = [trainer._deepr_constrainer.processor(fmt)]
         if fmt.distinct_words:  # as the hf backend of `deepr run` decodes the planner
             from deepr.llm.hf_constrain import StutterBan
