@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import sys
-import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -113,35 +112,35 @@ def _dump(record: BaseModel | dict) -> str:
     return json.dumps(record, ensure_ascii=False)
 
 
-def _umask() -> int:
-    try:  # Linux: read it without changing it (os.umask() both sets and returns)
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    old = os.umask(0o022)
-    os.umask(old)
-    return old
-
-
-def _file_mode(path: Path) -> int:
+def _open_temp(path: Path) -> tuple[int, str]:
+    """A new temp file beside ``path``, created with the mode the finished file should have: the
+    mode of the file it replaces, else what any new file gets (0666 less the umask, applied by
+    the kernel at creation, so the umask is never read or changed: os.umask() sets it for every
+    thread, and /proc cost a read per write)."""
     try:
-        return path.stat().st_mode & 0o777
+        keep: int | None = path.stat().st_mode & 0o777
     except OSError:
-        return 0o666 & ~_umask()
+        keep = None
+    for _ in range(100):
+        tmp = str(path.parent / f".{path.name}.{os.urandom(6).hex()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        except FileExistsError:
+            continue
+        if keep is not None:
+            os.chmod(tmp, keep)
+        return fd, tmp
+    raise FileExistsError(f"could not create a temp file beside {path}")
 
 
 @contextmanager
 def atomic_open(path: str | Path, mode: str = "w") -> Iterator[Any]:
-    """Write to a temp file beside ``path`` and rename it over ``path`` only on success."""
+    """Write to a temp file beside ``path`` and rename it over ``path`` only on success; the
+    result is as readable as any other new file (or keeps the mode of the file it replaces)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _open_temp(path)
     try:
-        # mkstemp creates 0600; the finished file gets the mode any other new file would (umask),
-        # or the mode of the file it replaces, so a report is as readable as the eval scores beside it.
-        os.chmod(tmp, _file_mode(path))
         with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
             yield f
             f.flush()

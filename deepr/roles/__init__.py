@@ -212,8 +212,11 @@ class Outcome(Generic[T]):
 # --- recording ----------------------------------------------------------------------------
 
 
+_HASH_JSON = json.JSONEncoder(sort_keys=True, ensure_ascii=False)  # json.dumps would build one a call
+
+
 def prompt_hash(messages: Sequence[Message]) -> str:
-    blob = json.dumps(list(messages), sort_keys=True, ensure_ascii=False)
+    blob = _HASH_JSON.encode(list(messages))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
 
