@@ -54,7 +54,7 @@ def drive(argv: list[str]) -> None:
     """In a subprocess: run one deepr command with ``--record-turns FILE`` (every role turn, with
     its record) and/or ``--calls N`` (the model's calls in flight, whatever --concurrency says, so
     --concurrency 1 gives one record at a time whose own calls still overlap)."""
-    import deepr.cli.trees_cmd as tc
+    import deepr.cli.data_opts as data_opts
     from deepr.roles import Recorder
 
     record_to, calls = None, None
@@ -72,7 +72,7 @@ def drive(argv: list[str]) -> None:
 
         Recorder.turn = turn  # type: ignore[method-assign]
     if calls:
-        tc._models = with_calls(tc._models, calls)
+        data_opts.models = with_calls(data_opts.models, calls)
     sys.argv = ["deepr", *argv]
     from deepr.cli import main
 
@@ -84,7 +84,8 @@ def drive(argv: list[str]) -> None:
 
 
 def with_calls(models, calls: int):
-    """``trees_cmd._models`` building its models with ``calls`` in flight, whatever --concurrency is."""
+    """``data_opts.models`` (the models of every data stage) built with ``calls`` in flight,
+    whatever --concurrency is."""
     import inspect
 
     sig = inspect.signature(models)

@@ -25,10 +25,10 @@ def test_the_serial_run_keeps_the_model_calls_in_flight_that_it_is_given():
     """The data bench runs one record at a time (--concurrency 1) with the model still allowed
     N calls in flight; the override must reach the stage's models by name, wherever the
     argument sits."""
-    from deepr.cli import trees_cmd
+    from deepr.cli import data_opts
 
     seen: list[int] = []
-    wrapped = with_calls(_spy(trees_cmd._models, seen), 64)
+    wrapped = with_calls(_spy(data_opts.models, seen), 64)
     wrapped("extractive", None, None, None, True, 30.0, 1)
     wrapped("extractive", None, None, None, True, 30.0, concurrency=1)
     assert seen == [64, 64]
@@ -39,7 +39,7 @@ def _spy(real, seen):
     import inspect
 
     @functools.wraps(real)
-    def spy(*a, **kw):  # the real signature, so with_calls binds as it does on trees_cmd._models
+    def spy(*a, **kw):  # the real signature, so with_calls binds as it does on data_opts.models
         seen.append(inspect.signature(real).bind(*a, **kw).arguments["concurrency"])
 
     return spy

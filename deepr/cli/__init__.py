@@ -13,6 +13,8 @@ from deepr.cli.app import app
 # Each import registers its commands on `app`; only finished commands are listed here.
 from deepr.cli import index_cmd  # noqa: E402,F401
 from deepr.cli import trees_cmd  # noqa: E402,F401
+from deepr.cli import rubrics_cmd  # noqa: E402,F401
+from deepr.cli import verify_cmd  # noqa: E402,F401
 from deepr.cli import grpo_cmd  # noqa: E402,F401
 from deepr.cli import run_cmd  # noqa: E402,F401
 from deepr.cli import sft_cmd  # noqa: E402,F401
