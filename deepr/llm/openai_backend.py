@@ -51,30 +51,25 @@ import asyncio
 import importlib.util
 import json
 import logging
-import os
 import random
 import re
 import threading
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 from deepr.llm.base import LLM, LLMError, Message, OutputFormat, Reply
 from deepr.llm.cache import LLMCache
 from deepr.llm.gbnf import LLAMACPP_EXTRA, regex_to_gbnf, schema_to_gbnf
 from deepr.llm.io_loop import IOLoop
-from deepr.llm.openai_reply import (_FORMAT_REFUSAL, _REGEX_STYLES, _STYLES, _BadReply, _fmt_dict, _read_completion,
-                                    _Result, _usage)
+from deepr.llm.openai_config import _NO_KEY, OpenAIConfig, _Secret, resolve_endpoint, safe_url
+from deepr.llm.openai_reply import (_REGEX_STYLES, _STYLES, _Failure, _fmt_dict, _read_completion, _Result, _usage,
+                                    failure_of)
+
+__all__ = ["LLMStatusError", "OpenAIBackend", "OpenAIConfig", "has_aiohttp", "resolve_endpoint", "safe_url"]
 
 log = logging.getLogger("deepr.llm")
-
-# Sent when the endpoint needs no key (local servers): the client insists on one.
-_NO_KEY = "no-key-needed"
 
 
 class LLMStatusError(LLMError):
@@ -83,88 +78,6 @@ class LLMStatusError(LLMError):
     def __init__(self, message: str, status: int | None = None):
         super().__init__(message)
         self.status = status
-
-
-@dataclass
-class _Failure:
-    reason: str
-    status: int | None
-    retryable: bool
-    retry_after: float | None = None
-    format_refused: bool = False
-    unreachable: bool = False
-    style: str | None = None  # the format style this request went out with
-
-
-class _Secret:
-    """Holds the API key; its repr never shows it, so dumps of the backend stay clean."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str):
-        self._value = value
-
-    def reveal(self) -> str:
-        return self._value
-
-    def __repr__(self) -> str:
-        return "'***'"
-
-
-class OpenAIConfig(BaseModel):
-    """Settings of one OpenAI-compatible backend (credentials are deliberately not here)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: str = Field(min_length=1, description="Model name the endpoint serves, e.g. 'Qwen/Qwen3-8B'.")
-    base_url: str | None = Field(None, description="Endpoint URL ending in /v1; None means api.openai.com.")
-    timeout: float = Field(60.0, gt=0, description="Seconds one call may take before it counts as a timeout.")
-    max_retries: int = Field(3, ge=0, le=20, description="Retries after the first try; only for 429, 5xx, "
-                             "timeouts and connection errors.")
-    backoff_base: float = Field(0.5, ge=0, description="First backoff delay in seconds; doubles per retry, "
-                                "with full jitter.")
-    backoff_max: float = Field(30.0, ge=0, description="Upper bound of one backoff delay in seconds.")
-    max_concurrency: int = Field(8, ge=1, description="Most requests in flight at once from this backend.")
-    seed: int | None = Field(None, description="Sampling seed sent to the endpoint (and part of the cache key).")
-    max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = Field(
-        "max_tokens", description="Request field carrying the reply length limit (newer OpenAI models "
-        "want max_completion_tokens).")
-    extra_body: dict[str, Any] = Field(default_factory=dict, description="Extra JSON fields sent with "
-                                       "every request (e.g. vLLM's top_k).")
-    default_max_tokens: int = Field(1024, ge=1, description="max_tokens sent when a call gives none: a server "
-                                    "without a limit may generate until its context is full.")
-    context_length: int | None = Field(None, ge=1, description="The served model's context in tokens; when set, "
-                                       "a prompt that cannot fit with its max_tokens fails before it is sent.")
-    structured_outputs: bool = Field(True, description="Send response_format for JSON-schema formats (turned "
-                                     "off for the rest of the run if the server refuses it).")
-    strict_schema: bool = Field(True, description="The json_schema 'strict' flag sent with response_format.")
-    http_client: Literal["auto", "aiohttp", "httpx"] = Field(
-        "auto", description="HTTP transport of the SDK: aiohttp (the SDK's DefaultAioHttpClient, about half "
-        "the client CPU per call: bench/tree_concurrency.py) or httpx; auto = aiohttp where installed.")
-
-
-def safe_url(url: str | None) -> str | None:
-    """The URL without user:password or query string, which may hold credentials."""
-    if not url:
-        return url
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
-
-
-def resolve_endpoint(base_url: str | None, api_key: str | None) -> tuple[str | None, str]:
-    """Base URL and key from the arguments, then the deepr, then the OpenAI variables."""
-    env = os.environ
-    base_url = base_url or env.get("DEEPR_LLM_BASE_URL") or env.get("OPENAI_BASE_URL") or None
-    api_key = api_key or env.get("DEEPR_LLM_API_KEY") or env.get("OPENAI_API_KEY") or None
-    if api_key is None:
-        if base_url is None:
-            raise ValueError("no endpoint configured for --llm openai:<model>: pass --base-url for a local "
-                             "server, or set OPENAI_API_KEY (or DEEPR_LLM_API_KEY) for api.openai.com")
-        api_key = _NO_KEY
-    return base_url, api_key
 
 
 class OpenAIBackend(LLM):
@@ -429,42 +342,15 @@ class OpenAIBackend(LLM):
         HTTP request (and its Authorization header) outlives this frame. ``wait_for``
         cancels a request that runs past the timeout, which closes its connection.
         """
-        import openai
-
-        regex = bool((request["fmt"] or {}).get("regex"))
         styles = (self._style, self._rstyle)
         try:
             return await asyncio.wait_for(self._once(request, styles), self.config.timeout)
-        except openai.APITimeoutError as e:
-            if _refused(e):
-                return _Failure(f"connection refused: nothing is listening at {safe_url(self.config.base_url)} "
-                                "(is the server running, and is --base-url right?)", None, False, unreachable=True)
-            return _Failure(f"timed out after {self.config.timeout:g}s", None, True)
-        except TimeoutError:
-            return _Failure(f"timed out after {self.config.timeout:g}s", None, True)
-        except openai.APIConnectionError as e:  # includes a body cut short: the server may recover
-            if _refused(e):  # the SDK reports it as a timeout; retrying an empty port only wastes time
-                return _Failure(f"connection refused: nothing is listening at {safe_url(self.config.base_url)} "
-                                "(is the server running, and is --base-url right?)", None, False, unreachable=True)
-            return _Failure(f"connection error ({type(e).__name__}: {e})", None, True)
-        except openai.APIStatusError as e:
-            retryable = e.status_code == 429 or e.status_code >= 500
-            message = str(e.message)
-            if e.body is not None and str(e.body) not in message:  # e.g. FastAPI's 422 {"detail": [...]}
-                message = f"{message} {json.dumps(e.body, default=str)[:300]}"
-            # llama-cpp-python's server answers an unknown response_format type with a 500.
-            style = styles[1] if regex else styles[0]
-            refused = request["fmt"] is not None and style is not None and (
-                (e.status_code in (400, 422) and bool(_FORMAT_REFUSAL.search(message)))
-                or (e.status_code >= 500 and bool(re.search(r"response_format|json_schema", message))))
-            return _Failure(f"HTTP {e.status_code}: {message}", e.status_code, retryable, _retry_after(e),
-                            format_refused=refused, style=style)
-        except openai.APIError as e:  # a reply the client cannot read: retrying will not fix it
-            return _Failure(f"unreadable reply ({type(e).__name__}: {e})", None, False)
-        except ValueError as e:  # JSON cut short with a correct length: a server that died mid-reply
-            return _Failure(f"the reply body is not complete JSON ({e})", 200, True)
-        except _BadReply as e:
-            return _Failure(str(e), 200, e.retryable)
+        except Exception as e:  # what went wrong, as a value; anything unforeseen propagates
+            failure = failure_of(e, request["fmt"], styles, timeout=self.config.timeout,
+                                 where=safe_url(self.config.base_url))
+            if failure is None:
+                raise
+            return failure
 
     def _where(self) -> str:
         return f"{self.config.model} at {safe_url(self.config.base_url) or 'api.openai.com'}"
@@ -513,25 +399,5 @@ def has_schema_converter() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
-def _refused(e: BaseException) -> bool:
-    """Whether a connection error was a refused connection (somewhere down its cause chain)."""
-    seen: set[int] = set()
-    x: BaseException | None = e
-    while x is not None and id(x) not in seen:
-        if isinstance(x, ConnectionRefusedError):
-            return True
-        seen.add(id(x))
-        x = x.__cause__ or x.__context__
-    return False
-
-
 def _next(styles: tuple[str, ...], style: str | None) -> str | None:
     return styles[styles.index(style) + 1] if style in styles[:-1] else None
-
-
-def _retry_after(e: Any) -> float | None:
-    try:
-        value = e.response.headers.get("retry-after")
-        return float(value) if value is not None else None
-    except (AttributeError, TypeError, ValueError):
-        return None
