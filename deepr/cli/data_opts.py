@@ -113,7 +113,8 @@ def pending(items: Sequence[T], key: Callable[[T], str], shard: str | None, done
         x for x in mine if id_of(x) not in done]), "to do now": len(todo)}
 
 
-def done_before(out: Path, others: Iterable[Path], rejects: Path, retry: bool, retry_ids: set[str] | None = None) -> set[str]:
+def done_before(out: Path, others: Iterable[Path], rejects: Path, retry: bool,
+                retry_ids: set[str] | None = None) -> set[str]:
     """Ids finished in earlier runs; with ``retry`` the rejects file is cleared of them first."""
     from deepr.io import done_ids, read_jsonl, write_jsonl
 

@@ -38,7 +38,8 @@ def verify_command(
     dry_run: bool = D.C["dry_run"], shard: str | None = D.C["shard"], retry_rejects: bool = D.C["retry_rejects"],
     deadline: float | None = D.C["deadline"], allow_fallback: bool = D.C["allow_fallback"],
     max_tokens: int | None = D.C["max_tokens"], temperature: float | None = D.C["temperature"],
-    top_p: float | None = D.C["top_p"], seed: int | None = D.C["gen_seed"], formats: str = D.C["formats"], reask: str = D.C["reask"],
+    top_p: float | None = D.C["top_p"], seed: int | None = D.C["gen_seed"], formats: str = D.C["formats"],
+    reask: str = D.C["reask"],
     profile: str | None = D.C["profile"], fallback: str = D.fallback_opt(),
 ) -> None:
     """Audit each pair on six dimensions and KEEP / REVISE / DROP it; revisions must stay grounded
