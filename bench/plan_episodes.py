@@ -1,0 +1,156 @@
+"""Held-out R_plan as GRPO scores it: each checkpoint plays one greedy planner episode per unseen
+question (plan G0 → the environment searches G0's nodes → revised plan G1; DecomposeR §3.4.2) and
+gets the reward GRPO's planner stage trains on (R_plan of G1, 0 when G0 or G1 is not a valid plan:
+Eq. 17; no re-ask). The same environment, reward, turn caps and free decoding as
+`deepr grpo --stage planner`'s rollouts, greedy instead of sampled, so the number is what the
+training moved, on questions it never saw. Only the planner's two turns run: ~10x cheaper than a
+full `deepr run` + `deepr eval` of the same questions on 2 cores.
+
+    python bench/plan_episodes.py runs/seed0/sft-merged runs/seed0/grpo --label SFT --label SFT+GRPO \
+        --questions heldout.jsonl --corpus wiki --k 3
+
+A folder with ``adapter_config.json`` is loaded on its base (PEFT). Paired differences (each later
+checkpoint minus the first) come with a 95 % bootstrap interval over questions. Writes
+bench/results/plan_episodes.json: per checkpoint and question the reward, G0's validity, what was
+scored and why a plan was refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def load_policy(folder: str) -> tuple[Any, Any]:
+    """Model (eval mode, fp32) and tokenizer; an adapter folder is put on the base it names."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from deepr.llm.hf_adapters import adapter_base
+
+    path = Path(folder)
+    if (path / "adapter_config.json").is_file():
+        from peft import PeftModel
+
+        base = adapter_base(path)
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), path)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return model.eval(), AutoTokenizer.from_pretrained(path)
+
+
+def greedy_generate(model: Any, tok: Any, eos_ids: list[int]) -> Any:
+    """A rollout generator (:data:`deepr.train.sampling.Generate`): one greedy continuation a
+    sequence, the batch left-padded, each cut after its first end token."""
+    import torch
+
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos_ids[0]
+
+    def generate(seqs: list[list[int]], first: bool, max_new: int) -> tuple[list[list[int]], None]:
+        width = max(map(len, seqs))
+        ids = torch.tensor([[pad] * (width - len(s)) + list(s) for s in seqs])
+        mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs])
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
+                                 eos_token_id=eos_ids, pad_token_id=pad)
+        rows = []
+        for row in out[:, width:].tolist():
+            end = next((i for i, t in enumerate(row) if t in eos_ids), None)
+            rows.append(row if end is None else row[:end + 1])
+        return rows, None
+
+    return generate
+
+
+def eos_of(model: Any, tok: Any) -> list[int]:
+    """Every token generation stops at: the generation config's eos list and the tokenizer's eos."""
+    ids = model.generation_config.eos_token_id
+    return sorted({int(t) for t in ([ids] if isinstance(ids, int) else ids or [])} | {int(tok.eos_token_id)})
+
+
+def episodes(generate: Any, tok: Any, eos_ids: list[int], pairs: list[Any], env: Any, *, budget: int,
+             turn_cap: int) -> list[dict[str, Any]]:
+    """One episode a question, played with ``generate``, scored with GRPO's planner reward."""
+    from deepr.rewards.trl_adapters import PlanRewardFn
+    from deepr.train.grpo import planner_dataset
+    from deepr.train.rollouts import planner_rollouts
+
+    rows, lookup = planner_dataset(pairs)
+    prompts = [r["prompt"] for r in rows]
+    eps, extra = planner_rollouts(prompts, lookup, env, generate, tok, budget=budget, eos_ids=eos_ids,
+                                  turn_cap=turn_cap)
+    # the scored plan (G1, or the refusal note that scores 0) rides in the "plan" column, as in GRPO
+    rewards = PlanRewardFn()(prompts, [e.texts[-1] for e in eps], plan=extra["plan"],
+                             rubrics=[r["rubrics"] for r in rows])
+    return [{"id": r["id"], "r_plan": rw, "initial_valid": v0, "scored": src, "refused": why,
+             "truncated": e.truncated, "tokens": e.used()}
+            for r, rw, v0, src, why, e in zip(rows, rewards, extra["initial_valid"], extra["plan_source"],
+                                              extra["refused"], eps)]
+
+
+def paired(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any]:
+    """mean(b − a) of R_plan over the questions both scored, with a 95 % bootstrap interval."""
+    from learning_stats import paired_ci
+
+    ra = {x["id"]: x["r_plan"] for x in a if x["r_plan"] is not None}
+    pairs = [(ra[x["id"]], x["r_plan"]) for x in b if x["r_plan"] is not None and x["id"] in ra]
+    if not pairs:
+        raise ValueError("no question has a reward under both checkpoints")
+    mean, lo, hi = paired_ci([[y] for _, y in pairs], [[x] for x, _ in pairs])
+    return {"questions": len(pairs), "mean": round(mean, 4), "ci95": [round(lo, 4), round(hi, 4)]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("folders", nargs="+", help="checkpoints: merged model folders or adapter folders")
+    ap.add_argument("--label", action="append", default=[], help="a name per checkpoint, in order")
+    ap.add_argument("--questions", type=Path, required=True, help="verified pairs (jsonl) the checkpoints did not train on")
+    ap.add_argument("--corpus", default="wiki")
+    ap.add_argument("--retriever", default="hybrid")
+    ap.add_argument("--k", type=int, default=3, help="results per search node (as deepr grpo --k)")
+    ap.add_argument("--budget", type=int, default=1400, help="model tokens of an episode (--max-completion-length)")
+    ap.add_argument("--turn-cap", type=int, default=640, help="model tokens of one turn (max_turn_tokens)")
+    ap.add_argument("--limit", type=int, default=None, help="first N questions only")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "plan_episodes.json")
+    a = ap.parse_args(argv)
+    labels = a.label + a.folders[len(a.label):]
+    from deepr.corpus import open_retriever
+    from deepr.io import read_records
+    from deepr.records import QRPair
+    from deepr.train.environments import PlannerEnvironment
+
+    pairs = read_records(a.questions, QRPair)[:a.limit]
+    env = PlannerEnvironment(open_retriever(a.corpus, retriever=a.retriever, progress=False), k=a.k)
+    runs: dict[str, Any] = {}
+    for label, folder in zip(labels, a.folders):
+        t0 = time.perf_counter()
+        model, tok = load_policy(folder)
+        eos_ids = eos_of(model, tok)
+        rows = episodes(greedy_generate(model, tok, eos_ids), tok, eos_ids, pairs, env, budget=a.budget,
+                        turn_cap=a.turn_cap)
+        scored = [r["r_plan"] for r in rows if r["r_plan"] is not None]
+        runs[label] = {"folder": folder, "seconds": round(time.perf_counter() - t0, 1),
+                       "mean_r_plan": round(sum(scored) / len(scored), 4) if scored else None,
+                       "initial_valid": sum(r["initial_valid"] for r in rows), "scored_g1": sum(
+                           r["scored"] == "revised" for r in rows), "questions": rows}
+        print(label, {k: v for k, v in runs[label].items() if k != "questions"}, flush=True)
+    first = labels[0]
+    diffs = {f"{lab} - {first}": paired(runs[first]["questions"], runs[lab]["questions"]) for lab in labels[1:]}
+    doc = {"command": "python bench/plan_episodes.py " + " ".join(sys.argv[1:] if argv is None else argv),
+           "questions_file": str(a.questions), "k": a.k, "budget": a.budget, "turn_cap": a.turn_cap,
+           "runs": runs, "paired_differences": diffs}
+    a.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps(diffs, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,54 @@
+"""bench/plan_episodes.py: held-out planner episodes scored with GRPO's own reward."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import plan_episodes as pe  # noqa: E402
+from test_grpo import PLAN, REVISED, _pairs, scripted  # noqa: E402
+
+
+def test_an_episode_gets_the_reward_grpo_trains_on_and_an_invalid_plan_scores_zero_with_its_reason(tok, retriever):
+    from deepr.train.environments import PlannerEnvironment
+
+    env = PlannerEnvironment(retriever, k=2)
+    good = pe.episodes(scripted(tok, [json.dumps(PLAN), json.dumps(REVISED)]), tok, [tok.eos_token_id], _pairs(2),
+                       env, budget=4000, turn_cap=2000)
+    assert [r["id"] for r in good] == [p.id for p in _pairs(2)]
+    assert all(r["scored"] == "revised" and r["initial_valid"] == 1.0 and r["refused"] is None for r in good)
+    assert all(0.0 < r["r_plan"] <= 1.0 for r in good)
+    bad = pe.episodes(scripted(tok, ['{"nodes": [{"id": "N1", "type": "search"}]}']), tok, [tok.eos_token_id],
+                      _pairs(1), env, budget=4000, turn_cap=2000)
+    # an invalid first plan is a measured 0 with its reason, not a missing score
+    assert bad[0]["r_plan"] == 0.0 and bad[0]["scored"] == "refused" and "G0 is not a valid plan" in bad[0]["refused"]
+
+
+def test_paired_differences_match_the_questions_and_refuse_an_empty_match():
+    a = [{"id": "q1", "r_plan": 0.2}, {"id": "q2", "r_plan": 0.4}, {"id": "q3", "r_plan": None}]
+    b = [{"id": "q2", "r_plan": 0.5}, {"id": "q1", "r_plan": 0.3}, {"id": "q9", "r_plan": 0.9}]
+    d = pe.paired(a, b)
+    assert d["questions"] == 2 and d["mean"] == pytest.approx(0.1)
+    assert d["ci95"][0] == pytest.approx(0.1) and d["ci95"][1] == pytest.approx(0.1)  # the same gain everywhere
+    with pytest.raises(ValueError, match="no question"):
+        pe.paired(a, [{"id": "q9", "r_plan": 0.9}])
+
+
+def test_greedy_generation_is_repeatable_and_cut_after_the_end_token(tiny, tok):
+    from deepr.train.rollouts import prompt_ids
+
+    model, tok2 = pe.load_policy(str(tiny))
+    eos = pe.eos_of(model, tok2)
+    gen = pe.greedy_generate(model, tok2, eos)
+    seqs = [prompt_ids(tok, [{"role": "user", "content": q}]) for q in ("plates?", "volcanoes and their ash?")]
+    first, lps = gen(seqs, True, 12)
+    assert lps is None and first == gen(seqs, True, 12)[0]
+    for row in first:
+        assert 0 < len(row) <= 12
+        assert all(t not in eos for t in row[:-1])  # nothing after an end token
