@@ -72,8 +72,9 @@ def greedy_generate(model: Any, tok: Any, eos_ids: list[int]) -> Any:
 
 def eos_of(model: Any, tok: Any) -> list[int]:
     """Every token generation stops at: the generation config's eos list and the tokenizer's eos."""
-    ids = model.generation_config.eos_token_id
-    return sorted({int(t) for t in ([ids] if isinstance(ids, int) else ids or [])} | {int(tok.eos_token_id)})
+    from deepr.llm.hf_backend import _as_list  # the hf backend reads its stop ids the same way
+
+    return sorted({int(t) for t in _as_list(model.generation_config.eos_token_id)} | {int(tok.eos_token_id)})
 
 
 def episodes(generate: Any, tok: Any, eos_ids: list[int], pairs: list[Any], env: Any, *, budget: int,

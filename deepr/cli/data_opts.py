@@ -60,8 +60,8 @@ C = _common()  # the flags every data stage takes, by parameter name
 
 
 def models(llm: str, judge: str | None, base_url: str | None, api_key: str | None, no_cache: bool,
-            timeout: float, concurrency: int, gen: Any = None, deadline: float | None = None,
-            profiles: tuple[str | None, str | None, str | None] = (None, None, None)) -> tuple[Any, Any, Any, Any]:
+           timeout: float, concurrency: int, gen: Any = None, deadline: float | None = None,
+           profiles: tuple[str | None, str | None, str | None] = (None, None, None)) -> tuple[Any, Any, Any, Any]:
     """The writing model and the judging one (the same when ``judge`` is unset), each with its
     profile (``profiles``: --profile, --formats, --reask)."""
     from deepr.llm import llm_from_flags

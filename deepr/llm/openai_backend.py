@@ -336,12 +336,9 @@ class OpenAIBackend(LLM):
         raise err
 
     async def _attempt(self, request: dict[str, Any]) -> _Result | _Failure:
-        """One try: the reply, or why it failed.
-
-        Errors are turned into plain values here so that no exception object holding the
-        HTTP request (and its Authorization header) outlives this frame. ``wait_for``
-        cancels a request that runs past the timeout, which closes its connection.
-        """
+        """One try: the reply, or why it failed (:func:`failure_of`: as a value, so no exception
+        holding the request and its Authorization header outlives this frame). ``wait_for``
+        cancels a request that runs past the timeout, which closes its connection."""
         styles = (self._style, self._rstyle)
         try:
             return await asyncio.wait_for(self._once(request, styles), self.config.timeout)
