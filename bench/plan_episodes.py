@@ -109,6 +109,20 @@ def paired(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any]:
     return {"questions": len(pairs), "mean": round(mean, 4), "ci95": [round(lo, 4), round(hi, 4)]}
 
 
+def baseline_run(spec: str) -> tuple[str, list[dict[str, Any]]]:
+    """``FILE[:LABEL]``: a run of an earlier output of this bench (its first run without a label),
+    so checkpoints scored in separate invocations are still compared question by question."""
+    path, _, label = spec.rpartition(":") if ":" in spec and not Path(spec).exists() else (spec, "", "")
+    try:
+        runs = json.loads(Path(path).read_text(encoding="utf-8"))["runs"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"--baseline {spec}: not an output of bench/plan_episodes.py ({e})") from None
+    label = label or next(iter(runs), "")
+    if label not in runs:
+        raise SystemExit(f"--baseline {spec}: no run {label!r} in {path} (it has {', '.join(runs)})")
+    return label, runs[label]["questions"]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folders", nargs="+", help="checkpoints: merged model folders or adapter folders")
@@ -120,9 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=1400, help="model tokens of an episode (--max-completion-length)")
     ap.add_argument("--turn-cap", type=int, default=640, help="model tokens of one turn (max_turn_tokens)")
     ap.add_argument("--limit", type=int, default=None, help="first N questions only")
+    ap.add_argument("--baseline", help="FILE[:LABEL]: also compare every checkpoint with a run of an earlier output")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "plan_episodes.json")
     a = ap.parse_args(argv)
     labels = a.label + a.folders[len(a.label):]
+    base = baseline_run(a.baseline) if a.baseline else None  # read first: a bad path fails before any model loads
     from deepr.corpus import open_retriever
     from deepr.io import read_records
     from deepr.records import QRPair
@@ -145,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         print(label, {k: v for k, v in runs[label].items() if k != "questions"}, flush=True)
     first = labels[0]
     diffs = {f"{lab} - {first}": paired(runs[first]["questions"], runs[lab]["questions"]) for lab in labels[1:]}
+    if base is not None:
+        diffs |= {f"{lab} - {base[0]}": paired(base[1], runs[lab]["questions"]) for lab in labels}
     doc = {"command": "python bench/plan_episodes.py " + " ".join(sys.argv[1:] if argv is None else argv),
            "questions_file": str(a.questions), "k": a.k, "budget": a.budget, "turn_cap": a.turn_cap,
            "runs": runs, "paired_differences": diffs}

@@ -40,6 +40,19 @@ def test_paired_differences_match_the_questions_and_refuse_an_empty_match():
         pe.paired(a, [{"id": "q9", "r_plan": 0.9}])
 
 
+def test_a_baseline_from_an_earlier_output_is_found_by_label_or_first_and_a_bad_one_named(tmp_path):
+    runs = {"sft": {"questions": [{"id": "q1", "r_plan": 0.1}]}, "grpo": {"questions": [{"id": "q1", "r_plan": 0.4}]}}
+    out = tmp_path / "episodes.json"
+    out.write_text(json.dumps({"runs": runs}))
+    assert pe.baseline_run(str(out)) == ("sft", runs["sft"]["questions"])
+    assert pe.baseline_run(f"{out}:grpo") == ("grpo", runs["grpo"]["questions"])
+    with pytest.raises(SystemExit, match="no run 'rl'.*sft, grpo"):
+        pe.baseline_run(f"{out}:rl")
+    (tmp_path / "log.txt").write_text("not json")
+    with pytest.raises(SystemExit, match="log.txt: not an output of bench/plan_episodes.py"):
+        pe.baseline_run(str(tmp_path / "log.txt"))
+
+
 def test_greedy_generation_is_repeatable_and_cut_after_the_end_token(tiny, tok):
     from deepr.train.rollouts import prompt_ids
 
