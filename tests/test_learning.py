@@ -126,6 +126,20 @@ def test_answer_writers_and_grpo_steps_are_summarised_per_stage():
     assert [r["reward"] for r in g["per_seed"]["seed 0"]] == [0.2, 0.3]
 
 
+def test_grpo_curves_draws_named_runs_and_refuses_a_file_without_rewards(tmp_path):
+    from bench import grpo_curves
+
+    log = tmp_path / "metrics.jsonl"
+    log.write_text("".join(json.dumps({"step": s, "reward": 0.1 * s, "kl": 0.01 * s}) + "\n" for s in (1, 2)))
+    assert grpo_curves.main([f"probe={log}", "--out", str(tmp_path / "c.png")]) == 0
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+    (tmp_path / "sft.jsonl").write_text(json.dumps({"step": 1, "loss": 0.5}) + "\n")
+    with pytest.raises(SystemExit, match="no step with a reward"):
+        grpo_curves.main([f"sft={tmp_path / 'sft.jsonl'}", "--out", str(tmp_path / "d.png")])
+    with pytest.raises(SystemExit, match="give NAME=path"):
+        grpo_curves.main([str(log), "--out", str(tmp_path / "d.png")])
+
+
 def test_plots_are_written_from_a_small_metrics_file(tmp_path):
     log = tmp_path / "metrics.jsonl"
     log.write_text("".join(json.dumps({"step": s, "rewards/plan_reward/mean": 0.1 * s, "kl": 0.01 * s}) + "\n"
