@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.learning_stats import plot_grpo, read_metrics_rows  # noqa: E402
+from bench.learning_stats import plot_grpo, read_metrics_rows, reward_key  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
             rows = read_metrics_rows(path)
         except (OSError, ValueError) as e:
             raise SystemExit(f"{name}: {e}") from None
-        if not any(k == "reward" or k.startswith("rewards/") for r in rows for k in r):
+        if not any(reward_key(rows) in r for r in rows):  # the key the figure's reward panel reads
             raise SystemExit(f"{path}: no step with a reward (not a deepr grpo metrics.jsonl, or no step finished)")
         runs[name] = rows
     print(plot_grpo(runs, a.out))

@@ -161,11 +161,14 @@ def main(argv: list[str] | None = None) -> int:
         print(label, {k: v for k, v in runs[label].items() if k != "questions"}, flush=True)
     first = labels[0]
     diffs = {f"{lab} - {first}": paired(runs[first]["questions"], runs[lab]["questions"]) for lab in labels[1:]}
-    for lab in labels if base is not None else ():
-        try:
-            diffs[f"{lab} - {base[0]}"] = paired(base[1], runs[lab]["questions"])
-        except ValueError as e:  # other questions than the baseline's: keep this run's scores, say why
-            diffs[f"{lab} - {base[0]}"] = {"error": f"{e} (--baseline {a.baseline} scored other questions)"}
+    if base is not None:
+        base_label, base_rows = base
+        for lab in labels:
+            try:
+                diff = paired(base_rows, runs[lab]["questions"])
+            except ValueError as e:  # other questions than the baseline's: keep this run's scores, say why
+                diff = {"error": f"{e} (--baseline {a.baseline} scored other questions)"}
+            diffs[f"{lab} - {base_label}"] = diff
     doc = {"command": "python bench/plan_episodes.py " + " ".join(sys.argv[1:] if argv is None else argv),
            "questions_file": str(a.questions), "k": a.k, "budget": a.budget, "turn_cap": a.turn_cap,
            "runs": runs, "paired_differences": diffs}
