@@ -43,3 +43,24 @@ def _spy(real, seen):
         seen.append(inspect.signature(real).bind(*a, **kw).arguments["concurrency"])
 
     return spy
+
+
+def test_client_floor_measures_each_client_over_real_calls_and_names_an_unknown_one(tmp_path, capsys):
+    """Each client must really round-trip the stub (calls in flight, a reply read back), so the
+    CPU per call it reports is a call's and not an empty loop's."""
+    import json
+
+    import client_floor
+    import pytest
+
+    out = tmp_path / "floor.json"
+    rc = client_floor.main(["--calls", "24", "--in-flight", "6", "--latency", "0.02", "--repeats", "1",
+                            "--kinds", "aiohttp,deepr", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert rc == 0 and result["most_in_flight_at_stub"] >= 2
+    assert set(result["cpu_ms_per_call_mean"]) == {"aiohttp", "deepr"}
+    assert all(v > 0 for v in result["cpu_ms_per_call_mean"].values())
+    assert result["budget_ms_per_call_at_in_flight"] == round(1000 * 0.02 / 6, 3)
+    with pytest.raises(SystemExit):
+        client_floor.main(["--kinds", "aiohttp,curl", "--out", str(out)])
+    assert "unknown curl" in capsys.readouterr().err
