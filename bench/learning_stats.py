@@ -248,8 +248,10 @@ def plot_grpo(runs: Mapping[str, Sequence[Mapping[str, Any]]], out: str | Path) 
     ax_z.set(title="groups with zero advantage", xlabel="step", ylabel="share", ylim=(-0.05, 1.05))
     for ax in (ax_r, ax_k, ax_z):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
+    # One legend under the panels: inside them, several runs' names cover the points.
+    handles, labels = ax_r.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 2), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.06 * ((len(labels) + 1) // 2), 1, 1))
     return _save(fig, out)
 
 
