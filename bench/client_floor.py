@@ -107,9 +107,12 @@ def child(kind: str, base_url: str, calls: int, in_flight: int) -> None:
 
 def run_kind(kind: str, base_url: str, a) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, __file__, "--child", kind, "--base-url", base_url,
-                           "--calls", str(a.calls), "--in-flight", str(a.in_flight)],
-                          capture_output=True, text=True, env=env, timeout=600)
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--child", kind, "--base-url", base_url,
+                               "--calls", str(a.calls), "--in-flight", str(a.in_flight)],
+                              capture_output=True, text=True, env=env, timeout=600)
+    except subprocess.TimeoutExpired:
+        return {"error": [f"{kind}: {a.calls} calls did not finish in 600 s"]}
     if proc.returncode != 0:
         return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
     return json.loads(proc.stdout.strip().splitlines()[-1])

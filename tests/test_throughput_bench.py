@@ -1,14 +1,19 @@
 """The arithmetic behind bench/throughput.py and bench/throughput_data.py: the critical-path
-bound is only as good as the chains and in-flight counts read from the stub's request log."""
+bound is only as good as the chains and in-flight counts read from the stub's request log; and
+bench/client_floor.py's per-call CPU is only a call's if its clients really round-trip the stub."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
+import client_floor  # noqa: E402
 from throughput import chains, in_flight  # noqa: E402
 from throughput_data import with_calls  # noqa: E402
 
@@ -48,11 +53,6 @@ def _spy(real, seen):
 def test_client_floor_measures_each_client_over_real_calls_and_names_an_unknown_one(tmp_path, capsys):
     """Each client must really round-trip the stub (calls in flight, a reply read back), so the
     CPU per call it reports is a call's and not an empty loop's."""
-    import json
-
-    import client_floor
-    import pytest
-
     out = tmp_path / "floor.json"
     rc = client_floor.main(["--calls", "24", "--in-flight", "6", "--latency", "0.02", "--repeats", "1",
                             "--kinds", "aiohttp,deepr", "--out", str(out)])
