@@ -25,6 +25,7 @@ questions in step, a call's client CPU beyond L / P seconds is time the model wa
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import resource
@@ -61,14 +62,14 @@ async def _client(kind: str, base_url: str):
         client = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, **extra)
 
         async def call():
-            return (await client.post("/chat/completions", body=body, cast_to=object))["choices"][0]
+            return (await client.post("/chat/completions", body=body, cast_to=object))["choices"][0]["message"]["content"]
         return call, client.close
     from deepr.llm import get_llm
 
     llm = get_llm("openai:stub", base_url=base_url, cache=False, max_concurrency=1024)
 
     async def call():
-        return await llm.achat(messages, max_tokens=640, temperature=0)
+        return str(await llm.achat(messages, max_tokens=640, temperature=0))
 
     async def close():
         llm.close()
@@ -81,8 +82,6 @@ def _cpu() -> float:
 
 
 async def _measure(kind: str, base_url: str, calls: int, in_flight: int) -> dict:
-    import asyncio
-
     call, close = await _client(kind, base_url)
     gate = asyncio.Semaphore(in_flight)
 
@@ -94,14 +93,14 @@ async def _measure(kind: str, base_url: str, calls: int, in_flight: int) -> dict
     replies = await asyncio.gather(*[one() for _ in range(calls)])
     cpu, wall = _cpu() - cpu0, time.perf_counter() - t0
     await close()
-    if not all(replies):
-        raise SystemExit(f"{kind}: {sum(not r for r in replies)} empty replies")
+    # Every client reads the reply's text back, and it must be the stub's: a call that did not
+    # round-trip (or read nothing) would make its CPU per call meaningless.
+    if wrong := sum(r != REPLY for r in replies):
+        raise SystemExit(f"{kind}: {wrong} of {calls} replies are not the stub's reply")
     return {"cpu_ms_per_call": round(1000 * cpu / calls, 3), "wall_s": round(wall, 3)}
 
 
 def child(kind: str, base_url: str, calls: int, in_flight: int) -> None:
-    import asyncio
-
     print(json.dumps(asyncio.run(_measure(kind, base_url, calls, in_flight))))
 
 
