@@ -62,7 +62,8 @@ async def _client(kind: str, base_url: str):
         client = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, **extra)
 
         async def call():
-            return (await client.post("/chat/completions", body=body, cast_to=object))["choices"][0]["message"]["content"]
+            reply = await client.post("/chat/completions", body=body, cast_to=object)
+            return reply["choices"][0]["message"]["content"]
         return call, client.close
     from deepr.llm import get_llm
 
