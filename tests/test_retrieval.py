@@ -104,6 +104,18 @@ def test_blank_and_stopword_queries_return_nothing(retriever) -> None:
     assert retriever.search_many(["", "chess"], k=2)[0] == []
 
 
+def test_a_bm25_search_scores_in_the_calling_thread(retriever, monkeypatch) -> None:
+    """An agent runs a search between two model calls on its one event loop; bm25s given
+    n_threads=1 started a thread pool for every search (~2 ms, ten times the scoring)."""
+    import threading
+
+    started = []
+    real_start = threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda self: (started.append(self.name), real_start(self))[1])
+    hits = [retriever.search(q, k=2, mode="bm25") for q in ("Paris France capital", "photosynthesis plants")]
+    assert all(hits) and started == []
+
+
 def test_search_many_matches_single_searches(retriever) -> None:
     queries = [d.title for d in retriever.documents[:5]]
     batched = retriever.search_many(queries, k=3)
