@@ -164,9 +164,12 @@ def _batch(items: list[dict[str, Any]], out: Path, tools: Any, llm: Any, config:
            record: Path | None, limit: int | None = None, parallel: int = 1, profile: Any = None) -> dict[str, Any]:
     """Run every query not yet in ``out/reports.jsonl``, ``parallel`` at a time; returns counts for
     the summary. Each finished query is written at once, so a stopped batch resumes where it was."""
-    from deepr.io import JsonlAppender, done_ids, rejects_path
+    from deepr.io import JsonlAppender, done_ids, rejects_path, versions
     from deepr.llm.base import run_sync
 
+    # Every report's sidecar names the library versions; reading them (a sys.path scan) before the
+    # questions start keeps it off the first report's write, which the questions in flight wait on.
+    versions()
     index = out / "reports.jsonl"
     done = done_ids(index)
     todo = [it for it in items if it["id"] not in done][:limit]

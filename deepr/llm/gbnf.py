@@ -108,6 +108,7 @@ def _node(op: Any, av: Any) -> str:
     raise ValueError(f"regex construct {op} has no GBNF form here")
 
 
+@functools.lru_cache(maxsize=256)  # a run sends the same few tag formats on every call
 def regex_to_gbnf(regex: str) -> str:
     """The GBNF grammar (one ``root`` rule) matching exactly what ``regex`` fully matches."""
     try:

@@ -4,6 +4,7 @@ arguments, then ``DEEPR_LLM_BASE_URL`` / ``DEEPR_LLM_API_KEY``, then ``OPENAI_BA
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -61,6 +62,7 @@ class OpenAIConfig(BaseModel):
         "the client CPU per call: bench/tree_concurrency.py) or httpx; auto = aiohttp where installed.")
 
 
+@functools.lru_cache(maxsize=64)  # every request names its endpoint in its cache key
 def safe_url(url: str | None) -> str | None:
     """The URL without user:password or query string, which may hold credentials."""
     if not url:
