@@ -64,3 +64,22 @@ def test_client_floor_measures_each_client_over_real_calls_and_names_an_unknown_
     with pytest.raises(SystemExit):
         client_floor.main(["--kinds", "aiohttp,curl", "--out", str(out)])
     assert "unknown curl" in capsys.readouterr().err
+
+
+def test_client_floor_chain_times_questions_in_step_against_the_critical_path(tmp_path):
+    """--chain gives dag's shape (questions of dependent calls, started together); CPU after each
+    reply is serialised across the questions in step, so it must show in the wall over the bound."""
+    def run(work_ms: str) -> dict:
+        out = tmp_path / f"chain-{work_ms}.json"
+        rc = client_floor.main(["--chain", "3", "--in-flight", "4", "--latency", "0.05", "--repeats", "1",
+                                "--kinds", "aiohttp", "--work-ms", work_ms, "--out", str(out)])
+        assert rc == 0
+        return json.loads(out.read_text())
+
+    idle, busy = run("0"), run("25")
+    assert idle["calls"] == busy["calls"] == 12 and idle["chain"] == 3
+    assert idle["most_in_flight_at_stub"] >= 2
+    assert 1.0 <= idle["wall_over_bound_mean"]["aiohttp"] < busy["wall_over_bound_mean"]["aiohttp"]
+    # the first replies arrive together, so their 4 x 25 ms of work runs one after another: at
+    # least 0.1 s on top of the 0.15 s bound (later steps overlap, the questions no longer in step)
+    assert busy["runs"]["aiohttp"][0]["wall_s"] >= 0.15 + 0.1
