@@ -63,9 +63,19 @@ def marker_ids(inner: str) -> list[str]:
 
 def strip_citations(text: str) -> str:
     """Remove citation markers, markup tags and link targets, keeping the text and line breaks."""
-    text = _MD_LINK.sub(r"\1", _CITE_TAG.sub("", text or ""))
-    text = _XML_TAG.sub(" ", CITE_MARKER.sub("", text))
-    text = _SPACE_PUNCT.sub(r"\1", _HSPACE.sub(" ", text))
+    # Each pattern runs only on a text that holds its first character: this runs on every sentence
+    # the agent compares and every text a reward tokenises, and most have no tag, link or marker.
+    text = text or ""
+    if "<" in text:
+        text = _CITE_TAG.sub("", text)
+    if "[" in text:
+        text = CITE_MARKER.sub("", _MD_LINK.sub(r"\1", text))
+    if "<" in text:
+        text = _XML_TAG.sub(" ", text)
+    if "\t" in text or "  " in text:
+        text = _HSPACE.sub(" ", text)
+    if any(f" {p}" in text for p in ".,;:!?"):
+        text = _SPACE_PUNCT.sub(r"\1", text)
     return "\n".join(line.strip() for line in text.splitlines()).strip()
 
 

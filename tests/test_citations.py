@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from deepr.agent.citations import Catalog, cited_ids, normalize, strip_ids
 from deepr.agent.render import ReportDoc, Section, render_markdown
 from deepr.records import Document, Hit
+from deepr.text import strip_citations
 
 
 def hit(pid: str, text: str = "Some text about it.", url: str | None = None) -> Hit:
@@ -101,3 +104,19 @@ def test_render_drops_ids_the_catalog_never_issued():
     md, citations, dropped = render_markdown(ReportDoc("T", [Section("A", "Claim [N1-R1]. Bad [Z9-R9].")]),
                                              catalog())
     assert dropped == ["Z9-R9"] and "Z9-R9" not in md and list(citations) == ["N1-R1"]
+
+
+@pytest.mark.parametrize("text, plain", [
+    ("Paris is the capital [N1-R2, N3].", "Paris is the capital."),
+    ("See <cite id='N1'>the claim</cite> here", "See the claim here"),
+    ("A [report](http://x.org/a) says so [N2]", "A report says so"),
+    ("Tabs\tand  doubled   spaces , before punctuation !", "Tabs and doubled spaces, before punctuation!"),
+    ("  line one [N1]\n\tline two <b>bold</b> .  ", "line one\nline two bold."),
+    ("Plain text with no markup.", "Plain text with no markup."),
+    ("[not an id] stays", "[not an id] stays"),
+    ("", ""),
+])
+def test_strip_citations_keeps_the_words_and_drops_markers_tags_and_link_targets(text, plain):
+    """What the rewards' tokens and the report's repeated-sentence check read: each kind of markup
+    removed, and a text without any (most of them, which skip the patterns) left as it was."""
+    assert strip_citations(text) == plain

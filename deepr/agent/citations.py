@@ -33,6 +33,7 @@ _LINK = re.compile(r"\[[^\[\]\n]*\]\((?:https?:|www\.)[^)]*\)")
 _LATEX_CITE = re.compile(r"\\cite[pt]?\{([^{}]*)\}")
 _CITE_TAG = re.compile(r"<cite\s+id=[\"']([^\"']+)[\"']\s*/?>(.*?)(?:</cite>|(?=<cite)|$)", re.S | re.I)
 _WIDE = str.maketrans({"【": "[", "】": "]", "［": "[", "］": "]", "，": ","})
+_WIDE_CHARS = "【】［］，"
 _NUMERIC = re.compile(r"^\s*\^?\d+(?:\s*[,;\-–]\s*\^?\d+)*\s*$")
 
 
@@ -66,7 +67,9 @@ def normalize(text: str) -> str:
     """
     # Each rewrite runs only where its marker can occur: most replies have none of them, and this
     # runs on every answer a run checks (a few per cent of `deepr run --queries`' CPU otherwise).
-    if not text.isascii():
+    # str.translate looks every character up in the table: on a long evidence-laden answer that
+    # cost more than the rest of this function; five substring scans are cheap
+    if not text.isascii() and any(c in text for c in _WIDE_CHARS):
         text = text.translate(_WIDE)
     if "\\cite" in text:
         text = _LATEX_CITE.sub(lambda m: "[" + ", ".join(p.strip() for p in m.group(1).split(",")) + "]", text)
