@@ -9,7 +9,11 @@ full `deepr run` + `deepr eval` of the same questions on 2 cores.
     python bench/plan_episodes.py runs/seed0/sft-merged runs/seed0/grpo --label SFT --label SFT+GRPO \
         --questions heldout.jsonl --corpus wiki --k 3
 
-A folder with ``adapter_config.json`` is loaded on its base (PEFT). Paired differences (each later
+    python bench/plan_episodes.py --pool seed0.json --pool seed1.json --baseline sft.json
+
+``--pool`` scores nothing: it takes earlier outputs, one per seed of a setting, and compares them
+with ``--baseline`` together (the interval resamples questions and seeds). A folder with
+``adapter_config.json`` is loaded on its base (PEFT). Paired differences (each later
 checkpoint minus the first) come with a 95 % bootstrap interval over questions. Writes
 bench/results/plan_episodes.json: per checkpoint and question the reward, G0's validity, what was
 scored and why a plan was refused.
@@ -109,6 +113,25 @@ def paired(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any]:
     return {"questions": len(pairs), "mean": round(mean, 4), "ci95": [round(lo, 4), round(hi, 4)]}
 
 
+def pooled(seed_runs: list[tuple[str, list[dict[str, Any]]]], base: list[dict[str, Any]]) -> dict[str, Any]:
+    """mean(seed run − baseline) of R_plan over the questions every run scored, the runs taken as
+    seeds of one setting: the 95 % interval resamples questions and seeds independently
+    (bench/learning_stats.py, as `make learn` does), so a single lucky seed widens it."""
+    from learning_stats import paired_ci
+
+    if len(seed_runs) < 2:
+        raise ValueError("--pool needs two runs or more (one is the plain --baseline comparison)")
+    ref = {x["id"]: x["r_plan"] for x in base if x["r_plan"] is not None}
+    seeds = [{x["id"]: x["r_plan"] for x in rows if x["r_plan"] is not None} for _, rows in seed_runs]
+    qids = [q for q in ref if all(q in s for s in seeds)]
+    if not qids:
+        raise ValueError("no question has a reward in the baseline and in every pooled run")
+    mean, lo, hi = paired_ci([[s[q] for s in seeds] for q in qids], [[ref[q]] * len(seeds) for q in qids])
+    return {"runs": [label for label, _ in seed_runs], "questions": len(qids), "seeds": len(seeds),
+            "mean": round(mean, 4), "ci95": [round(lo, 4), round(hi, 4)],
+            "per_run": {label: paired(base, rows) for label, rows in seed_runs}}
+
+
 def baseline_run(spec: str) -> tuple[str, list[dict[str, Any]]]:
     """``FILE[:LABEL]``: a run of an earlier output of this bench (its first run without a label),
     so checkpoints scored in separate invocations are still compared question by question."""
@@ -125,9 +148,9 @@ def baseline_run(spec: str) -> tuple[str, list[dict[str, Any]]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("folders", nargs="+", help="checkpoints: merged model folders or adapter folders")
+    ap.add_argument("folders", nargs="*", help="checkpoints: merged model folders or adapter folders")
     ap.add_argument("--label", action="append", default=[], help="a name per checkpoint, in order")
-    ap.add_argument("--questions", type=Path, required=True, help="verified pairs (jsonl) the checkpoints did not train on")
+    ap.add_argument("--questions", type=Path, help="verified pairs (jsonl) the checkpoints did not train on")
     ap.add_argument("--corpus", default="wiki")
     ap.add_argument("--retriever", default="hybrid")
     ap.add_argument("--k", type=int, default=3, help="results per search node (as deepr grpo --k)")
@@ -135,8 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--turn-cap", type=int, default=640, help="model tokens of one turn (max_turn_tokens)")
     ap.add_argument("--limit", type=int, default=None, help="first N questions only")
     ap.add_argument("--baseline", help="FILE[:LABEL]: also compare every checkpoint with a run of an earlier output")
+    ap.add_argument("--pool", action="append", default=[], metavar="FILE[:LABEL]",
+                    help="score nothing: pool earlier runs (one per seed of a setting) against --baseline")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "plan_episodes.json")
     a = ap.parse_args(argv)
+    if a.pool:
+        return pool_command(a, ap, argv)
+    if not a.folders or a.questions is None:
+        ap.error("give the checkpoints to score and --questions (or --pool earlier runs)")
     labels = a.label + a.folders[len(a.label):]
     base = baseline_run(a.baseline) if a.baseline else None  # read first: a bad path fails before any model loads
     from deepr.corpus import open_retriever
@@ -174,6 +203,22 @@ def main(argv: list[str] | None = None) -> int:
            "runs": runs, "paired_differences": diffs}
     a.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps(diffs, indent=1))
+    return 0
+
+
+def pool_command(a: argparse.Namespace, ap: argparse.ArgumentParser, argv: list[str] | None) -> int:
+    if a.folders or not a.baseline:
+        ap.error("--pool takes earlier runs and a --baseline, no checkpoints")
+    base_label, base_rows = baseline_run(a.baseline)
+    runs = [baseline_run(spec) for spec in a.pool]
+    try:
+        result = pooled(runs, base_rows)
+    except ValueError as e:
+        ap.error(str(e))
+    doc = {"command": "python bench/plan_episodes.py " + " ".join(sys.argv[1:] if argv is None else argv),
+           "baseline": base_label, "pooled": result}
+    a.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps(doc, indent=1))
     return 0
 
 

@@ -65,3 +65,27 @@ def test_greedy_generation_is_repeatable_and_cut_after_the_end_token(tiny, tok):
     for row in first:
         assert 0 < len(row) <= 12
         assert all(t not in eos for t in row[:-1])  # nothing after an end token
+
+
+def test_pooled_seeds_resample_questions_and_seeds_and_need_two_runs(tmp_path):
+    base = [{"id": f"q{i}", "r_plan": 0.1} for i in range(6)] + [{"id": "q9", "r_plan": None}]
+    up = [{"id": f"q{i}", "r_plan": 0.3} for i in range(6)]
+    flat = [{"id": f"q{i}", "r_plan": 0.1} for i in range(5)]  # q5 unscored by this seed: left out for all
+    res = pe.pooled([("s0", up), ("s1", flat)], base)
+    assert res["questions"] == 5 and res["seeds"] == 2 and res["mean"] == pytest.approx(0.1)
+    # a bootstrap draw may take the seed that gained nothing twice: one good seed does not make the interval
+    assert res["ci95"][0] == pytest.approx(0.0) and res["ci95"][1] == pytest.approx(0.2)
+    assert res["per_run"]["s0"]["mean"] == pytest.approx(0.2)
+    assert pe.pooled([("s0", up), ("s1", up)], base)["ci95"] == [pytest.approx(0.2), pytest.approx(0.2)]
+    with pytest.raises(ValueError, match="two runs or more"):
+        pe.pooled([("s0", up)], base)
+    files = []
+    for label, rows in (("sft", base), ("s0", up), ("s1", flat)):
+        files.append(tmp_path / f"{label}.json")
+        files[-1].write_text(json.dumps({"runs": {label: {"questions": rows}}}))
+    out = tmp_path / "pooled.json"
+    assert pe.main(["--pool", str(files[1]), "--pool", str(files[2]), "--baseline", str(files[0]),
+                    "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["pooled"]["mean"] == pytest.approx(0.1)
+    with pytest.raises(SystemExit):  # checkpoints and --pool do not mix
+        pe.main(["ckpt", "--pool", str(files[1]), "--baseline", str(files[0]), "--out", str(out)])
