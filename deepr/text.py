@@ -63,7 +63,7 @@ def marker_ids(inner: str) -> list[str]:
 
 def strip_citations(text: str) -> str:
     """Remove citation markers, markup tags and link targets, keeping the text and line breaks."""
-    # Each pattern runs only on a text that holds its first character: this runs on every sentence
+    # Each pattern runs only on a text holding the characters it needs: this runs on every sentence
     # the agent compares and every text a reward tokenises, and most have no tag, link or marker.
     text = text or ""
     if "<" in text:
