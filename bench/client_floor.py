@@ -140,7 +140,8 @@ def run_kind(kind: str, base_url: str, a) -> dict:
                                "--work-ms", str(a.work_ms), "--latency", str(a.latency)],
                               capture_output=True, text=True, env=env, timeout=600)
     except subprocess.TimeoutExpired:
-        return {"error": [f"{kind}: {a.calls} calls did not finish in 600 s"]}
+        calls = a.in_flight * a.chain if a.chain else a.calls
+        return {"error": [f"{kind}: {calls} calls did not finish in 600 s"]}
     if proc.returncode != 0:
         return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -101,11 +101,16 @@ def episodes(generate: Any, tok: Any, eos_ids: list[int], pairs: list[Any], env:
                                               extra["refused"], eps)]
 
 
+def _rewards(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """question id -> R_plan of the questions a run scored."""
+    return {x["id"]: x["r_plan"] for x in rows if x["r_plan"] is not None}
+
+
 def paired(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any]:
     """mean(b − a) of R_plan over the questions both scored, with a 95 % bootstrap interval."""
     from learning_stats import paired_ci
 
-    ra = {x["id"]: x["r_plan"] for x in a if x["r_plan"] is not None}
+    ra = _rewards(a)
     pairs = [(ra[x["id"]], x["r_plan"]) for x in b if x["r_plan"] is not None and x["id"] in ra]
     if not pairs:
         raise ValueError("no question has a reward under both checkpoints")
@@ -121,8 +126,7 @@ def pooled(seed_runs: list[tuple[str, list[dict[str, Any]]]], base: list[dict[st
 
     if len(seed_runs) < 2:
         raise ValueError("--pool needs two runs or more (one is the plain --baseline comparison)")
-    ref = {x["id"]: x["r_plan"] for x in base if x["r_plan"] is not None}
-    seeds = [{x["id"]: x["r_plan"] for x in rows if x["r_plan"] is not None} for _, rows in seed_runs]
+    ref, seeds = _rewards(base), [_rewards(rows) for _, rows in seed_runs]
     qids = [q for q in ref if all(q in s for s in seeds)]
     if not qids:
         raise ValueError("no question has a reward in the baseline and in every pooled run")
