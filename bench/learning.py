@@ -4,7 +4,8 @@ held-out questions whose topics training never saw, through the real CLI at ever
 Pipeline (every step a ``deepr`` command; every output under ``--work``; re-running resumes):
   data     build-trees (wiki) → synthesize-rubrics → verify (extractive teacher, offline) → split
            train / held-out by topic (corpus category), recorded in ``split.json``
-  teacher  deepr run --mode dag on the train questions (extractive) --record → prune-trajectories
+  teacher  deepr run --mode dag on the train questions (extractive) --record → prune-trajectories;
+           the same on the held-out questions, recorded for bench/answer_probe.py only
   base     deepr run --llm smollm2 on the held-out questions (greedy) + deepr eval
   per seed deepr sft --role all (LoRA; plans and final answers) → deepr export (merge) → evaluate;
            deepr grpo --stage planner from the merged SFT model → evaluate (--llm hf:<adapter>)
@@ -80,6 +81,20 @@ def teacher_sft_data(cfg: LearnConfig, train: Path, log: Path) -> Path:
         mark(out, **compact_sft(out / "sft.jsonl", out / "sft-compact.jsonl", actions=tuple(cfg.sft_actions.split(",")),
                                 graph=cfg.sft_graph, form=cfg.profile))
     return out / "sft-compact.jsonl"
+
+
+def teacher_heldout(cfg: LearnConfig, held: Path, log: Path) -> Path:
+    """The teacher's runs on the held-out questions, recorded: the final-answer prompts that
+    bench/answer_probe.py replays to every model. Never training data."""
+    w = cfg.work
+    runs, traj = w / "runs-teacher-heldout", w / "trajectories-heldout.jsonl"
+    ids = [r["id"] for r in read_jsonl(held)]
+    if not done(runs) or json.loads((runs / ".done").read_text(encoding="utf-8")).get("ids") != ids:
+        # a grown held-out set: `deepr run` skips the questions it has run and records only the new ones
+        deepr(["run", "--queries", str(held), "--mode", "dag", "--corpus", cfg.corpus, "--top-k", str(cfg.top_k),
+               "--out", str(runs), "--record", str(traj)], log, threads=cfg.threads)
+        mark(runs, ids=ids)
+    return traj
 
 
 _DANGLING = frozenset("the a an of in on and or to for is are was were be by with as at from that this its "
@@ -369,6 +384,7 @@ def experiment(cfg: LearnConfig) -> dict[str, Any]:
     train, held = build_data(cfg, log)
     held_ids = [r["id"] for r in read_jsonl(held)]
     sft_data = teacher_sft_data(cfg, train, log)
+    teacher_heldout(cfg, held, log)
     base = base_model(cfg)
     per_run: dict[str, dict[int, Any]] = {s: {} for s in STAGES}
     skipped: list[int] = []

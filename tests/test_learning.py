@@ -472,6 +472,7 @@ def test_every_seed_runs_whatever_the_number_of_jobs(tmp_path, monkeypatch, jobs
     ran: list = []
     monkeypatch.setattr(learning, "build_data", lambda cfg, log: (tmp_path / "train.jsonl", held))
     monkeypatch.setattr(learning, "teacher_sft_data", lambda cfg, train, log: tmp_path / "sft.jsonl")
+    monkeypatch.setattr(learning, "teacher_heldout", lambda cfg, held, log: ran.append("teacher-heldout"))
     monkeypatch.setattr(learning, "base_model", lambda cfg: "base")
     monkeypatch.setattr(learning, "evaluate", lambda cfg, spec, name, *a: ran.append(name))
     monkeypatch.setattr(learning, "seed_pipeline", lambda cfg, *a: ran.append(a[-2]) or {"sft": {}, "grpo": {}})
@@ -479,7 +480,26 @@ def test_every_seed_runs_whatever_the_number_of_jobs(tmp_path, monkeypatch, jobs
     monkeypatch.setattr(lr, "report", lambda cfg, per_run, ids, budget, status: {"status": status})
     cfg = learning.parse_args(["--work", str(tmp_path / "w"), "--jobs", str(jobs), "--seeds", "0,1,2"])
     assert learning.experiment(cfg)["status"] == "complete"
-    assert sorted(ran, key=str) == [0, 1, 2, "base"]
+    assert sorted(ran, key=str) == [0, 1, 2, "base", "teacher-heldout"]
+
+
+def test_the_teachers_heldout_runs_are_recorded_once_and_again_for_a_grown_heldout_set(tmp_path, monkeypatch):
+    """The answer probe's prompts: the teacher's held-out runs, recorded apart from the training
+    trajectories; a finished record is reused, a grown held-out set runs again (deepr run resumes)."""
+    calls: list = []
+    monkeypatch.setattr(learning, "deepr", lambda args, *a, **k: calls.append(args) or 0)
+    cfg = learning.parse_args(["--work", str(tmp_path / "w")])
+    held = tmp_path / "heldout.jsonl"
+    held.write_text('{"id": "q1"}\n', encoding="utf-8")
+    traj = learning.teacher_heldout(cfg, held, tmp_path / "log")
+    (run,) = calls
+    assert run[:3] == ["run", "--queries", str(held)] and run[run.index("--record") + 1] == str(traj)
+    assert traj.name == "trajectories-heldout.jsonl" and "trajectories.jsonl" not in " ".join(run)
+    learning.teacher_heldout(cfg, held, tmp_path / "log")
+    assert len(calls) == 1
+    held.write_text('{"id": "q1"}\n{"id": "q2"}\n', encoding="utf-8")
+    learning.teacher_heldout(cfg, held, tmp_path / "log")
+    assert len(calls) == 2
 
 
 def test_plan_probe_counts_groups_with_nothing_to_learn_from():

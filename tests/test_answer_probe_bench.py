@@ -1,0 +1,123 @@
+"""bench/answer_probe.py: the final-answer turn alone, replayed from a recorded teacher run and
+judged by `deepr run`'s own checks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import answer_probe as ap  # noqa: E402
+
+from deepr.cli import app  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One extractive dag run on a volcano corpus, recorded as a training trajectory."""
+    from tree_helpers import volcano_docs
+
+    d = tmp_path_factory.mktemp("answer_probe")
+    corpus = d / "volcano.jsonl"
+    corpus.write_text("".join(doc.model_dump_json() + "\n" for doc in volcano_docs()), encoding="utf-8")
+    result = CliRunner().invoke(app, ["run", "How do volcanoes erupt and what do eruptions leave behind?",
+                                      "--corpus", str(corpus), "--top-k", "2", "--out", str(d / "report.md"),
+                                      "--record", str(d / "traj.jsonl")])
+    assert result.exit_code == 0, result.output
+    return d / "traj.jsonl"
+
+
+RUBRIC = [{"id": "r1", "type": "factual", "description": "Explains how magma reaches the surface", "weight": 1.0},
+          {"id": "r2", "type": "factual", "description": "Names lava flows and ash as what eruptions leave",
+           "weight": 0.5}]
+
+
+def _turn(recorded: Path) -> dict:
+    traj = json.loads(recorded.read_text().splitlines()[0])
+    (turn,) = ap.final_turns(recorded, {traj["id"]: RUBRIC})
+    return turn
+
+
+def test_the_final_turn_is_read_with_the_ids_its_prompt_showed(recorded: Path):
+    turn = _turn(recorded)
+    assert turn["ids"] and all("-R" in i or "-F" in i for i in turn["ids"])
+    assert all(f"[{i}]" in turn["messages"][-1]["content"] for i in turn["ids"])
+    # the teacher's own answer to that prompt passes the checks the model's answer must pass
+    value, why = ap.judge(turn, turn["teacher"])
+    assert why is None and value
+
+
+def test_answers_are_judged_as_deepr_run_judges_them(recorded: Path):
+    turn = _turn(recorded)
+    good_id, other = turn["ids"][0], "N9-R9"
+    assert ap.judge(turn, f"<answer>Eruptions follow magma ascent [{good_id}].</answer>")[1] is None
+    refusals = {
+        "invented id": f"<answer>Eruptions follow magma ascent [{other}].</answer>",
+        "no citation": "<answer>Eruptions follow magma ascent through the crust.</answer>",
+        "stray bracket": f"<answer>Eruptions [with a] follow magma ascent [{good_id}].</answer>",
+        "no tags": f"Eruptions follow magma ascent [{good_id}].",
+        "empty": "<answer> </answer>",
+    }
+    for name, reply in refusals.items():
+        value, why = ap.judge(turn, reply)
+        assert value is None and why, name
+
+
+def test_a_trajectory_without_a_final_answer_is_named(tmp_path: Path, recorded: Path):
+    rows = [json.loads(x) for x in recorded.read_text().splitlines() if x.strip()]
+    rows[0]["turns"] = [t for t in rows[0]["turns"] if t["action"] != "final"]
+    bad = tmp_path / "traj.jsonl"
+    bad.write_text(json.dumps(rows[0]) + "\n")
+    with pytest.raises(ValueError, match="record 1 .*no accepted final-answer turn"):
+        ap.final_turns(bad, {rows[0]["id"]: RUBRIC})
+    # a recorded run without a rubric, and none given, cannot be scored: named, not scored 0
+    with pytest.raises(ValueError, match="record 1 .*no rubric; give --rubrics"):
+        ap.final_turns(recorded)
+
+
+def test_a_model_behind_an_endpoint_is_probed_and_summarised(recorded: Path):
+    from deepr.llm.stub_server import StubServer
+
+    turn = _turn(recorded)
+    cite = turn["ids"][0]
+    replies = {"cites": f"<answer>Magma rises and erupts as lava and ash [{cite}].</answer>",
+               "invents": "<answer>Magma rises and erupts as lava and ash [Z1-R7].</answer>"}
+    rows = {}
+    for name, reply in replies.items():
+        with StubServer(reply) as srv:
+            rows[name] = asyncio.run(ap.write_answers("openai:stub", [turn], 200, srv.base_url))[0]
+        assert len(srv.requests) == 1
+    assert rows["cites"]["accepted"] and rows["cites"]["answer"].startswith("Magma rises")
+    assert not rows["invents"]["accepted"] and "Z1-R7" in rows["invents"]["refused"]
+    scores = asyncio.run(ap.rubric_scores([turn, turn], [rows["cites"]["answer"], None]))
+    assert 0.0 <= scores[0] <= 1.0 and scores[1] is None
+    for r, t in ((rows["cites"], 0.5), (rows["invents"], 0.7)):
+        r["rubric"], r["teacher_rubric"], r["taught_rubric"] = scores[0] if r["accepted"] else None, t, t / 2
+    s = ap.summary([rows["cites"], rows["invents"]])
+    assert s["accepted"] == 1 and s["questions"] == 2 and s["accepted_share"] == pytest.approx(0.5)
+    assert s["rubric_model_accepted"] == scores[0] and s["rubric_teacher_same_questions"] == 0.5
+    assert s["rubric_taught_same_questions"] == 0.25 and s["rubric_teacher_all"] == pytest.approx(0.6)
+    assert s["refusals"] == [rows["invents"]["refused"]]
+
+
+def test_a_refused_answer_is_re_asked_with_its_reason_when_asked_to(recorded: Path):
+    """--reasks N: deepr run's executor re-asks with the refusal's reason; 0 (make learn's
+    evaluation) leaves the first refusal standing, with no fallback answer in its place."""
+    from deepr.llm.stub_server import StubServer
+
+    turn = _turn(recorded)
+    replies = ["<answer>Magma rises [Z1-R7].</answer>", f"<answer>Magma rises and erupts [{turn['ids'][0]}].</answer>"]
+    with StubServer(replies) as srv:
+        (first,) = asyncio.run(ap.write_answers("openai:stub", [turn], 200, srv.base_url))
+    assert not first["accepted"] and first["answer"] is None and first["attempts"] == 1
+    with StubServer(replies) as srv:
+        (again,) = asyncio.run(ap.write_answers("openai:stub", [turn], 200, srv.base_url, reasks=1))
+    assert again["accepted"] and again["attempts"] == 2 and again["answer"].startswith("Magma rises and erupts")
+    assert "Z1-R7" in srv.requests[1]["messages"][-1]["content"]  # the re-ask names what was wrong
