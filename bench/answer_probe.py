@@ -158,9 +158,35 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "refusals": [r["refused"] for r in rows if not r["accepted"]]}
 
 
+def pooled(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The runs (label -> per-question rows) taken as seeds of one setting: the accepted share over
+    the questions every run answered, its 95 % interval resampling questions and seeds
+    independently (as `make learn`'s intervals do), and the rubric means over the accepted cells."""
+    from learning_stats import bootstrap_ci
+
+    if len(runs) < 2:
+        raise ValueError("--pool needs two labelled runs or more")
+    by_run = [{r["id"]: r for r in rows} for rows in runs.values()]
+    qids = [q for q in by_run[0] if all(q in b for b in by_run)]
+    if not qids:
+        raise ValueError("no question was answered in every pooled run")
+    share, lo, hi = bootstrap_ci([[1.0 if b[q]["accepted"] else 0.0 for b in by_run] for q in qids])
+    cells = [b[q] for q in qids for b in by_run]
+    ok = [c for c in cells if c["accepted"]]
+
+    def mean(key: str) -> float | None:
+        xs = [c[key] for c in ok if c.get(key) is not None]
+        return round(sum(xs) / len(xs), 4) if xs else None
+
+    return {"runs": list(runs), "questions": len(qids), "seeds": len(by_run), "accepted": len(ok),
+            "answers": len(cells), "accepted_share": round(share, 4), "ci95": [round(lo, 4), round(hi, 4)],
+            "rubric_model_accepted": mean("rubric"), "rubric_teacher_same_questions": mean("teacher_rubric"),
+            "rubric_taught_same_questions": mean("taught_rubric")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("specs", nargs="+", help="--llm specs, e.g. hf:learn-work/seed0/sft-merged")
+    ap.add_argument("specs", nargs="*", help="--llm specs, e.g. hf:learn-work/seed0/sft-merged")
     ap.add_argument("--trajectories", type=Path, default=Path("learn-work/trajectories-heldout.jsonl"))
     ap.add_argument("--rubrics", type=Path, default=None,
                     help="questions JSONL (id, rubrics), for recorded runs that carry no rubric")
@@ -170,8 +196,14 @@ def main() -> None:
     ap.add_argument("--reasks", type=int, default=0,
                     help="re-asks after a refused answer (make learn's evaluation: 0; deepr run's default: 2)")
     ap.add_argument("--limit", type=int, default=None, help="first N questions only")
+    ap.add_argument("--pool", action="append", default=[], metavar="LABEL",
+                    help="score nothing: pool the runs of --out with these labels (seeds of one setting)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "answer_probe.json")
     args = ap.parse_args()
+    if args.pool:
+        return pool_main(args)
+    if not args.specs:
+        ap.error("give the models to probe (--llm specs), or --pool earlier runs")
     if not args.trajectories.exists():
         sys.exit(f"--trajectories {args.trajectories}: no such file (record a teacher run on the held-out "
                  "questions first: deepr run --queries ... --record FILE)")
@@ -203,6 +235,23 @@ def main() -> None:
         "decoding": "greedy, the final turn performed by deepr run's executor under the default profile "
                     "(each result says its re-asks); rubric scores by the extractive judge over the answer alone",
         "results": results}, indent=1) + "\n")
+
+
+def pool_main(args: argparse.Namespace) -> None:
+    """--pool: the labelled runs of --out pooled as seeds, written under its "pooled" key."""
+    data = json.loads(args.out.read_text()) if args.out.exists() else {"results": {}}
+    missing = [x for x in args.pool if x not in data["results"]]
+    if missing:
+        sys.exit(f"--pool: {args.out} has no run labelled {', '.join(map(repr, missing))}")
+    try:
+        p = pooled({x: data["results"][x]["per_question"] for x in args.pool})
+    except ValueError as e:
+        sys.exit(f"answer_probe: {e}")
+    data.setdefault("pooled", {})[args.label[0] if args.label else " + ".join(args.pool)] = p
+    args.out.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"pooled {p['seeds']} runs: {p['accepted']} of {p['answers']} answers accepted, share {p['accepted_share']} "
+          f"{p['ci95']}; rubric of the model's {p['rubric_model_accepted']} vs the taught answers' "
+          f"{p['rubric_taught_same_questions']}", flush=True)
 
 
 if __name__ == "__main__":

@@ -121,3 +121,26 @@ def test_a_refused_answer_is_re_asked_with_its_reason_when_asked_to(recorded: Pa
         (again,) = asyncio.run(ap.write_answers("openai:stub", [turn], 200, srv.base_url, reasks=1))
     assert again["accepted"] and again["attempts"] == 2 and again["answer"].startswith("Magma rises and erupts")
     assert "Z1-R7" in srv.requests[1]["messages"][-1]["content"]  # the re-ask names what was wrong
+
+
+def test_runs_pool_as_seeds_over_the_questions_all_of_them_answered():
+    def rows(flags: str) -> list[dict]:
+        return [{"id": f"q{i}", "accepted": f == "1", "rubric": 0.4 if f == "1" else None, "teacher_rubric": 0.6,
+                 "taught_rubric": 0.5} for i, f in enumerate(flags)]
+
+    p = ap.pooled({"s0": rows("110"), "s1": rows("111"), "s2": rows("10")})
+    assert (p["questions"], p["seeds"], p["answers"], p["accepted"]) == (2, 3, 6, 5)
+    assert p["accepted_share"] == pytest.approx(5 / 6, abs=1e-4) and p["ci95"][0] < 0.8333 <= p["ci95"][1] <= 1.0
+    assert p["rubric_model_accepted"] == 0.4 and p["rubric_taught_same_questions"] == 0.5
+    with pytest.raises(ValueError, match="two labelled runs"):
+        ap.pooled({"s0": rows("1")})
+
+
+def test_missing_inputs_are_named_not_tracebacks(tmp_path: Path, monkeypatch):
+    out = tmp_path / "probe.json"
+    out.write_text(json.dumps({"results": {"s0": {"per_question": []}}}))
+    for argv, says in ((["hf:x", "--trajectories", str(tmp_path / "none.jsonl")], "none.jsonl: no such file"),
+                       (["--pool", "s0", "--pool", "s9", "--out", str(out)], "no run labelled 's9'")):
+        monkeypatch.setattr(sys, "argv", ["answer_probe.py", *argv])
+        with pytest.raises(SystemExit, match=says):
+            ap.main()
