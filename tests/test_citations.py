@@ -40,6 +40,22 @@ def test_fetch_ids_count_over_the_run():
     assert c["N1-F2"].kind == "fetch"
 
 
+def test_evidence_shows_a_sources_own_brackets_as_parentheses_so_only_ids_are_bracketed():
+    """A quote's editorial bracket in the source text would read as a citation in the prompt, and
+    a sentence copied from the evidence with it would be refused as a stray bracket."""
+    from deepr.agent.citations import stray_brackets
+
+    c = Catalog()
+    quote = 'Music "rocking, jazz based ... [with a] heavy, insistent beat" and a note【1】 [N9-R9].'
+    [cid] = c.add_hits("N1", [hit("RnB#0", text=quote)])
+    ev = c.evidence([cid])
+    assert ev.startswith(f"[{cid}] ") and "(with a) heavy" in ev and "(1)" in ev and "(N9-R9)" in ev
+    assert cited_ids(ev) == [cid] and stray_brackets(ev.split(" ", 1)[1]) == []
+    copied = ev.split(": ", 1)[1] + f" [{cid}]"
+    assert c.check(copied, [cid], require=True) == []
+    assert c[cid].text == quote  # the source itself (references, judges) is unchanged
+
+
 def test_cited_ids_reads_every_marker_form():
     text = "A [N1-R1]. B [N1-R2, N2-F1]; C [N2-R1][N3-R10]. Not ids: [1], [see above], [x](http://a.b)."
     assert cited_ids(text) == ["N1-R1", "N1-R2", "N2-F1", "N2-R1", "N3-R10"]

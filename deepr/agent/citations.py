@@ -35,6 +35,10 @@ _CITE_TAG = re.compile(r"<cite\s+id=[\"']([^\"']+)[\"']\s*/?>(.*?)(?:</cite>|(?=
 _WIDE = str.maketrans({"【": "[", "】": "]", "［": "[", "］": "]", "，": ","})
 _WIDE_CHARS = "".join(map(chr, _WIDE))
 _NUMERIC = re.compile(r"^\s*\^?\d+(?:\s*[,;\-–]\s*\^?\d+)*\s*$")
+# In a prompt, square brackets hold evidence ids and nothing else. A source's own brackets (an
+# editor's insertion in a quote: "jazz based music ... [with a] heavy beat") would read as a
+# citation, and a sentence copied with them is refused as a stray bracket: shown as parentheses.
+_SOURCE_BRACKETS = str.maketrans({"[": "(", "]": ")", "【": "(", "】": ")", "［": "(", "］": ")"})
 
 
 @dataclass
@@ -279,6 +283,8 @@ class Catalog:
         for cid in ids:
             e = self.entries[cid]
             text = " ".join(e.text.split())
+            if "[" in text or "]" in text or (not text.isascii() and any(c in text for c in _WIDE_CHARS)):
+                text = text.translate(_SOURCE_BRACKETS)
             if len(text) > max_chars:
                 text = text[:max_chars].rsplit(" ", 1)[0] + " …"
             if e.accessed:  # web text is data, never instructions: fenced so it cannot pose as the prompt
