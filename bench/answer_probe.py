@@ -1,22 +1,25 @@
-"""Model-written final answers in minutes: each model writes the answer node of every held-out
-question from the same prompt the extractive teacher's run built (its plan, branch findings and
-cited evidence), decoded as `deepr run` decodes the final turn and judged by its own checks
-(:func:`deepr.roles.judge_reply` with the ``FINAL`` role: the answer tags, the free-text rules,
-citations only of the evidence shown and at least one). An accepted answer gets the rubric score
-of the answer text alone (extractive judge), next to the teacher's (extractive writer's) answer
-to the same prompt, which is what `deepr run` puts in a refused answer's place.
+"""Model-written final answers in minutes. Each model writes the answer node of every held-out
+question from the prompt the extractive teacher's run built for it (the plan, the branch findings,
+the cited evidence). The turn is performed by `deepr run`'s executor (:func:`deepr.roles.perform`
+with the ``FINAL`` role): the answer tags, the free-text checks, citations only of the evidence
+shown and at least one, ``--reasks`` re-asks (default 0, as `make learn` evaluates), no fallback.
+An accepted answer gets the rubric score of the answer text alone (extractive judge), next to the
+teacher's answer to the same prompt (what `deepr run` puts in a refused answer's place) and that
+answer cut to what the SFT data teaches (bench/learning.py: compact_answer).
 
-Only the final turn runs, against ~160 s a question for a whole `deepr run` + `deepr eval` on 2
-cores; the prompts come from a recorded teacher run on the held-out questions:
+Only the final turn runs, minutes a model where a whole `deepr run` + `deepr eval` of the same
+questions takes over an hour on 2 cores. `make learn` records the prompts
+(learn-work/trajectories-heldout.jsonl); by hand:
 
     deepr run --queries learn-work/heldout.jsonl --mode dag --top-k 3 --out learn-work/runs-teacher-heldout \
         --record learn-work/trajectories-heldout.jsonl
-    python bench/answer_probe.py hf:learn-work/seed0/sft-merged --label SFT \
-        --trajectories learn-work/trajectories-heldout.jsonl --max-tokens 640
+    python bench/answer_probe.py hf:learn-work/seed0/sft-merged --label "SFT seed 0" \
+        --trajectories learn-work/trajectories-heldout.jsonl --rubrics learn-work/heldout.jsonl
+    python bench/answer_probe.py --pool "SFT seed 0" --pool "SFT seed 1" --pool "SFT seed 2"
 
-Writes bench/results/answer_probe.json: per model, the share of accepted answers with a 95 %
-bootstrap interval, the mean rubric score of the accepted ones and of the teacher's answers to
-the same questions, and each refusal's reason.
+Writes bench/results/answer_probe.json (``--out``; earlier labels are kept): per model, the share
+of accepted answers with a 95 % bootstrap interval, the rubric means, each refusal's reason and
+the start of the refused reply; ``--pool`` adds seeds of one setting pooled.
 """
 
 from __future__ import annotations
