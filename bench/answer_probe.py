@@ -139,25 +139,26 @@ async def rubric_scores(turns: list[dict[str, Any]], texts: list[str | None]) ->
     return out
 
 
+def _mean(rows: list[dict[str, Any]], key: str) -> float | None:
+    """Mean of ``key`` over the rows that have it, rounded to 4 places; None when none has."""
+    xs = [r[key] for r in rows if r.get(key) is not None]
+    return round(sum(xs) / len(xs), 4) if xs else None
+
+
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Accepted share (95 % bootstrap over questions) and mean rubric scores."""
     from learning_stats import bootstrap_ci
 
-    acc = [[1.0 if r["accepted"] else 0.0] for r in rows]
-    share, lo, hi = bootstrap_ci(acc)
-    model = [r["rubric"] for r in rows if r["accepted"]]
-
-    def mean(key: str, accepted_only: bool = True) -> float | None:
-        xs = [r[key] for r in rows if (r["accepted"] or not accepted_only) and r.get(key) is not None]
-        return round(sum(xs) / len(xs), 4) if xs else None
-
-    return {"accepted": sum(r["accepted"] for r in rows), "questions": len(rows),
+    share, lo, hi = bootstrap_ci([[1.0 if r["accepted"] else 0.0] for r in rows])
+    ok = [r for r in rows if r["accepted"]]
+    return {"accepted": len(ok), "questions": len(rows),
             "accepted_share": round(share, 4), "ci95": [round(lo, 4), round(hi, 4)],
-            "rubric_model_accepted": round(sum(model) / len(model), 4) if model else None,
+            "rubric_model_accepted": _mean(ok, "rubric"),
             # the extractive writer's answer (what a refused answer is replaced with), and the same cut to
             # the ~90 words SFT teaches, on the questions the model answered, then on all of them
-            "rubric_teacher_same_questions": mean("teacher_rubric"), "rubric_taught_same_questions": mean("taught_rubric"),
-            "rubric_teacher_all": mean("teacher_rubric", False), "rubric_taught_all": mean("taught_rubric", False),
+            "rubric_teacher_same_questions": _mean(ok, "teacher_rubric"),
+            "rubric_taught_same_questions": _mean(ok, "taught_rubric"),
+            "rubric_teacher_all": _mean(rows, "teacher_rubric"), "rubric_taught_all": _mean(rows, "taught_rubric"),
             "refusals": [r["refused"] for r in rows if not r["accepted"]]}
 
 
@@ -176,15 +177,10 @@ def pooled(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     share, lo, hi = bootstrap_ci([[1.0 if b[q]["accepted"] else 0.0 for b in by_run] for q in qids])
     cells = [b[q] for q in qids for b in by_run]
     ok = [c for c in cells if c["accepted"]]
-
-    def mean(key: str) -> float | None:
-        xs = [c[key] for c in ok if c.get(key) is not None]
-        return round(sum(xs) / len(xs), 4) if xs else None
-
     return {"runs": list(runs), "questions": len(qids), "seeds": len(by_run), "accepted": len(ok),
             "answers": len(cells), "accepted_share": round(share, 4), "ci95": [round(lo, 4), round(hi, 4)],
-            "rubric_model_accepted": mean("rubric"), "rubric_teacher_same_questions": mean("teacher_rubric"),
-            "rubric_taught_same_questions": mean("taught_rubric")}
+            "rubric_model_accepted": _mean(ok, "rubric"), "rubric_teacher_same_questions": _mean(ok, "teacher_rubric"),
+            "rubric_taught_same_questions": _mean(ok, "taught_rubric")}
 
 
 def main() -> None:
