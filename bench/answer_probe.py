@@ -89,9 +89,10 @@ def judge(turn: dict[str, Any], reply: str) -> tuple[Any, str | None]:
 
 
 async def write_answers(spec: str, turns: list[dict[str, Any]], max_tokens: int, base_url: str | None = None,
-                        *, reasks: int = 0, profile: str = "default") -> list[dict[str, Any]]:
+                        *, reasks: int = 0, profile: str = "default", formats: str = "schema") -> list[dict[str, Any]]:
     """One final answer per recorded prompt, performed by `deepr run`'s executor (the role's format
-    under ``profile``, its checks, up to ``reasks`` re-asks with the refusal's reason), greedy;
+    under ``profile`` and ``formats`` as `deepr run --formats` takes them, its checks, up to ``reasks``
+    re-asks with the refusal's reason), greedy;
     no fallback, so a refused answer stays refused."""
     from dataclasses import replace
 
@@ -103,7 +104,7 @@ async def write_answers(spec: str, turns: list[dict[str, Any]], max_tokens: int,
 
     llm = get_llm(spec, base_url=base_url, cache=False,
                   gen=GenDefaults(max_tokens=max_tokens, temperature=0.0, top_p=None, seed=0))
-    policy = get_profile(profile, spec=spec, formats="schema")
+    policy = get_profile(profile, spec=spec, formats=formats)
     replay = replace(FINAL, messages=lambda a: a.messages, fallback=None)
     rows = []
     for t in turns:
@@ -194,6 +195,9 @@ def main() -> None:
     ap.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint for openai:<model> specs")
     ap.add_argument("--reasks", type=int, default=0,
                     help="re-asks after a refused answer (make learn's evaluation: 0; deepr run's default: 2)")
+    ap.add_argument("--formats", default="schema",
+                    help="decoding formats as deepr run --formats takes them: schema (the answer's own tags), or "
+                         "answerer=strict (the small profile's cited prose over exactly the evidence ids shown)")
     ap.add_argument("--limit", type=int, default=None, help="first N questions only")
     ap.add_argument("--pool", action="append", default=[], metavar="LABEL",
                     help="score nothing: pool the runs of --out with these labels (seeds of one setting)")
@@ -220,19 +224,20 @@ def main() -> None:
     labels = args.label + args.specs[len(args.label):]
     results = json.loads(args.out.read_text()).get("results", {}) if args.out.exists() else {}
     for label, spec in zip(labels, args.specs):
-        rows = asyncio.run(write_answers(spec, turns, args.max_tokens, args.base_url, reasks=args.reasks))
+        rows = asyncio.run(write_answers(spec, turns, args.max_tokens, args.base_url, reasks=args.reasks,
+                                         formats=args.formats))
         scores = asyncio.run(rubric_scores(turns, [r["answer"] for r in rows]))
         for r, s, ts, cs in zip(rows, scores, teacher, taught):
             r["rubric"], r["teacher_rubric"], r["taught_rubric"] = s, ts, cs
         results[label] = {"command": "python bench/answer_probe.py " + shlex.join(sys.argv[1:]), "spec": spec,
-                          "reasks": args.reasks, **summary(rows), "per_question": rows}
+                          "reasks": args.reasks, "formats": args.formats, **summary(rows), "per_question": rows}
         s = results[label]
         print(f"{label}: {s['accepted']} of {s['questions']} answers accepted {s['ci95']}; rubric of the model's "
               f"{s['rubric_model_accepted']} vs the teacher's {s['rubric_teacher_same_questions']} on the same questions",
               flush=True)
     args.out.write_text(json.dumps({
         "decoding": "greedy, the final turn performed by deepr run's executor under the default profile "
-                    "(each result says its re-asks); rubric scores by the extractive judge over the answer alone",
+                    "(each result says its re-asks and formats); rubric scores by the extractive judge over the answer alone",
         "results": results}, indent=1) + "\n")
 
 

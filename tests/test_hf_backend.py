@@ -382,12 +382,12 @@ def test_a_windowed_repetition_penalty_reads_only_the_last_tokens(tiny_dir):
     import torch
 
     llm = HFLLM(tiny_dir, repetition_penalty=2.0, repetition_window=3)
-    (proc,) = llm._penalty(n_prompt=5)
+    (proc,) = llm._penalty(5, llm._repetition(None))
     ids = torch.tensor([[7, 8, 9, 10, 11]])
     scores = proc(ids, torch.ones(1, 20))
     assert scores[0, [9, 10, 11]].tolist() == [0.5, 0.5, 0.5] and scores[0, [7, 8]].tolist() == [1.0, 1.0]
     assert llm.chat(PROMPT, max_tokens=6)  # generation runs with it
-    assert HFLLM(tiny_dir)._penalty(n_prompt=5) == []  # off unless asked for
+    assert HFLLM(tiny_dir)._penalty(5, HFLLM(tiny_dir)._repetition(None)) == []  # off unless asked for
 
 
 def test_sampled_calls_draw_only_from_the_likeliest_tokens_the_format_allows(tiny_dir):
@@ -461,6 +461,33 @@ def test_a_repeated_run_ban_reads_the_reply_only_and_never_breaks_a_format(tiny_
     forced = banned.chat(PROMPT, max_tokens=60, fmt=fmt)
     assert re.fullmatch(r"<list>(?:item one; ){4}[a-z]{2,6}</list>", forced)
     assert banned.describe()["no_repeat_ngram"] == 3
+
+
+def test_a_format_brings_its_repetition_rules_to_its_own_calls_unless_the_spec_sets_them(tiny_dir):
+    """OutputFormat.decoding: the calls decoded under the format get its n-gram ban, other calls of
+    the same backend do not, and a setting the spec gives (even ``none``) wins over the format's."""
+    pytest.importorskip("xgrammar")
+    from deepr.llm import OutputFormat
+
+    pattern = r"<a>[a-z ]{1,120}</a>"
+    plain, banning = OutputFormat("free", regex=pattern), OutputFormat("free", regex=pattern, decoding={"no_repeat_ngram": 3})
+
+    def reply_ids(llm, fmt):
+        assert llm._constrains(fmt)
+        prompt = list(llm.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, return_dict=True)["input_ids"])
+        return llm._alone(prompt, None, llm._kwargs(60, None, None, None), fmt, None)
+
+    def repeats(ids):
+        runs = [tuple(ids[i:i + 3]) for i in range(len(ids) - 2)]
+        return len(runs) - len(set(runs))
+
+    llm = HFLLM(tiny_dir)
+    assert repeats(reply_ids(llm, plain)) > 0  # the random model loops inside the format when let
+    assert len(reply_ids(llm, banning)) > 10 and repeats(reply_ids(llm, banning)) == 0
+    assert llm._repetition(plain)["no_repeat_ngram"] is None and llm._repetition(banning)["no_repeat_ngram"] == 3
+    off = get_llm(f"hf:{tiny_dir},no_repeat_ngram=none")
+    assert off._repetition(banning)["no_repeat_ngram"] is None and repeats(reply_ids(off, banning)) > 0
+    assert HFLLM(tiny_dir, no_repeat_ngram=5)._repetition(banning)["no_repeat_ngram"] == 5
 
 
 def test_the_stutter_ban_never_breaks_a_format_that_demands_a_repeat(tiny_dir):

@@ -266,6 +266,24 @@ def test_formats_per_role_hold_the_other_roles_to_their_mode():
     assert plain.strict_for("planner") and plain.strict_for("answerer")
 
 
+def test_a_role_made_strict_under_the_default_profile_brings_the_small_decoding_with_it():
+    """`--formats schema,answerer=strict` on an hf model: the answerer's cited-prose format carries
+    the small profile's repetition rules (SmolLM2 looped in its answers without them), the planner,
+    decoding its own schema, none."""
+    from types import SimpleNamespace
+
+    from deepr.agent.answerer import FINAL
+    from deepr.agent.planner import INITIAL
+    from deepr.profiles import SMALL_DECODING, get_profile
+
+    prof = get_profile(spec="hf:/m", formats="schema,answerer=strict")
+    assert prof.decoding == {}  # nothing backend-wide: the planner's JSON keeps plain greedy decoding
+    msgs = [{"role": "user", "content": "Evidence: [N1-R1] Lava flows. [N2-R1] Ash falls."}]
+    fmt = prof.format(FINAL, SimpleNamespace(ids=["N1-R1", "N2-R1"]), msgs)
+    assert fmt is not None and fmt.regex and dict(fmt.decoding) == SMALL_DECODING
+    assert prof.format(INITIAL, SimpleNamespace(query="lava"), msgs) is None
+
+
 def test_every_role_a_profile_formats_exists_and_can_be_named_in_the_formats_flag():
     """The small profile's tables name roles that exist (``role.action`` of a declared Role), and
     FORMAT_ROLES, what `--formats ROLE=MODE` accepts, lists every one of them."""

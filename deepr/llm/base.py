@@ -13,7 +13,7 @@ import asyncio
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
@@ -38,7 +38,7 @@ class OutputFormat:
     Exactly one of ``json_schema`` (a JSON Schema dict, built from the role's pydantic model)
     or ``regex`` (for tagged-text replies such as ``<search>...</search>``) is set. Backends
     that cannot constrain a format ignore it; the caller still parses and checks the reply.
-    ``distinct_words`` and ``guard`` are honoured by the hf backend only (the acceptance checks
+    ``distinct_words``, ``guard`` and ``decoding`` are honoured by the hf backend only (the acceptance checks
     and the role's own check still refuse what they would have prevented, from any backend).
     """
 
@@ -54,6 +54,11 @@ class OutputFormat:
     # still pass?), e.g. :class:`deepr.profiles.plan_guard.PlanGuard`. The hf backend bans the
     # candidate tokens that make the reply so far not viable.
     guard: Any = field(default=None, compare=False)
+    # Repetition settings (the hf backend's repetition_penalty, repetition_window, no_repeat_ngram,
+    # no_repeat_word) for the calls decoded under this format, where the model spec sets none of its
+    # own: the small profile's strict formats bring its rules to one role under another profile
+    # (``--formats answerer=strict``) without imposing them on the other roles' JSON.
+    decoding: Mapping[str, Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if (self.json_schema is None) == (self.regex is None):

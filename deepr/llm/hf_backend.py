@@ -39,6 +39,8 @@ from deepr.llm.hf_adapters import ALL_ROLES
 from deepr.llm.hf_batch import Gate, Pending, Queue, left_padded
 
 log = logging.getLogger("deepr.llm")
+# The settings a format may bring for its own calls (OutputFormat.decoding).
+REPETITION = ("repetition_penalty", "repetition_window", "no_repeat_ngram", "no_repeat_word")
 
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -256,7 +258,8 @@ class HFLLM(LLM):
         fmt = fmt if constrained else None
         batchable = self.config.batch_size > 1 and not temperature and not stop and len(ids) <= self.config.batch_max_prompt
         # A key of None never shares a batch: sampled calls keep their seed, long prompts their fast prefill.
-        key = (self._adapter_key(role), kw["max_new_tokens"], fmt is not None) if batchable else None
+        dec = self._repetition(fmt)
+        key = (self._adapter_key(role), kw["max_new_tokens"], fmt is not None, tuple(dec.items())) if batchable else None
         new = self._decode(Pending(ids, key, fmt), role, kw, seed)
         reply, n_new = self._reply(new, kw["max_new_tokens"], stop, constrained)
         return reply, len(ids), n_new
@@ -267,8 +270,9 @@ class HFLLM(LLM):
         import torch
 
         kw = dict(kw)
-        processors = self._penalty(len(ids)) + ([self._constrainer.processor(fmt)] if fmt is not None else []) \
-            + self._ban(len(ids), [fmt]) + self._guard(len(ids), [fmt])
+        dec = self._repetition(fmt)
+        processors = self._penalty(len(ids), dec) + ([self._constrainer.processor(fmt)] if fmt is not None else []) \
+            + self._ban(len(ids), [fmt], dec) + self._guard(len(ids), [fmt])
         with torch.inference_mode(), self._adapter_for(role), _threads(self._gen_threads):
             if seed is not None:
                 torch.manual_seed(seed)
@@ -309,10 +313,11 @@ class HFLLM(LLM):
 
         ids, mask = left_padded([c.ids for c in batch], kw["pad_token_id"])
         fmts = [c.fmt for c in batch]
-        processors = self._penalty(ids.shape[1])
+        dec = self._repetition(fmts[0])  # one for the batch: it is part of the batch key
+        processors = self._penalty(ids.shape[1], dec)
         if fmts[0] is not None:
             processors.append(self._constrainer.processor(fmts))
-        processors += self._ban(ids.shape[1], fmts) + self._guard(ids.shape[1], fmts)
+        processors += self._ban(ids.shape[1], fmts, dec) + self._guard(ids.shape[1], fmts)
         with torch.inference_mode(), self._adapter_for(role), _threads(self._gen_threads):
             out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), **kw,
                                       logits_processor=processors or None)
@@ -320,22 +325,31 @@ class HFLLM(LLM):
         for i, c in enumerate(batch):
             c.new = out[i, ids.shape[1]:].tolist()
 
-    def _penalty(self, n_prompt: int) -> list[Any]:
-        """The repetition penalty's processor, which must come before the grammar's mask."""
-        if not self.config.repetition_penalty:
-            return []
-        return [penalty_processor(float(self.config.repetition_penalty), self.config.repetition_window, n_prompt)]
+    def _repetition(self, fmt: OutputFormat | None) -> dict[str, Any]:
+        """A call's repetition settings: each one the spec (or the backend's profile) set, else the
+        constrained format's (``OutputFormat.decoding``), else off. Only a format that constrains
+        the reply brings its own: without its grammar, the penalties pushed SmolLM2 off the evidence
+        ids it was copying and it cited ids it was never shown (bench/results/answer_probe.json)."""
+        own = {k: getattr(self.config, k) for k in REPETITION}
+        extra = fmt.decoding if fmt is not None and fmt.decoding else {}
+        return {k: own[k] if k in self.config.model_fields_set else extra.get(k, own[k]) for k in REPETITION}
 
-    def _ban(self, n_prompt: int, fmts: list[OutputFormat | None]) -> list[Any]:
+    def _penalty(self, n_prompt: int, dec: dict[str, Any]) -> list[Any]:
+        """The repetition penalty's processor, which must come before the grammar's mask."""
+        if not dec["repetition_penalty"]:
+            return []
+        return [penalty_processor(float(dec["repetition_penalty"]), dec["repetition_window"], n_prompt)]
+
+    def _ban(self, n_prompt: int, fmts: list[OutputFormat | None], dec: dict[str, Any]) -> list[Any]:
         """The repeated-run and stutter bans, and the one-word-once ban of the rows whose format
         asks for it (``OutputFormat.distinct_words``), which must come after the grammar's mask
         (they keep a row's last choices)."""
         distinct = [f is not None and f.distinct_words for f in fmts]
-        n = self.config.no_repeat_ngram
+        n = dec["no_repeat_ngram"]
         out = [repeat_ban_processor(n, n_prompt)] if n else []
-        if (self.config.no_repeat_word or any(distinct)) and self._stutter is None:
+        if (dec["no_repeat_word"] or any(distinct)) and self._stutter is None:
             self._stutter = StutterBan(self.tokenizer)
-        if self.config.no_repeat_word:
+        if dec["no_repeat_word"]:
             out.append(self._stutter.processor(n_prompt))
         if any(distinct):
             out.append(self._stutter.string_processor(n_prompt, distinct))

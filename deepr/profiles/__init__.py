@@ -13,7 +13,8 @@ A 135M model needs much more to produce a usable reply; the ``small`` profile ho
   left its own shapes, and the distinct-word decoding ban;
 - its own rubric-synthesis prompt and slots (:mod:`deepr.profiles.rubrics_strict`);
 - re-asks that resample instead of showing a looping reply back;
-- repetition penalties and n-gram bans for the hf backend (:data:`SMALL_DECODING`);
+- repetition penalties and n-gram bans for the hf backend (:data:`SMALL_DECODING`), for every call
+  under this profile and, under another, for the calls of the roles ``--formats ROLE=strict`` names;
 - the plan format GRPO samples planner rollouts under when ``--rollout-formats schema`` asks for
   it (never by default: rollouts come from the policy, see docs/faithfulness.md).
 
@@ -93,7 +94,8 @@ class Profile:
             # acronyms and numbers only as the prompt shows them (the system prompt's own excluded)
             built = ground(build(inp), [m["content"] for m in messages if m["role"] != "system"])
             if built:
-                return dataclasses.replace(built, name=f"{role.name}.{role.action}")
+                # its repetition rules travel with it: a role made strict under another profile needs them too
+                return dataclasses.replace(built, name=f"{role.name}.{role.action}", decoding=SMALL_DECODING)
         if self.name == "small" and (schema := _lookup(tables.schema, role)) is not None:
             return dataclasses.replace(schema(), name=f"{role.name}.{role.action}")
         return None
