@@ -18,8 +18,9 @@ questions takes over an hour on 2 cores. `make learn` records the prompts
     python bench/answer_probe.py --pool "SFT seed 0" --pool "SFT seed 1" --pool "SFT seed 2"
 
 Writes bench/results/answer_probe.json (``--out``; earlier labels are kept): per model, the share
-of accepted answers with a 95 % bootstrap interval, the rubric means, each refusal's reason and
-the start of the refused reply; ``--pool`` adds seeds of one setting pooled.
+of accepted answers with a 95 % bootstrap interval (and an exact binomial one, which still says
+something when every answer was accepted), the rubric means, each refusal's reason and the start
+of the refused reply; ``--pool`` adds seeds of one setting pooled.
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ def judge(turn: dict[str, Any], reply: str) -> tuple[Any, str | None]:
 
 
 async def write_answers(spec: str, turns: list[dict[str, Any]], max_tokens: int, base_url: str | None = None,
-                        *, reasks: int = 0, profile: str = "default", formats: str = "schema") -> list[dict[str, Any]]:
+                        *, reasks: int = 0, profile: str = "default",
+                        formats: str = "schema,answerer=strict") -> list[dict[str, Any]]:
     """One final answer per recorded prompt, performed by `deepr run`'s executor (the role's format
     under ``profile`` and ``formats`` as `deepr run --formats` takes them, its checks, up to ``reasks``
     re-asks with the refusal's reason), greedy;
@@ -146,6 +148,15 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float | None:
     return round(sum(xs) / len(xs), 4) if xs else None
 
 
+def exact_interval(k: int, n: int) -> list[float]:
+    """Clopper-Pearson 95 % interval of k successes in n, each answer taken as independent. The
+    bootstrap's interval collapses to a point when every answer (or none) is accepted."""
+    from scipy.stats import binomtest
+
+    ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+    return [round(ci.low, 4), round(ci.high, 4)]
+
+
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Accepted share (95 % bootstrap over questions) and mean rubric scores."""
     from learning_stats import bootstrap_ci
@@ -154,7 +165,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in rows if r["accepted"]]
     return {"accepted": len(ok), "questions": len(rows),
             "accepted_share": round(share, 4), "ci95": [round(lo, 4), round(hi, 4)],
-            "rubric_model_accepted": _mean(ok, "rubric"),
+            "exact95": exact_interval(len(ok), len(rows)), "rubric_model_accepted": _mean(ok, "rubric"),
             # the extractive writer's answer (what a refused answer is replaced with), and the same cut to
             # the ~90 words SFT teaches, on the questions the model answered, then on all of them
             "rubric_teacher_same_questions": _mean(ok, "teacher_rubric"),
@@ -180,7 +191,7 @@ def pooled(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     ok = [c for c in cells if c["accepted"]]
     return {"runs": list(runs), "questions": len(qids), "seeds": len(by_run), "accepted": len(ok),
             "answers": len(cells), "accepted_share": round(share, 4), "ci95": [round(lo, 4), round(hi, 4)],
-            "rubric_model_accepted": _mean(ok, "rubric"), "rubric_teacher_same_questions": _mean(ok, "teacher_rubric"),
+            "exact95": exact_interval(len(ok), len(cells)), "rubric_model_accepted": _mean(ok, "rubric"), "rubric_teacher_same_questions": _mean(ok, "teacher_rubric"),
             "rubric_taught_same_questions": _mean(ok, "taught_rubric")}
 
 
@@ -195,9 +206,10 @@ def main() -> None:
     ap.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint for openai:<model> specs")
     ap.add_argument("--reasks", type=int, default=0,
                     help="re-asks after a refused answer (make learn's evaluation: 0; deepr run's default: 2)")
-    ap.add_argument("--formats", default="schema",
-                    help="decoding formats as deepr run --formats takes them: schema (the answer's own tags), or "
-                         "answerer=strict (the small profile's cited prose over exactly the evidence ids shown)")
+    ap.add_argument("--formats", default="schema,answerer=strict",
+                    help="decoding formats as deepr run --formats takes them: schema,answerer=strict (make learn's "
+                         "evaluation and the default: the small profile's cited prose over exactly the evidence ids "
+                         "shown, with its repetition rules) or schema (the answer's own tags)")
     ap.add_argument("--limit", type=int, default=None, help="first N questions only")
     ap.add_argument("--pool", action="append", default=[], metavar="LABEL",
                     help="score nothing: pool the runs of --out with these labels (seeds of one setting)")

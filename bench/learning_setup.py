@@ -61,7 +61,10 @@ class LearnConfig:
     top_k: int = 3
     minutes: float = 60.0
     llm: str = "smollm2"
-    formats: str = "schema"  # decoding constraints of every evaluation (deepr run --formats), one for all stages
+    # decoding constraints of every evaluation (deepr run --formats), one for all stages: the planner by
+    # its own schema (the plan's graph is the model's), the answerer by the small profile's cited prose
+    # over the ids it is shown, with that profile's repetition rules (docs/learning.md "Final answers alone")
+    formats: str = "schema,answerer=strict"
     # the profile every stage is evaluated under (deepr run --profile); GRPO samples on-policy under
     # `default`, and under `small` (graph schema + plan guard) with --rollout-formats schema, the same constraints
     profile: str = "default"
@@ -95,8 +98,9 @@ def validate(cfg: LearnConfig) -> LearnConfig:
         raise ValueError(f"--grpo-train-turns {cfg.grpo_train_turns}: give 1 (the initial plan), 2 or 0 (both turns)")
     if cfg.profile not in ("default", "small"):
         raise ValueError(f"--profile {cfg.profile!r}: give default or small")
-    if cfg.formats not in ("schema", "strict"):
-        raise ValueError(f"--formats {cfg.formats!r}: give schema or strict")
+    from deepr.profiles import parse_formats
+
+    parse_formats(cfg.formats)  # deepr run's own check and message
     if cfg.sft_graph not in ("teacher", "flat", "ordered"):
         raise ValueError(f"--sft-graph {cfg.sft_graph!r}: give teacher, flat or ordered")
     bad = set(cfg.sft_actions.split(",")) - {"plan", "revise", "final"}
@@ -136,8 +140,9 @@ def parse_args(argv: list[str] | None = None) -> LearnConfig:
     p.add_argument("--grpo-fp32", dest="grpo_bf16", action="store_false", help="GRPO in fp32 (default: bf16 "
                    "weights, rollouts decoded in bf16 too; the evaluations are fp32 either way)")
     p.add_argument("--corpus", default=d.corpus, help="corpus of trees, runs and rollouts (as deepr --corpus)")
-    p.add_argument("--formats", default=d.formats, help="decoding constraints of every evaluation: schema (each "
-                   "role's JSON schema; the plan's structure is the model's) or strict (fixed plan skeleton)")
+    p.add_argument("--formats", default=d.formats, help="decoding constraints of every evaluation, as deepr run --formats: "
+                   "schema (each role's own format; the plan's structure is the model's), strict (the small profile's "
+                   "per-call formats: a fixed plan skeleton), or a mode with ROLE=MODE exceptions (default: %(default)s)")
     p.add_argument("--llm", default=d.llm, help="base model spec (smollm2, or hf:<folder> of a chat model)")
     p.add_argument("--use-vllm", action="store_true", help="GRPO rollouts with vLLM (GPU)")
     p.add_argument("--report-only", action="store_true", help="run nothing: rescore what --work holds and "

@@ -107,6 +107,24 @@ def test_a_model_behind_an_endpoint_is_probed_and_summarised(recorded: Path):
     assert s["refusals"] == [rows["invents"]["refused"]]
 
 
+def test_the_answer_is_decoded_over_the_shown_ids_unless_formats_says_schema(recorded: Path):
+    """make learn's evaluation (and the probe's default) decodes the answer as the small profile's
+    cited prose, whose grammar spells out the evidence ids the prompt shows; ``--formats schema``
+    sends the answer's own tag format, which names none."""
+    from deepr.llm.stub_server import StubServer
+
+    turn = _turn(recorded)
+    # a GBNF literal, one character at a time (the ids' shared first letter is factored out)
+    spelled = " ".join(f'"{c}"' for c in turn["ids"][0][1:])
+    sent = {}
+    for formats in ("schema,answerer=strict", "schema"):
+        with StubServer(f"<answer>Magma rises and erupts as lava and ash [{turn['ids'][0]}].</answer>") as srv:
+            (row,) = asyncio.run(ap.write_answers("openai:stub", [turn], 200, srv.base_url, formats=formats))
+        assert row["accepted"], formats
+        sent[formats] = srv.requests[0]["grammar"]
+    assert spelled in sent["schema,answerer=strict"] and spelled not in sent["schema"]
+
+
 def test_a_refused_answer_is_re_asked_with_its_reason_when_asked_to(recorded: Path):
     """--reasks N: deepr run's executor re-asks with the refusal's reason; 0 (make learn's
     evaluation) leaves the first refusal standing, with no fallback answer in its place."""
@@ -132,6 +150,10 @@ def test_runs_pool_as_seeds_over_the_questions_all_of_them_answered():
     assert (p["questions"], p["seeds"], p["answers"], p["accepted"]) == (2, 3, 6, 5)
     assert p["accepted_share"] == pytest.approx(5 / 6, abs=1e-4) and p["ci95"][0] < 0.8333 <= p["ci95"][1] <= 1.0
     assert p["rubric_model_accepted"] == 0.4 and p["rubric_taught_same_questions"] == 0.5
+    assert p["exact95"][0] < 5 / 6 < p["exact95"][1] < 1.0
+    # every answer accepted: the bootstrap collapses to a point, the exact interval does not
+    every = ap.pooled({"s0": rows("111"), "s1": rows("111"), "s2": rows("111")})
+    assert every["ci95"] == [1.0, 1.0] and 0.6 < every["exact95"][0] < 0.75 and every["exact95"][1] == 1.0
     with pytest.raises(ValueError, match="two labelled runs"):
         ap.pooled({"s0": rows("1")})
 
