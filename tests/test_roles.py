@@ -282,6 +282,8 @@ def test_a_role_made_strict_under_the_default_profile_brings_the_small_decoding_
     fmt = prof.format(FINAL, SimpleNamespace(ids=["N1-R1", "N2-R1"]), msgs)
     assert fmt is not None and fmt.regex and dict(fmt.decoding) == SMALL_DECODING
     assert prof.format(INITIAL, SimpleNamespace(query="lava"), msgs) is None
+    # the run's config records it, as it records a profile's backend-wide decoding
+    assert prof.describe()["strict_decoding"] == SMALL_DECODING and "strict_decoding" not in get_profile("default").describe()
 
 
 def test_every_role_a_profile_formats_exists_and_can_be_named_in_the_formats_flag():

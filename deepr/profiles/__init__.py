@@ -110,9 +110,12 @@ class Profile:
 
     def describe(self) -> dict[str, Any]:
         """What sidecars and deepr_meta.json record."""
+        strict_any = self.strict or any(self.roles.values())
         return {"name": self.name, "formats": "strict" if self.strict else "schema",
                 **({"roles": {k: "strict" if v else "schema" for k, v in self.roles.items()}} if self.roles else {}),
-                "reask": self.reask, **({"decoding": dict(self.decoding)} if self.decoding else {})}
+                "reask": self.reask, **({"decoding": dict(self.decoding)} if self.decoding else {}),
+                # what the strict formats bring to their own calls on the hf backend (see format())
+                **({"strict_decoding": dict(SMALL_DECODING)} if strict_any and not self.decoding else {})}
 
 
 DEFAULT = Profile()
