@@ -234,7 +234,8 @@ def main() -> None:
     teacher = asyncio.run(rubric_scores(turns, [t["teacher"] for t in turns]))
     taught = asyncio.run(rubric_scores(turns, [compact_answer(t["teacher"]) for t in turns]))
     labels = args.label + args.specs[len(args.label):]
-    results = json.loads(args.out.read_text()).get("results", {}) if args.out.exists() else {}
+    data = json.loads(args.out.read_text()) if args.out.exists() else {}  # its pooled runs and notes are kept
+    results = data.setdefault("results", {})
     for label, spec in zip(labels, args.specs):
         rows = asyncio.run(write_answers(spec, turns, args.max_tokens, args.base_url, reasks=args.reasks,
                                          formats=args.formats))
@@ -247,10 +248,9 @@ def main() -> None:
         print(f"{label}: {s['accepted']} of {s['questions']} answers accepted {s['ci95']}; rubric of the model's "
               f"{s['rubric_model_accepted']} vs the teacher's {s['rubric_teacher_same_questions']} on the same questions",
               flush=True)
-    args.out.write_text(json.dumps({
-        "decoding": "greedy, the final turn performed by deepr run's executor under the default profile "
-                    "(each result says its re-asks and formats); rubric scores by the extractive judge over the answer alone",
-        "results": results}, indent=1) + "\n")
+    data["decoding"] = ("greedy, the final turn performed by deepr run's executor under the default profile (each "
+                        "result says its re-asks and formats); rubric scores by the extractive judge over the answer alone")
+    args.out.write_text(json.dumps(data, indent=1) + "\n")
 
 
 def pool_main(args: argparse.Namespace) -> None:

@@ -166,3 +166,20 @@ def test_missing_inputs_are_named_not_tracebacks(tmp_path: Path, monkeypatch):
         monkeypatch.setattr(sys, "argv", ["answer_probe.py", *argv])
         with pytest.raises(SystemExit, match=says):
             ap.main()
+
+
+def test_a_new_probe_adds_its_run_and_keeps_the_pooled_runs_already_written(recorded: Path, tmp_path: Path,
+                                                                             monkeypatch):
+    from deepr.llm.stub_server import StubServer
+
+    turn = _turn(recorded)
+    out, rubrics = tmp_path / "probe.json", tmp_path / "rubrics.jsonl"
+    out.write_text(json.dumps({"results": {"old": {"accepted": 1}}, "pooled": {"three seeds": {"accepted": 3}}}))
+    rubrics.write_text(json.dumps({"id": json.loads(recorded.read_text().splitlines()[0])["id"], "rubrics": RUBRIC}) + "\n")
+    with StubServer(f"<answer>Magma rises and erupts as lava and ash [{turn['ids'][0]}].</answer>") as srv:
+        monkeypatch.setattr(sys, "argv", ["answer_probe.py", "openai:stub", "--label", "new", "--base-url", srv.base_url,
+                                          "--trajectories", str(recorded), "--rubrics", str(rubrics), "--out", str(out)])
+        ap.main()
+    data = json.loads(out.read_text())
+    assert data["pooled"] == {"three seeds": {"accepted": 3}} and set(data["results"]) == {"old", "new"}
+    assert data["results"]["new"]["accepted"] == 1 and data["results"]["new"]["formats"] == "schema,answerer=strict"
