@@ -191,7 +191,8 @@ def pooled(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     ok = [c for c in cells if c["accepted"]]
     return {"runs": list(runs), "questions": len(qids), "seeds": len(by_run), "accepted": len(ok),
             "answers": len(cells), "accepted_share": round(share, 4), "ci95": [round(lo, 4), round(hi, 4)],
-            "exact95": exact_interval(len(ok), len(cells)), "rubric_model_accepted": _mean(ok, "rubric"), "rubric_teacher_same_questions": _mean(ok, "teacher_rubric"),
+            "exact95": exact_interval(len(ok), len(cells)), "rubric_model_accepted": _mean(ok, "rubric"),
+            "rubric_teacher_same_questions": _mean(ok, "teacher_rubric"),
             "rubric_taught_same_questions": _mean(ok, "taught_rubric")}
 
 

@@ -258,8 +258,9 @@ class HFLLM(LLM):
         fmt = fmt if constrained else None
         batchable = self.config.batch_size > 1 and not temperature and not stop and len(ids) <= self.config.batch_max_prompt
         # A key of None never shares a batch: sampled calls keep their seed, long prompts their fast prefill.
-        dec = self._repetition(fmt)
-        key = (self._adapter_key(role), kw["max_new_tokens"], fmt is not None, tuple(dec.items())) if batchable else None
+        # calls sharing a batch share one set of repetition rules (_decode_batch reads the first row's)
+        rules = tuple(self._repetition(fmt).items())
+        key = (self._adapter_key(role), kw["max_new_tokens"], fmt is not None, rules) if batchable else None
         new = self._decode(Pending(ids, key, fmt), role, kw, seed)
         reply, n_new = self._reply(new, kw["max_new_tokens"], stop, constrained)
         return reply, len(ids), n_new
