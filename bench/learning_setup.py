@@ -63,7 +63,7 @@ class LearnConfig:
     llm: str = "smollm2"
     # decoding constraints of every evaluation (deepr run --formats), one for all stages: the planner by
     # its own schema (the plan's graph is the model's), the answerer by the small profile's cited prose
-    # over the ids it is shown, with that profile's repetition rules (docs/learning.md "Final answers alone")
+    # over the ids it is shown, with that profile's repetition rules (docs/learning.md, Results)
     formats: str = "schema,answerer=strict"
     # the profile every stage is evaluated under (deepr run --profile); GRPO samples on-policy under
     # `default`, and under `small` (graph schema + plan guard) with --rollout-formats schema, the same constraints

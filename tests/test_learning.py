@@ -445,8 +445,8 @@ def test_an_evaluation_reruns_only_when_the_heldout_set_has_questions_it_did_not
 
 def test_every_stage_is_evaluated_with_the_planner_free_and_the_answerer_strict(tmp_path, monkeypatch):
     """The planner decodes its own schema (R_plan scores the model's graph); the answerer the cited
-    prose over the ids it is shown, which the 135M model's answers passed in 22 of 22 probes against
-    13 of 22 without it (docs/learning.md). --formats passes through as deepr run takes it."""
+    prose over the ids it is shown, which the 135M model's answers passed in 33 of 33 probes against
+    18 of 33 under their own tags (docs/learning.md). --formats passes through as deepr run takes it."""
     calls: list = []
     monkeypatch.setattr(learning, "deepr", lambda args, *a, **k: calls.append(args) or 0)
     held = tmp_path / "heldout.jsonl"
