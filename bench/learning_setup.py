@@ -110,7 +110,31 @@ def validate(cfg: LearnConfig) -> LearnConfig:
     for lr in ("sft_lr", "grpo_lr"):
         if not 0 < getattr(cfg, lr) < 1:
             raise ValueError(f"--{lr.replace('_', '-')} {getattr(cfg, lr)}: must be in (0, 1)")
+    check_sft_memory(cfg, machine_gb())
     return cfg
+
+
+def machine_gb() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+
+
+def sft_peak_gb(cfg: LearnConfig) -> float:
+    """Peak memory of one SFT process, measured with stored activations at --sft-batch 2: ~9 GB with
+    answer turns (~1,430 tokens), 19.3 GB with revision turns (~2,600 prompt tokens of search results);
+    recomputing activations takes about a third of that."""
+    peak = (19.5 if "revise" in cfg.sft_actions.split(",") else 9.0) * cfg.sft_batch / 2
+    return peak / 3 if cfg.sft_checkpointing else peak
+
+
+def check_sft_memory(cfg: LearnConfig, total_gb: float) -> None:
+    """--jobs SFT processes can run at once; refuse a setting whose peaks add up past the machine's
+    memory before anything runs, instead of the kernel killing a seed an hour in."""
+    jobs = min(cfg.jobs, len(cfg.seeds))
+    need = jobs * sft_peak_gb(cfg)
+    if need > 0.9 * total_gb:
+        raise ValueError(f"--jobs {cfg.jobs} with --sft-actions {cfg.sft_actions} --sft-batch {cfg.sft_batch}: "
+                         f"{jobs} SFT processes need ~{need:.0f} GB at once, this machine has {total_gb:.0f} GB; "
+                         "add --sft-checkpointing (about a third of the memory) or lower --jobs")
 
 
 def parse_args(argv: list[str] | None = None) -> LearnConfig:

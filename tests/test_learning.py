@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import learning  # noqa: E402
+from bench import learning, learning_setup  # noqa: E402
 from bench.learning_stats import (METRICS, answer_writers, bootstrap_ci, grpo_step_stats, markdown_table, paired_ci, plot_grpo, plot_stages, read_metrics_rows,  # noqa: E402
                                   run_metrics, split_by_topic, summarize)
 
@@ -184,6 +184,24 @@ def test_size_and_budget_flags_are_checked_before_anything_runs(argv, message, c
         learning.parse_args(argv)
     assert e.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_sft_processes_that_would_not_fit_in_memory_together_are_refused_before_anything_runs(monkeypatch, capsys):
+    """Two SFT jobs on revision turns peak near 2 x 19 GB with stored activations: on a 24 GB machine
+    the kernel would kill one an hour in, so the flags are refused with the two ways out."""
+    monkeypatch.setattr(learning_setup, "machine_gb", lambda: 24.0)
+    with pytest.raises(SystemExit) as e:
+        learning.parse_args(["--sft-actions", "plan,revise,final"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "2 SFT processes need ~39 GB at once, this machine has 24 GB" in err and "--sft-checkpointing" in err
+    assert learning.parse_args(["--sft-actions", "plan,revise,final", "--sft-checkpointing"]).sft_checkpointing
+    assert learning.parse_args(["--sft-actions", "plan,revise,final", "--jobs", "1"]).jobs == 1
+    assert learning.parse_args(["--sft-actions", "plan,revise,final", "--seeds", "0"]).seeds == [0]
+    assert learning.parse_args([]).sft_actions == "plan,final"  # two 9 GB processes fit
+    monkeypatch.setattr(learning_setup, "machine_gb", lambda: 16.0)
+    with pytest.raises(SystemExit):
+        learning.parse_args([])
 
 
 def test_flags_scale_the_experiment():
@@ -484,6 +502,7 @@ def test_every_seed_runs_whatever_the_number_of_jobs(tmp_path, monkeypatch, jobs
     after it (they were silently skipped, and the run reported itself complete)."""
     import bench.learning_report as lr
 
+    monkeypatch.setattr(learning_setup, "machine_gb", lambda: 64.0)  # three SFT jobs' memory: not what this tests
     held = tmp_path / "heldout.jsonl"
     held.write_text('{"id": "q1"}\n', encoding="utf-8")
     ran: list = []
