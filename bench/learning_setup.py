@@ -122,7 +122,7 @@ def sft_peak_gb(cfg: LearnConfig) -> float:
     """Peak memory of one SFT process, measured with stored activations at --sft-batch 2: ~9 GB with
     answer turns (~1,430 tokens), 19.3 GB with revision turns (~2,600 prompt tokens of search results);
     recomputing activations takes about a third of that."""
-    peak = (19.5 if "revise" in cfg.sft_actions.split(",") else 9.0) * cfg.sft_batch / 2
+    peak = (19.3 if "revise" in cfg.sft_actions.split(",") else 9.0) * cfg.sft_batch / 2
     return peak / 3 if cfg.sft_checkpointing else peak
 
 
