@@ -234,15 +234,6 @@ def test_a_protocol_break_anywhere_gives_every_role_of_the_episode_minus_one(emb
     assert out[0] == -1.0 and out[1] == -1.0 and out[2] > 0
 
 
-def test_flat_groups_and_merging_two_generation_batches():
-    from deepr.train.decor_stage import flat_groups, merge_rows
-
-    keys = [("q1", "planner")] * 2 + [("q1", "filter")] * 2 + [("q2", "planner")] * 2
-    assert flat_groups([1.0, 1.0, 0.2, 0.8, float("nan"), 0.5], keys) == {("q1", "planner"), ("q2", "planner")}
-    assert merge_rows([["a1"], ["a2"]], [["b1"], ["b2", "b3"]], [False, True]) == [["a1"], ["b2", "b3"]]
-    assert merge_rows([0.0, 0.0], [1.0, -1.0], [False, True]) == [0.0, -1.0]
-
-
 def test_decor_dynamic_sampling_replaces_a_flat_group(tiny, tok, retriever, tmp_path):
     """First batch: both rollouts of the group succeed alike (zero spread, no gradient); the trainer
     samples again, and the second batch (one rollout breaks the protocol) is what it trains on."""
@@ -282,4 +273,5 @@ def test_decor_dynamic_sampling_replaces_a_flat_group(tiny, tok, retriever, tmp_
     assert store[0]._decor_advantages == pytest.approx([1.0, -1.0], abs=1e-5)
     assert int(store[1]["completion_mask"].sum()) > 0
     log = [json.loads(x) for x in (res.out / "metrics.jsonl").read_text().splitlines()]
-    assert log[0]["decor/flat_groups_sampled"] == 1.0 and log[0]["decor/flat_groups_kept_out"] == 0.0
+    assert log[0]["dynamic/flat_first"] == 1.0 and log[0]["dynamic/flat_left_out"] == 0.0
+    assert log[0]["dynamic/samplings"] == 2.0 and log[0]["zero_advantage_frac"] == 0.0

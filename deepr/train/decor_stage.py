@@ -297,24 +297,10 @@ def role_group_advantages(rewards: Sequence[float], keys: Sequence[tuple[Hashabl
     return out
 
 
-def flat_groups(rewards: Sequence[float], keys: Sequence[tuple[Hashable, str]]) -> set[tuple[Hashable, str]]:
-    """(question, role) groups with no spread among their scored rewards: zero advantage, no gradient."""
-    by: dict[tuple[Hashable, str], list[float]] = {}
-    for r, k in zip(rewards, keys):
-        by.setdefault(tuple(k), [])
-        if not math.isnan(r):
-            by[tuple(k)].append(r)
-    return {k for k, v in by.items() if len(v) < 2 or max(v) - min(v) < 1e-9}
-
-
-def merge_rows(a: Sequence[Any], b: Sequence[Any], take_b: Sequence[bool]) -> list[Any]:
-    """Row i of ``b`` where ``take_b[i]``, else of ``a`` (two samplings of the same inputs)."""
-    return [y if t else x for x, y, t in zip(a, b, take_b)]
-
-
 def _decor_trainer_cls(dynamic_sampling: int = 0) -> type:
     from trl import GRPOTrainer
 
+    from deepr.train.dynamic import Scored, flat_groups, resample_flat, weighted_rewards
     from deepr.train.warp_calls import call_batch, per_rollout_loss
 
     class DecorTrainer(GRPOTrainer):
@@ -339,34 +325,18 @@ def _decor_trainer_cls(dynamic_sampling: int = 0) -> type:
             return rewards
 
         def _role_scored(self, inputs):
-            import torch
-
             out = super()._generate_and_score_completions(inputs)
             episodes, self._warp_calls = self._warp_calls, None
-            w = self.reward_weights.to(self._decor_rewards.device)
-            per = self._decor_rewards * w.unsqueeze(0)
-            total = torch.where(torch.isnan(self._decor_rewards).all(dim=1), torch.nan, per.nansum(dim=1))
-            adv = role_group_advantages(total.tolist(), self._decor_keys)
+            total = weighted_rewards(self, self._decor_rewards)
+            adv = role_group_advantages(total, self._decor_keys)
             n = len(out["advantages"])
             start = self.accelerator.process_index * n
             local = [tuple(k) for k in self._decor_keys[start:start + n]]
-            return episodes, adv[start:start + n], flat_groups(total.tolist(), self._decor_keys), local
+            return Scored(episodes, adv[start:start + n], flat_groups(total, self._decor_keys), local,
+                          len({tuple(k) for k in self._decor_keys}))
 
         def _generate_and_score_completions(self, inputs):
-            episodes, adv, flat, local = self._role_scored(inputs)
-            first = len(flat)
-            for _ in range(dynamic_sampling if self.model.training else 0):
-                if not flat:
-                    break
-                again, adv2, flat2, _ = self._role_scored(inputs)
-                take = [k in flat and k not in flat2 for k in local]
-                episodes, adv = merge_rows(episodes, again, take), merge_rows(adv, adv2, take)
-                flat = flat & flat2
-            if dynamic_sampling and self.model.training:
-                self._metrics["train"]["decor/flat_groups_sampled"].append(float(first))
-                self._metrics["train"]["decor/flat_groups_kept_out"].append(float(len(flat)))
-                # zero-gradient groups neither count nor dilute the loss
-                episodes = [[] if k in flat else calls for calls, k in zip(episodes, local)]
+            episodes, adv = resample_flat(self, lambda: self._role_scored(inputs), dynamic_sampling)
             self._decor_advantages = list(adv)
             return call_batch(self, episodes, adv)
 

@@ -57,6 +57,10 @@ class GrpoConfig(StageConfig):
                                                    "rules of §3.1. run: also deepr run's acceptance checks "
                                                    "(placeholders, echoes, short queries, looped words, fetch "
                                                    "lists) — a departure from the paper.")
+    dynamic_sampling: int = Field(0, ge=0, le=4, description="Sample a step's prompts again, up to this many "
+                                  "times, while a group's rewards are all equal, and leave the groups still "
+                                  "equal out of the loss (DAPO's dynamic sampling, as DECOR §4.4 trains; "
+                                  "DecomposeR does not: 0, off).")
 
     def paper(self) -> dict[str, Any]:
         return PAPER_DEFAULTS[self.stage]
@@ -145,7 +149,8 @@ def build_trainer(config: GrpoConfig, model_path: str, rows: Sequence[dict[str, 
     """The planner / answerer trainer: scores episodes, trains their calls (:mod:`deepr.train.warp_calls`)."""
     from deepr.train.warp_calls import warp_trainer_cls
 
-    return build_stage_trainer(config, rows, rollout_func, reward_fn, callbacks, warp_trainer_cls(), model_path)
+    return build_stage_trainer(config, rows, rollout_func, reward_fn, callbacks,
+                               warp_trainer_cls(config.dynamic_sampling), model_path)
 
 
 def default_reward(config: GrpoConfig, embed: Any = None) -> Any:
@@ -181,5 +186,5 @@ def train_grpo(config: GrpoConfig, rows: Sequence[dict[str, Any]], lookup: dict[
     rollout = make_rollout_func(config.stage, lookup, budget=config.max_completion_length, env=env,
                                 generate_for=generate_for, turn_cap=config.max_turn_tokens,
                                 train_turns=config.train_turns, formats=config.rollout_formats)
-    return train_stage(config, rows, rollout, reward_fn or default_reward(config), trainer_cls=warp_trainer_cls(),
-                       callbacks=callbacks, start=start)
+    return train_stage(config, rows, rollout, reward_fn or default_reward(config),
+                       trainer_cls=warp_trainer_cls(config.dynamic_sampling), callbacks=callbacks, start=start)

@@ -7,7 +7,9 @@ group of a step is like that (the reward is 0 for every rollout, say), the step 
 Input: the logs TRL writes each logging step, in particular ``frac_reward_zero_std``, the share
 of groups whose reward std is zero (with ``scale_rewards`` group or none; under ``batch``
 TRL measures the whole batch, so the share is 1.0 only when every reward of the step is equal,
-which still means every group is constant). Output: ``zero_advantage_frac`` added to the same
+which still means every group is constant), or, when the stage samples flat groups again
+(:mod:`deepr.train.dynamic`), the share of groups still flat after it (left out of the loss:
+what the step could not learn from). Output: ``zero_advantage_frac`` added to the same
 log row (so metrics.jsonl has it per step), and, after ``patience`` consecutive steps with
 fraction 1.0 before any step had signal, a warning on stderr (``mode="warn"``) or the end of
 training with ``zero_advantage_stop`` = 1 in the row (``mode="stop"``, the default). Put
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import sys
 from typing import Any, Literal
+
+from deepr.train.dynamic import LEFT_OUT
 
 TRL_KEY = "frac_reward_zero_std"
 KEY = "zero_advantage_frac"
@@ -49,7 +53,9 @@ def zero_advantage_callback(mode: Mode = "stop", patience: int = 2, stage: str =
         def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kw: Any) -> Any:
             if mode == "off" or not logs or TRL_KEY not in logs:
                 return control
-            frac = float(logs[TRL_KEY])
+            # with dynamic sampling TRL's share averages every sampling of the step; what the
+            # step trained on is the share still flat at the end
+            frac = float(logs.get(LEFT_OUT, logs[TRL_KEY]))
             logs[KEY] = frac
             self.history.append(frac)
             if frac < 1.0:

@@ -161,24 +161,41 @@ def call_batch(trainer: Any, episodes: Sequence[Sequence[Call]], advantages: Seq
     return out
 
 
-def warp_trainer_cls() -> type:
+def warp_trainer_cls(dynamic_sampling: int = 0) -> type:
     from trl import GRPOTrainer
+
+    from deepr.train.dynamic import Scored, flat_groups, resample_flat, weighted_rewards
 
     class WarpReportTrainer(GRPOTrainer):
         """GRPOTrainer that scores whole episodes (TRL's rewards and group advantages over one
         placeholder per episode) and trains on their calls (:func:`call_batch`); loss_type "grpo"
-        is Eq. 16 over episodes (:func:`per_rollout_loss`)."""
+        is Eq. 16 over episodes (:func:`per_rollout_loss`); ``dynamic_sampling`` > 0 samples a
+        step's flat groups again (:mod:`deepr.train.dynamic`)."""
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             per_rollout_loss(self)
 
-        def _generate_and_score_completions(self, inputs):
+        def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+            rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+            self._episode_rewards = rewards  # every process's rows: TRL gathers them before grouping
+            return rewards
+
+        def _scored(self, inputs):
             scored = super()._generate_and_score_completions(inputs)
             episodes, self._warp_calls = self._warp_calls, None
             if len(episodes) != len(scored["advantages"]):
                 raise RuntimeError(f"{len(episodes)} WARP episodes but {len(scored['advantages'])} advantages; "
                                    "the warp-report rollout must record one call list per prompt")
-            return call_batch(self, episodes, scored["advantages"].tolist())
+            totals = weighted_rewards(self, self._episode_rewards)
+            groups = [i // self.num_generations for i in range(len(totals))]  # TRL's grouping: G rows in a row
+            n = len(episodes)
+            start = self.accelerator.process_index * n
+            return Scored(episodes, scored["advantages"].tolist(), flat_groups(totals, groups),
+                          groups[start:start + n], len(set(groups)))
+
+        def _generate_and_score_completions(self, inputs):
+            episodes, adv = resample_flat(self, lambda: self._scored(inputs), dynamic_sampling)
+            return call_batch(self, episodes, adv)
 
     return WarpReportTrainer
