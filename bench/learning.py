@@ -342,6 +342,7 @@ def train_grpo(cfg: LearnConfig, merged: Path, train: Path, seed: int, log: Path
         conf = {"seed": seed, "lora_r": cfg.lora_r, "lora_alpha": 2 * cfg.lora_r, "learning_rate": cfg.grpo_lr,
                 "temperature": 0.8, "max_turn_tokens": cfg.eval_max_tokens, "zero_advantage": "warn", "save_steps": 1, "report_to": cfg.report_to,
                 "use_vllm": cfg.use_vllm, "train_turns": cfg.grpo_train_turns or None,
+                "dynamic_sampling": cfg.grpo_dynamic_sampling,
                 "bf16": True if cfg.grpo_bf16 else None}  # None: bf16 where the GPU has it
         write_atomic(w / "grpo.json", conf)
         deepr(["grpo", "--stage", "planner", "--model", str(merged), "--data", str(train), "--out", str(grpo),

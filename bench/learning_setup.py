@@ -50,6 +50,7 @@ class LearnConfig:
     grpo_steps: int = 2
     grpo_lr: float = 1e-4
     grpo_train_turns: int = 1  # planner turns GRPO trains on (0: both); 1 = the initial plan, see GrpoConfig
+    grpo_dynamic_sampling: int = 0  # re-samplings of a flat group (deepr.train.dynamic); 0: DecomposeR's rule
     num_generations: int = 4
     prompts_per_step: int = 2
     rollout_tokens: int = 1400  # both planner turns of one GRPO episode
@@ -96,6 +97,8 @@ def validate(cfg: LearnConfig) -> LearnConfig:
         raise ValueError(f"--seeds {cfg.seeds}: give distinct seeds, e.g. 0,1,2")
     if cfg.grpo_train_turns not in (0, 1, 2):
         raise ValueError(f"--grpo-train-turns {cfg.grpo_train_turns}: give 1 (the initial plan), 2 or 0 (both turns)")
+    if not 0 <= cfg.grpo_dynamic_sampling <= 4:
+        raise ValueError(f"--grpo-dynamic-sampling {cfg.grpo_dynamic_sampling}: give 0 (off) to 4 re-samplings")
     if cfg.profile not in ("default", "small"):
         raise ValueError(f"--profile {cfg.profile!r}: give default or small")
     from deepr.profiles import parse_formats
@@ -145,7 +148,7 @@ def parse_args(argv: list[str] | None = None) -> LearnConfig:
     p.add_argument("--img", type=Path, default=d.img, help="where the PNG figures go")
     for name in ("trees", "heldout_topics", "heldout", "max_train", "sft_steps", "sft_batch", "grpo_steps", "num_generations",
                  "prompts_per_step", "rollout_tokens", "eval_max_tokens", "eval_parallel", "lora_r", "top_k", "threads",
-                 "jobs", "grpo_train_turns"):
+                 "jobs", "grpo_train_turns", "grpo_dynamic_sampling"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
     for name in ("sft_lr", "grpo_lr", "minutes"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))

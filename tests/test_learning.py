@@ -174,6 +174,7 @@ def test_plots_are_written_from_a_small_metrics_file(tmp_path):
     (["--sft-actions", "plan,answer"], "--sft-actions 'plan,answer': give plan, optionally with revise and final"),
     (["--sft-batch", "0"], "--sft-batch 0: must be at least 1"),
     (["--grpo-train-turns", "3"], "--grpo-train-turns 3: give 1"),
+    (["--grpo-dynamic-sampling", "5"], "--grpo-dynamic-sampling 5: give 0"),
     (["--formats", "free"], "--formats 'free': 'free' is not a mode"),
     (["--formats", "schema,answerr=strict"], "no role 'answerr' has strict formats"),
     (["--sft-graph", "deep"], "--sft-graph 'deep': give teacher, flat or ordered"),
@@ -551,3 +552,17 @@ def test_plan_probe_counts_groups_with_nothing_to_learn_from():
     assert (s["accepted"], s["plans"], s["questions"]) == (6, 12, 3)
     assert s["questions_with_none_accepted"] == round(1 / 3, 3)
     assert s["refusals"].count("cut at 640 tokens") == 5
+
+
+def test_grpo_dynamic_sampling_reaches_a_config_deepr_grpo_accepts(tmp_path, monkeypatch):
+    """--grpo-dynamic-sampling goes into grpo.json, and the file is one `deepr grpo --config` takes
+    (its fields are checked strictly: a misspelt key would stop the run after SFT, an hour in)."""
+    from deepr.train.grpo import GrpoConfig
+
+    monkeypatch.setattr(learning, "deepr", lambda args, *a, **k: 0)
+    for argv, rounds in (([], 0), (["--grpo-dynamic-sampling", "2"], 2)):
+        cfg = learning.parse_args(["--work", str(tmp_path / f"d{rounds}"), *argv])
+        learning.train_grpo(cfg, tmp_path / "merged", tmp_path / "train.jsonl", 0, tmp_path / "log")
+        conf = json.loads((cfg.work / "seed0" / "grpo.json").read_text())
+        parsed = GrpoConfig(stage="planner", model=str(tmp_path / "merged"), out=tmp_path / "rl", **conf)
+        assert parsed.dynamic_sampling == rounds
