@@ -21,8 +21,9 @@ def test_flat_groups_and_merging_two_generation_batches():
     assert merge_rows([0.0, 0.0], [1.0, -1.0], [False, True]) == [0.0, -1.0]
 
 
-def _planner_step(tiny, tok, retriever, out, samplings: list[list[list[str]]], dynamic: int):
-    """One planner GRPO step (1 question x 2 rollouts); sampling i writes ``samplings[i]`` (turn x row)."""
+def _planner_step(tiny, tok, retriever, out, samplings: list[list[list[str]]], dynamic: int, steps: int = 1,
+                  callbacks: tuple = ()):
+    """Planner GRPO steps (1 question x 2 rollouts); sampling i writes ``samplings[i]`` (turn x row)."""
     from test_grpo import _pairs
 
     from deepr.train import grpo, stage
@@ -30,8 +31,9 @@ def _planner_step(tiny, tok, retriever, out, samplings: list[list[list[str]]], d
 
     rows, lookup = grpo.planner_dataset(_pairs(1))
     cfg = grpo.GrpoConfig(stage="planner", model=str(tiny), out=out, num_generations=2, prompts_per_step=1,
-                          mini_batch_prompts=1, max_completion_length=3000, max_steps=1, lora_r=4, lora_alpha=8,
-                          k=2, learning_rate=1e-3, dynamic_sampling=dynamic, zero_advantage="warn")
+                          mini_batch_prompts=1, max_completion_length=3000, lora_r=4, lora_alpha=8,
+                          k=2, learning_rate=1e-3, dynamic_sampling=dynamic, zero_advantage="warn",
+                          max_steps=steps)
     store: list = []
     used: list[int] = []
     built = stage.build_stage_trainer
@@ -47,9 +49,9 @@ def _planner_step(tiny, tok, retriever, out, samplings: list[list[list[str]]], d
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(stage, "build_stage_trainer", keep)
         res = grpo.train_grpo(cfg, rows, lookup, env=PlannerEnvironment(retriever, k=2), generate_for=gen_for,
-                              callbacks=[capture_batches(store)])
+                              callbacks=[capture_batches(store), *callbacks])
     log = [json.loads(x) for x in (res.out / "metrics.jsonl").read_text().splitlines()]
-    return res, store[1], log[0], len(used)
+    return res, store[1], log[0] if steps == 1 else log, len(used)
 
 
 def _turns():
@@ -90,3 +92,24 @@ def test_planner_default_samples_once_and_trains_the_flat_group(tiny, tok, retri
     assert int(batch["completion_mask"].sum()) > 0
     assert all(float(a) == 0.0 for a in batch["advantages"])
     assert "dynamic/flat_first" not in row and row["zero_advantage_frac"] == 1.0
+
+
+def test_a_step_with_every_group_left_out_does_not_move_the_weights(tiny, tok, retriever, tmp_path):
+    """Step 1 trains a varied group (AdamW builds momentum); step 2's group stays flat and is left
+    out: its gradient is zero, and the optimiser step is skipped rather than applying momentum."""
+    import torch
+    from transformers import TrainerCallback
+
+    same, mixed, _ = _turns()
+    snapshots: list = []
+
+    class Weights(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kw):
+            snapshots.append({n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad})
+
+    res, _, log, samplings = _planner_step(tiny, tok, retriever, tmp_path / "rl", [mixed, same, same], dynamic=1,
+                                           steps=2, callbacks=(Weights(),))
+    assert res.steps == 2 and samplings == 3 and len(snapshots) == 2
+    assert log[0]["dynamic/flat_left_out"] == 0.0 and "dynamic/update_skipped" not in log[0]
+    assert log[1]["dynamic/flat_left_out"] == 1.0 and log[1]["dynamic/update_skipped"] == 1.0
+    assert all(torch.equal(snapshots[0][n], snapshots[1][n]) for n in snapshots[0])

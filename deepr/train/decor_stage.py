@@ -300,7 +300,7 @@ def role_group_advantages(rewards: Sequence[float], keys: Sequence[tuple[Hashabl
 def _decor_trainer_cls(dynamic_sampling: int = 0) -> type:
     from trl import GRPOTrainer
 
-    from deepr.train.dynamic import Scored, flat_groups, resample_flat, weighted_rewards
+    from deepr.train.dynamic import Scored, flat_groups, resample_flat, skip_empty_updates, weighted_rewards
     from deepr.train.warp_calls import call_batch, per_rollout_loss
 
     class DecorTrainer(GRPOTrainer):
@@ -315,6 +315,8 @@ def _decor_trainer_cls(dynamic_sampling: int = 0) -> type:
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             per_rollout_loss(self)
+            if dynamic_sampling:
+                skip_empty_updates(self)
 
         def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
             from accelerate.utils import gather_object

@@ -10,7 +10,9 @@ does not use it (docs/faithfulness.md). Each step logs, as shares of the step's 
 - ``dynamic/flat_first``: groups flat at the first sampling (what the step would have trained on);
 - ``dynamic/flat_left_out``: groups still flat after the re-samplings, left out of the loss; the
   zero-advantage share :mod:`deepr.train.signals` reports when this is present;
-- ``dynamic/samplings``: how many times the step's prompts were sampled (1 when nothing was flat).
+- ``dynamic/samplings``: how many times the step's prompts were sampled (1 when nothing was flat);
+- ``dynamic/update_skipped``: 1 in a step whose every group was left out. Its gradient is zero, and
+  AdamW would still move the weights along its momentum, so the optimiser step is skipped.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any, NamedTuple
 
 FIRST, LEFT_OUT, SAMPLINGS = "dynamic/flat_first", "dynamic/flat_left_out", "dynamic/samplings"
+SKIPPED = "dynamic/update_skipped"
 
 
 class Scored(NamedTuple):
@@ -83,3 +86,21 @@ def resample_flat(trainer: Any, score: Callable[[], Scored], rounds: int) -> tup
     metrics[LEFT_OUT].append(len(flat) / max(s.groups, 1))
     metrics[SAMPLINGS].append(float(samplings))
     return [[] if k in flat else calls for calls, k in zip(episodes, s.local_keys)], adv
+
+
+def skip_empty_updates(trainer: Any) -> None:
+    """Skip the optimiser step when no parameter got a gradient (every group of the step left out):
+    AdamW skips a parameter whose ``grad`` is None, where a zero gradient would still apply its
+    momentum. Gradients are reduced across processes before this point, so all decide alike."""
+    from transformers import TrainerCallback
+
+    class SkipEmptyUpdate(TrainerCallback):
+        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
+            params = [p for p in trainer.model.parameters() if p.requires_grad]
+            if all(p.grad is None or not bool(p.grad.any()) for p in params):
+                for p in params:
+                    p.grad = None
+                trainer._metrics["train"][SKIPPED].append(1.0)
+            return control
+
+    trainer.add_callback(SkipEmptyUpdate())

@@ -164,7 +164,7 @@ def call_batch(trainer: Any, episodes: Sequence[Sequence[Call]], advantages: Seq
 def warp_trainer_cls(dynamic_sampling: int = 0) -> type:
     from trl import GRPOTrainer
 
-    from deepr.train.dynamic import Scored, flat_groups, resample_flat, weighted_rewards
+    from deepr.train.dynamic import Scored, flat_groups, resample_flat, skip_empty_updates, weighted_rewards
 
     class WarpReportTrainer(GRPOTrainer):
         """GRPOTrainer that scores whole episodes (TRL's rewards and group advantages over one
@@ -175,6 +175,8 @@ def warp_trainer_cls(dynamic_sampling: int = 0) -> type:
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             per_rollout_loss(self)
+            if dynamic_sampling:
+                skip_empty_updates(self)
 
         def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
             rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
