@@ -300,7 +300,7 @@ def role_group_advantages(rewards: Sequence[float], keys: Sequence[tuple[Hashabl
 def _decor_trainer_cls(dynamic_sampling: int = 0) -> type:
     from trl import GRPOTrainer
 
-    from deepr.train.dynamic import Scored, flat_groups, resample_flat, skip_empty_updates, weighted_rewards
+    from deepr.train.dynamic import Scored, resample_flat, skip_empty_updates, weighted_rewards
     from deepr.train.warp_calls import call_batch, per_rollout_loss
 
     class DecorTrainer(GRPOTrainer):
@@ -333,9 +333,7 @@ def _decor_trainer_cls(dynamic_sampling: int = 0) -> type:
             adv = role_group_advantages(total, self._decor_keys)
             n = len(out["advantages"])
             start = self.accelerator.process_index * n
-            local = [tuple(k) for k in self._decor_keys[start:start + n]]
-            return Scored(episodes, adv[start:start + n], flat_groups(total, self._decor_keys), local,
-                          len({tuple(k) for k in self._decor_keys}))
+            return Scored(episodes, adv[start:start + n], total, self._decor_keys)
 
         def _generate_and_score_completions(self, inputs):
             episodes, adv = resample_flat(self, lambda: self._role_scored(inputs), dynamic_sampling)

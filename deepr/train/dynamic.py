@@ -26,14 +26,13 @@ SKIPPED = "dynamic/update_skipped"
 
 
 class Scored(NamedTuple):
-    """One sampling of the step: this process's episodes and advantages, the step's flat group keys,
-    this process's group key per episode, and the number of groups in the step (all processes)."""
+    """One sampling of the step: this process's episodes and advantages, and every process's row
+    rewards and group keys (as gathered; this process's rows are its slice of them)."""
 
     episodes: list[Any]
     advantages: list[float]
-    flat: set[Hashable]
-    local_keys: list[Hashable]
-    groups: int
+    rewards: list[float]
+    keys: list[Any]
 
 
 def _key(k: Any) -> Hashable:
@@ -72,20 +71,25 @@ def resample_flat(trainer: Any, score: Callable[[], Scored], rounds: int) -> tup
     s = score()
     if not rounds or not trainer.model.training:
         return s.episodes, s.advantages
-    episodes, adv, flat, samplings = s.episodes, s.advantages, set(s.flat), 1
+    start = trainer.accelerator.process_index * len(s.episodes)
+    local = [_key(k) for k in s.keys[start:start + len(s.episodes)]]
+    first = flat_groups(s.rewards, s.keys)
+    episodes, adv, flat, samplings = s.episodes, s.advantages, set(first), 1
     for _ in range(rounds):
         if not flat:
             break
         again = score()
         samplings += 1
-        take = [k in flat and k not in again.flat for k in s.local_keys]
+        still = flat_groups(again.rewards, again.keys)
+        take = [k in flat and k not in still for k in local]
         episodes, adv = merge_rows(episodes, again.episodes, take), merge_rows(adv, again.advantages, take)
-        flat &= again.flat
+        flat &= still
+    groups = max(len({_key(k) for k in s.keys}), 1)
     metrics = trainer._metrics["train"]
-    metrics[FIRST].append(len(s.flat) / max(s.groups, 1))
-    metrics[LEFT_OUT].append(len(flat) / max(s.groups, 1))
+    metrics[FIRST].append(len(first) / groups)
+    metrics[LEFT_OUT].append(len(flat) / groups)
     metrics[SAMPLINGS].append(float(samplings))
-    return [[] if k in flat else calls for calls, k in zip(episodes, s.local_keys)], adv
+    return [[] if k in flat else calls for calls, k in zip(episodes, local)], adv
 
 
 def skip_empty_updates(trainer: Any) -> None:

@@ -164,7 +164,7 @@ def call_batch(trainer: Any, episodes: Sequence[Sequence[Call]], advantages: Seq
 def warp_trainer_cls(dynamic_sampling: int = 0) -> type:
     from trl import GRPOTrainer
 
-    from deepr.train.dynamic import Scored, flat_groups, resample_flat, skip_empty_updates, weighted_rewards
+    from deepr.train.dynamic import Scored, resample_flat, skip_empty_updates, weighted_rewards
 
     class WarpReportTrainer(GRPOTrainer):
         """GRPOTrainer that scores whole episodes (TRL's rewards and group advantages over one
@@ -191,10 +191,7 @@ def warp_trainer_cls(dynamic_sampling: int = 0) -> type:
                                    "the warp-report rollout must record one call list per prompt")
             totals = weighted_rewards(self, self._episode_rewards)
             groups = [i // self.num_generations for i in range(len(totals))]  # TRL's grouping: G rows in a row
-            n = len(episodes)
-            start = self.accelerator.process_index * n
-            return Scored(episodes, scored["advantages"].tolist(), flat_groups(totals, groups),
-                          groups[start:start + n], len(set(groups)))
+            return Scored(episodes, scored["advantages"].tolist(), totals, groups)
 
         def _generate_and_score_completions(self, inputs):
             episodes, adv = resample_flat(self, lambda: self._scored(inputs), dynamic_sampling)
