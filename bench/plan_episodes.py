@@ -10,9 +10,13 @@ full `deepr run` + `deepr eval` of the same questions on 2 cores.
         --questions heldout.jsonl --corpus wiki --k 3
 
     python bench/plan_episodes.py --pool seed0.json --pool seed1.json --baseline sft.json
+    python bench/plan_episodes.py --pool grpo-s0.json --pool grpo-s1.json \
+        --baseline sft-s0.json --baseline sft-s1.json
 
 ``--pool`` scores nothing: it takes earlier outputs, one per seed of a setting, and compares them
-with ``--baseline`` together (the interval resamples questions and seeds). A folder with
+with ``--baseline`` together (the interval resamples questions and seeds): one baseline for every
+run (GRPO seeds from one SFT), or one per run, in order (seeds of the whole pipeline, each GRPO run
+against its own SFT). A folder with
 ``adapter_config.json`` is loaded on its base (PEFT). Paired differences (each later
 checkpoint minus the first) come with a 95 % bootstrap interval over questions. Writes
 bench/results/plan_episodes.json: per checkpoint and question the reward, G0's validity, what was
@@ -118,22 +122,28 @@ def paired(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any]:
     return {"questions": len(pairs), "mean": round(mean, 4), "ci95": [round(lo, 4), round(hi, 4)]}
 
 
-def pooled(seed_runs: list[tuple[str, list[dict[str, Any]]]], base: list[dict[str, Any]]) -> dict[str, Any]:
-    """mean(seed run − baseline) of R_plan over the questions every run scored, the runs taken as
-    seeds of one setting: the 95 % interval resamples questions and seeds independently
-    (bench/learning_stats.py, as `make learn` does), so a single lucky seed widens it."""
+def pooled(seed_runs: list[tuple[str, list[dict[str, Any]]]],
+           bases: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """mean(seed run − its baseline) of R_plan over the questions every run and baseline scored, the
+    runs taken as seeds of one setting: the 95 % interval resamples questions and seeds independently
+    (bench/learning_stats.py, as `make learn` does), so a single lucky seed widens it. ``bases`` holds
+    one baseline for all runs or one per run (seed s's run minus seed s's baseline)."""
     from learning_stats import paired_ci
 
     if len(seed_runs) < 2:
         raise ValueError("--pool needs two runs or more (one is the plain --baseline comparison)")
-    ref, seeds = _rewards(base), [_rewards(rows) for _, rows in seed_runs]
-    qids = [q for q in ref if all(q in s for s in seeds)]
+    if len(bases) not in (1, len(seed_runs)):
+        raise ValueError(f"{len(seed_runs)} pooled runs need one --baseline or {len(seed_runs)} "
+                         f"(one per run, in order), not {len(bases)}")
+    bases = bases * len(seed_runs) if len(bases) == 1 else bases
+    refs, seeds = [_rewards(b) for b in bases], [_rewards(rows) for _, rows in seed_runs]
+    qids = [q for q in refs[0] if all(q in s for s in seeds + refs)]
     if not qids:
-        raise ValueError("no question has a reward in the baseline and in every pooled run")
-    mean, lo, hi = paired_ci([[s[q] for s in seeds] for q in qids], [[ref[q]] * len(seeds) for q in qids])
+        raise ValueError("no question has a reward in every baseline and every pooled run")
+    mean, lo, hi = paired_ci([[s[q] for s in seeds] for q in qids], [[r[q] for r in refs] for q in qids])
     return {"runs": [label for label, _ in seed_runs], "questions": len(qids), "seeds": len(seeds),
             "mean": round(mean, 4), "ci95": [round(lo, 4), round(hi, 4)],
-            "per_run": {label: paired(base, rows) for label, rows in seed_runs}}
+            "per_run": {label: paired(b, rows) for (label, rows), b in zip(seed_runs, bases)}}
 
 
 def baseline_run(spec: str) -> tuple[str, list[dict[str, Any]]]:
@@ -161,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=1400, help="model tokens of an episode (--max-completion-length)")
     ap.add_argument("--turn-cap", type=int, default=640, help="model tokens of one turn (max_turn_tokens)")
     ap.add_argument("--limit", type=int, default=None, help="first N questions only")
-    ap.add_argument("--baseline", help="FILE[:LABEL]: also compare every checkpoint with a run of an earlier output")
+    ap.add_argument("--baseline", action="append", default=[], metavar="FILE[:LABEL]",
+                    help="also compare every checkpoint with a run of an earlier output (with --pool: "
+                         "once, or once per pooled run)")
     ap.add_argument("--pool", action="append", default=[], metavar="FILE[:LABEL]",
                     help="score nothing: pool earlier runs (one per seed of a setting) against --baseline")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "plan_episodes.json")
@@ -171,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     if not a.folders or a.questions is None:
         ap.error("give the checkpoints to score and --questions (or --pool earlier runs)")
     labels = a.label + a.folders[len(a.label):]
-    base = baseline_run(a.baseline) if a.baseline else None  # read first: a bad path fails before any model loads
+    if len(a.baseline) > 1:
+        ap.error("scoring checkpoints takes one --baseline (several go with --pool)")
+    base = baseline_run(a.baseline[0]) if a.baseline else None  # read first: a bad path fails before any model loads
     from deepr.corpus import open_retriever
     from deepr.io import read_records
     from deepr.records import QRPair
@@ -200,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 diff = paired(base_rows, runs[lab]["questions"])
             except ValueError as e:  # other questions than the baseline's: keep this run's scores, say why
-                diff = {"error": f"{e} (--baseline {a.baseline} scored other questions)"}
+                diff = {"error": f"{e} (--baseline {a.baseline[0]} scored other questions)"}
             diffs[f"{lab} - {base_label}"] = diff
     doc = {"command": "python bench/plan_episodes.py " + " ".join(sys.argv[1:] if argv is None else argv),
            "questions_file": str(a.questions), "k": a.k, "budget": a.budget, "turn_cap": a.turn_cap,
@@ -213,14 +227,15 @@ def main(argv: list[str] | None = None) -> int:
 def pool_command(a: argparse.Namespace, ap: argparse.ArgumentParser, argv: list[str] | None) -> int:
     if a.folders or not a.baseline:
         ap.error("--pool takes earlier runs and a --baseline, no checkpoints")
-    base_label, base_rows = baseline_run(a.baseline)
+    bases = [baseline_run(spec) for spec in a.baseline]
     runs = [baseline_run(spec) for spec in a.pool]
     try:
-        result = pooled(runs, base_rows)
+        result = pooled(runs, [rows for _, rows in bases])
     except ValueError as e:
         ap.error(str(e))
+    labels = [label for label, _ in bases]
     doc = {"command": "python bench/plan_episodes.py " + " ".join(sys.argv[1:] if argv is None else argv),
-           "baseline": base_label, "pooled": result}
+           "baseline": labels[0] if len(labels) == 1 else labels, "pooled": result}
     a.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps(doc, indent=1))
     return 0

@@ -71,14 +71,14 @@ def test_pooled_seeds_resample_questions_and_seeds_and_need_two_runs(tmp_path):
     base = [{"id": f"q{i}", "r_plan": 0.1} for i in range(6)] + [{"id": "q9", "r_plan": None}]
     up = [{"id": f"q{i}", "r_plan": 0.3} for i in range(6)]
     flat = [{"id": f"q{i}", "r_plan": 0.1} for i in range(5)]  # q5 unscored by this seed: left out for all
-    res = pe.pooled([("s0", up), ("s1", flat)], base)
+    res = pe.pooled([("s0", up), ("s1", flat)], [base])
     assert res["questions"] == 5 and res["seeds"] == 2 and res["mean"] == pytest.approx(0.1)
     # a bootstrap draw may take the seed that gained nothing twice: one good seed does not make the interval
     assert res["ci95"][0] == pytest.approx(0.0) and res["ci95"][1] == pytest.approx(0.2)
     assert res["per_run"]["s0"]["mean"] == pytest.approx(0.2)
-    assert pe.pooled([("s0", up), ("s1", up)], base)["ci95"] == [pytest.approx(0.2), pytest.approx(0.2)]
+    assert pe.pooled([("s0", up), ("s1", up)], [base])["ci95"] == [pytest.approx(0.2), pytest.approx(0.2)]
     with pytest.raises(ValueError, match="two runs or more"):
-        pe.pooled([("s0", up)], base)
+        pe.pooled([("s0", up)], [base])
     files = []
     for label, rows in (("sft", base), ("s0", up), ("s1", flat)):
         files.append(tmp_path / f"{label}.json")
@@ -89,3 +89,34 @@ def test_pooled_seeds_resample_questions_and_seeds_and_need_two_runs(tmp_path):
     assert json.loads(out.read_text())["pooled"]["mean"] == pytest.approx(0.1)
     with pytest.raises(SystemExit):  # checkpoints and --pool do not mix
         pe.main(["ckpt", "--pool", str(files[1]), "--baseline", str(files[0]), "--out", str(out)])
+
+
+def test_pooled_pipeline_seeds_compare_each_run_with_its_own_baseline(tmp_path):
+    """Seeds of the whole pipeline: seed s's GRPO minus seed s's SFT, not minus one shared SFT."""
+    sft0 = [{"id": f"q{i}", "r_plan": 0.1} for i in range(4)]
+    sft1 = [{"id": f"q{i}", "r_plan": 0.5} for i in range(4)]
+    grpo0 = [{"id": f"q{i}", "r_plan": 0.2} for i in range(4)]
+    grpo1 = [{"id": f"q{i}", "r_plan": 0.6} for i in range(3)] + [{"id": "q3", "r_plan": None}]
+    res = pe.pooled([("g0", grpo0), ("g1", grpo1)], [sft0, sft1])
+    assert res["questions"] == 3 and res["mean"] == pytest.approx(0.1)  # q3: unscored by g1, left out
+    assert res["ci95"] == [pytest.approx(0.1), pytest.approx(0.1)]
+    assert res["per_run"]["g1"]["mean"] == pytest.approx(0.1)
+    # against seed 0's SFT alone, seed 1's run would look like a +0.5 gain
+    assert pe.pooled([("g0", grpo0), ("g1", grpo1)], [sft0])["mean"] == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="one --baseline or 2"):
+        pe.pooled([("g0", grpo0), ("g1", grpo1)], [sft0, sft1, sft0])
+    files = {}
+    for label, rows in (("sft0", sft0), ("sft1", sft1), ("g0", grpo0), ("g1", grpo1)):
+        files[label] = tmp_path / f"{label}.json"
+        files[label].write_text(json.dumps({"runs": {label: {"questions": rows}}}))
+    out = tmp_path / "pooled.json"
+    assert pe.main(["--pool", str(files["g0"]), "--pool", str(files["g1"]), "--baseline", str(files["sft0"]),
+                    "--baseline", str(files["sft1"]), "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["baseline"] == ["sft0", "sft1"] and doc["pooled"]["mean"] == pytest.approx(0.1)
+    with pytest.raises(SystemExit):  # three baselines for two runs
+        pe.main(["--pool", str(files["g0"]), "--pool", str(files["g1"]), "--baseline", str(files["sft0"]),
+                 "--baseline", str(files["sft1"]), "--baseline", str(files["sft0"]), "--out", str(out)])
+    with pytest.raises(SystemExit):  # scoring checkpoints compares with one baseline
+        pe.main(["ckpt", "--questions", "q.jsonl", "--baseline", str(files["sft0"]),
+                 "--baseline", str(files["sft1"]), "--out", str(out)])
