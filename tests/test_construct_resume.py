@@ -298,3 +298,22 @@ def test_killed_grpo_resumes_from_its_last_checkpoint(tiny: Path, mini_corpus: P
     assert (out / "adapter_model.safetensors").is_file()
     steps = [json.loads(line).get("step") for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert max(s for s in steps if s is not None) == 6
+    # the step the kill cut short was logged, then run again: its rows are there once
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    per_step = [r["step"] for r in rows if "step" in r and "train_runtime" not in r]
+    assert sorted(per_step) == sorted(set(per_step))
+    rollouts = [json.loads(line)["step"] for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert rollouts == sorted(rollouts) and all(rollouts.count(s) == 4 for s in set(rollouts))  # one group a step
+
+
+def test_resume_drops_log_rows_of_steps_no_checkpoint_holds(tmp_path: Path):
+    from deepr.train.runs import drop_rows_past
+
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 0.1}) + "\n" for s in (1, 2, 3))
+                                            + '{"note": "no step"}\n')
+    (tmp_path / "rollouts.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (0, 0, 1, 1, 2, 2)))
+    drop_rows_past(tmp_path, 2)  # checkpoint-2: two steps done; the third (sampled at step 2) was cut short
+    metrics = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m.get("step") for m in metrics] == [1, 2, None]
+    rollouts = [json.loads(x)["step"] for x in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    assert rollouts == [0, 0, 1, 1]

@@ -44,7 +44,39 @@ def check_out(out: Path, resume: bool, data_fp: str) -> bool:
                          f"{meta['data_fingerprint']} -> {data_fp}); resume with the same --data and --role, "
                          "or choose another --out")
     set_aside_incomplete_checkpoints(out)
-    return get_last_checkpoint(str(out)) is not None
+    last = get_last_checkpoint(str(out))
+    if last is not None:
+        drop_rows_past(out, int(Path(last).name.rsplit("-", 1)[1]))
+    return last is not None
+
+
+# Logs appended during a step; the row's "step" and the first step a resumed run writes again:
+# a metrics row carries the step it closes (1-based), a rollout row the step it was sampled in.
+STEP_LOGS = (("metrics.jsonl", 1), ("rollouts.jsonl", 0))
+
+
+def drop_rows_past(out: Path, step: int) -> None:
+    """Rows of steps after checkpoint ``step``: a killed run logged them, no checkpoint holds them,
+    and the resumed run writes them again, so keeping them would count those steps twice."""
+    from deepr.io import atomic_open
+
+    for name, base in STEP_LOGS:
+        path = out / name
+        if not path.is_file():
+            continue
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        kept = [line for line in lines if (at := _row_step(line)) is None or at - base < step]
+        if len(kept) < len(lines):
+            with atomic_open(path) as f:
+                f.writelines(kept)
+
+
+def _row_step(line: str) -> int | None:
+    try:
+        step = json.loads(line).get("step")
+    except (ValueError, AttributeError):
+        return None  # a torn last line or a foreign row is left as it is
+    return step if isinstance(step, int) else None
 
 
 def set_aside_incomplete_checkpoints(out: Path) -> list[Path]:
