@@ -317,3 +317,6 @@ def test_resume_drops_log_rows_of_steps_no_checkpoint_holds(tmp_path: Path):
     assert [m.get("step") for m in metrics] == [1, 2, None]
     rollouts = [json.loads(x)["step"] for x in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
     assert rollouts == [0, 0, 1, 1]
+    drop_rows_past(tmp_path, 0)  # killed before its first checkpoint: the run starts over
+    assert (tmp_path / "rollouts.jsonl").read_text() == ""
+    assert [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [{"note": "no step"}]

@@ -45,8 +45,8 @@ def check_out(out: Path, resume: bool, data_fp: str) -> bool:
                          "or choose another --out")
     set_aside_incomplete_checkpoints(out)
     last = get_last_checkpoint(str(out))
-    if last is not None:
-        drop_rows_past(out, int(Path(last).name.rsplit("-", 1)[1]))
+    # with no checkpoint the run starts over at step 0, and every step row is written again
+    drop_rows_past(out, int(Path(last).name.rsplit("-", 1)[1]) if last else 0)
     return last is not None
 
 
