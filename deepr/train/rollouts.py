@@ -312,12 +312,13 @@ def log_planner_rollouts(trainer: Any, prompts: Sequence[Any], queries: dict[str
     from pathlib import Path
 
     from deepr.io import JsonlAppender
+    from deepr.train.runs import ROLLOUTS
 
     out = getattr(getattr(trainer, "args", None), "output_dir", None)
     if not out:
         return
     step = getattr(getattr(trainer, "state", None), "global_step", None)
-    with JsonlAppender(Path(out) / "rollouts.jsonl", fsync=False) as log:
+    with JsonlAppender(Path(out) / ROLLOUTS, fsync=False) as log:
         for i, ep in enumerate(episodes):
             log.write({"step": step, "query": queries.get(_user_text(prompts[i])), "turns": list(ep.texts),
                        "truncated": ep.truncated, "plan_source": extra["plan_source"][i],

@@ -50,9 +50,10 @@ def check_out(out: Path, resume: bool, data_fp: str) -> bool:
     return last is not None
 
 
-# Logs appended during a step; the row's "step" and the first step a resumed run writes again:
-# a metrics row carries the step it closes (1-based), a rollout row the step it was sampled in.
-STEP_LOGS = (("metrics.jsonl", 1), ("rollouts.jsonl", 0))
+METRICS, ROLLOUTS = "metrics.jsonl", "rollouts.jsonl"
+# The logs a run appends to as it goes, each with what its rows' "step" counts from: a metrics row
+# carries the step it closes (1-based), a rollout row the step it was sampled in (0-based).
+STEP_LOGS = ((METRICS, 1), (ROLLOUTS, 0))
 
 
 def drop_rows_past(out: Path, step: int) -> None:

@@ -19,9 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from deepr.io import redact, versions, write_json
 from deepr.llm.base import GenDefaults
+from deepr.train.runs import META, METRICS
 
-META = "deepr_meta.json"
-METRICS = "metrics.jsonl"
 # Stages whose reward has LLM-judged terms, and those terms (what the extractive judge stands in for).
 JUDGED_TERMS = {"answerer": "J_rub", "rubric": "R_rubric and claim support in R_cite",
                 "decor": "LJ of R_team and the role judges R_role",
