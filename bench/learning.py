@@ -30,7 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.learning_setup import (ROOT, Budget, LearnConfig, deepr, done, mark, parse_args,  # noqa: E402
-                                   read_jsonl, write_atomic, write_jsonl)
+                                   read_jsonl, repeat_counts, write_atomic, write_jsonl)
 from bench.learning_stats import STAGES, split_by_topic  # noqa: E402
 
 
@@ -79,7 +79,12 @@ def teacher_sft_data(cfg: LearnConfig, train: Path, log: Path) -> Path:
         deepr(["prune-trajectories", str(w / "trajectories.jsonl"), "--rubrics", str(train), "--out-dir", str(out),
                "--heldout", "0", "--target-ratios", "none"], log, threads=cfg.threads)
         mark(out, **compact_sft(out / "sft.jsonl", out / "sft-compact.jsonl", actions=tuple(cfg.sft_actions.split(",")),
-                                graph=cfg.sft_graph, form=cfg.profile))
+                                graph=cfg.sft_graph, form=cfg.profile, repeat=repeat_counts(cfg)))
+    # a marker without "repeat" was written before the flag: each turn once
+    made = json.loads((out / ".done").read_text(encoding="utf-8")).get("repeat") or dict.fromkeys(cfg.sft_actions.split(","), 1)
+    if made != repeat_counts(cfg):
+        raise RuntimeError(f"{out} was made with --sft-repeat {made}, not {repeat_counts(cfg)} (--sft-actions "
+                           f"{cfg.sft_actions}, --sft-repeat {cfg.sft_repeat!r}); give a new --work")
     return out / "sft-compact.jsonl"
 
 
@@ -236,10 +241,11 @@ _TAUGHT = {("planner", "plan"), ("planner", "revise"), ("answerer", "final")}
 
 
 def compact_sft(src: Path, dest: Path, *, actions: tuple[str, ...] = ("plan",), graph: str = "teacher",
-                form: str = "small") -> dict[str, int]:
+                form: str = "small", repeat: dict[str, int] | None = None) -> dict[str, Any]:
     """The examples of ``src`` whose action is in ``actions`` (planner ``plan``/``revise``,
     answerer ``final``), with compact replies (:func:`compact_plan` in the ``form`` of the profile
-    the model is evaluated under, :func:`compact_answer`) → ``dest``. A revision turn carries the
+    the model is evaluated under, :func:`compact_answer`) → ``dest``, each ``repeat[action]`` times
+    (the trainer shuffles them). A revision turn carries the
     search results (~2,500 prompt tokens against ~500), so it costs five plan turns of CPU training,
     and the model writes a revision in the same JSON form it learns from the plans: off by default."""
     sys.path.insert(0, str(ROOT))
@@ -266,9 +272,9 @@ def compact_sft(src: Path, dest: Path, *, actions: tuple[str, ...] = ("plan",), 
                 counts["planner_examples"] += 1
         if short is not None:
             ex["messages"][-1] = {**ex["messages"][-1], "content": short}
-            kept.append(ex)
+            kept.extend([ex] * (repeat or {}).get(ex["action"], 1))
     write_jsonl(dest, kept)
-    return counts
+    return {**counts, "rows": len(kept), **({"repeat": repeat} if repeat else {})}
 
 
 def base_model(cfg: LearnConfig) -> str:

@@ -179,6 +179,9 @@ def test_plots_are_written_from_a_small_metrics_file(tmp_path):
     (["--formats", "schema,answerr=strict"], "no role 'answerr' has strict formats"),
     (["--sft-graph", "deep"], "--sft-graph 'deep': give teacher, flat or ordered"),
     (["--eval-parallel", "0"], "--eval-parallel 0: must be at least 1"),
+    (["--sft-repeat", "revise=3"], "--sft-repeat 'revise=3': give ACTION=N pairs"),
+    (["--sft-repeat", "plan=0"], "--sft-repeat 'plan=0': give ACTION=N pairs, N from 1 to 10"),
+    (["--sft-repeat", "plan"], "--sft-repeat 'plan': give ACTION=N pairs"),
 ])
 def test_size_and_budget_flags_are_checked_before_anything_runs(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
@@ -318,12 +321,30 @@ def test_sft_data_keeps_the_chosen_planner_turns_in_compact_form(tmp_path):
     counts = learning.compact_sft(src, tmp_path / "plans.jsonl")
     rows = [json.loads(x) for x in (tmp_path / "plans.jsonl").read_text().splitlines()]
     assert counts == {"planner_examples": 1, "answer_examples": 0, "not_a_plan": 1, "refused_by_the_run": 0,
-                      "answer_without_citation": 0}
+                      "answer_without_citation": 0, "rows": 1}
     assert [r["action"] for r in rows] == ["plan"]
     node = json.loads(rows[0]["messages"][-1]["content"])["nodes"][0]
     assert node["query"] == "one two three four five six seven" and "key_points" not in node
     learning.compact_sft(src, tmp_path / "both.jsonl", actions=("plan", "revise"))
     assert [json.loads(x)["action"] for x in (tmp_path / "both.jsonl").read_text().splitlines()] == ["plan", "revise"]
+    counts = learning.compact_sft(src, tmp_path / "mix.jsonl", actions=("plan", "revise"), repeat={"plan": 3, "revise": 1})
+    mix = [json.loads(x) for x in (tmp_path / "mix.jsonl").read_text().splitlines()]
+    assert [r["action"] for r in mix] == ["plan"] * 3 + ["revise"] and counts["rows"] == 4
+    assert counts["planner_examples"] == 2 and counts["repeat"] == {"plan": 3, "revise": 1}
+    assert mix[0] == mix[1] == mix[2]
+
+
+def test_sft_repeat_is_checked_against_the_data_a_work_folder_holds(tmp_path):
+    """SFT data is made once per --work: asked for another --sft-repeat (or other actions) on the same
+    folder, the run stops and says so instead of training on data made for other flags."""
+    cfg = learning.parse_args(["--work", str(tmp_path), "--sft-actions", "plan,revise", "--sft-repeat", "plan=3",
+                               "--jobs", "1"])
+    assert learning_setup.repeat_counts(cfg) == {"plan": 3, "revise": 1}
+    learning_setup.mark(tmp_path / "sft-data", planner_examples=4, repeat={"plan": 3, "revise": 1})
+    assert learning.teacher_sft_data(cfg, tmp_path / "train.jsonl", tmp_path / "log") == tmp_path / "sft-data" / "sft-compact.jsonl"
+    learning_setup.mark(tmp_path / "sft-data", planner_examples=4)  # made before the flag: each turn once
+    with pytest.raises(RuntimeError, match=r"made with --sft-repeat \{'plan': 1, 'revise': 1\}.*give a new --work"):
+        learning.teacher_sft_data(cfg, tmp_path / "train.jsonl", tmp_path / "log")
 
 
 def test_default_form_is_what_the_default_planner_schema_decodes():
