@@ -83,8 +83,11 @@ def teacher_sft_data(cfg: LearnConfig, train: Path, log: Path) -> Path:
     # a marker without "repeat" was written before the flag: each turn once
     made = json.loads((out / ".done").read_text(encoding="utf-8")).get("repeat") or dict.fromkeys(cfg.sft_actions.split(","), 1)
     if made != repeat_counts(cfg):
-        raise RuntimeError(f"{out} was made with --sft-repeat {made}, not {repeat_counts(cfg)} (--sft-actions "
-                           f"{cfg.sft_actions}, --sft-repeat {cfg.sft_repeat!r}); give a new --work")
+        def flag(counts: dict[str, int]) -> str:
+            return ",".join(f"{a}={n}" for a, n in counts.items())
+
+        raise RuntimeError(f"{out} holds SFT data of {flag(made)}, not {flag(repeat_counts(cfg))} (--sft-actions, "
+                           "--sft-repeat); give a new --work")
     return out / "sft-compact.jsonl"
 
 

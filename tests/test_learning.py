@@ -343,7 +343,7 @@ def test_sft_repeat_is_checked_against_the_data_a_work_folder_holds(tmp_path):
     learning_setup.mark(tmp_path / "sft-data", planner_examples=4, repeat={"plan": 3, "revise": 1})
     assert learning.teacher_sft_data(cfg, tmp_path / "train.jsonl", tmp_path / "log") == tmp_path / "sft-data" / "sft-compact.jsonl"
     learning_setup.mark(tmp_path / "sft-data", planner_examples=4)  # made before the flag: each turn once
-    with pytest.raises(RuntimeError, match=r"made with --sft-repeat \{'plan': 1, 'revise': 1\}.*give a new --work"):
+    with pytest.raises(RuntimeError, match=r"holds SFT data of plan=1,revise=1, not plan=3,revise=1 .*give a new --work"):
         learning.teacher_sft_data(cfg, tmp_path / "train.jsonl", tmp_path / "log")
 
 
