@@ -72,6 +72,7 @@ def teacher_sft_data(cfg: LearnConfig, train: Path, log: Path) -> Path:
     """Teacher (extractive) trajectories on the train questions, pruned into SFT examples."""
     w = cfg.work
     out = w / "sft-data"
+    want = repeat_counts(cfg)
     if not done(out):
         deepr(["run", "--queries", str(train), "--mode", "dag", "--corpus", cfg.corpus, "--top-k", str(cfg.top_k),
                "--out", str(w / "runs-teacher"),
@@ -79,14 +80,14 @@ def teacher_sft_data(cfg: LearnConfig, train: Path, log: Path) -> Path:
         deepr(["prune-trajectories", str(w / "trajectories.jsonl"), "--rubrics", str(train), "--out-dir", str(out),
                "--heldout", "0", "--target-ratios", "none"], log, threads=cfg.threads)
         mark(out, **compact_sft(out / "sft.jsonl", out / "sft-compact.jsonl", actions=tuple(cfg.sft_actions.split(",")),
-                                graph=cfg.sft_graph, form=cfg.profile, repeat=repeat_counts(cfg)))
+                                graph=cfg.sft_graph, form=cfg.profile, repeat=want))
     # a marker without "repeat" was written before the flag: each turn once
-    made = json.loads((out / ".done").read_text(encoding="utf-8")).get("repeat") or dict.fromkeys(cfg.sft_actions.split(","), 1)
-    if made != repeat_counts(cfg):
+    made = json.loads((out / ".done").read_text(encoding="utf-8")).get("repeat") or dict.fromkeys(want, 1)
+    if made != want:
         def flag(counts: dict[str, int]) -> str:
             return ",".join(f"{a}={n}" for a, n in counts.items())
 
-        raise RuntimeError(f"{out} holds SFT data of {flag(made)}, not {flag(repeat_counts(cfg))} (--sft-actions, "
+        raise RuntimeError(f"{out} holds SFT data of {flag(made)}, not {flag(want)} (--sft-actions, "
                            "--sft-repeat); give a new --work")
     return out / "sft-compact.jsonl"
 

@@ -18,6 +18,10 @@ from pathlib import Path
 from typing import Any
 
 META = "deepr_meta.json"
+METRICS, ROLLOUTS = "metrics.jsonl", "rollouts.jsonl"
+# The logs a run appends to as it goes, each with what its rows' "step" counts from: a metrics row
+# carries the step it closes (1-based), a rollout row the step it was sampled in (0-based).
+STEP_LOGS = ((METRICS, 1), (ROLLOUTS, 0))
 
 
 def fingerprint(rows: Sequence[dict[str, Any]]) -> str:
@@ -48,12 +52,6 @@ def check_out(out: Path, resume: bool, data_fp: str) -> bool:
     # with no checkpoint the run starts over at step 0, and every step row is written again
     drop_rows_past(out, int(Path(last).name.rsplit("-", 1)[1]) if last else 0)
     return last is not None
-
-
-METRICS, ROLLOUTS = "metrics.jsonl", "rollouts.jsonl"
-# The logs a run appends to as it goes, each with what its rows' "step" counts from: a metrics row
-# carries the step it closes (1-based), a rollout row the step it was sampled in (0-based).
-STEP_LOGS = ((METRICS, 1), (ROLLOUTS, 0))
 
 
 def drop_rows_past(out: Path, step: int) -> None:
