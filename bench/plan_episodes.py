@@ -13,6 +13,11 @@ full `deepr run` + `deepr eval` of the same questions on 2 cores.
     python bench/plan_episodes.py --pool grpo-s0.json --pool grpo-s1.json \
         --baseline sft-s0.json --baseline sft-s1.json
 
+``--out`` (default bench/results/plan_episodes.json) keeps what an earlier output there holds: this
+call's runs and paired differences are added to its own by label (a label scored again is replaced,
+and said so), its other keys stay unless this call writes the same key, so the documented commands
+never wipe the record of earlier checkpoints.
+
 ``--pool`` scores nothing: it takes earlier outputs, one per seed of a setting, and compares them
 with ``--baseline`` together (the interval resamples questions and seeds): one baseline for every
 run (GRPO seeds from one SFT), or one per run, in order (seeds of the whole pipeline, each GRPO run
@@ -160,6 +165,47 @@ def baseline_run(spec: str) -> tuple[str, list[dict[str, Any]]]:
     return label, runs[label]["questions"]
 
 
+def merged_output(earlier: dict[str, Any], doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``doc`` written over an earlier output: runs and paired differences merge by label, each
+    call's command joins the earlier ones in "commands", any other key of ``doc`` replaces the
+    earlier one. Returns the merged output and what it replaced."""
+    out, replaced = dict(earlier), []
+    for key in ("runs", "paired_differences"):
+        if key in doc:
+            old = dict(out.get(key) or {})
+            replaced += [f"{key}: {label}" for label in doc[key] if label in old]
+            out[key] = {**old, **doc[key]}
+    commands = list(out.pop("commands", None) or [])
+    if "command" in out:
+        commands.append(out.pop("command"))
+    out["commands"] = commands + [doc["command"]]
+    for key, value in doc.items():
+        if key not in ("runs", "paired_differences", "command"):
+            if key in out and out[key] != value:
+                replaced.append(key)
+            out[key] = value
+    return out, replaced
+
+
+def write_output(path: Path, doc: dict[str, Any]) -> None:
+    """Write ``doc`` to ``path`` atomically, merged into an earlier output there (:func:`merged_output`);
+    a file there that is not one is refused rather than overwritten."""
+    if path.exists():
+        try:
+            earlier = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise SystemExit(f"--out {path}: not an output of bench/plan_episodes.py ({e}); give another --out") from None
+        if not isinstance(earlier, dict):
+            raise SystemExit(f"--out {path}: not an output of bench/plan_episodes.py; give another --out")
+        doc, replaced = merged_output(earlier, doc)
+        if replaced:
+            print(f"{path}: replaced {', '.join(replaced)}", file=sys.stderr)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folders", nargs="*", help="checkpoints: merged model folders or adapter folders")
@@ -219,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"command": "python bench/plan_episodes.py " + " ".join(sys.argv[1:] if argv is None else argv),
            "questions_file": str(a.questions), "k": a.k, "budget": a.budget, "turn_cap": a.turn_cap,
            "runs": runs, "paired_differences": diffs}
-    a.out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_output(a.out, doc)
     print(json.dumps(diffs, indent=1))
     return 0
 
@@ -236,7 +282,7 @@ def pool_command(a: argparse.Namespace, ap: argparse.ArgumentParser, argv: list[
     labels = [label for label, _ in bases]
     doc = {"command": "python bench/plan_episodes.py " + " ".join(sys.argv[1:] if argv is None else argv),
            "baseline": labels[0] if len(labels) == 1 else labels, "pooled": result}
-    a.out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_output(a.out, doc)
     print(json.dumps(doc, indent=1))
     return 0
 

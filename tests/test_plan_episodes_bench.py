@@ -120,3 +120,26 @@ def test_pooled_pipeline_seeds_compare_each_run_with_its_own_baseline(tmp_path):
     with pytest.raises(SystemExit):  # scoring checkpoints compares with one baseline
         pe.main(["ckpt", "--questions", "q.jsonl", "--baseline", str(files["sft0"]),
                  "--baseline", str(files["sft1"]), "--out", str(out)])
+
+
+def test_an_earlier_output_keeps_its_runs_and_keys_when_more_are_written_into_it(tmp_path, capsys):
+    """The documented commands write to the results file by default: a new call adds its runs beside
+    the earlier ones (a label scored again is replaced, and said so) instead of wiping the record."""
+    out = tmp_path / "episodes.json"
+    out.write_text(json.dumps({"command": "first", "runs": {"sft": {"questions": [{"id": "q1", "r_plan": 0.1}]}},
+                               "paired_differences": {"a - sft": {"mean": 0.0}}, "notes": {"kept": True}}))
+    pe.write_output(out, {"command": "second", "runs": {"grpo": {"questions": [{"id": "q1", "r_plan": 0.4}]}},
+                          "paired_differences": {"grpo - sft": {"mean": 0.3}}})
+    doc = json.loads(out.read_text())
+    assert set(doc["runs"]) == {"sft", "grpo"} and set(doc["paired_differences"]) == {"a - sft", "grpo - sft"}
+    assert doc["notes"] == {"kept": True} and doc["commands"] == ["first", "second"] and "command" not in doc
+    assert pe.baseline_run(f"{out}:sft")[1] == [{"id": "q1", "r_plan": 0.1}]  # still a baseline for later calls
+    pe.write_output(out, {"command": "third", "runs": {"sft": {"questions": [{"id": "q1", "r_plan": 0.2}]}},
+                          "pooled": {"mean": 0.1}})
+    doc = json.loads(out.read_text())
+    assert doc["runs"]["sft"]["questions"][0]["r_plan"] == 0.2 and doc["pooled"] == {"mean": 0.1}
+    assert doc["commands"] == ["first", "second", "third"] and "replaced runs: sft" in capsys.readouterr().err
+    (tmp_path / "log.txt").write_text("not json")
+    with pytest.raises(SystemExit, match="log.txt: not an output of bench/plan_episodes.py"):
+        pe.write_output(tmp_path / "log.txt", {"command": "x", "runs": {}})
+    assert (tmp_path / "log.txt").read_text() == "not json"  # refused, not overwritten
