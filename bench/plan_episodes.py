@@ -200,10 +200,10 @@ def write_output(path: Path, doc: dict[str, Any]) -> None:
         doc, replaced = merged_output(earlier, doc)
         if replaced:
             print(f"{path}: replaced {', '.join(replaced)}", file=sys.stderr)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    from deepr.io import atomic_open
+
+    with atomic_open(path) as f:
+        f.write(json.dumps(doc, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
