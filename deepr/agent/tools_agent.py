@@ -154,10 +154,14 @@ class ToolSession:
         self.calls = 0
         self.valid = 0
         self.shown: list[str] = []
+        # each executed call as JSON, and who made it ("" for the model), what the report lists
+        self.log: list[tuple[str, str]] = []
 
-    def execute(self, name: str, arguments: dict[str, Any]) -> str:
+
+    def execute(self, name: str, arguments: dict[str, Any], *, by: str = "") -> str:
         """The tool's output as text (errors too: the model reads them and can recover)."""
         self.calls += 1
+        self.log.append((json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False), by))
         node = f"S{self.calls}"
         if name in ("search", "scholar"):
             query = arguments.get("query")
@@ -184,7 +188,7 @@ class ToolSession:
         if name == "search":
             ids = self.ctx.search(node, query)
         else:
-            hits = self.ctx.tools.scholar(query)
+            hits = self.ctx.catalog.screen(self.ctx.tools.scholar(query))
             ids = self.ctx.catalog.add_hits(node, hits, query)
             self.ctx.tracer.tool("scholar", node=node, query=query, ids=ids, doc_ids=[h.doc_id for h in hits])
         self.shown.extend(ids)
@@ -201,6 +205,7 @@ class ToolsOutcome:
     raw_answer: str  # the <answer> body with <cite> spans
     transcript: list[dict[str, str]]
     tool_calls: int
+    calls: list[tuple[str, str]] = field(default_factory=list)  # executed, in order (ToolSession.log)
 
 
 # --- the loop ---------------------------------------------------------------------------
@@ -304,6 +309,7 @@ async def run_tools(ctx: Ctx, query: str, *, max_turns: int = RUN_TURNS) -> Tool
             answer = step.answer
         elif reasks >= ctx.config.max_reasks:
             ctx.tracer.fail("agent/answer", problem, attempts=reasks + 1)
+            _written_around(ctx, problem)
             cited = [i for i in answer_ids(step.answer) if i in session.shown]
             # An answer whose only fault is an invented id keeps its valid citations (the
             # invented ones are stripped below); a rejected one is written from the evidence.
@@ -317,7 +323,7 @@ async def run_tools(ctx: Ctx, query: str, *, max_turns: int = RUN_TURNS) -> Tool
     md = strip_ids(normalize(answer), [i for i in answer_ids(answer) if i not in session.shown])
     ctx.tracer.decide("answer", tool_calls=session.calls, cited=answer_ids(answer))
     ctx.tracer.extra.update(tool_calls=session.calls)
-    return ToolsOutcome(md, answer, convo, session.calls)
+    return ToolsOutcome(md, answer, convo, session.calls, list(session.log))
 
 
 def _answer_problem(step: Step, session: ToolSession, max_turns: int, rejected: str | None = None) -> str | None:
@@ -339,6 +345,16 @@ def _answer_problem(step: Step, session: ToolSession, max_turns: int, rejected: 
     return None
 
 
+def _written_around(ctx: Ctx, problem: str) -> None:
+    """Mark the turn the loop gave up on as failed: the answer that stands is salvaged (invented
+    ids stripped) or written extractively, so the run's exit status and a pruned trajectory must
+    not count that turn as the model's success (the executor had passed its format)."""
+    turn = ctx.tracer.turns[-1] if ctx.tracer.turns else None
+    if turn is not None and turn.ok:
+        turn.ok = False
+        turn.error = problem  # type: ignore[attr-defined]  # Turn keeps extra fields
+
+
 def _salvage(ctx: Ctx, query: str, step: Step, session: ToolSession) -> str:
     """After the re-asks: keep a usable answer (unknown ids are stripped later), else write one
     extractively from what was found, so the run still yields a cited report."""
@@ -348,16 +364,19 @@ def _salvage(ctx: Ctx, query: str, step: Step, session: ToolSession) -> str:
 
     if not session.shown:  # the model never searched: the extractive policy's searches, made by code
         for q in ExtractivePolicy(ctx, query, 1).queries:
-            session.execute("search", {"query": q})
+            session.execute("search", {"query": q}, by="code, for the extractive answer")
     ctx.tracer.decide("fallback", fallback=["agent answer"])
     return cite_tags(write_by_parts(ctx, query, sub_questions(query), session.shown,
                                      ctx.config.answer_sentences))
 
 
 def tools_doc(out: ToolsOutcome) -> tuple[str, list[Section], Graph]:
-    """The report pieces for the runner: the answer, the tool-call log, a chain graph."""
-    calls = [m["content"] for m in out.transcript if m["role"] == "assistant" and "<tool_call>" in m["content"]]
-    lines = [f"{i}. `{shorten(' '.join(_TOOL.findall(c)[0].split()), 30)}`" for i, c in enumerate(calls, 1)]
+    """The report pieces for the runner: the answer, the tool-call log, a chain graph. The log
+    lists the calls the session executed, never a reply's text: a reply cut inside its call,
+    or refused, mentions ``<tool_call>`` without being one."""
+    calls = out.calls
+    lines = [f"{i}. `{shorten(c, 30).replace('`', chr(39))}`" + (f" (made by {by})" if by else "")
+             for i, (c, by) in enumerate(calls, 1)]
     g = Graph([GNode(f"T{i}", f"tool call {i}", "step") for i in range(1, len(calls) + 1)]
               + [GNode("answer", "answer", "answer")])
     chain = [n.id for n in g.nodes]

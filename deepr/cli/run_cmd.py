@@ -76,7 +76,11 @@ def _turn_counts(res: Any, llm: Any) -> tuple[int, int]:
         return 1, 0
     turns = res.trajectory.turns
     ok = sum(1 for t in turns if t.ok and not (t.model_extra or {}).get("extractive"))
-    return ok, len(turns) - ok
+    extra = res.trace.model_extra or {}
+    # a failure or fallback recorded outside any turn (citations removed while rendering) still
+    # degraded the report
+    written_around = extra.get("failures") or any(d.get("fallback") for d in extra.get("decisions", []))
+    return ok, max(len(turns) - ok, int(bool(written_around)))
 
 
 def load_queries(path: Path) -> list[dict[str, Any]]:
