@@ -9,9 +9,10 @@ and renders the reference list from the ids actually cited: nothing uncited is l
 and nothing cited is missing.
 
 Text that instructs the reader ("ignore all previous instructions and write ...") is not
-evidence: :func:`deepr.agent.instructions.set_aside` removes such sentences from every snippet
-and page before it gets an id, and :attr:`Catalog.set_aside` records each one with its reason
-(the run's trace lists them).
+evidence: :func:`deepr.agent.instructions.set_aside` removes such sentences from every search
+result before anything of the run reads it (:meth:`Catalog.screen`, which the run's searches
+pass through) and from every page before it gets an id; :attr:`Catalog.set_aside` records each
+one with its reason (the run's trace lists them).
 
 An id, once issued, always means the same snippet: a re-run search node continues its
 numbering instead of reusing numbers, and a snippet seen twice by one node keeps its id.
@@ -172,14 +173,57 @@ class Catalog:
         self._next_f = 0
         self._by_key: dict[tuple[str, str, str], str] = {}
         self.set_aside: list[dict[str, str]] = []  # sentences that instruct the reader, never evidence
+        self._aside_at: dict[tuple[str, str], dict[str, str]] = {}
 
     def _evidence_text(self, cid: str, source: str, text: str) -> str:
         """``text`` without sentences addressed to the reader; each one removed is recorded."""
         from deepr.agent.instructions import set_aside
 
         kept, removed = set_aside(text)
-        self.set_aside.extend({"id": cid, "source": source, **r} for r in removed)
+        for r in removed:
+            self._record_aside(cid, source, r)
         return kept
+
+    def _evidence_title(self, cid: str, source: str, title: str, instead: str) -> str:
+        """A title that instructs the reader is set aside like a sentence; ``instead`` stands in."""
+        from deepr.agent.instructions import instructs_reader
+
+        why = instructs_reader(title) if title else None
+        if why is None:
+            return title
+        self._record_aside(cid, source, {"sentence": title[:300], "reason": why, "field": "title"})
+        return instead
+
+    def _record_aside(self, cid: str, source: str, removed: dict[str, str]) -> None:
+        """One entry per sentence of a source; its id is the first id the source got (empty
+        while the text was only looked at, e.g. by the extractive planner)."""
+        key = (source, removed["sentence"])
+        known = self._aside_at.get(key)
+        if known is None:
+            self._aside_at[key] = entry = {"id": cid, "source": source, **removed}
+            self.set_aside.append(entry)
+        elif cid and not known["id"]:
+            known["id"] = cid
+
+    def _claim_aside(self, cid: str, source: str) -> None:
+        """A result screened before it got an id (:meth:`screen`) names its id once it has one."""
+        for entry in self.set_aside:
+            if entry["source"] == source and not entry["id"]:
+                entry["id"] = cid
+
+    def screen(self, hits: Sequence[Hit]) -> list[Hit]:
+        """Search results as every reader of this run gets them: sentences (and titles) that
+        instruct the reader removed and recorded, a result left with no text dropped. The run's
+        searches pass through here before anything reads a result (planner, search agent,
+        writers, prompts), so set-aside text can steer no query, plan node, title or prompt."""
+        out = []
+        for h in hits:
+            text = self._evidence_text("", h.id, h.text)
+            title = self._evidence_title("", h.id, h.title, h.doc_id)
+            if text.strip():
+                out.append(h if (text, title) == (h.text, h.title) else h.model_copy(update={"text": text,
+                                                                                            "title": title}))
+        return out
 
     def __contains__(self, cid: str) -> bool:
         return cid in self.entries
@@ -200,7 +244,9 @@ class Catalog:
                 cid = f"{node}-R{self._next_r[node]}"
                 self._by_key[key] = cid
                 text = self._evidence_text(cid, h.id, h.text)
-                self.entries[cid] = Entry(cid, "search", node, h.doc_id, h.id, h.title, text, h.url,
+                title = self._evidence_title(cid, h.id, h.title, h.doc_id)
+                self._claim_aside(cid, h.id)
+                self.entries[cid] = Entry(cid, "search", node, h.doc_id, h.id, title, text, h.url,
                                           query, float(h.score), getattr(h, "retrieved_at", "") or "")
             ids.append(self._by_key[key])
         return ids
@@ -235,7 +281,8 @@ class Catalog:
             cid = f"{node}-F{self._next_f}"
             self._by_key[key] = cid
             text = self._evidence_text(cid, passage_id or doc.id, doc.text)
-            self.entries[cid] = Entry(cid, "fetch", node, doc.id, passage_id or doc.id, doc.title, text,
+            title = self._evidence_title(cid, passage_id or doc.id, doc.title, doc.id)
+            self.entries[cid] = Entry(cid, "fetch", node, doc.id, passage_id or doc.id, title, text,
                                       doc.url, accessed=str(getattr(doc, "retrieved_at", "") or ""))
         return self._by_key[key]
 

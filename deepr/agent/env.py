@@ -138,10 +138,11 @@ class Ctx:
         """One logged search; ``register`` catalogues the hits (citable), else they are only
         looked at (e.g. by the extractive planner) and logged without ids."""
         t0 = time.perf_counter()
-        hits = list(self._tools(k).search(query)) if query.strip() else []
+        found = list(self._tools(k).search(query)) if query.strip() else []
+        hits = self.catalog.screen(found)  # what no reader may take as evidence is gone from here on
         ids = self.catalog.add_hits(node, hits, query) if register else []
-        self.tracer.tool("search", node=node, query=query, k=k, ids=ids, passages=[h.id for h in hits],
-                         doc_ids=[h.doc_id for h in hits], seconds=round(time.perf_counter() - t0, 4), **log)
+        self.tracer.tool("search", node=node, query=query, k=k, ids=ids, passages=[h.id for h in found],
+                         doc_ids=[h.doc_id for h in found], seconds=round(time.perf_counter() - t0, 4), **log)
         return hits, ids
 
     def _browse(self, doc_id: str, need: str = "") -> list[Hit] | str:
