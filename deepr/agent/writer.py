@@ -50,26 +50,90 @@ def cited_sentences(text: str) -> list[str]:
     return out
 
 
+# A sentence opening with one of these points back to the one before it ("It occurs after
+# autumn ..." is about the season its article named first): quoted alone it names nothing, or
+# the wrong thing once it follows another source's sentence.
+_LEANS_BACK = re.compile(r"^[\"'“‘(]*(?:it|its|this|these|those|they|their|them|he|his|him|she|her|such|"
+                         r"the latter|the former)\b", re.I)
+MAX_LEAD = 2  # earlier sentences a quote may carry to reach the one that names its subject
+
+
+def leans_back(sentence: str) -> bool:
+    """Whether ``sentence`` opens with a pronoun that refers to an earlier sentence."""
+    return bool(_LEANS_BACK.match(sentence.strip()))
+
+
+def _key(sentence: str) -> str:
+    return " ".join(strip_citations(sentence).split())
+
+
+def _with_lead(sents: Sequence[str], j: int) -> list[str] | None:
+    """Sentence ``j`` with the sentences before it that it needs (back to one that does not lean
+    back), or None when its source holds none: a quote must say what it is about."""
+    start = j
+    while start > 0 and j - start < MAX_LEAD and leans_back(sents[start]):
+        start -= 1
+    return None if leans_back(sents[start]) else list(sents[start:j + 1])
+
+
+def _shares_id(a: str, b: str) -> bool:
+    return bool(set(cited_ids(a)) & set(cited_ids(b)))
+
+
 def candidates(ctx: Ctx, ids: Sequence[str], cited_texts: Iterable[str] = (),
                avoid: Iterable[str] = ()) -> list[tuple[str, str]]:
-    """(plain sentence, cited sentence) pairs from sources ``ids`` and already-cited texts.
+    """(plain text, cited text) pairs from sources ``ids`` and already-cited texts.
 
-    Sentences of ``cited_texts`` (earlier sections) are kept only where they carry a
-    citation; sentences in ``avoid`` (used elsewhere in the report) are left out.
+    A candidate is self-contained: a source sentence that opens with a pronoun comes with the
+    sentence(s) before it (and is left out when its source starts with it); in ``cited_texts``
+    (earlier sections) it comes with the sentence before it when that one cites the same
+    source. Sentences of ``cited_texts`` are kept only where they carry a citation; a candidate
+    holding a sentence of ``avoid`` (texts used elsewhere in the report) is left out.
     """
-    skip = {" ".join(strip_citations(a).split()) for a in avoid}
+    skip = {_key(s) for a in avoid for s in cited_sentences(a)}
     out: dict[str, str] = {}
+
+    def add(group: Sequence[str], cited: Sequence[str]) -> None:
+        if len(_key(group[-1])) > 20 and not any(_key(g) in skip for g in group):
+            out.setdefault(" ".join(_key(g) for g in group), " ".join(c.strip() for c in cited))
+
     for text in cited_texts:
-        for s in cited_sentences(text):
-            plain = " ".join(strip_citations(s).split())
-            if cited_ids(s) and len(plain) > 20 and plain not in skip:
-                out.setdefault(plain, s.strip())
+        sents = cited_sentences(text)
+        for j, s in enumerate(sents):
+            if not cited_ids(s):
+                continue
+            lead = j > 0 and leans_back(_key(s)) and _shares_id(sents[j - 1], s) and cited_ids(sents[j - 1])
+            add(sents[j - 1:j + 1] if lead else [s], sents[j - 1:j + 1] if lead else [s])
     for cid in ids:
-        for s in ctx.sentences(cid):
-            plain = " ".join(s.split())
-            if len(plain) > 20 and plain not in skip:
-                out.setdefault(plain, cite(plain, cid))
+        plain = [" ".join(s.split()) for s in ctx.sentences(cid)]
+        for j in range(len(plain)):
+            group = _with_lead(plain, j)
+            if group is not None:
+                add(group, [cite(g, cid) for g in group])
     return list(out.items())
+
+
+def join(texts: Iterable[str], seen: set[str] | None = None) -> str:
+    """Selected candidates as one paragraph, each sentence once: a sentence already written (in
+    this paragraph or, via ``seen``, elsewhere in the report) is not repeated, and a sentence
+    whose lead is already in this paragraph follows that lead instead of standing apart."""
+    seen = set() if seen is None else seen
+    out: list[str] = []
+    keys: list[str] = []
+    for text in texts:
+        sents = cited_sentences(text)
+        for j, s in enumerate(sents):
+            k = _key(s)
+            if k in keys or k in seen:
+                continue
+            lead = _key(sents[j - 1]) if j else None
+            if lead is not None and lead not in keys and lead in seen:
+                break  # its lead stands elsewhere in the report: the rest would name nothing
+            at = keys.index(lead) + 1 if lead in keys else len(out)
+            out.insert(at, s)
+            keys.insert(at, k)
+    seen.update(keys)
+    return " ".join(out)
 
 
 def select(ctx: Ctx, cands: Sequence[tuple[str, str]], targets: Sequence[str], k: int,
@@ -99,7 +163,7 @@ def write(ctx: Ctx, targets: Sequence[str], ids: Sequence[str], k: int, *,
     """One extractive paragraph answering ``targets[0]`` and covering ``targets[1:]``."""
     cands = candidates(ctx, ids, cited_texts, avoid)
     picked = select(ctx, cands, targets, k)
-    return " ".join(cands[i][1] for i in picked) if picked else NO_EVIDENCE
+    return (join(cands[i][1] for i in picked) or NO_EVIDENCE) if picked else NO_EVIDENCE
 
 
 def write_by_parts(ctx: Ctx, question: str, parts: Sequence[str], ids: Sequence[str], k: int, *,
@@ -110,10 +174,11 @@ def write_by_parts(ctx: Ctx, question: str, parts: Sequence[str], ids: Sequence[
     cands = candidates(ctx, ids, cited_texts)
     used: list[int] = []
     paragraphs = []
+    seen: set[str] = set()  # sentences of earlier paragraphs: a pair's lead may be one of them
     per = max(2, k // len(parts))
     for part in parts:
         picked = select(ctx, cands, [part, question], per, chosen=used)
         used += picked
-        body = " ".join(cands[i][1] for i in picked) if picked else NO_EVIDENCE
+        body = join((cands[i][1] for i in picked), seen) or NO_EVIDENCE
         paragraphs.append(f"**{part.strip()}** {body}")
     return "\n\n".join(paragraphs)
