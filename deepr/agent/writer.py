@@ -102,8 +102,8 @@ def candidates(ctx: Ctx, ids: Sequence[str], cited_texts: Iterable[str] = (),
         for j, s in enumerate(sents):
             if not cited_ids(s):
                 continue
-            lead = j > 0 and leans_back(_key(s)) and _shares_id(sents[j - 1], s) and cited_ids(sents[j - 1])
-            add(sents[j - 1:j + 1] if lead else [s], sents[j - 1:j + 1] if lead else [s])
+            group = sents[j - 1:j + 1] if j and leans_back(_key(s)) and _shares_id(sents[j - 1], s) else [s]
+            add(group, group)
     for cid in ids:
         plain = [" ".join(s.split()) for s in ctx.sentences(cid)]
         for j in range(len(plain)):
