@@ -21,7 +21,6 @@ from typing import Any
 
 import typer
 from rich.markup import escape
-from rich.text import Text
 
 from deepr.cli import flags as F
 from deepr.cli.app import app, console, finish, summary_table, user_errors
@@ -142,12 +141,36 @@ def _stats(result: Any) -> list[tuple[str, Any]]:
 
 
 def _run_one(query: str, tools: Any, llm: Any, config: Any, *, html: bool, query_id: str | None = None,
-             rubrics: Any = (), label: str = "", profile: Any = None) -> Any:
+             rubrics: Any = (), profile: Any = None, deadline: float | None = None) -> Any:
     import deepr
+    from deepr.cli.live import LiveView
 
-    with console.status(escape(f"{label}{config.mode}: starting")) as status:
+    with LiveView(f"run {config.mode}", deadline=deadline) as view:
+        view.phase("starting")
         return deepr.run(query, tools=tools, llm=llm, config=config, query_id=query_id, rubrics=rubrics,
-                         html=html, profile=profile, on_phase=lambda p: status.update(Text(f"{label}{config.mode}: {p}")))
+                         html=html, profile=profile, on_phase=view.phase)
+
+
+def _reason_rows(res: Any) -> list[tuple[str, Any]]:
+    """The run's commonest failure reasons with counts and the next step (as the data stages
+    show them): its recorded failures, else its failed model calls."""
+    from deepr.data.outcomes import StageTally
+
+    tally, tr = StageTally("run"), res.trace
+    failures = (tr.model_extra or {}).get("failures") or [
+        {"where": c.role, "reason": c.error or "failed"} for c in tr.calls if not c.ok]
+    tally.add_failures(failures)
+    return tally.reason_rows(3)
+
+
+def _interrupted(model: Any) -> str:
+    """What a stopped single run leaves behind, truthfully: no report; the replies received so
+    far only where the reply cache is on."""
+    cache = getattr(model, "cache", None)
+    if cache is None:
+        return "interrupted: no report was written and nothing was kept; re-running starts over."
+    return (f"interrupted: no report was written. The model replies received so far are kept in the reply "
+            f"cache ({cache.path}): re-running the same command takes them from there instead of asking again.")
 
 
 def _unique(record: Path, base: str) -> str:
@@ -161,7 +184,8 @@ def _unique(record: Path, base: str) -> str:
 
 
 def _batch(items: list[dict[str, Any]], out: Path, tools: Any, llm: Any, config: Any, *, html: bool,
-           record: Path | None, limit: int | None = None, parallel: int = 1, profile: Any = None) -> dict[str, Any]:
+           record: Path | None, limit: int | None = None, parallel: int = 1, profile: Any = None,
+           deadline: float | None = None) -> dict[str, Any]:
     """Run every query not yet in ``out/reports.jsonl``, ``parallel`` at a time; returns counts for
     the summary. Each finished query is written at once, so a stopped batch resumes where it was."""
     from deepr.io import JsonlAppender, done_ids, rejects_path, versions
@@ -177,8 +201,10 @@ def _batch(items: list[dict[str, Any]], out: Path, tools: Any, llm: Any, config:
               "rejected": 0, "degraded": 0, "seconds": 0.0}
     batch = _Batch(out, tools, llm, config, html, record, counts, done_ids(record) if record else set())
     batch.profile = profile
+    from deepr.cli.live import LiveView
+
     with JsonlAppender(index) as batch.sink, JsonlAppender(rejects_path(index)) as batch.rejects, \
-            console.status(f"{config.mode}: starting") as batch.status:
+            LiveView(f"run {config.mode}", total=len(todo), unit="questions", deadline=deadline) as batch.status:
         run_sync(batch.run_all(todo, parallel))
     return counts
 
@@ -203,7 +229,7 @@ class _Batch:
 
         async def one(n: int, it: dict[str, Any]) -> None:
             async with gate:
-                await self.run_one(it, f"[{n}/{len(todo)}] {it['id']} ")
+                await self.run_one(it, f"{it['id']}: ")
 
         await asyncio.gather(*(one(n, it) for n, it in enumerate(todo, 1)))
 
@@ -216,18 +242,19 @@ class _Batch:
         try:
             rubrics = [RubricItem.model_validate(r) for r in it.get("rubrics", [])]
             before = search_summary(self.tools.retriever)
-            # the phase line is a Text: rich parses no markup in it, once per phase per question
             res = await arun_agent(it["query"], tools=self.tools.fresh(), llm=self.llm, config=self.config,
                                    query_id=it["id"], rubrics=rubrics, html=self.html, profile=self.profile,
-                                   on_phase=lambda p: self.status.update(Text(f"{label}{self.config.mode}: {p}")))
+                                   on_phase=lambda p: self.status.phase(f"{label}{p}"))
             attach(res, self.tools.retriever, before)
             if self.llm.unreachable:  # every turn fell back without reaching the model: not a report
                 raise LLMError(f"{self.llm.unreachable}; no report written")
         except (ValueError, LLMError, RuntimeError) as e:
             self.rejects.write(Reject(id=it["id"], stage="run", reason=str(e), record={"query": it["query"]}))
             self.counts["rejected"] += 1
+            self.status.advance()
             return
         self.write(it, res)
+        self.status.advance()
 
     def write(self, it: dict[str, Any], res: Any) -> None:
         from deepr.agent import write_report
@@ -347,7 +374,7 @@ def run_command(
             out.mkdir(parents=True, exist_ok=True)
             with search_errors(source):
                 counts = _batch(items, out, tools, model, config, html=html, record=record, limit=limit,
-                                parallel=parallel, profile=prof)
+                                parallel=parallel, profile=prof, deadline=deadline)
             _finish_batch(out, queries, {**config.model_dump(), "profile": prof.describe()}, counts,
                           time.perf_counter() - t0)
             finish(exit_code(counts["run now"] - counts["degraded"], counts["degraded"], counts["rejected"],
@@ -356,7 +383,11 @@ def run_command(
         from deepr.agent import write_report
 
         with search_errors(source):
-            res = _run_one(query, tools, model, config, html=html, profile=prof)
+            try:
+                res = _run_one(query, tools, model, config, html=html, profile=prof, deadline=deadline)
+            except KeyboardInterrupt:
+                console.print(f"[yellow]{escape(_interrupted(model))}[/]", highlight=False, soft_wrap=True)
+                raise typer.Exit(130) from None
             _check_reached(model)
             check_usable(source, res)
             attach(res, source)
@@ -366,7 +397,8 @@ def run_command(
 
             with JsonlAppender(record) as sink:
                 sink.write(res.trajectory.model_copy(update={"id": _unique(record, res.trajectory.id)}))
-    summary_table(f"deepr run — {out}", _stats(res) + [(f"wrote {k}", str(p)) for k, p in paths.items()])
+    summary_table(f"deepr run — {out}", _stats(res) + _reason_rows(res)
+                  + [(f"wrote {k}", str(p)) for k, p in paths.items()])
     ok, bad = _turn_counts(res, model)
     # one run's units are its turns: with none working, nothing succeeded (unless fallback is accepted)
     finish(exit_code(ok, bad if ok or allow_fallback else 0, 0 if ok or allow_fallback else bad,

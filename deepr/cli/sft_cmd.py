@@ -111,7 +111,13 @@ def prune_trajectories_cmd(
         if rubrics is not None:
             attach_rubrics(trajs, rubrics)
         scorer = judge_scorer(_judge_factory(judge_llm, base_url, api_key, timeout, gen, deadline))
-        examples, rejects, stats = prune_trajectories(trajs, config, scorer)
+        if judge_llm == "extractive":
+            examples, rejects, stats = prune_trajectories(trajs, config, scorer)
+        else:  # a model judges the drafts: calls worth watching
+            from deepr.cli.live import LiveView
+
+            with LiveView("prune-trajectories", deadline=deadline):
+                examples, rejects, stats = prune_trajectories(trajs, config, scorer)
     rows = [("trajectories read", stats["trajectories"]), ("kept", stats["kept"])]
     rows += [(f"dropped: {code}", n) for code, n in stats["dropped"].items()]
     rows += [("warp trajectories cut at best draft", stats["trajectories_cut"]),

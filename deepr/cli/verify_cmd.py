@@ -64,12 +64,13 @@ def verify_command(
             return
         _, judge, _, judge_prof = D.models(llm, judge_llm or llm, base_url, api_key, no_cache, timeout, concurrency,
                                           gen, deadline, (profile, formats, reask))
-        tally = _run_verify(todo, judge, cfg, tree_map, pairs, out, drop_to, rejects, plan, t0, judge_prof)
+        tally = _run_verify(todo, judge, cfg, tree_map, pairs, out, drop_to, rejects, plan, t0, judge_prof, deadline)
     finish(D.outcome(tally, [judge], allow_fallback or fallback == "extractive"))
 
 
 def _run_verify(todo: list[Any], judge: Any, cfg: Any, tree_map: Any, pairs: Path, out: Path, drop_to: Path,
-                rejects: Path, plan: dict[str, int], t0: float, profile: Any = None) -> Any:
+                rejects: Path, plan: dict[str, int], t0: float, profile: Any = None,
+                deadline: float | None = None) -> Any:
     from deepr.io import JsonlAppender, read_jsonl, write_meta
     from deepr.records import QRPair
     from deepr.data.outcomes import StageTally
@@ -87,7 +88,7 @@ def _run_verify(todo: list[Any], judge: Any, cfg: Any, tree_map: Any, pairs: Pat
 
             D.drive(lambda cb: averify(todo, judge, cfg, embed=D.embed_fn(), trees=tree_map, on_result=cb,
                                       profile=profile),
-                   len(todo), "verifying pairs", write)
+                   len(todo), "verify", write, unit="pairs", deadline=deadline)
     finally:  # rates and tags over everything audited so far, resumed runs included
         seen = [Verdict(kind, r) for kind, path in (("verified", out), ("dropped", drop_to))
                 if path.exists() for r in read_jsonl(path, QRPair, tolerate_torn_tail=True)]

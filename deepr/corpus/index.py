@@ -35,6 +35,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from deepr.activity import note
 from deepr.corpus.chunking import ChunkConfig, chunk_documents
 from deepr.corpus.dense import DenseKind, build_dense, describe_dense, read_dense, resolve_kind, write_dense
 from deepr.corpus.embcache import EmbeddingCache, text_key
@@ -411,6 +412,7 @@ class Retriever:
         out: list[list[Hit]] = [[] for _ in queries]
         if not live:
             return out
+        note("search", len(live))
         texts = [queries[i].strip() for i in live]
         depth = max(k, self.fusion.depth) if mode == "hybrid" else k
         dense = self._dense_ranks(texts, depth) if mode != "bm25" else None

@@ -17,6 +17,8 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
+from deepr.activity import note
+
 Message = dict[str, str]  # {"role": "system"|"user"|"assistant", "content": str}
 T = TypeVar("T")
 
@@ -163,13 +165,22 @@ class LLM(ABC):
         temperature = g.temperature if g.temperature is not None and temperature is None else temperature
         top_p = g.top_p if top_p is None else top_p
         seed = g.seed if seed is None else seed
+        try:
+            out = await self._call(list(messages), role=role, temperature=temperature, max_tokens=max_tokens,
+                                   stop=stop, top_p=top_p, seed=seed, fmt=fmt)
+        except BaseException:
+            note("call failed")
+            raise
+        note("call ok")
+        return out if isinstance(out, Reply) else Reply(out)
+
+    async def _call(self, messages: list[Message], **kw: Any) -> str | Reply:
         if self.stopped:
             raise LLMError(self.stopped)
         left = self._left()
-        call = self._bounded(list(messages), role=role, temperature=temperature, max_tokens=max_tokens,
-                             stop=stop, top_p=top_p, seed=seed, fmt=fmt)
+        call = self._bounded(messages, **kw)
         try:
-            out = await (call if self._deadline is None else asyncio.wait_for(call, left))
+            return await (call if self._deadline is None else asyncio.wait_for(call, left))
         except TimeoutError:
             if self._deadline is None or time.monotonic() < self._deadline[0]:
                 raise
@@ -182,11 +193,14 @@ class LLM(ABC):
                 self.unreachable = str(e)
                 self.stopped = f"stopped: {e}"
             raise
-        return out if isinstance(out, Reply) else Reply(out)
 
     async def _bounded(self, messages: list[Message], **kw: Any) -> str | Reply:
         async with self._sem():
-            return await self._achat(messages, **kw)
+            note("sent")
+            try:
+                return await self._achat(messages, **kw)
+            finally:
+                note("returned")
 
     def set_deadline(self, seconds: float | None) -> None:
         """Give every later call a shared wall-clock budget (``--deadline``); None: no budget."""
