@@ -70,7 +70,7 @@ def summary_table(title: str, rows: Mapping[str, Any] | list[tuple[str, Any]]) -
     # cells and titles hold model text, ids and paths: '[/evidence]' there is text, not markup
     table = Table(title=escape(title), show_header=True, header_style="bold")
     table.add_column("what")
-    table.add_column("value", justify="right")
+    table.add_column("value", justify="right", overflow="fold")  # paths whole, never cut with "…"
     items = rows.items() if isinstance(rows, Mapping) else rows
     for k, v in items:
         table.add_row(escape(str(k)), f"{v:.4g}" if isinstance(v, float) else escape(str(v)))

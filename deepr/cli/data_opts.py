@@ -22,8 +22,7 @@ from deepr.cli import flags as F
 from deepr.cli.app import console
 
 T = TypeVar("T")
-LLM_HELP = ("extractive (no LLM, the offline default), openai:<model>, hf:<path>[,adapter=<role>:<path>] "
-            "or replay:<file>.")
+LLM_HELP = F.LLM_HELP
 
 
 def llm_opt() -> Any:

@@ -85,8 +85,7 @@ def eval_command(
     rubrics: Path | None = typer.Option(None, "--rubrics", help="verified.jsonl with rubrics, joined by id, "
                                         "else by question text."),
     gold: Path | None = typer.Option(None, "--gold", help='Gold answers {"id", "answers"} for em/f1/lj/team.'),
-    judge_llm: str = typer.Option("extractive", "--judge-llm", help="Judge backend: extractive (no LLM), "
-                                  "openai:<model>, hf:<path> or replay:<file>."),
+    judge_llm: str = typer.Option("extractive", "--judge-llm", help="Judge backend: " + F.LLM_HELP),
     base_url: str | None = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint for the judge."),
     api_key: str | None = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY",
                                        help="API key for the judge endpoint (default: $OPENAI_API_KEY)."),

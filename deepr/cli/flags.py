@@ -17,6 +17,11 @@ import typer
 FIELD_FLAGS = {"decor_steps": "--steps", "k": "--top-k", "learning_rate": "--lr", "prune_drafts": "--no-prune",
                "metrics": "--metric", "judge": "--judge-llm"}
 
+# The model specs deepr.llm.get_llm reads, for every --llm / --judge-llm help.
+LLM_FORMS = ("openai:<model>, hf:<path>[,adapter=<role>:<path>], smollm2 (SmolLM2-135M offline), "
+             "gguf:<file.gguf> or replay:<file>")
+LLM_HELP = f"extractive (no LLM, the offline default), {LLM_FORMS}."
+
 MAX_TOKENS = typer.Option(None, "--max-tokens", help="Cap on completion tokens of every model call (each role "
                           "keeps its own smaller default).")
 TEMPERATURE = typer.Option(None, "--temperature", help="Sampling temperature of every model call, 0..2 "

@@ -292,8 +292,7 @@ def run_command(
     retriever: str = typer.Option("hybrid", "--retriever", "-r", help="dense, bm25 or hybrid ranking."),
     cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Index cache (default $DEEPR_CACHE or "
                                           "~/.cache/deepr)."),
-    llm: str = typer.Option("extractive", "--llm", envvar="DEEPR_LLM", help="extractive (no LLM), "
-                            "openai:<model>, hf:<path>[,adapter=<role>:<path>] or replay:<file>."),
+    llm: str = typer.Option("extractive", "--llm", envvar="DEEPR_LLM", help=F.LLM_HELP),
     base_url: str | None = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint URL."),
     api_key: str | None = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="API key for --base-url."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not use the LLM response cache."),

@@ -82,7 +82,7 @@ def prune_trajectories_cmd(
                                     "(default 0); also sent with every judge call when given."),
     no_prune: bool = typer.Option(False, "--no-prune", help="Keep warp trajectories whole (no best-draft cut)."),
     judge_llm: str = typer.Option("extractive", "--judge-llm", help="Judge scoring warp drafts against "
-                                  "their rubrics: extractive (no LLM), openai:<model>, hf:<path>."),
+                                  "their rubrics: " + F.LLM_HELP),
     base_url: str | None = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint for the judge."),
     api_key: str | None = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="Key for the judge."),
     timeout: float = F.TIMEOUT, deadline: float | None = F.DEADLINE,

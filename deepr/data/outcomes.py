@@ -145,7 +145,7 @@ class StageTally:
     def counts(self) -> dict[str, Any]:
         """For the provenance sidecar: record counts and the top reasons."""
         return {"ok": self.ok, "fallback": self.fallback, "failed": self.failed,
-                "top_failure_reasons": [{"reason": self.examples.get(r, r), "count": c, "group": r,
+                "top_failure_reasons": [{"reason": self.examples.get(r, r), "count": c,
                                          **({"next_step": n} if (n := next_step(self.examples.get(r, r))) else {})}
                                         for r, c in self.top(5)]}
 

@@ -228,6 +228,8 @@ def _estimate_tokens(text: str) -> int:
 class _RecordedLLM(LLM):
     """Delegates to the real backend and appends a ModelCall per call to the recorder."""
 
+    counted = False  # the real backend counts the call
+
     def __init__(self, inner: LLM, rec: Recorder, role: str, action: str):
         super().__init__(max_concurrency=1 << 16)  # the inner backend bounds concurrency
         self.inner, self.rec, self.role, self.action = inner, rec, role, action
