@@ -133,6 +133,10 @@ class LiveView:
 
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
+        if exc[0] is None:
+            self.now = "done"
+        elif issubclass(exc[0], KeyboardInterrupt):
+            self.now = "interrupted"
         if self._live is not None:
             self._live.stop()  # leaves the last state on screen above the summary
         else:
