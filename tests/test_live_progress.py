@@ -281,3 +281,16 @@ def test_summary_tables_keep_long_paths_whole(monkeypatch):
     cli_app.summary_table("deepr index — corpus", [("cache path", path)])
     cells = "".join(re.sub(r"[│┃┏┓┗┛┡┩└┘┌┐─━ ]", "", ln).removeprefix("cachepath") for ln in log.getvalue().splitlines())
     assert path.replace(" ", "") in cells and "…" not in log.getvalue()
+
+
+def test_the_recorded_runs_show_the_live_view_and_the_readme_links_one():
+    """docs/img/live_*.svg come from examples/record_live.py (rich's recording console)."""
+    import html
+
+    root = Path(__file__).parents[1]
+    for name, unit in (("live_run.svg", None), ("live_build_trees.svg", "trees")):
+        svg = (root / "docs" / "img" / name).read_text(encoding="utf-8")
+        text = html.unescape(" ".join(re.findall(r"<text[^>]*>([^<]*)</text>", svg))).replace("\xa0", " ")
+        assert "model calls" in text and "in flight" in text and "searches" in text and "--deadline" in text
+        assert unit is None or re.search(rf"{unit}\s+━+\s*2/2", text), text[:600]
+    assert "(docs/img/live_run.svg)" in (root / "README.md").read_text(encoding="utf-8")
