@@ -127,6 +127,16 @@ def test_run_summary_names_the_top_reason_and_the_next_step(corpus, tmp_path):
     assert top and "cut at max_tokens (64)" in top[0] and "raise --max-tokens" in r.output
 
 
+def test_a_batch_summary_names_the_top_reason_too(corpus, tmp_path):
+    queries = tmp_path / "q.jsonl"
+    queries.write_text(json.dumps({"id": "a", "question": QUESTION}) + "\n")
+    with StubServer(reply='{"nodes": [', finish_reason="length") as srv:
+        r = invoke("run", "--queries", queries, "--out", tmp_path / "runs", "--corpus", corpus, "--max-reasks", "0",
+                   "--max-tokens", "64", *stub(srv))
+    assert r.exit_code in (3, 4), r.output
+    assert "top failure 1" in r.output and "raise --max-tokens" in r.output
+
+
 def test_reasons_keep_addresses_ports_and_limits():
     from deepr.data.outcomes import StageTally
     from deepr.records import Reject

@@ -185,9 +185,10 @@ def _unique(record: Path, base: str) -> str:
 
 def _batch(items: list[dict[str, Any]], out: Path, tools: Any, llm: Any, config: Any, *, html: bool,
            record: Path | None, limit: int | None = None, parallel: int = 1, profile: Any = None,
-           deadline: float | None = None) -> dict[str, Any]:
+           deadline: float | None = None) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """Run every query not yet in ``out/reports.jsonl``, ``parallel`` at a time; returns counts for
-    the summary. Each finished query is written at once, so a stopped batch resumes where it was."""
+    the summary and its top failure reasons. Each finished query is written at once, so a stopped
+    batch resumes where it was."""
     from deepr.io import JsonlAppender, done_ids, rejects_path, versions
     from deepr.llm.base import run_sync
 
@@ -206,7 +207,7 @@ def _batch(items: list[dict[str, Any]], out: Path, tools: Any, llm: Any, config:
     with JsonlAppender(index) as batch.sink, JsonlAppender(rejects_path(index)) as batch.rejects, \
             LiveView(f"run {config.mode}", total=len(todo), unit="questions", deadline=deadline) as batch.status:
         run_sync(batch.run_all(todo, parallel))
-    return counts
+    return counts, batch.tally.reason_rows(3)
 
 
 class _Batch:
@@ -221,6 +222,9 @@ class _Batch:
         self.rejects: Any = None
         self.status: Any = None
         self.profile: Any = None
+        from deepr.data.outcomes import StageTally
+
+        self.tally = StageTally("run")  # the reasons of rejected questions and of failed turns
 
     async def run_all(self, todo: list[dict[str, Any]], parallel: int) -> None:
         import asyncio
@@ -251,8 +255,10 @@ class _Batch:
         except (ValueError, LLMError, RuntimeError) as e:
             self.rejects.write(Reject(id=it["id"], stage="run", reason=str(e), record={"query": it["query"]}))
             self.counts["rejected"] += 1
+            self.tally.add_failures([{"where": "question", "reason": str(e)}])
             self.status.advance()
             return
+        self.tally.add_failures(res.trace.model_extra.get("failures", []))
         self.write(it, res)
         self.status.advance()
 
@@ -372,10 +378,10 @@ def run_command(
         if queries:
             out.mkdir(parents=True, exist_ok=True)
             with search_errors(source):
-                counts = _batch(items, out, tools, model, config, html=html, record=record, limit=limit,
-                                parallel=parallel, profile=prof, deadline=deadline)
+                counts, reasons = _batch(items, out, tools, model, config, html=html, record=record, limit=limit,
+                                         parallel=parallel, profile=prof, deadline=deadline)
             _finish_batch(out, queries, {**config.model_dump(), "profile": prof.describe()}, counts,
-                          time.perf_counter() - t0)
+                          time.perf_counter() - t0, reasons)
             finish(exit_code(counts["run now"] - counts["degraded"], counts["degraded"], counts["rejected"],
                              allow_fallback=allow_fallback, auth=model.auth_failed))
             return
@@ -448,11 +454,12 @@ def _guard_batch(items: list[dict[str, Any]], queries: Path, out: Path, corpus: 
                  ("--record", record)], [], [("--out", out, names)])
 
 
-def _finish_batch(out: Path, queries: Path, config: Any, counts: dict[str, Any], seconds: float) -> None:
+def _finish_batch(out: Path, queries: Path, config: Any, counts: dict[str, Any], seconds: float,
+                  reasons: list[tuple[str, str]] = ()) -> None:
     from deepr.io import write_meta
 
     write_meta(out / "reports.jsonl", stage="run", config=config, inputs=[queries],
                counts={k: v for k, v in counts.items() if k != "seconds"},
                timings={"run_seconds": round(counts["seconds"], 3), "total_seconds": round(seconds, 3)})
     counts["seconds"] = round(counts["seconds"], 1)
-    summary_table(f"deepr run — {out}", list(counts.items()))
+    summary_table(f"deepr run — {out}", [*counts.items(), *reasons])
