@@ -207,6 +207,23 @@ def test_a_stopped_run_says_truthfully_what_is_kept(corpus, tmp_path, monkeypatc
         assert "nothing was kept" in text
 
 
+def test_a_stopped_prune_says_nothing_was_written(tmp_path, monkeypatch):
+    import deepr.train.trajectories as trajectories
+    from deepr.records import Trajectory
+
+    def stop(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trajectories, "prune_trajectories", stop)
+    traj = tmp_path / "traj.jsonl"
+    traj.write_text(Trajectory(id="t1", query="q?", mode="dag", turns=[]).model_dump_json() + "\n")
+    r = invoke("prune-trajectories", traj, "--out-dir", tmp_path / "data")
+    assert r.exit_code == 130
+    text = " ".join(r.output.split())
+    assert "nothing was written" in text and "a re-run starts over" in text and "are saved" not in text
+    assert not (tmp_path / "data" / "sft.jsonl").exists()
+
+
 # -- 6, 7: banners ------------------------------------------------------------------------
 
 

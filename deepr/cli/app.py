@@ -28,11 +28,15 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+INTERRUPTED = "interrupted: finished records are saved; re-run the same command to resume."
+
+
 @contextmanager
-def user_errors(flags: Mapping[str, str] | None = None) -> Iterator[None]:
+def user_errors(flags: Mapping[str, str] | None = None, interrupted: str = INTERRUPTED) -> Iterator[None]:
     """Turn expected bad-input exceptions into a one-line message and exit code 2, no traceback.
 
     A config's ValidationError is reported by its flag (``flags`` maps unusual field names).
+    ``interrupted``: what Ctrl-C leaves behind, as this command keeps it.
     """
     from pydantic import ValidationError
 
@@ -48,7 +52,7 @@ def user_errors(flags: Mapping[str, str] | None = None) -> Iterator[None]:
     except (IsADirectoryError, NotADirectoryError, PermissionError, FileExistsError) as e:
         raise fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")) from None
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/]: finished records are saved; re-run the same command to resume.")
+        console.print(f"[yellow]{escape(interrupted)}[/]", highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
 
 

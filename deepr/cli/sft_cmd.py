@@ -98,7 +98,11 @@ def prune_trajectories_cmd(
     from deepr.train.trajectories import STAGE, PruneConfig, judge_scorer, prune_trajectories
 
     t0 = time.perf_counter()
-    with user_errors({"": "--target-ratios"}):
+    # only an openai: judge's replies are cached (deepr.llm.get_llm), so only they outlive a Ctrl-C
+    kept = ("the judge's replies received so far stay in the reply cache, so a re-run asks only for the rest"
+            if judge_llm.startswith("openai:") else "a re-run starts over")
+    with user_errors({"": "--target-ratios"}, interrupted="interrupted: nothing was written (prune-trajectories "
+                     f"writes its outputs at the end); {kept}."):
         F.check_budget(timeout, deadline, None, limit)
         gen = F.gen_defaults(max_tokens, temperature, top_p, seed)
         config = PruneConfig(target_ratios=target_ratios, max_upsample=max_upsample, total=total,
