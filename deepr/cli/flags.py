@@ -49,7 +49,7 @@ TIMEOUT = typer.Option(120.0, "--timeout", help="Seconds before one model call t
 
 EXIT_HELP = ("Exit status: 0 all good; 2 bad input or flags (nothing run); 3 some records/turns failed or fell "
              "back (0 with --allow-fallback); 4 nothing succeeded; 5 the endpoint refused the credentials "
-             "(stopped at once); 130 interrupted (re-run to resume). See README 'Exit status'.")
+             "(stopped at once); 130 interrupted (the message says what was kept). See README 'Exit status'.")
 
 
 def profile_of(spec: str | None, name: str | None = None, formats: str | None = None, reask: str | None = None) -> Any:
