@@ -31,8 +31,10 @@ from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT, SEARCH_OPT, fetch_limit_
 MODES = ("dag", "warp", "decor", "tools")
 _FLAGS = {"k": "-k", "search_rounds": "--search-rounds", "max_cycles": "--max-cycles", "mode": "--mode",
           "force_expand": "--force-expand", "decor_steps": "--steps", "memory_limit": "--memory-limit",
-          "max_reasks": "--max-reasks", "temperature": "--temperature", "max_tokens": "--max-tokens"}
+          "max_reasks": "--max-reasks", "temperature": "--temperature", "max_tokens": "--max-tokens",
+          "answer": "--answer"}
 QUERY_FIELDS = ("question", "query", "prompt")
+ID_FIELDS = ("id", "query_id", "sample_id")  # deepr, BrowseComp-Plus, ResearchRubrics
 
 
 def _config(**kw: Any) -> Any:
@@ -53,8 +55,16 @@ def _rubrics_of(rec: dict[str, Any], path: Path, n: int) -> None:
     from deepr.io import RecordError
     from deepr.records import RubricItem
 
+    from deepr.records import criteria_rubrics, is_criteria
+
     raw = rec.get("rubrics")
     if raw is None:
+        return
+    if is_criteria(raw):  # ResearchRubrics' {criterion, weight, axis}
+        try:
+            rec["rubrics"] = criteria_rubrics(raw)
+        except ValueError as e:
+            raise RecordError(path, n, str(e), field="rubrics") from None
         return
     if not isinstance(raw, list):
         raise RecordError(path, n, f"expected a list of rubric items, got {type(raw).__name__}", field="rubrics")
@@ -86,6 +96,8 @@ def load_queries(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such queries file")
     lines = path.read_text(encoding="utf-8").splitlines()
+    if path.suffix == ".tsv":  # BrowseComp-Plus topics: id <TAB> query
+        return _tsv_queries(lines, path)
     if path.suffix not in (".jsonl", ".json"):
         return [{"id": f"q{n}", "query": ln.strip()} for n, ln in enumerate(lines, 1) if ln.strip()]
     out, seen = [], set()
@@ -97,12 +109,30 @@ def load_queries(path: Path) -> list[dict[str, Any]]:
         if text is None:
             raise RecordError(path, n, "needs a non-empty question text", field="question")
         _rubrics_of(rec, path, n)
-        if "id" not in rec or not str(rec["id"]).strip():
+        qid = next((rec[f] for f in ID_FIELDS if rec.get(f) is not None and str(rec[f]).strip()), None)
+        if qid is None:
             raise RecordError(path, n, "needs an id (resuming skips finished ids)", field="id")
-        if str(rec["id"]) in seen:
-            raise RecordError(path, n, f"id {rec['id']!r} appears twice; ids must be unique", field="id")
-        seen.add(str(rec["id"]))
-        out.append({**rec, "id": str(rec["id"]), "query": text})
+        if str(qid) in seen:
+            raise RecordError(path, n, f"id {qid!r} appears twice; ids must be unique", field="id")
+        seen.add(str(qid))
+        out.append({**rec, "id": str(qid), "query": text})
+    return out
+
+
+def _tsv_queries(lines: list[str], path: Path) -> list[dict[str, Any]]:
+    from deepr.io import RecordError
+
+    out, seen = [], set()
+    for n, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        qid, _, text = raw.partition("\t")
+        if not qid.strip() or not text.strip():
+            raise RecordError(path, n, "expected 'id<TAB>question'", field="query")
+        if qid.strip() in seen:
+            raise RecordError(path, n, f"id {qid.strip()!r} appears twice; ids must be unique", field="id")
+        seen.add(qid.strip())
+        out.append({"id": qid.strip(), "query": text.strip()})
     return out
 
 
@@ -289,6 +319,9 @@ def run_command(
     steps: int = typer.Option(4, "--steps", help="decor: most planner/filter steps (T_max)."),
     memory_limit: int = typer.Option(4096, "--memory-limit", help="decor: memory tokens before condensing."),
     max_reasks: int = typer.Option(2, "--max-reasks", help="Re-asks per model turn after an unusable reply."),
+    answer: str = typer.Option("report", "--answer", help="report (a long cited report) or short: a "
+                               "fact-seeking question's Explanation / Exact Answer / Confidence 0-100, as "
+                               "BrowseComp-Plus grades it (dag, decor or tools)."),
     queries: Path | None = typer.Option(None, "--queries", help="Run every query of this file (JSONL with id "
                                         "and question, or one question per line); resumable by id."),
     parallel: int = typer.Option(1, "--parallel", help="With --queries: queries in flight at once. Their model "
@@ -318,7 +351,7 @@ def run_command(
         _check_parallel(parallel, queries, search)
         config = _config(mode=mode, k=k, search_rounds=search_rounds, rubric_scaffold=rubric_scaffold,
                          max_cycles=max_cycles, force_expand=force_expand, decor_steps=steps,
-                         memory_limit=memory_limit, max_reasks=max_reasks)
+                         memory_limit=memory_limit, max_reasks=max_reasks, answer=answer)
         _guard_run(query, queries, out, corpus, record, html)
         from deepr.io import require_records
 

@@ -1,0 +1,45 @@
+"""The short-answer role without a model (``deepr run --answer short``).
+
+- explanation: the draft's first cited sentences (up to three), each keeping its ids; a draft
+  that cites nothing is explained by the best-matching evidence sentence with its id;
+- exact answer: the sentence closest to the question, its citations removed, cut to twelve words
+  (the engine cannot compose a shorter phrase than the evidence states);
+- confidence: the cosine of that sentence and the question, as a percentage (0 when nothing
+  was found), so an answer far from the question admits it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deepr.agent import writer
+from deepr.agent.citations import cited_ids
+from deepr.agent.extract import shorten
+from deepr.text import strip_citations
+
+EXACT_WORDS = 12
+
+
+def _sentences(a: Any) -> list[str]:
+    cited = [s for s in writer.cited_sentences(a.draft or "") if cited_ids(s)]
+    if cited:
+        return cited
+    out = []
+    for cid in a.ids:
+        first = next(iter(a.ctx.sentences(cid)), "").strip()
+        if first:
+            out.append(f"{first.rstrip('.')} [{cid}].")
+    return out
+
+
+def short_reply(a: Any) -> dict[str, Any]:
+    sents = _sentences(a)
+    if not sents:
+        return {"explanation": "The searches returned no evidence for this question.",
+                "exact_answer": "No answer found", "confidence": 0}
+    plain = [strip_citations(s).strip() for s in sents]
+    sims = a.ctx.encode(plain) @ a.ctx.encode([a.query])[0]
+    best = int(sims.argmax())
+    exact = shorten(plain[best].rstrip("."), EXACT_WORDS).replace("[", "(").replace("]", ")")
+    return {"explanation": " ".join(sents[:3]), "exact_answer": exact,
+            "confidence": max(0, min(100, round(float(sims[best]) * 100)))}
