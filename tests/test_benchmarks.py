@@ -12,7 +12,9 @@ The formats, as published (looked up in the benchmarks' own repositories and dat
   |retrieved_docids ∩ qrel positives| / |positives|; qrels lines have 4 whitespace columns
   ``query_id iter docid rel``; citations in the response are ``[docid]``; ground truth is the
   decrypted JSONL ``{query_id, query, answer, ...}``; topics are ``queries.tsv``, id TAB query).
-  The corpus (Hugging Face ``Tevatron/browsecomp-plus-corpus``) has columns ``docid, text, url``.
+  The corpus (Hugging Face ``Tevatron/browsecomp-plus-corpus``) has columns ``docid, text, url``;
+  the queries' dataset card (``Tevatron/browsecomp-plus``) lists ``query_id, query, answer,
+  evidence_docs, gold_docs, negative_docs`` (documents as ``{docid, text, url}``).
   The response form is BrowseComp's: ``Explanation: … Exact Answer: … Confidence: N%``.
 - ResearchRubrics, github.com/scaleapi/researchrubrics: ``README.md`` (``processed_data.jsonl``
   rows ``{prompt, sample_id, domain, …, rubrics: [{criterion, weight, axis}]}``; reports are
@@ -52,17 +54,19 @@ DOCS = [
     ("1006", "https://example.org/pinatubo", "Mount Pinatubo in the Philippines erupted in June 1991. Its "
      "sulfur dioxide cooled the global climate for about two years."),
 ]
+
+
+def doc(i: int) -> dict:
+    return {"docid": DOCS[i][0], "text": DOCS[i][2], "url": DOCS[i][1]}
+
+
 QUERIES = [  # the decrypted BrowseComp-Plus layout (gold/evidence/negative docs as the dataset has them)
     {"query_id": "7", "query": "Which volcano erupted in 1815 and caused the Year Without a Summer?",
-     "answer": "Mount Tambora", "gold_docs": [{"docid": "1001", "text": DOCS[0][2]}],
-     "evidence_docs": [{"docid": "1001", "text": DOCS[0][2]}, {"docid": "1002", "text": DOCS[1][2]}],
-     "negative_docs": []},
+     "answer": "Mount Tambora", "gold_docs": [doc(0)], "evidence_docs": [doc(0), doc(1)], "negative_docs": [doc(5)]},
     {"query_id": "12", "query": "Which novel did Mary Shelley write during the cold summer at Lake Geneva?",
-     "answer": "Frankenstein", "gold_docs": [{"docid": "1004", "text": DOCS[3][2]}],
-     "evidence_docs": [{"docid": "1004", "text": DOCS[3][2]}, {"docid": "1005", "text": DOCS[4][2]}],
-     "negative_docs": []},
+     "answer": "Frankenstein", "gold_docs": [doc(3)], "evidence_docs": [doc(3), doc(4)], "negative_docs": []},
 ]
-# qrels: query 7's relevant docs include one no search can reach first (1006 is judged 0: not relevant)
+# qrels: a judgement of 0 is not relevant (1006); query 12's 1003 (relevance 2) is one no search finds
 QRELS = "7 0 1001 1\n7 0 1002 1\n7 0 1006 0\n12 0 1004 1\n12 0 1005 1\n12 0 1003 2\n"
 RUBRIC_ROWS = [
     {"prompt": "Explain how the 1815 eruption of Mount Tambora changed the climate of 1816.",
