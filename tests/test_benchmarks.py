@@ -284,3 +284,42 @@ def test_bad_requests_get_one_line_and_exit_2(files, tmp_path):
     assert "--answer short" in out
     out = deepr("bench-export", files["dir"], "--format", "browsecomp", "--out", tmp_path / "x", code=2)
     assert "browsecomp-plus" in out
+
+
+def test_a_rejected_question_is_a_failed_run_file_not_a_missing_one(tmp_path):
+    """The grader counts every run file; a question deepr could not answer must count as wrong."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "reports.jsonl").write_text("", encoding="utf-8")
+    reject = {"id": "31", "stage": "run", "reason": "the model could not be reached", "record": {"query": "Q?"}}
+    (runs / "reports.rejects.jsonl").write_text(json.dumps(reject) + "\n", encoding="utf-8")
+    deepr("bench-export", runs, "--format", "browsecomp-plus", "--out", tmp_path / "bcp")
+    run = json.loads((tmp_path / "bcp" / "run_31.json").read_text(encoding="utf-8"))
+    assert (run["query_id"], run["status"], run["result"], run["retrieved_docids"]) == ("31", "failed", [], [])
+    deepr("bench-export", runs, "--format", "researchrubrics", "--out", tmp_path / "rr")
+    assert list((tmp_path / "rr").iterdir()) == []  # no report to grade
+
+
+class NoAnswerModel(CompetentModel):
+    """Competent everywhere except the short answer, where it copies the template back."""
+
+    def __call__(self, body):
+        name = ((body.get("response_format") or {}).get("json_schema") or {}).get("name", "")
+        if name.startswith("short_answer"):
+            return json.dumps({"explanation": "...", "exact_answer": "...", "confidence": 50})
+        return super().__call__(body)
+
+
+def test_a_short_answer_from_the_fallback_is_marked_incomplete(files, tmp_path):
+    with StubServer(NoAnswerModel()) as srv:
+        deepr("run", "--queries", files["tsv"], "--corpus", files["corpus"], "--retriever", "bm25", "--out",
+              tmp_path / "runs", "--mode", "decor", "--answer", "short", "--llm", "openai:fake", "--base-url",
+              srv.base_url, "--no-cache", code=3)
+    deepr("bench-export", tmp_path / "runs", "--format", "browsecomp-plus", "--out", tmp_path / "bcp")
+    paths = sorted((tmp_path / "bcp").glob("run_*.json"))
+    assert len(paths) == len(QUERIES)
+    for path in paths:
+        run = json.loads(path.read_text(encoding="utf-8"))
+        trace = traces(tmp_path / "runs")[run["query_id"]]
+        assert trace["short_answer"]["by"] == "fallback" and trace["short_answer"]["error"]
+        assert run["status"] == "incomplete"
