@@ -284,6 +284,8 @@ def test_bad_requests_get_one_line_and_exit_2(files, tmp_path):
     assert "--answer short" in out
     out = deepr("bench-export", files["dir"], "--format", "browsecomp", "--out", tmp_path / "x", code=2)
     assert "browsecomp-plus" in out
+    out = deepr("bench-export", files["dir"], "--format", "browsecomp-plus", "--out", files["dir"] / "bcp", code=2)
+    assert "inside the input" in out and not (files["dir"] / "bcp").exists()
 
 
 def test_a_rejected_question_is_a_failed_run_file_not_a_missing_one(tmp_path):

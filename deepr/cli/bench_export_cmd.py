@@ -37,6 +37,9 @@ def _export(inputs: list[Path], fmt: str, out: Path) -> None:
         for p in inputs:
             if not p.exists():
                 raise FileNotFoundError(f"{p}: no such file or folder")
+            if out.resolve() == p.resolve() or (p.is_dir() and p.resolve() in out.resolve().parents):
+                raise ValueError(f"--out {out}: inside the input {p}, its files would be read as runs; "
+                                 "write it elsewhere")
             runs.extend(load_runs(p))
         if not runs:
             raise ValueError(f"{', '.join(map(str, inputs))}: no deepr runs found")

@@ -242,7 +242,7 @@ def export(runs: list[dict[str, Any]], fmt: str, out: Path) -> list[Path]:
     for r in runs:
         if fmt == "browsecomp-plus":
             path = out / run_file_name(r["id"])
-            write_text(path, json.dumps(browsecomp_run(r, r["id"], str(out)), indent=2))
+            write_text(path, json.dumps(browsecomp_run(r, r["id"], str(out.resolve())), indent=2))
         elif not r.get("rejected"):
             path = out / f"{r['id']}.md"
             if path.parent != out or not r["id"].strip():
