@@ -234,6 +234,19 @@ def test_recall_against_trec_qrels_equals_the_definition(files, served, tmp_path
         assert row["recall_cited"] == pytest.approx(len(relevant[qid] & cited_docs) / len(relevant[qid]))
     assert scores["12"]["recall_searched"] < 1  # 1003 (relevance 2) is about Krakatoa: not found for it
 
+    # the exported run files score the same way: retrieved_docids, and the response's [docid]s
+    deepr("bench-export", runs, "--format", "browsecomp-plus", "--out", tmp_path / "bcp")
+    deepr("eval", tmp_path / "bcp", "--metric", "recall", "--qrels", files["qrels"], "--out", tmp_path / "b.jsonl")
+    exported = {r["id"]: r for r in map(json.loads, (tmp_path / "b.jsonl").read_text().splitlines())}
+    for path in (tmp_path / "bcp").glob("run_*.json"):
+        run = json.loads(path.read_text(encoding="utf-8"))
+        qid, positives = run["query_id"], relevant[run["query_id"]]
+        cited = set(re.findall(r"\d+", " ".join(re.findall(r"\[([^\[\]]*)\]", run["result"][-1]["output"]))))
+        assert exported[qid]["recall_searched"] == pytest.approx(len(positives & set(run["retrieved_docids"]))
+                                                                 / len(positives)) == scores[qid]["recall_searched"]
+        assert exported[qid]["recall_cited"] == pytest.approx(len(positives & cited) / len(positives))
+    assert sorted(exported) == sorted(scores)
+
     bad = tmp_path / "bad.txt"
     bad.write_text("7 0 1001 1\n7 1001 1\n", encoding="utf-8")
     out = deepr("eval", runs, "--metric", "recall", "--qrels", bad, "--out", tmp_path / "s2.jsonl", code=2)

@@ -282,6 +282,14 @@ def recall(docs: Iterable[str], judged: dict[str, int]) -> float:
     return len(relevant & set(docs)) / len(relevant)
 
 
+def cited_docs(citations: dict[str, Any], report: str) -> set[str]:
+    """Documents of the citation keys ``report`` names in brackets (deepr ids or, in a
+    BrowseComp-Plus response, the docids themselves)."""
+    names = {t for m in re.finditer(r"\[([^\[\]\n]{1,400})\]", report or "")
+             for t in re.split(r"[\s,;]+", m.group(1)) if t}
+    return {str(c["doc_id"]) for k, c in citations.items() if k in names and isinstance(c, dict) and "doc_id" in c}
+
+
 def recall_scores(qrels: dict[str, dict[str, int]], qid: str, citations: dict[str, Any], report: str,
                   searched: list[str] | None) -> dict[str, float]:
     """Recall of ``qid``'s relevant documents among the documents ``report`` cites
@@ -290,9 +298,22 @@ def recall_scores(qrels: dict[str, dict[str, int]], qid: str, citations: dict[st
     judged = qrels.get(str(qid))
     if not judged or not any(r > 0 for r in judged.values()):
         raise LookupError(f"no relevant documents for query {qid!r} in the qrels")
-    ids = set(cited_ids(report))
-    cited = {str(c["doc_id"]) for k, c in citations.items() if k in ids and isinstance(c, dict) and "doc_id" in c}
-    out = {"recall_cited": recall(cited, judged)}
+    out = {"recall_cited": recall(cited_docs(citations, report), judged)}
     if searched is not None:
         out["recall_searched"] = recall(searched, judged)
     return out
+
+
+def is_browsecomp_run(data: Any) -> bool:
+    return isinstance(data, dict) and all(k in data for k in ("query_id", "retrieved_docids", "result", "status"))
+
+
+def browsecomp_item_fields(run: dict[str, Any]) -> dict[str, Any]:
+    """What ``deepr eval`` scores in a BrowseComp-Plus run file (deepr's or another agent's): the
+    final response as the report, its ``[docid]`` citations, the retrieved documents."""
+    last = run["result"][-1] if run["result"] else {}
+    response = last.get("output", "") if isinstance(last, dict) and last.get("type") == "output_text" else ""
+    docs = {t for m in re.finditer(r"\[([^\[\]\n]{1,400})\]", response) for t in re.findall(r"\d+", m.group(1))}
+    return {"id": str(run["query_id"]), "query_id": str(run["query_id"]), "report": response,
+            "citations": {d: {"doc_id": d, "text": ""} for d in sorted(docs)},
+            "retrieved_docids": [str(d) for d in run["retrieved_docids"]]}

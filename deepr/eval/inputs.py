@@ -9,11 +9,13 @@ from typing import Any
 
 
 def load_items(path: Path) -> list[Any]:
-    """Items from a JSONL file, one run sidecar (.json), or a folder of sidecars."""
+    """Items from a JSONL file, one run sidecar (.json), or a folder of sidecars or of
+    BrowseComp-Plus run files."""
     import json
 
     from pydantic import ValidationError
 
+    from deepr.eval.benchmarks import browsecomp_item_fields, is_browsecomp_run
     from deepr.eval.evaluate import EvalRecord, item_from_record, item_from_trace
     from deepr.io import RecordError, read_jsonl
     from deepr.records import RunTrace
@@ -28,7 +30,11 @@ def load_items(path: Path) -> list[Any]:
         items = []
         for p in files:
             try:
-                trace = RunTrace.model_validate(json.loads(p.read_text(encoding="utf-8")))
+                data = json.loads(p.read_text(encoding="utf-8"))
+                if is_browsecomp_run(data):  # a BrowseComp-Plus run file, deepr's export or another agent's
+                    items.append(item_from_record(browsecomp_item_fields(data), str(p)))
+                    continue
+                trace = RunTrace.model_validate(data)
             except (json.JSONDecodeError, ValidationError) as e:
                 raise ValueError(f"{p}: not a deepr run sidecar: {str(e).splitlines()[0]}") from None
             md = p.with_suffix(".md")
