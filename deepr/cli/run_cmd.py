@@ -1,7 +1,10 @@
 """``deepr run``: the research agent on one query, or on a file of queries (resumable by id).
 
 Inputs: a question (or ``--queries FILE``: JSONL with ``id`` and ``question`` / ``query`` /
-``prompt``, or a text file with one question per line), a corpus and an LLM backend.
+``prompt`` (BrowseComp-Plus's ``query_id`` and ResearchRubrics' ``sample_id`` name the id; their
+``{criterion, weight, axis}`` rubrics are read), a ``.tsv`` of id TAB question, or a text file
+with one question per line), a corpus and an LLM backend. ``--answer short`` ends dag, decor and
+tools runs with BrowseComp's Explanation / Exact Answer / Confidence.
 Outputs: ``report.md``, the ``report.json`` audit sidecar, ``report.html`` with ``--html``,
 ``report.md.meta.json``; ``--record`` appends the run as a training trajectory. With
 ``--queries``, ``--out`` is a folder holding ``<id>.md`` / ``<id>.json`` per query and a
@@ -53,9 +56,7 @@ def _rubrics_of(rec: dict[str, Any], path: Path, n: int) -> None:
     from pydantic import ValidationError
 
     from deepr.io import RecordError
-    from deepr.records import RubricItem
-
-    from deepr.records import criteria_rubrics, is_criteria
+    from deepr.records import RubricItem, criteria_rubrics, is_criteria
 
     raw = rec.get("rubrics")
     if raw is None:
@@ -323,7 +324,8 @@ def run_command(
                                "fact-seeking question's Explanation / Exact Answer / Confidence 0-100, as "
                                "BrowseComp-Plus grades it (dag, decor or tools)."),
     queries: Path | None = typer.Option(None, "--queries", help="Run every query of this file (JSONL with id "
-                                        "and question, or one question per line); resumable by id."),
+                                        "and question, BrowseComp-Plus or ResearchRubrics JSONL, id<TAB>question "
+                                        ".tsv, or one question per line); resumable by id."),
     parallel: int = typer.Option(1, "--parallel", help="With --queries: queries in flight at once. Their model "
                                  "calls overlap (an hf model decodes waiting calls as one batch; a server "
                                  "batches them itself). Not with web search: its per-run counts would mix."),
