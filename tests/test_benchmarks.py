@@ -301,18 +301,26 @@ def test_bad_requests_get_one_line_and_exit_2(files, tmp_path):
     assert "inside the input" in out and not (files["dir"] / "bcp").exists()
 
 
-def test_a_rejected_question_is_a_failed_run_file_not_a_missing_one(tmp_path):
+def test_a_rejected_question_is_a_failed_run_file_not_a_missing_one(files, served, tmp_path):
     """The grader counts every run file; a question deepr could not answer must count as wrong."""
     runs = tmp_path / "runs"
     runs.mkdir()
-    (runs / "reports.jsonl").write_text("", encoding="utf-8")
     reject = {"id": "31", "stage": "run", "reason": "the model could not be reached", "record": {"query": "Q?"}}
-    (runs / "reports.rejects.jsonl").write_text(json.dumps(reject) + "\n", encoding="utf-8")
+    answered_later = {**reject, "id": QUERIES[0]["query_id"]}  # rejected, then answered by a re-run
+    (runs / "reports.rejects.jsonl").write_text(json.dumps(reject) + "\n" + json.dumps(reject) + "\n"
+                                                + json.dumps(answered_later) + "\n", encoding="utf-8")
+    answered = files["dir"] / "runs-decor" / f"{QUERIES[0]['query_id']}.json"
+    if not answered.exists():
+        run_short(files, served[1], "decor")
+    row = {"id": QUERIES[0]["query_id"], "trace_path": str(answered)}
+    (runs / "reports.jsonl").write_text(json.dumps(row) + "\n", encoding="utf-8")
     deepr("bench-export", runs, "--format", "browsecomp-plus", "--out", tmp_path / "bcp")
     run = json.loads((tmp_path / "bcp" / "run_31.json").read_text(encoding="utf-8"))
     assert (run["query_id"], run["status"], run["result"], run["retrieved_docids"]) == ("31", "failed", [], [])
+    later = json.loads((tmp_path / "bcp" / f"run_{QUERIES[0]['query_id']}.json").read_text(encoding="utf-8"))
+    assert later["status"] == "completed" and len(list((tmp_path / "bcp").iterdir())) == 2
     deepr("bench-export", runs, "--format", "researchrubrics", "--out", tmp_path / "rr")
-    assert list((tmp_path / "rr").iterdir()) == []  # no report to grade
+    assert [p.name for p in (tmp_path / "rr").iterdir()] == [f"{QUERIES[0]['query_id']}.md"]  # none for 31
 
 
 class NoAnswerModel(CompetentModel):

@@ -52,7 +52,11 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
             return load_runs(index)
         return [r for p in sorted(path.glob("*.json")) if not p.name.endswith(".meta.json") for r in load_runs(p)]
     if path.suffix == ".jsonl":
-        return _from_index(path) + _rejected(path.with_name(path.stem + ".rejects.jsonl"))
+        done = _from_index(path)
+        ids = {r["id"] for r in done}
+        # a question rejected once and answered on a re-run counts as answered; rejected twice, once
+        rejected = {r["id"]: r for r in _rejected(path.with_name(path.stem + ".rejects.jsonl")) if r["id"] not in ids}
+        return done + list(rejected.values())
     try:
         trace = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:
