@@ -256,7 +256,7 @@ def test_recall_against_trec_qrels_equals_the_definition(files, served, tmp_path
 # --- ResearchRubrics and DeepResearch Bench ----------------------------------------------------
 
 
-def test_researchrubrics_reports_and_rubric_records(files, tmp_path):
+def test_researchrubrics_reports_and_rubric_records(files, served, tmp_path):
     runs = tmp_path / "rr"
     deepr("run", "--queries", files["rubrics"], "--corpus", files["corpus"], "--retriever", "bm25", "--out", runs,
           "--mode", "dag")
@@ -270,6 +270,11 @@ def test_researchrubrics_reports_and_rubric_records(files, tmp_path):
     deepr("eval", runs, "--metric", "rubric", "--rubrics", files["rubrics"], "--out", tmp_path / "s.jsonl")
     [score] = [json.loads(ln) for ln in (tmp_path / "s.jsonl").read_text().splitlines()]
     assert not score["failures"] and 0 <= score["rubric"] <= 1
+    deepr("eval", runs, "--metric", "rubric", "--rubrics", files["rubrics"], "--out", tmp_path / "j.jsonl",
+          "--judge-llm", "openai:fake", "--base-url", served[1].base_url, "--no-cache")
+    [judged] = [json.loads(ln) for ln in (tmp_path / "j.jsonl").read_text().splitlines()]
+    assert not judged["failures"] and len(judged["rubric_items"]) == len(RUBRIC_ROWS[0]["rubrics"])
+    assert served[0].roles["judge_rubric"] >= len(RUBRIC_ROWS[0]["rubrics"])
 
     from deepr.rewards.judges import coerce_rubrics, rubric_weighted
 
