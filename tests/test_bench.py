@@ -51,7 +51,7 @@ def test_every_results_file_is_named_by_the_benchmarks_page():
 
 def test_retrieval_quick(tmp_path):
     out = tmp_path / "retrieval.json"
-    bench("retrieval.py", "--limit", "40", "--queries", "10", "--baseline-docs", "0", "--precisions", "fp32",
+    bench("retrieval.py", "--limit", "40", "--queries", "10", "--baseline-docs", "0", "--precisions", "auto",
           "--cache-dir", str(tmp_path / "cache"), "--out", str(out))
     (run,) = [v for k, v in json.loads(out.read_text()).items() if k.startswith("all-MiniLM")]
     for retriever in ("dense", "bm25", "hybrid"):
@@ -110,11 +110,11 @@ def _readme_row(words: str) -> str:
 
 
 def _intervals(obj) -> set[tuple[float, float, float]]:
-    """Every (mean, low, high) a results file holds, rounded as the docs quote them."""
+    """Every (mean, low, high) a results file holds."""
     found = set()
     if isinstance(obj, dict):
         if isinstance(obj.get("mean"), float) and isinstance(obj.get("ci95"), list):
-            found.add(tuple(round(x, 3) for x in (obj["mean"], *obj["ci95"])))
+            found.add((obj["mean"], *obj["ci95"]))
         for v in obj.values():
             found |= _intervals(v)
     elif isinstance(obj, list):
@@ -128,7 +128,9 @@ def test_readme_learning_row_reads_the_kept_results():
     quoted = {(float(m), float(lo), float(hi))
               for m, lo, hi in re.findall(r"([+-]?[0-9.]+) \[([+-]?[0-9.]+), ([+-]?[0-9.]+)\]", row)}
     assert len(quoted) == 4
-    assert quoted <= _intervals(json.loads((RESULTS / "plan_episodes.json").read_text()))
+    held = _intervals(json.loads((RESULTS / "plan_episodes.json").read_text()))
+    for q in quoted:  # the docs quote 3 decimals of the file's 4
+        assert any(all(abs(a - b) <= 0.00051 for a, b in zip(q, h)) for h in held), q
     k, n = map(int, re.search(r"(\d+) of (\d+)", row).groups())
     pooled = json.loads((RESULTS / "answer_probe.json").read_text())["pooled"]
     assert any(p["accepted"] == k and p["answers"] == n for p in pooled.values())

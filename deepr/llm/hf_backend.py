@@ -65,7 +65,7 @@ class HFConfig(BaseModel):
                             "when it is installed (otherwise replies are unconstrained and flagged so).")
     threads: int | None = Field(None, ge=1, description="torch CPU threads while generating; None: 1 on CPU for "
                                 "models under 500M parameters (thread syncs cost more than they save on such "
-                                "small matmuls: 20x faster on a loaded 2-core machine, docs/experiments.md), "
+                                "small matmuls: 10x the tokens/s on a loaded 2-core machine, docs/experiments.md), "
                                 "else torch's default.")
     repetition_penalty: float | None = Field(None, gt=0, description="Penalty (> 1 discourages) on recent "
                                              "tokens (see repetition_window). None: off. The smollm2 and gguf: "
