@@ -1,4 +1,4 @@
-"""bench/answer_probe.py: the final-answer turn alone, replayed from a recorded teacher run and
+"""deepr.learn.answers (`python bench/learning.py answers`): the final-answer turn alone, replayed from a recorded teacher run and
 judged by `deepr run`'s own checks."""
 
 from __future__ import annotations
@@ -11,12 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import answer_probe as ap  # noqa: E402
-
-from deepr.cli import app  # noqa: E402
+from deepr.cli import app
+from deepr.learn import answers as ap
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
-"""Settings, budget and helpers of the learning experiment (bench/learning.py), kept apart so the
-report (bench/learning_report.py) reads them without importing the pipeline back."""
+"""Settings, budget and helpers of the learning experiment (`make learn`, docs/learning.md), kept
+apart so the report (deepr.learn.report) reads them without importing the pipeline back."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# the folder holding this deepr package: every `deepr` subprocess runs this code, not another install
+ROOT = Path(__file__).resolve().parents[2]
 
 
 OK_CODES = (0, 3)  # 3: done, some turns fell back (recorded per run; the metrics count them)
@@ -25,8 +25,8 @@ class LearnConfig:
     """Size and budget of one experiment; every field is a flag of the same name."""
 
     work: Path = Path("learn-work")
-    results: Path = ROOT / "bench" / "results"
-    img: Path = ROOT / "docs" / "img"
+    results: Path = Path("learn-results")
+    img: Path = Path("learn-results") / "img"
     trees: int = 50  # ~24 train questions after the split and the verifier
     heldout_topics: int = 3
     heldout: int = 4
@@ -46,7 +46,7 @@ class LearnConfig:
     sft_checkpointing: bool = False
     # fp32: on a CPU without native bf16 (AVX512-BF16/AMX), TRL's fused LM head runs every bf16 tile
     # through slow kernels; with answer turns in the data (~2,200 tokens a step) one bf16 step took
-    # longer than 8 fp32 steps (bench/results/sft_precision.json). --sft-bf16 for CPUs that have it.
+    # longer than 8 fp32 steps (docs/experiments.md). --sft-bf16 for CPUs that have it.
     sft_bf16: bool = False
     # GRPO with bf16 weights (its rollouts decoded in bf16 too): one step took 550 s against 742 s in fp32
     grpo_bf16: bool = True
@@ -157,9 +157,13 @@ def check_sft_memory(cfg: LearnConfig, total_gb: float) -> None:
                          "add --sft-checkpointing (about a third of the memory) or lower --jobs")
 
 
-def parse_args(argv: list[str] | None = None) -> LearnConfig:
-    d = LearnConfig()
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+def parse_args(argv: list[str] | None = None, *, results: Path | None = None, img: Path | None = None) -> LearnConfig:
+    """The flags of the experiment; ``results`` and ``img`` replace the default output folders."""
+    d = LearnConfig(results=results or LearnConfig.results, img=img or LearnConfig.img)
+    p = argparse.ArgumentParser(prog="learning", description="Does training make the model better on held-out "
+                                "topics? SFT then GRPO, scored on questions whose topics training never saw "
+                                "(docs/learning.md). Subcommands: episodes, answers, curves (each with --help).",
+                                formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--work", type=Path, default=d.work, help="folder for every artefact (resumable)")
     p.add_argument("--results", type=Path, default=d.results, help="where learning.json goes")
     p.add_argument("--img", type=Path, default=d.img, help="where the PNG figures go")

@@ -6,14 +6,14 @@ Eq. 17; no re-ask). The same environment, reward, turn caps and free decoding as
 training moved, on questions it never saw. Only the planner's two turns run: ~10x cheaper than a
 full `deepr run` + `deepr eval` of the same questions on 2 cores.
 
-    python bench/plan_episodes.py runs/seed0/sft-merged runs/seed0/grpo --label SFT --label SFT+GRPO \
+    python -m deepr.learn episodes runs/seed0/sft-merged runs/seed0/grpo --label SFT --label SFT+GRPO \
         --questions heldout.jsonl --corpus wiki --k 3
 
-    python bench/plan_episodes.py --pool seed0.json --pool seed1.json --baseline sft.json
-    python bench/plan_episodes.py --pool grpo-s0.json --pool grpo-s1.json \
+    python -m deepr.learn episodes --pool seed0.json --pool seed1.json --baseline sft.json
+    python -m deepr.learn episodes --pool grpo-s0.json --pool grpo-s1.json \
         --baseline sft-s0.json --baseline sft-s1.json
 
-``--out`` (default bench/results/plan_episodes.json) keeps what an earlier output there holds: this
+``--out`` (default: plan_episodes.json in the results folder) keeps what an earlier output there holds: this
 call's runs and paired differences are added to its own by label (a label scored again is replaced,
 and said so), its other keys stay unless this call writes the same key, so the documented commands
 never wipe the record of earlier checkpoints.
@@ -23,8 +23,7 @@ with ``--baseline`` together (the interval resamples questions and seeds): one b
 run (GRPO seeds from one SFT), or one per run, in order (seeds of the whole pipeline, each GRPO run
 against its own SFT). A folder with
 ``adapter_config.json`` is loaded on its base (PEFT). Paired differences (each later
-checkpoint minus the first) come with a 95 % bootstrap interval over questions. Writes
-bench/results/plan_episodes.json: per checkpoint and question the reward, G0's validity, what was
+checkpoint minus the first) come with a 95 % bootstrap interval over questions. Writes, per checkpoint and question the reward, G0's validity, what was
 scored and why a plan was refused.
 """
 
@@ -37,9 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+OUTPUT = "plan_episodes.json"
 
 
 def load_policy(folder: str) -> tuple[Any, Any]:
@@ -117,7 +114,7 @@ def _rewards(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 def paired(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any]:
     """mean(b − a) of R_plan over the questions both scored, with a 95 % bootstrap interval."""
-    from learning_stats import paired_ci
+    from deepr.learn.stats import paired_ci
 
     ra = _rewards(a)
     pairs = [(ra[x["id"]], x["r_plan"]) for x in b if x["r_plan"] is not None and x["id"] in ra]
@@ -131,9 +128,9 @@ def pooled(seed_runs: list[tuple[str, list[dict[str, Any]]]],
            bases: list[list[dict[str, Any]]]) -> dict[str, Any]:
     """mean(seed run − its baseline) of R_plan over the questions every run and baseline scored, the
     runs taken as seeds of one setting: the 95 % interval resamples questions and seeds independently
-    (bench/learning_stats.py, as `make learn` does), so a single lucky seed widens it. ``bases`` holds
+    (deepr.learn.stats, as `make learn` does), so a single lucky seed widens it. ``bases`` holds
     one baseline for all runs or one per run (seed s's run minus seed s's baseline)."""
-    from learning_stats import paired_ci
+    from deepr.learn.stats import paired_ci
 
     if len(seed_runs) < 2:
         raise ValueError("--pool needs two runs or more (one is the plain --baseline comparison)")
@@ -152,13 +149,13 @@ def pooled(seed_runs: list[tuple[str, list[dict[str, Any]]]],
 
 
 def baseline_run(spec: str) -> tuple[str, list[dict[str, Any]]]:
-    """``FILE[:LABEL]``: a run of an earlier output of this bench (its first run without a label),
+    """``FILE[:LABEL]``: a run of an earlier output of this command (its first run without a label),
     so checkpoints scored in separate invocations are still compared question by question."""
     path, _, label = spec.rpartition(":") if ":" in spec and not Path(spec).exists() else (spec, "", "")
     try:
         runs = json.loads(Path(path).read_text(encoding="utf-8"))["runs"]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise SystemExit(f"--baseline {spec}: not an output of bench/plan_episodes.py ({e})") from None
+        raise SystemExit(f"--baseline {spec}: not an output of the planner episodes ({e})") from None
     label = label or next(iter(runs), "")
     if label not in runs:
         raise SystemExit(f"--baseline {spec}: no run {label!r} in {path} (it has {', '.join(runs)})")
@@ -194,9 +191,9 @@ def write_output(path: Path, doc: dict[str, Any]) -> None:
         try:
             earlier = json.loads(path.read_text(encoding="utf-8"))
         except ValueError as e:
-            raise SystemExit(f"--out {path}: not an output of bench/plan_episodes.py ({e}); give another --out") from None
+            raise SystemExit(f"--out {path}: not an output of the planner episodes ({e}); give another --out") from None
         if not isinstance(earlier, dict):
-            raise SystemExit(f"--out {path}: not an output of bench/plan_episodes.py; give another --out")
+            raise SystemExit(f"--out {path}: not an output of the planner episodes; give another --out")
         doc, replaced = merged_output(earlier, doc)
         if replaced:
             print(f"{path}: replaced {', '.join(replaced)}", file=sys.stderr)
@@ -206,8 +203,8 @@ def write_output(path: Path, doc: dict[str, Any]) -> None:
         f.write(json.dumps(doc, indent=1) + "\n")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, results: Path = Path("learn-results")) -> int:
+    ap = argparse.ArgumentParser(prog="episodes", description=__doc__.split("\n\n")[0])
     ap.add_argument("folders", nargs="*", help="checkpoints: merged model folders or adapter folders")
     ap.add_argument("--label", action="append", default=[], help="a name per checkpoint, in order")
     ap.add_argument("--questions", type=Path, help="verified pairs (jsonl) the checkpoints did not train on")
@@ -222,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                          "once, or once per pooled run)")
     ap.add_argument("--pool", action="append", default=[], metavar="FILE[:LABEL]",
                     help="score nothing: pool earlier runs (one per seed of a setting) against --baseline")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "plan_episodes.json")
+    ap.add_argument("--out", type=Path, default=results / OUTPUT)
     a = ap.parse_args(argv)
     if a.pool:
         return pool_command(a, ap, argv)
@@ -262,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError as e:  # other questions than the baseline's: keep this run's scores, say why
                 diff = {"error": f"{e} (--baseline {a.baseline[0]} scored other questions)"}
             diffs[f"{lab} - {base_label}"] = diff
-    doc = {"command": "python bench/plan_episodes.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    doc = {"command": " ".join(["python", *sys.argv]),
            "questions_file": str(a.questions), "k": a.k, "budget": a.budget, "turn_cap": a.turn_cap,
            "runs": runs, "paired_differences": diffs}
     write_output(a.out, doc)
@@ -280,12 +277,9 @@ def pool_command(a: argparse.Namespace, ap: argparse.ArgumentParser, argv: list[
     except ValueError as e:
         ap.error(str(e))
     labels = [label for label, _ in bases]
-    doc = {"command": "python bench/plan_episodes.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    doc = {"command": " ".join(["python", *sys.argv]),
            "baseline": labels[0] if len(labels) == 1 else labels, "pooled": result}
     write_output(a.out, doc)
     print(json.dumps(doc, indent=1))
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

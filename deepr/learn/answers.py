@@ -5,7 +5,7 @@ with the ``FINAL`` role): the answer tags, the free-text checks, citations only 
 shown and at least one, ``--reasks`` re-asks (default 0, as `make learn` evaluates), no fallback.
 An accepted answer gets the rubric score of the answer text alone (extractive judge), next to the
 teacher's answer to the same prompt (what `deepr run` puts in a refused answer's place) and that
-answer cut to what the SFT data teaches (bench/learning.py: compact_answer).
+answer cut to what the SFT data teaches (deepr.learn.pipeline.compact_answer).
 
 Only the final turn runs, minutes a model where a whole `deepr run` + `deepr eval` of the same
 questions takes over an hour on 2 cores. `make learn` records the prompts
@@ -13,11 +13,11 @@ questions takes over an hour on 2 cores. `make learn` records the prompts
 
     deepr run --queries learn-work/heldout.jsonl --mode dag --top-k 3 --out learn-work/runs-teacher-heldout \
         --record learn-work/trajectories-heldout.jsonl
-    python bench/answer_probe.py hf:learn-work/seed0/sft-merged --label "SFT seed 0" \
+    python -m deepr.learn answers hf:learn-work/seed0/sft-merged --label "SFT seed 0" \
         --trajectories learn-work/trajectories-heldout.jsonl --rubrics learn-work/heldout.jsonl
-    python bench/answer_probe.py --pool "SFT seed 0" --pool "SFT seed 1" --pool "SFT seed 2"
+    python -m deepr.learn answers --pool "SFT seed 0" --pool "SFT seed 1" --pool "SFT seed 2"
 
-Writes bench/results/answer_probe.json (``--out``; earlier labels are kept): per model, the share
+Writes answer_probe.json in the results folder (``--out``; earlier labels are kept): per model, the share
 of accepted answers with a 95 % bootstrap interval (and an exact binomial one, which still says
 something when every answer was accepted), the rubric means, each refusal's reason and the start
 of the refused reply; ``--pool`` adds seeds of one setting pooled.
@@ -34,9 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+OUTPUT = "answer_probe.json"
 
 _EVIDENCE_HEAD = "Cited evidence collected so far:"
 _ENTRY = re.compile(r"^\[([A-Za-z0-9][\w.-]*)\]", re.M)
@@ -159,7 +157,7 @@ def exact_interval(k: int, n: int) -> list[float]:
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Accepted share (95 % bootstrap over questions) and mean rubric scores."""
-    from learning_stats import bootstrap_ci
+    from deepr.learn.stats import bootstrap_ci
 
     share, lo, hi = bootstrap_ci([[1.0 if r["accepted"] else 0.0] for r in rows])
     ok = [r for r in rows if r["accepted"]]
@@ -178,7 +176,7 @@ def pooled(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """The runs (label -> per-question rows) taken as seeds of one setting: the accepted share over
     the questions every run answered, its 95 % interval resampling questions and seeds
     independently (as `make learn`'s intervals do), and the rubric means over the accepted cells."""
-    from learning_stats import bootstrap_ci
+    from deepr.learn.stats import bootstrap_ci
 
     if len(runs) < 2:
         raise ValueError("--pool needs two labelled runs or more")
@@ -196,8 +194,8 @@ def pooled(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "rubric_taught_same_questions": _mean(ok, "taught_rubric")}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, results: Path = Path("learn-results")) -> None:
+    ap = argparse.ArgumentParser(prog="answers", description=__doc__.split("\n\n")[0])
     ap.add_argument("specs", nargs="*", help="--llm specs, e.g. hf:learn-work/seed0/sft-merged")
     ap.add_argument("--trajectories", type=Path, default=Path("learn-work/trajectories-heldout.jsonl"))
     ap.add_argument("--rubrics", type=Path, default=None,
@@ -214,8 +212,8 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None, help="first N questions only")
     ap.add_argument("--pool", action="append", default=[], metavar="LABEL",
                     help="score nothing: pool the runs of --out with these labels (seeds of one setting)")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "answer_probe.json")
-    args = ap.parse_args()
+    ap.add_argument("--out", type=Path, default=results / OUTPUT)
+    args = ap.parse_args(argv)
     if args.pool:
         return pool_main(args)
     if not args.specs:
@@ -230,7 +228,7 @@ def main() -> None:
         turns = final_turns(args.trajectories, rubrics)[:args.limit]
     except (ValueError, OSError) as e:
         sys.exit(f"answer_probe: {e}")
-    from learning import compact_answer
+    from deepr.learn.pipeline import compact_answer
 
     teacher = asyncio.run(rubric_scores(turns, [t["teacher"] for t in turns]))
     taught = asyncio.run(rubric_scores(turns, [compact_answer(t["teacher"]) for t in turns]))
@@ -243,7 +241,7 @@ def main() -> None:
         scores = asyncio.run(rubric_scores(turns, [r["answer"] for r in rows]))
         for r, s, ts, cs in zip(rows, scores, teacher, taught):
             r["rubric"], r["teacher_rubric"], r["taught_rubric"] = s, ts, cs
-        results[label] = {"command": "python bench/answer_probe.py " + shlex.join(sys.argv[1:]), "spec": spec,
+        results[label] = {"command": shlex.join(["python", *sys.argv]), "spec": spec,
                           "reasks": args.reasks, "formats": args.formats, **summary(rows), "per_question": rows}
         s = results[label]
         print(f"{label}: {s['accepted']} of {s['questions']} answers accepted {s['ci95']}; rubric of the model's "
@@ -270,6 +268,3 @@ def pool_main(args: argparse.Namespace) -> None:
           f"{p['ci95']}; rubric of the model's {p['rubric_model_accepted']} vs the taught answers' "
           f"{p['rubric_taught_same_questions']}", flush=True)
 
-
-if __name__ == "__main__":
-    main()

@@ -1,18 +1,14 @@
-"""bench/plan_episodes.py: held-out planner episodes scored with GRPO's own reward."""
+"""deepr.learn.episodes (`python bench/learning.py episodes`): held-out planner episodes scored
+with GRPO's own reward."""
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from test_grpo import PLAN, REVISED, _pairs, scripted
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import plan_episodes as pe  # noqa: E402
-from test_grpo import PLAN, REVISED, _pairs, scripted  # noqa: E402
+from deepr.learn import episodes as pe
 
 
 def test_an_episode_gets_the_reward_grpo_trains_on_and_an_invalid_plan_scores_zero_with_its_reason(tok, retriever):
@@ -49,7 +45,7 @@ def test_a_baseline_from_an_earlier_output_is_found_by_label_or_first_and_a_bad_
     with pytest.raises(SystemExit, match="no run 'rl'.*sft, grpo"):
         pe.baseline_run(f"{out}:rl")
     (tmp_path / "log.txt").write_text("not json")
-    with pytest.raises(SystemExit, match="log.txt: not an output of bench/plan_episodes.py"):
+    with pytest.raises(SystemExit, match="log.txt: not an output of the planner episodes"):
         pe.baseline_run(str(tmp_path / "log.txt"))
 
 
@@ -140,6 +136,6 @@ def test_an_earlier_output_keeps_its_runs_and_keys_when_more_are_written_into_it
     assert doc["runs"]["sft"]["questions"][0]["r_plan"] == 0.2 and doc["pooled"] == {"mean": 0.1}
     assert doc["commands"] == ["first", "second", "third"] and "replaced runs: sft" in capsys.readouterr().err
     (tmp_path / "log.txt").write_text("not json")
-    with pytest.raises(SystemExit, match="log.txt: not an output of bench/plan_episodes.py"):
+    with pytest.raises(SystemExit, match="log.txt: not an output of the planner episodes"):
         pe.write_output(tmp_path / "log.txt", {"command": "x", "runs": {}})
     assert (tmp_path / "log.txt").read_text() == "not json"  # refused, not overwritten

@@ -1,8 +1,8 @@
-"""Scoring and reporting for ``bench/learning.py``: per-question metrics of each evaluated stage,
+"""Scoring and reporting for the learning experiment (`make learn`): per-question metrics of each evaluated stage,
 the summary with bootstrap intervals (learning.json, learning_runs.json, learning.md) and the
 figures, and ``--report-only`` (rescore what a stopped run left).
 
-    python bench/learning.py --report-only          # rewrite the results from learn-work/
+    make learn LEARN_ARGS=--report-only              # rewrite the results from learn-work/
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench.learning_setup import ROOT, Budget, LearnConfig, deepr, done, read_jsonl, write_atomic
-from bench.learning_stats import (METRICS, STAGES, answer_writers, grpo_step_stats, markdown_table, plot_grpo,
+from deepr.learn.config import ROOT, Budget, LearnConfig, deepr, done, read_jsonl, write_atomic
+from deepr.learn.stats import (METRICS, STAGES, answer_writers, grpo_step_stats, markdown_table, plot_grpo,
                                   plot_stages, read_metrics_rows, run_metrics, summarize)
 
 
@@ -65,7 +65,7 @@ def report(cfg: LearnConfig, per_run: dict, held_ids: list[str], budget: Budget 
     split = json.loads((cfg.work / "split.json").read_text(encoding="utf-8"))
     load = os.getloadavg()
     result = {
-        "status": status, "command": "python bench/learning.py " + " ".join(sys.argv[1:]),
+        "status": status, "command": " ".join(["python", *sys.argv]),
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
         "heldout_questions": len(held_ids), "questions_in_summary": qids,
         "train_questions": len(split["train_ids"]), "heldout_topics": split["heldout_topics"],

@@ -1,8 +1,8 @@
-"""The parts of ``bench/learning.py`` that decide what its numbers mean: the by-topic split, the
+"""The parts of the learning experiment (`make learn`) that decide what its numbers mean: the by-topic split, the
 per-run metrics read from a ``deepr run`` trace and its ``deepr eval`` scores, the bootstrap
 intervals, and the two figures. No model, no CLI: tests import this module directly.
 
-    from bench.learning_stats import split_by_topic, bootstrap_ci
+    from deepr.learn.stats import split_by_topic, bootstrap_ci
     train, heldout, split = split_by_topic(pairs, trees, heldout_topics=3, seed=0)
     mean, lo, hi = bootstrap_ci([[0.2, 0.3], [0.5, 0.4]])      # rows: questions, columns: seeds
 """
