@@ -31,6 +31,16 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 INTERRUPTED = "interrupted: finished records are saved; re-run the same command to resume."
 
 
+def interrupted_run(model: Any) -> str:
+    """What a stopped single run leaves behind, truthfully: no report; the replies received so
+    far only where the reply cache is on."""
+    cache = getattr(model, "cache", None)
+    if cache is None:
+        return "interrupted: no report was written and nothing was kept; re-running starts over."
+    return (f"interrupted: no report was written. The model replies received so far are kept in the reply "
+            f"cache ({cache.path}): re-running the same command takes them from there instead of asking again.")
+
+
 @contextmanager
 def user_errors(flags: Mapping[str, str] | None = None, interrupted: str = INTERRUPTED) -> Iterator[None]:
     """Turn expected bad-input exceptions into a one-line message and exit code 2, no traceback.

@@ -26,7 +26,7 @@ import typer
 from rich.markup import escape
 
 from deepr.cli import flags as F
-from deepr.cli.app import app, console, finish, summary_table, user_errors
+from deepr.cli.app import app, console, finish, interrupted_run, summary_table, user_errors
 from deepr.cli.exit_codes import exit_code
 from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT, SEARCH_OPT, fetch_limit_options
 
@@ -183,25 +183,12 @@ def _run_one(query: str, tools: Any, llm: Any, config: Any, *, html: bool, query
 
 
 def _reason_rows(res: Any) -> list[tuple[str, Any]]:
-    """The run's commonest failure reasons with counts and the next step (as the data stages
-    show them): its recorded failures, else its failed model calls."""
-    from deepr.data.outcomes import StageTally
+    """The run's commonest failure reasons with the next step: its recorded failures, else its failed calls."""
+    from deepr.data.outcomes import failure_rows
 
-    tally, tr = StageTally("run"), res.trace
-    failures = (tr.model_extra or {}).get("failures") or [
-        {"where": c.role, "reason": c.error or "failed"} for c in tr.calls if not c.ok]
-    tally.add_failures(failures)
-    return tally.reason_rows(3)
-
-
-def _interrupted(model: Any) -> str:
-    """What a stopped single run leaves behind, truthfully: no report; the replies received so
-    far only where the reply cache is on."""
-    cache = getattr(model, "cache", None)
-    if cache is None:
-        return "interrupted: no report was written and nothing was kept; re-running starts over."
-    return (f"interrupted: no report was written. The model replies received so far are kept in the reply "
-            f"cache ({cache.path}): re-running the same command takes them from there instead of asking again.")
+    tr = res.trace
+    return failure_rows((tr.model_extra or {}).get("failures") or [
+        {"where": c.role, "reason": c.error or "failed"} for c in tr.calls if not c.ok])
 
 
 def _unique(record: Path, base: str) -> str:
@@ -426,7 +413,7 @@ def run_command(
             try:
                 res = _run_one(query, tools, model, config, html=html, profile=prof, deadline=deadline)
             except KeyboardInterrupt:
-                console.print(f"[yellow]{escape(_interrupted(model))}[/]", highlight=False, soft_wrap=True)
+                console.print(f"[yellow]{escape(interrupted_run(model))}[/]", highlight=False, soft_wrap=True)
                 raise typer.Exit(130) from None
             _check_reached(model)
             check_usable(source, res)

@@ -172,3 +172,10 @@ class StageTally:
         why = f"; the commonest reason ({top[0][1]}×): {self.examples.get(top[0][0], top[0][0])}" if top else ""
         return (f"{self.stage}: all {self.failed} record(s) failed{why}. "
                 "Try --fallback extractive, a stronger --llm, or see the rejects file.")
+
+
+def failure_rows(failures: Iterable[dict[str, Any]], n: int = 3) -> list[tuple[str, str]]:
+    """Summary rows of the ``n`` commonest of some recorded failures (``{"where", "reason"}``)."""
+    tally = StageTally("failures")
+    tally.add_failures(failures)
+    return tally.reason_rows(n)
