@@ -15,14 +15,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from fake_model import CompetentModel
 from rich.console import Console
 from typer.testing import CliRunner
 
 from deepr.cli import app
 from deepr.llm.stub_server import StubServer
-
-sys.path.insert(0, str(Path(__file__).parent))
-from fake_model import CompetentModel  # noqa: E402
 
 QUESTION = "How do volcanic eruptions affect the climate?"
 
