@@ -43,6 +43,7 @@ import openai
 
 from deepr.llm.base import LLM, LLMError, Message, OutputFormat, Reply
 from deepr.llm.cache import LLMCache
+from deepr.llm.context import prompt_tokens
 from deepr.llm.gbnf import LLAMACPP_EXTRA, regex_to_gbnf, schema_to_gbnf
 from deepr.llm.openai_config import _NO_KEY, OpenAIConfig, _Secret, resolve_endpoint, safe_url
 from deepr.llm.openai_reply import (_REGEX_STYLES, _STYLES, _BadReply, check_response, read_completion, reason_of,
@@ -166,15 +167,13 @@ class OpenAIBackend(LLM):
                 "extra_body": self.config.extra_body}
 
     def _fit(self, request: dict[str, Any]) -> None:
-        """Fail a prompt that cannot fit the context (estimated at 4 characters a token) before it is
-        sent; lower a max_tokens that would run past it."""
+        """Lower a max_tokens that would run past the context; fail a prompt that leaves too little of
+        it (under an eighth) before it is sent. The prompt is estimated as :mod:`deepr.roles` fits it."""
         limit = self.context_length
-        if limit is None:
+        est = prompt_tokens(self, request["messages"])
+        if limit is None or est + request["max_tokens"] <= limit:
             return
-        est = sum(len(str(m.get("content") or "")) for m in request["messages"]) // 4 + 4 * len(request["messages"])
-        if est + request["max_tokens"] <= limit:
-            return
-        if est < limit * 3 // 4:
+        if limit - est >= limit // 8:
             self._warn_once("max-tokens", f"max_tokens {request['max_tokens']} lowered to {limit - est} where a prompt "
                             f"of about {est} tokens leaves no more of the context of {limit} tokens")
             request["max_tokens"] = limit - est
