@@ -307,7 +307,7 @@ class OpenAIBackend(LLM):
         if refused_connection(e) or status == 404:
             hint = "" if status != 404 or re.search(r"/v1/?$", self.config.base_url or "/v1") else "; is `/v1` missing?"
             self._down = (f"connection refused: nothing is listening at {safe_url(self.config.base_url)}"
-                          if status is None else f"{self._where()} has no chat endpoint ({reason}){hint}")
+                          if status is None else f"{safe_url(self.config.base_url)} answered a chat call with {reason}{hint}")
             return LLMStatusError(self._scrub(f"{self.config.model}: {self._down}"), status, unreachable=True)
         if not sdk_retried(e):
             what = "sent an unusable reply" if status == 200 else "refused the request"
