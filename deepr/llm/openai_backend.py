@@ -1,44 +1,30 @@
-"""``openai:<model>``: any OpenAI-compatible chat endpoint through the official SDK.
+"""``openai:<model>``: any OpenAI-compatible chat endpoint (vLLM, SGLang, llama.cpp, Ollama, OpenAI)
+through the official SDK: ``chat.completions.create`` with its own timeout, retries (counted in
+``usage.retries``) and typed errors. The key lives only inside the SDK's client. deepr keeps its
+policy (docs/models.md says it for users):
 
-Works with vLLM, SGLang, llama.cpp's servers, Ollama and OpenAI. Base URL and key come from the
-arguments, else ``DEEPR_LLM_BASE_URL`` / ``DEEPR_LLM_API_KEY``, else ``OPENAI_BASE_URL`` /
-``OPENAI_API_KEY``; a local endpoint needs no key. The key lives only inside the SDK's client:
-never logged, cached, described or put in a message.
-
-Calls go through ``chat.completions.create`` with the SDK's own timeout and retries (408, 409,
-429, 5xx, timeouts, connection errors; counted in ``usage.retries``). deepr keeps its policy:
-
-- Before the first call to a self-hosted server (``base_url`` set) it asks the server about
-  itself: ``GET /models`` (vLLM: ``max_model_len``) and llama.cpp's ``GET /props`` (``n_ctx``,
-  ``total_slots``). The context (else ``context_length``) is what :mod:`deepr.roles` fits prompts
-  to; the slots cap the calls in flight, since more would queue in the server and time out.
-- A refused connection there, or a 404 on a chat call, stops the run at once: later calls cannot
-  do better, and the run writes no report (``unreachable``).
-- A structured-output field the server refuses (or accepts and ignores) moves the call down the
-  format ladder: JSON schemas go out as ``response_format`` json_schema, then as a GBNF
-  ``grammar`` converted here by llama-cpp-python's converter (the ``llamacpp`` extra), then as
-  ``{"type": "json_object", "schema": ...}``, then unconstrained; regex formats as a GBNF grammar,
-  then vLLM's ``structured_outputs``, then unconstrained. Each call walks its own ladder from the
-  step the run has reached; the run's step only moves down, one warning each.
-  ``Reply.constrained`` is False when no format was sent or the reply does not fit it.
-- A reply cut at ``max_tokens`` comes back ``truncated``; a prompt that cannot fit the context
-  fails before it is sent, and a ``max_tokens`` past the context is lowered to fit.
-- An unset temperature is sent as 0 (greedy, as on the hf backend) to a self-hosted server,
-  whose own default would apply otherwise.
+- the server is asked once about itself (context, slots): :meth:`OpenAIBackend._probe`;
+- a refused connection, or a 404 on a chat call (a base URL without /v1), stops the run at once;
+- a structured-output field the server refuses or ignores moves the call down its own format
+  ladder (:data:`_LADDERS`), from the step earlier calls of the run reached;
+- a prompt is fitted to the context; an unset temperature is greedy on self-hosted servers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import json
 import logging
 import re
+import ssl
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
+import httpx2
 import openai
 
 from deepr.llm.base import LLM, LLMError, Message, OutputFormat, Reply
@@ -138,11 +124,11 @@ class OpenAIBackend(LLM):
     async def _client(self) -> Any:
         loop = asyncio.get_running_loop()
         if loop not in self._clients:
-            extra = {"event_hooks": {"response": [check_response]}}
             http = (openai.DefaultAioHttpClient if self.transport == "aiohttp" else openai.DefaultAsyncHttpxClient)
             client = openai.AsyncOpenAI(api_key=self._key.reveal(), base_url=self.config.base_url,
                                         timeout=self.config.timeout, max_retries=self.config.max_retries,
-                                        http_client=http(timeout=self.config.timeout, **extra))
+                                        http_client=http(timeout=self.config.timeout, verify=_tls(),
+                                                         event_hooks={"response": [check_response]}))
             closer = _closes_with_its_loop(client, self._clients, loop)
             self._clients[loop] = (client, closer)
             await closer.asend(None)
@@ -352,6 +338,13 @@ async def _closes_with_its_loop(client: Any, clients: dict[Any, Any], loop: Any)
     finally:
         clients.pop(loop, None)
         await client.close()
+
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """One TLS context for every client: loading the CA store took 100-500 ms a client on a busy
+    2-core machine, paid once per event loop (each ``llm.chat``) otherwise."""
+    return httpx2.create_ssl_context()
 
 
 def _count(*values: Any) -> int | None:
