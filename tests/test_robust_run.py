@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from deepr.llm.stub_server import StubServer
-
-sys.path.insert(0, str(Path(__file__).parent))
-from fake_model import CompetentModel, in_process  # noqa: E402
+from fake_model import CompetentModel, in_process
 
 QUESTION = "How do volcanic eruptions affect the climate?"
 

@@ -157,7 +157,6 @@ class ToolSession:
         # each executed call as JSON, and who made it ("" for the model), what the report lists
         self.log: list[tuple[str, str]] = []
 
-
     def execute(self, name: str, arguments: dict[str, Any], *, by: str = "") -> str:
         """The tool's output as text (errors too: the model reads them and can recover)."""
         self.calls += 1
@@ -205,7 +204,8 @@ class ToolsOutcome:
     raw_answer: str  # the <answer> body with <cite> spans
     transcript: list[dict[str, str]]
     tool_calls: int
-    calls: list[tuple[str, str]] = field(default_factory=list)  # executed, in order (ToolSession.log)
+    # the calls executed, in order, with who made them (ToolSession.log): the model's and the fallback's
+    log: list[tuple[str, str]] = field(default_factory=list)
 
 
 # --- the loop ---------------------------------------------------------------------------
@@ -374,7 +374,7 @@ def tools_doc(out: ToolsOutcome) -> tuple[str, list[Section], Graph]:
     """The report pieces for the runner: the answer, the tool-call log, a chain graph. The log
     lists the calls the session executed, never a reply's text: a reply cut inside its call,
     or refused, mentions ``<tool_call>`` without being one."""
-    calls = out.calls
+    calls = out.log
     lines = [f"{i}. `{shorten(c, 30).replace('`', chr(39))}`" + (f" (made by {by})" if by else "")
              for i, (c, by) in enumerate(calls, 1)]
     g = Graph([GNode(f"T{i}", f"tool call {i}", "step") for i in range(1, len(calls) + 1)]
