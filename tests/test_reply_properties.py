@@ -227,7 +227,7 @@ def test_generated_reply_count():
 # thread, just before the backend sends each request (the stub then serves them in that order).
 
 MODES = ("dag", "warp", "decor", "tools")
-RUNS = {"default": 6, "slow": 90}  # runs per mode; a tools run asks about 3 times, a dag run about 7
+RUNS = {"default": 20, "slow": 90}  # runs per mode; a tools run asks about 3 times, a dag run about 7
 RUN_KINDS = ("valid-random", "maximal", "empty", "unicode", "cut", "cut call", "null + tool call", "think",
              "foreign ids")
 _ID_LIKE = re.compile(r"\b[A-Za-z][A-Za-z0-9_.]*?-[RF][0-9]+\b")
@@ -425,7 +425,7 @@ def _whole_runs(run_env, monkeypatch, mode: str, runs: int) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_drawn_replies_through_whole_runs(run_env, monkeypatch, mode):
-    """The seeded share the default suite runs (about 6 runs a mode)."""
+    """The seeded share the default suite runs (20 runs a mode)."""
     _whole_runs(run_env, monkeypatch, mode, RUNS["default"])
 
 
