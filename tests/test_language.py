@@ -1,0 +1,98 @@
+"""Research in languages written without spaces: BM25 tokens, sentences, passages, the index key."""
+
+from __future__ import annotations
+
+import pytest
+
+from deepr.corpus import open_retriever
+from deepr.corpus.chunking import ChunkConfig, chunk_text
+from deepr.corpus.tokens import tokenize
+from deepr.lang import detect_language, write_in
+from deepr.text import split_sentences, tok
+from tests.lang_corpora import JA_DOCS, JA_QUESTIONS, ZH_DOCS, ZH_QUESTIONS, documents
+
+
+@pytest.mark.parametrize("docs,questions,lang", [(ZH_DOCS, ZH_QUESTIONS, "zh"), (JA_DOCS, JA_QUESTIONS, "ja")])
+def test_bm25_ranks_the_relevant_document_first_for_every_question(docs, questions, lang, tmp_path):
+    r = open_retriever(documents(docs), retriever="bm25", cache_dir=tmp_path, progress=False)
+    assert r.language == lang and r.describe()["language"] == lang
+    for question, want in questions.items():
+        hits = r.search(question, k=3)
+        assert hits and hits[0].doc_id == want, (question, [h.doc_id for h in hits])
+
+
+def test_the_whitespace_tokenizer_finds_nothing_in_chinese_the_reason_for_the_segmenter():
+    # the English tokenizer reads a Chinese clause as one word, so no query word is ever in a passage
+    text, question = ZH_DOCS["volcano"][1], "火山为什么会喷发"
+    assert not set(tokenize([question])[0]) & set(tokenize([text])[0])
+    assert {"火山", "喷发"} <= set(tokenize([question], "zh")[0]) & set(tokenize([text], "zh")[0])
+    assert "为什么" not in tokenize([question], "zh")[0]  # a question word matches every passage
+
+
+def test_english_tokens_are_the_words_minus_stop_words():
+    assert tokenize(["The Eiffel Tower was designed in 1889 by Gustave Eiffel's company."]) == [
+        ["eiffel", "tower", "designed", "1889", "gustave", "eiffel", "s", "company"]]
+
+
+def test_japanese_tokens_are_bigrams_within_one_script():
+    toks = tokenize(["東京タワーは赤い。"], "ja")[0]
+    assert "東京" in toks and "タワ" in toks and "ワー" in toks
+    assert "京タ" not in toks  # no bigram across a change of script
+
+
+def test_language_detection():
+    assert detect_language(ZH_DOCS["tea"][1]) == "zh"
+    assert detect_language(JA_DOCS["sushi"][1]) == "ja"
+    assert detect_language("ภูเขาไฟระเบิดเพราะแมกมา") == "th"
+    assert detect_language("Tokyo (東京) is the capital of Japan and its largest city.") == "en"
+
+
+def test_the_index_key_records_the_language_and_english_keys_are_unchanged(tmp_path):
+    zh = open_retriever(documents(ZH_DOCS), retriever="bm25", cache_dir=tmp_path, progress=False)
+    bigram = open_retriever(documents(ZH_DOCS), retriever="bm25", cache_dir=tmp_path, progress=False,
+                            language="ja")
+    assert zh.path != bigram.path and bigram.language == "ja"
+    from deepr.corpus.index import index_key
+
+    p = zh.passages
+    assert index_key("c", p, "m", ChunkConfig()) == index_key("c", p, "m", ChunkConfig(), language="en")
+    assert index_key("c", p, "m", ChunkConfig()) != index_key("c", p, "m", ChunkConfig(), language="zh")
+    with pytest.raises(ValueError, match="--language 'klingon'"):
+        open_retriever(documents(ZH_DOCS), retriever="bm25", cache_dir=tmp_path, progress=False, language="klingon")
+
+
+def test_chinese_sentences_end_at_their_own_full_stops_with_their_citations():
+    text = "岩浆比岩石轻，会向上运动[N1-R1]。压力超过岩石强度时就会喷发！为什么？因为……气体膨胀。「这是引用。」最后一句[2]"
+    assert split_sentences(text) == ["岩浆比岩石轻，会向上运动[N1-R1]。", "压力超过岩石强度时就会喷发！", "为什么？",
+                                     "因为……", "气体膨胀。", "「这是引用。」", "最后一句[2]"]
+    assert split_sentences("火山はなぜ噴火するのか？マグマが上昇するからです。Dr. Smith agreed. Then it ended.") == [
+        "火山はなぜ噴火するのか？", "マグマが上昇するからです。", "Dr. Smith agreed.", "Then it ended."]
+
+
+def test_english_sentences_unchanged():
+    text = "Dr. Smith met Mr. Jones, e.g. at 5 p.m. on Main St. yesterday. It rained! Was it cold? Yes."
+    assert split_sentences(text) == ["Dr. Smith met Mr. Jones, e.g. at 5 p.m. on Main St. yesterday.",
+                                     "It rained!", "Was it cold?", "Yes."]
+
+
+def test_chinese_passages_are_cut_by_characters_on_sentence_ends():
+    sentence = "火山是地壳上的开口，岩浆和气体从这里喷出。"  # 21 characters
+    chunks = chunk_text(sentence * 10, ChunkConfig(max_words=50, overlap=0))
+    assert len(chunks) == 5 and all(c == sentence * 2 for c in chunks)  # whole sentences, no spaces added
+    long = "岩" * 130  # one sentence longer than a window: windows of characters
+    assert [len(c) for c in chunk_text(long, ChunkConfig(max_words=50, overlap=10))] == [50, 50, 50]
+
+
+def test_english_passages_keep_every_character():
+    text = 'He called it "naive art." "Folk art" is not used there. See the pair (eye.) Players score.'
+    assert chunk_text(text) == [text]
+
+
+def test_tok_finds_chinese_content_words():
+    assert tok("火山为什么会喷发[N1-R1]。") == {"火山", "喷发"}
+    assert tok("Volcanoes erupt [1].") == {"volcanoes", "erupt"}
+
+
+def test_prompts_ask_for_the_question_language_and_english_prompts_stay_the_same():
+    assert "Chinese" in write_in("火山为什么会喷发？") and "Japanese" in write_in("火山はなぜ噴火するのか？")
+    assert write_in("Why do volcanoes erupt?") == ""
