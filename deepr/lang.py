@@ -22,7 +22,8 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 LANGUAGES = ("auto", "en", "zh", "ja", "th", "lo", "km", "my")
 UNSPACED = frozenset({"zh", "ja", "th", "lo", "km", "my"})
@@ -127,3 +128,26 @@ def write_in(question: str) -> str:
         return ""
     return (f"Write everything you produce in {name(code)}, the language of the question "
             f"(keep ids, citation markers and JSON keys as they are).")
+
+
+def ask_in_language(messages: list[dict[str, str]], question: str) -> list[dict[str, str]]:
+    """``messages`` with :func:`write_in`'s sentence closing the last user message, so every
+    role's prompt asks for the question's language the same way (English prompts unchanged)."""
+    note = write_in(question)
+    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    if not note or not users:
+        return messages
+    out = [dict(m) for m in messages]
+    out[users[-1]]["content"] = f"{out[users[-1]]['content'].rstrip()}\n\n{note}"
+    return out
+
+
+def in_question_language(question_of: Callable[[Any], str]) -> Callable[[Callable[..., list]], Callable[..., list]]:
+    """Decorate a role's message builder ``f(a)`` so its prompt asks for the language of
+    ``question_of(a)`` (:func:`ask_in_language`)."""
+    def wrap(build: Callable[..., list]) -> Callable[..., list]:
+        @functools.wraps(build)
+        def messages(a: Any) -> list:
+            return ask_in_language(build(a), question_of(a))
+        return messages
+    return wrap

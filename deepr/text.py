@@ -168,6 +168,20 @@ def _split_line(line: str) -> list[str]:
     return [s for s in out if s]
 
 
+_WIDE_END = re.compile(rf"[{_CJK_CHARS}\u3000-\u303f\uff01-\uff0f\uff1a-\uff20](?:\s*\[[^\[\]\n]*\])*\s*$")
+
+
+def join_sentences(sentences: Iterable[str]) -> str:
+    """Sentences as one paragraph: a space after each, except after a sentence in a script
+    written without spaces (…边界[N1-R1]。印刷术…), which the next one follows directly."""
+    out = ""
+    for s in sentences:
+        s = s.strip()
+        if s:
+            out += s if not out or _WIDE_END.search(out) else f" {s}"
+    return out
+
+
 def split_sentences(text: str, *, drop_headings: bool = True, paragraphs: bool = False) -> list[str]:
     """Sentences of prose or markdown; headings, rules and table rows are not sentences.
 
@@ -240,7 +254,9 @@ def diminishing(k: int) -> float:
 
 # Sections a deepr report writes by code, not claims: the question, the plan table and its
 # waves, the tool-call log and the reference list (deepr.agent.runner / render).
-_SCAFFOLD = frozenset({"question", "research plan", "tool calls", "references"})
+# Their Chinese and Japanese headings are deepr/agent/phrases.py's.
+_SCAFFOLD = frozenset({"question", "research plan", "tool calls", "references", "问题", "研究计划", "参考文献",
+                       "質問", "調査計画"})
 _HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*$")
 
 

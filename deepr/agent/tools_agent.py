@@ -30,6 +30,7 @@ from deepr.agent.citations import cited_ids, normalize, strip_ids
 from deepr.agent.env import Ctx
 from deepr.agent.extract import shorten, sub_questions
 from deepr.extractive.tools import ExtractivePolicy, cite_tags, step_reply
+from deepr.lang import ask_in_language
 from deepr.agent.render import GNode, Graph, Section
 from deepr.llm.base import OutputFormat
 from deepr.roles.acceptance import FREE_TEXT, no_babble, no_placeholder, query_words
@@ -111,7 +112,8 @@ def system_prompt(max_turns: int = RUN_TURNS) -> str:
 
 
 def first_messages(query: str, max_turns: int = RUN_TURNS) -> list[dict[str, str]]:
-    return [{"role": "system", "content": system_prompt(max_turns)}, {"role": "user", "content": query.strip()}]
+    return ask_in_language([{"role": "system", "content": system_prompt(max_turns)},
+                            {"role": "user", "content": query.strip()}], query)
 
 
 def parse_step(text: str) -> Step:

@@ -12,25 +12,32 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from deepr.text import strip_citations
+from deepr.lang import HAS_UNSPACED
+from deepr.text import join_sentences, strip_citations
 
 from deepr.agent.citations import cited_ids
-from deepr.agent.env import Ctx
+from deepr.agent.env import Ctx, shares_words
 from deepr.agent.extract import mmr, split_sentences
+from deepr.agent.phrases import phrases
 
-NO_EVIDENCE = "No evidence was retrieved for this part."
 MIN_RELEVANCE = 0.25  # below this a sentence is off-topic filler, better left out
 RELATIVE_FLOOR = 0.6  # ... and so is one far below the best match
-_END = re.compile(r"([.!?。！？][\"'”’)]*)\s*$")
+_END = re.compile(r"([.!?。！？；…][\"'”’)」』）]*)\s*$")
 
 
 def cite(sentence: str, cid: str) -> str:
-    """Attach ``[cid]`` before the sentence's final punctuation."""
+    """Attach ``[cid]`` before the sentence's final punctuation, after a space in a language
+    that separates words (``… plates [N1-R1].``), directly in one that does not (``…边界[N1-R1]。``)."""
     sentence = sentence.strip()
     m = _END.search(sentence)
-    if m:
-        return f"{sentence[:m.start()].rstrip()} [{cid}]{m.group(1)}"
-    return f"{sentence} [{cid}]"
+    body, end = (sentence[:m.start()].rstrip(), m.group(1)) if m else (sentence, "")
+    gap = "" if body and HAS_UNSPACED.match(body[-1]) else " "
+    return f"{body}{gap}[{cid}]{end}"
+
+
+def no_evidence(ctx: Ctx) -> str:
+    """The note for a part with no evidence, in the run's question's language."""
+    return phrases(ctx.tracer.query)["no_evidence"]
 
 
 _LEADING_CITE = re.compile(r"^((?:\s*\[[^\[\]]+\])+)\s*")
@@ -80,6 +87,9 @@ def select(ctx: Ctx, cands: Sequence[tuple[str, str]], targets: Sequence[str], k
         return []
     svec = ctx.encode([c[0] for c in cands])
     sim = np.clip(svec @ ctx.encode(list(targets)).T, 0.0, 1.0)
+    shared = shares_words([c[0] for c in cands], targets)
+    if shared is not None:  # a question without spaces: a sentence sharing none of its words is off-topic
+        sim[~np.asarray(shared)] = 0.0
     relevance = 0.5 * sim[:, 0] + 0.5 * sim.max(axis=1)
     picked = list(chosen)
     out: list[int] = []
@@ -99,7 +109,7 @@ def write(ctx: Ctx, targets: Sequence[str], ids: Sequence[str], k: int, *,
     """One extractive paragraph answering ``targets[0]`` and covering ``targets[1:]``."""
     cands = candidates(ctx, ids, cited_texts, avoid)
     picked = select(ctx, cands, targets, k)
-    return " ".join(cands[i][1] for i in picked) if picked else NO_EVIDENCE
+    return join_sentences(cands[i][1] for i in picked) if picked else no_evidence(ctx)
 
 
 def write_by_parts(ctx: Ctx, question: str, parts: Sequence[str], ids: Sequence[str], k: int, *,
@@ -114,6 +124,6 @@ def write_by_parts(ctx: Ctx, question: str, parts: Sequence[str], ids: Sequence[
     for part in parts:
         picked = select(ctx, cands, [part, question], per, chosen=used)
         used += picked
-        body = " ".join(cands[i][1] for i in picked) if picked else NO_EVIDENCE
+        body = join_sentences(cands[i][1] for i in picked) if picked else no_evidence(ctx)
         paragraphs.append(f"**{part.strip()}** {body}")
     return "\n\n".join(paragraphs)
