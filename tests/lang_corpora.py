@@ -60,3 +60,28 @@ def documents(table: dict[str, tuple[str, str]]):
     from deepr.records import Document
 
     return [Document(id=k, title=title, text=text) for k, (title, text) in table.items()]
+
+# The example: three short documents, one question about one of them.
+ZH_RUN_DOCS = {k: ZH_DOCS[k] for k in ("volcano", "printing", "vaccine")}
+EN_RUN_DOCS = {
+    "volcano": ("Volcano", "A volcano is an opening in the crust where magma, ash and gas escape. Volcanoes erupt "
+                "because magma deep underground is lighter than the surrounding rock, so it rises and collects in "
+                "a magma chamber. When the pressure in the chamber exceeds the strength of the rock above, the "
+                "magma breaks through the surface in an eruption. Most volcanoes lie on plate boundaries, such as "
+                "the Pacific Ring of Fire."),
+    "printing": ("Printing", "Movable type printing was invented by Bi Sheng in the Northern Song dynasty. He made "
+                 "single characters of baked clay, set them for printing and reused them afterwards. Later "
+                 "Gutenberg built a metal movable type press in Europe, which made books far cheaper."),
+    "vaccine": ("Vaccine", "A vaccine prevents disease by teaching the immune system to recognise a pathogen in "
+                "advance. After vaccination the body makes antibodies and memory cells that respond quickly to "
+                "the real virus or bacterium. The smallpox vaccine, developed by Edward Jenner in the late "
+                "eighteenth century, was the first vaccine."),
+}
+
+
+def write_jsonl(path, table: dict[str, tuple[str, str]]):
+    import json
+
+    path.write_text("".join(json.dumps({"id": k, "title": t, "text": x}, ensure_ascii=False) + "\n"
+                            for k, (t, x) in table.items()), encoding="utf-8")
+    return path
