@@ -89,6 +89,14 @@ def words(text: str) -> list[str]:
     return _WORD.findall((text or "").lower())
 
 
+def word_count(text: str) -> int:
+    """Words in ``text``: its whitespace-separated parts, or, in a script without spaces, the
+    words deepr.lang.segment cuts it into (a Chinese sentence is one "part")."""
+    if text and HAS_UNSPACED.search(text):
+        return len(segment(text))
+    return len((text or "").split())
+
+
 def tok(text: str) -> set[str]:
     """Normalised content tokens of ``text`` after citation stripping (the rewards' tok)."""
     return {w for w in words(strip_citations(text)) if w not in STOP_WORDS and w not in ZH_STOP}
