@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import pytest
 
 from deepr.corpus import open_retriever
@@ -96,3 +99,58 @@ def test_tok_finds_chinese_content_words():
 def test_prompts_ask_for_the_question_language_and_english_prompts_stay_the_same():
     assert "Chinese" in write_in("火山为什么会喷发？") and "Japanese" in write_in("火山はなぜ噴火するのか？")
     assert write_in("Why do volcanoes erupt?") == ""
+
+
+# --- a multilingual embedder's query/passage prompts -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def prompted_model(tmp_path_factory):
+    """A tiny BERT sentence-transformers folder whose config names e5-style prompts."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    from transformers import BertConfig, BertModel, BertTokenizer
+
+    root = tmp_path_factory.mktemp("st")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "query", "passage", ":", "火", "山", "喷", "发", "lava", "hot"]
+    (root / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=64)).save_pretrained(root / "bert")
+    BertTokenizer(str(root / "vocab.txt")).save_pretrained(root / "bert")
+    st = SentenceTransformer(modules=[Transformer(str(root / "bert")), Pooling(32, "mean")],
+                             prompts={"query": "query: ", "passage": "passage: "}, device="cpu")
+    st.save(str(root / "model"))
+    # the pooling config in the older keys the packaged MiniLM ships, which deepr's numpy encoder reads
+    (root / "model" / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True, "pooling_mode_cls_token": False,
+         "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False}), encoding="utf-8")
+    return root / "model", SentenceTransformer(str(root / "model"), device="cpu")
+
+
+def test_the_embedder_passes_the_model_prompts_to_queries_and_passages(prompted_model):
+    from deepr.corpus.embed import Embedder, model_prompts
+
+    path, st = prompted_model
+    assert model_prompts(str(path)) == {"query": "query: ", "passage": "passage: "}
+    emb = Embedder(str(path), precision="fp32", use="index")
+    assert "prompts-" in emb.name  # the index key changes with the prompts
+
+    def unit(v):
+        v = np.asarray(v, dtype=np.float32)
+        return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+    texts = ["火山喷发", "lava hot"]
+    q, p = emb.encode(texts), emb.encode_passages(texts)
+    assert emb._lite_encoder() is not None  # queries went through the numpy encoder, passages through torch
+    assert np.allclose(q, unit(st.encode(texts, prompt_name="query")), atol=1e-4)
+    assert np.allclose(p, unit(st.encode(texts, prompt_name="passage")), atol=1e-4)
+    assert not np.allclose(q, unit(st.encode(texts)), atol=1e-3)  # the prompt is really there
+
+
+def test_e5_models_get_their_family_prompts_and_others_none(tmp_path):
+    from deepr.corpus.embed import model_prompts
+
+    assert model_prompts("intfloat/multilingual-e5-small") == {"query": "query: ", "passage": "passage: "}
+    assert model_prompts("BAAI/bge-m3") == {} and model_prompts("all-MiniLM-L6-v2") == {}
