@@ -49,6 +49,12 @@ ZH_STOP = frozenset("""的 了 是 在 和 与 及 或 也 就 都 而 及其 �
 哪 哪些 哪个 谁 多少 几 是否 我 你 他 她 它 我们 你们 他们 她们 它们 自己 等 等等 中 上 下 里 着 过 得 地 所 该 此""".split())
 
 
+def function_word(word: str) -> bool:
+    """A word that carries grammar, not content: a Chinese function or question word, or a
+    hiragana-only bigram of Japanese (particles and endings: は, なぜ, する)."""
+    return word in ZH_STOP or bool(_HIRAGANA.fullmatch(word))
+
+
 def detect_language(text: str) -> str:
     """The language code of ``text``'s script: a code in UNSPACED, or ``en`` (words separated
     by spaces). Japanese is told from Chinese by its kana."""

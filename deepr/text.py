@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from deepr.lang import HAS_UNSPACED, ZH_STOP, segment
+from deepr.lang import HAS_UNSPACED, function_word, segment
 
 Embed = Callable[[list[str]], np.ndarray]
 
@@ -99,7 +99,7 @@ def word_count(text: str) -> int:
 
 def tok(text: str) -> set[str]:
     """Normalised content tokens of ``text`` after citation stripping (the rewards' tok)."""
-    return {w for w in words(strip_citations(text)) if w not in STOP_WORDS and w not in ZH_STOP}
+    return {w for w in words(strip_citations(text)) if w not in STOP_WORDS and not function_word(w)}
 
 
 def coverage(part: str, whole: str | set[str]) -> float | None:

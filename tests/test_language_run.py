@@ -52,3 +52,14 @@ def test_the_same_run_in_english_is_unchanged(tmp_path):
     assert "]. " in answer  # English sentences are separated by a space
     assert "## Research plan" in md and "## References" in md and "What the evidence on" in md
     assert "Written without a language model" in md
+
+
+def test_a_japanese_question_gets_a_japanese_report_citing_only_its_topic(tmp_path):
+    from tests.lang_corpora import JA_DOCS
+
+    md, side = _run(tmp_path, "火山はなぜ噴火するのか？", JA_DOCS)
+    assert {c["doc_id"] for c in side["citations"].values()} == {"volcano"}
+    answer = _answer(md, "回答")
+    assert "噴火が起こる[N" in answer and " " not in answer
+    prose = re.sub(r"`[^`]*`|\[[^\]]*\]|\bN\d+\b", "", md)
+    assert not re.findall(r"[A-Za-z]{2,}", prose)

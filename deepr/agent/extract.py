@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from deepr.lang import ZH_STOP
+from deepr.lang import function_word
 from deepr.text import STOP_WORDS, split_sentences, words
 
 __all__ = ["split_sentences", "content_terms", "sub_questions", "distinctive_terms", "cluster",
@@ -33,7 +33,7 @@ def content_terms(text: str) -> list[str]:
     """Content words in first-seen order (lower-cased, stop-words and 1-letter words dropped)."""
     seen: dict[str, None] = {}
     for w in words(text):
-        if (len(w) > 1 or not w.isascii()) and w not in STOP_WORDS and w not in ZH_STOP:
+        if (len(w) > 1 or not w.isascii()) and w not in STOP_WORDS and not function_word(w):
             seen.setdefault(w, None)
     return list(seen)
 

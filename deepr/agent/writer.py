@@ -57,6 +57,12 @@ def cited_sentences(text: str) -> list[str]:
     return out
 
 
+def _long_enough(plain: str) -> bool:
+    """A sentence, not a fragment: over 20 characters (about four English words), or over 8 in
+    a script without spaces, where each character carries about a word's worth."""
+    return len(plain) > (8 if HAS_UNSPACED.search(plain) else 20)
+
+
 def candidates(ctx: Ctx, ids: Sequence[str], cited_texts: Iterable[str] = (),
                avoid: Iterable[str] = ()) -> list[tuple[str, str]]:
     """(plain sentence, cited sentence) pairs from sources ``ids`` and already-cited texts.
@@ -69,12 +75,12 @@ def candidates(ctx: Ctx, ids: Sequence[str], cited_texts: Iterable[str] = (),
     for text in cited_texts:
         for s in cited_sentences(text):
             plain = " ".join(strip_citations(s).split())
-            if cited_ids(s) and len(plain) > 20 and plain not in skip:
+            if cited_ids(s) and _long_enough(plain) and plain not in skip:
                 out.setdefault(plain, s.strip())
     for cid in ids:
         for s in ctx.sentences(cid):
             plain = " ".join(s.split())
-            if len(plain) > 20 and plain not in skip:
+            if _long_enough(plain) and plain not in skip:
                 out.setdefault(plain, cite(plain, cid))
     return list(out.items())
 
@@ -87,8 +93,10 @@ def select(ctx: Ctx, cands: Sequence[tuple[str, str]], targets: Sequence[str], k
         return []
     svec = ctx.encode([c[0] for c in cands])
     sim = np.clip(svec @ ctx.encode(list(targets)).T, 0.0, 1.0)
-    shared = shares_words([c[0] for c in cands], targets)
-    if shared is not None:  # a question without spaces: a sentence sharing none of its words is off-topic
+    # a question written without spaces: a sentence sharing none of its words is off-topic (the
+    # question's words, not a node's key points, which are evidence sentences of any topic)
+    shared = shares_words([c[0] for c in cands], [ctx.tracer.query])
+    if shared is not None:
         sim[~np.asarray(shared)] = 0.0
     relevance = 0.5 * sim[:, 0] + 0.5 * sim.max(axis=1)
     picked = list(chosen)
