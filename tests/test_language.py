@@ -154,3 +154,13 @@ def test_e5_models_get_their_family_prompts_and_others_none(tmp_path):
 
     assert model_prompts("intfloat/multilingual-e5-small") == {"query": "query: ", "passage": "passage: "}
     assert model_prompts("BAAI/bge-m3") == {} and model_prompts("all-MiniLM-L6-v2") == {}
+
+
+def test_a_long_chinese_brief_is_shortened_for_titles_and_focused_for_search():
+    from deepr.agent.extract import focus_query, shorten
+
+    brief = "请撰写一份关于火山的研究报告。" + "报告需要覆盖火山的形成、分布和危害，并引用可靠的资料。" * 6 + "火山为什么会喷发？"
+    title = shorten(brief, 16)
+    assert title.endswith("…") and len(title) <= 26 and title.startswith("请撰写一份关于火山")
+    assert focus_query(brief) == "火山为什么会喷发？"  # the brief's question, not all of it
+    assert shorten("Why do volcanoes erupt at plate boundaries", 4) == "Why do volcanoes erupt …"
