@@ -76,6 +76,7 @@ def test_a_chinese_deepr_report_exports_with_numbered_markers():
              "N1-R2": {"doc_id": "printing", "title": "印刷术", "url": "https://example.org/p"}}
     article = article_from_report(report, cites)
     assert "岩浆比岩石轻[1]。印刷术由毕昇发明[2]。" in article and "N1-R1" not in article
+    assert "## 参考文献" in article and "References" not in article
     refs, body = parse_references(article)
     assert [r["url"] for r in refs.values()] == ["https://example.org/v", "https://example.org/p"]
     assert cited_statements(body) == [("岩浆比岩石轻。", [1]), ("印刷术由毕昇发明。", [2])]

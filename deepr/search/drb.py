@@ -152,7 +152,7 @@ def article_from_report(markdown: str, citations: dict[str, Any]) -> str:
     """A deepr report rewritten with ``[n]`` markers and a numbered ``## References`` list of URLs
     (sources without a URL keep their title and doc id)."""
     from deepr.agent.citations import cited_ids
-    from deepr.agent.phrases import TABLES
+    from deepr.agent.phrases import TABLES, phrases
 
     heads = "|".join(re.escape(t["references"]) for t in TABLES.values())  # a report in any language
     body = re.split(rf"^## (?:{heads})\s*$", markdown, maxsplit=1, flags=re.M)[0].rstrip()
@@ -176,7 +176,8 @@ def article_from_report(markdown: str, citations: dict[str, Any]) -> str:
     text = re.sub(r"\[([^\[\]\n]{1,400})\](?!\()", renumber, body)
     refs = [f"[{n}] {c.get('title') or c.get('doc_id')}. {c.get('url') or 'doc ' + str(c.get('doc_id'))}"
             for n, c in lines]
-    return text + ("\n\n## References\n\n" + "\n".join(refs) if refs else "") + "\n"
+    heading = phrases(text)["references"]  # the article's language: 参考文献 under a Chinese report
+    return text + (f"\n\n## {heading}\n\n" + "\n".join(refs) if refs else "") + "\n"
 
 
 def to_submission(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
