@@ -164,3 +164,16 @@ def test_a_long_chinese_brief_is_shortened_for_titles_and_focused_for_search():
     assert title.endswith("…") and len(title) <= 26 and title.startswith("请撰写一份关于火山")
     assert focus_query(brief) == "火山为什么会喷发？"  # the brief's question, not all of it
     assert shorten("Why do volcanoes erupt at plate boundaries", 4) == "Why do volcanoes erupt …"
+
+
+def test_the_citation_check_reads_chinese_claims_one_sentence_at_a_time():
+    import asyncio
+
+    from deepr.agent.support import check_support
+
+    sources = {"N1-R1": "火山喷发的原因是地下深处的岩浆比周围的岩石轻，会向上运动并在岩浆房中积聚。"}
+    report = ("# 火山为什么会喷发\n\n## 回答\n\n火山喷发的原因是岩浆比周围的岩石轻[N1-R1]。大熊猫几乎只吃竹子[N1-R1]。\n\n"
+              "## 参考文献\n\n- [N1-R1] 火山: “…”\n")
+    rows = asyncio.run(check_support(report, sources)).rows
+    assert [(r["text"], r["verdict"]) for r in rows] == [("火山喷发的原因是岩浆比周围的岩石轻。", "supported"),
+                                                          ("大熊猫几乎只吃竹子。", "unsupported")]
