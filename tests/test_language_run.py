@@ -6,17 +6,18 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 from typer.testing import CliRunner
 
 from deepr.cli import app
 from tests.lang_corpora import EN_RUN_DOCS, ZH_RUN_DOCS, write_jsonl
 
 
-def _run(tmp_path, question: str, table: dict) -> tuple[str, dict]:
+def _run(tmp_path, question: str, table: dict, mode: str = "dag") -> tuple[str, dict]:
     corpus = write_jsonl(tmp_path / "corpus.jsonl", table)
     out = tmp_path / "r" / "report.md"
     r = CliRunner().invoke(app, ["run", question, "--corpus", str(corpus), "--cache-dir", str(tmp_path / "cache"),
-                                 "--out", str(out)])
+                                 "--out", str(out), "--mode", mode])
     assert r.exit_code == 0, r.output
     return out.read_text(encoding="utf-8"), json.loads((tmp_path / "r" / "report.json").read_text(encoding="utf-8"))
 
@@ -63,3 +64,16 @@ def test_a_japanese_question_gets_a_japanese_report_citing_only_its_topic(tmp_pa
     assert "噴火が起こる[N" in answer and " " not in answer
     prose = re.sub(r"`[^`]*`|\[[^\]]*\]|\bN\d+\b", "", md)
     assert not re.findall(r"[A-Za-z]{2,}", prose)
+
+
+@pytest.mark.parametrize("mode", ["warp", "decor", "tools"])
+def test_every_mode_writes_a_chinese_question_s_report_in_chinese(tmp_path, mode):
+    from tests.lang_corpora import ZH_DOCS
+
+    md, side = _run(tmp_path, "火山为什么会喷发", ZH_DOCS, mode)
+    assert side["citations"] and {c["doc_id"] for c in side["citations"].values()} == {"volcano"}
+    body = md.split("## 参考文献")[0]
+    markers = list(re.finditer(r"\[[A-Z]\d+-R\d+\]", body))
+    assert markers and all(body[m.start() - 1] not in " 。" and body[m.end()] in "。[" for m in markers)
+    prose = re.sub(r"`[^`]*`|\[[^\]]*\]|\bN\d+\b|\*\*[^*]*\*\*", "", md)
+    assert not re.findall(r"[A-Za-z]{2,}", prose), re.findall(r"[A-Za-z]{2,}", prose)

@@ -74,16 +74,17 @@ class RunConfig(BaseModel):
         return self
 
 
-def shares_words(texts: Sequence[str], targets: Sequence[str]) -> list[bool] | None:
+def shares_words(texts: Sequence[str], targets: Sequence[str], *, fallback: bool = True) -> list[bool] | None:
     """For targets written without spaces (Chinese, Japanese, Thai): which texts share a content
-    word with them; None for other targets, or when no text shares one (a sparse corpus still
-    yields material). An English encoder such as MiniLM scores every Chinese passage about
-    alike, so there a topic needs a word of the question as well as the cosine."""
+    word with them; None for other targets, or (``fallback``) when no text shares one, so a
+    sparse corpus still yields material to explore. An English encoder such as MiniLM scores
+    every Chinese passage about alike, so there a topic needs a word of the question as well
+    as the cosine."""
     if not any(HAS_UNSPACED.search(t or "") for t in targets):
         return None
     want = set().union(*(tok(t) for t in targets))
     shared = [bool(want & tok(t)) for t in texts]
-    return shared if any(shared) else None
+    return shared if any(shared) or not fallback else None
 
 
 @dataclass

@@ -161,7 +161,7 @@ async def arun_agent(query: str, *, tools: Any, llm: LLM, config: RunConfig, que
     elif config.mode == "tools":
         from deepr.agent.tools_agent import run_tools, tools_doc
 
-        answer, sections, graph = tools_doc(await run_tools(ctx, query))
+        answer, sections, graph = tools_doc(await run_tools(ctx, query), phrases(query))
     else:
         answer, sections, graph = _decor_doc(await run_decor(ctx, query), query)
     # The note follows what happened: every role was performed by the non-LLM engine.

@@ -356,12 +356,15 @@ def _salvage(ctx: Ctx, query: str, step: Step, session: ToolSession) -> str:
                                      ctx.config.answer_sentences))
 
 
-def tools_doc(out: ToolsOutcome) -> tuple[str, list[Section], Graph]:
-    """The report pieces for the runner: the answer, the tool-call log, a chain graph."""
+def tools_doc(out: ToolsOutcome, words: dict[str, Any] | None = None) -> tuple[str, list[Section], Graph]:
+    """The report pieces for the runner: the answer, the tool-call log, a chain graph; headings
+    from ``words`` (deepr/agent/phrases.py, the question's language), else English."""
+    w = words or {}
     calls = [m["content"] for m in out.transcript if m["role"] == "assistant" and "<tool_call>" in m["content"]]
     lines = [f"{i}. `{shorten(' '.join(_TOOL.findall(c)[0].split()), 30)}`" for i, c in enumerate(calls, 1)]
     g = Graph([GNode(f"T{i}", f"tool call {i}", "step") for i in range(1, len(calls) + 1)]
               + [GNode("answer", "answer", "answer")])
     chain = [n.id for n in g.nodes]
     g.edges = list(zip(chain, chain[1:]))
-    return out.answer, [Section("Answer", out.answer), Section("Tool calls", "\n".join(lines) or "(none)")], g
+    return out.answer, [Section(w.get("answer", "Answer"), out.answer),
+                        Section(w.get("tool_calls", "Tool calls"), "\n".join(lines) or "(none)")], g

@@ -95,7 +95,7 @@ def select(ctx: Ctx, cands: Sequence[tuple[str, str]], targets: Sequence[str], k
     sim = np.clip(svec @ ctx.encode(list(targets)).T, 0.0, 1.0)
     # a question written without spaces: a sentence sharing none of its words is off-topic (the
     # question's words, not a node's key points, which are evidence sentences of any topic)
-    shared = shares_words([c[0] for c in cands], [ctx.tracer.query])
+    shared = shares_words([c[0] for c in cands], [ctx.tracer.query], fallback=False)
     if shared is not None:
         sim[~np.asarray(shared)] = 0.0
     relevance = 0.5 * sim[:, 0] + 0.5 * sim.max(axis=1)
