@@ -32,7 +32,7 @@ EN: dict[str, Any] = {
     "label_join": " and ", "question_label": "the question", "whole_question": "The question as asked",
     "connect": "How the findings of {a} and {b} connect", "evidence_on": "evidence on {terms}",
     "term_join": ", ", "no_evidence": "No evidence was retrieved for this part.",
-    "overview": "Overview", "background": "Background needed for: {q}", "tool_calls": "Tool calls",
+    "overview": "Overview", "background": "Background needed for: {q}", "tool_calls": "Tool calls", "response": "Response",
     "sources_on": "What the sources say about {title}", "colon": ": ",
     "reference_words": {"passage": "passage", "page_passage": "page passage", "search_result": "search result",
                         "accessed": "accessed"},
@@ -52,7 +52,7 @@ ZH: dict[str, Any] = {
     "label_join": "与", "question_label": "问题本身", "whole_question": "问题本身",
     "connect": "{a}与{b}的发现之间有何联系", "evidence_on": "关于{terms}的证据",
     "term_join": "、", "no_evidence": "这一部分没有检索到证据。",
-    "overview": "概述", "background": "回答问题所需的背景：{q}", "tool_calls": "工具调用", "sources_on": "来源中关于{title}的内容", "colon": "：",
+    "overview": "概述", "background": "回答问题所需的背景：{q}", "tool_calls": "工具调用", "response": "答复", "sources_on": "来源中关于{title}的内容", "colon": "：",
     "reference_words": {"passage": "段落", "page_passage": "网页段落", "search_result": "检索结果", "accessed": "访问于"},
 }
 
@@ -70,7 +70,7 @@ JA: dict[str, Any] = {
     "label_join": "と", "question_label": "質問そのもの", "whole_question": "質問そのもの",
     "connect": "{a}と{b}の知見のつながり", "evidence_on": "{terms}についての証拠",
     "term_join": "、", "no_evidence": "この部分については証拠が見つからなかった。",
-    "overview": "概要", "background": "質問に答えるための背景：{q}", "tool_calls": "ツール呼び出し", "sources_on": "{title}について情報源が述べること",
+    "overview": "概要", "background": "質問に答えるための背景：{q}", "tool_calls": "ツール呼び出し", "response": "応答", "sources_on": "{title}について情報源が述べること",
     "colon": "：",
     "reference_words": {"passage": "段落", "page_passage": "ページの段落", "search_result": "検索結果", "accessed": "閲覧日"},
 }

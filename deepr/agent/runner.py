@@ -164,6 +164,12 @@ async def arun_agent(query: str, *, tools: Any, llm: LLM, config: RunConfig, que
         answer, sections, graph = tools_doc(await run_tools(ctx, query), phrases(query))
     else:
         answer, sections, graph = _decor_doc(await run_decor(ctx, query), query)
+    if config.answer == "short":  # the mode's answer is the draft the short response is made from
+        from deepr.agent.short_answer import short_answer, short_text
+
+        with tracer.phase("short answer"):
+            short = await short_answer(ctx, query, answer)
+        answer, sections = short["exact_answer"], [Section(phrases(query)["response"], short_text(short)), *sections[1:]]
     # The note follows what happened: every role was performed by the non-LLM engine.
     words = phrases(query)  # the report's own words, in the question's language
     notes = ([words["extractive_note"]] if set(tracer.engines) == {"extractive"} else []) + _fallback_note(tracer)
