@@ -84,7 +84,7 @@ def strip_citations(text: str) -> str:
 def words(text: str) -> list[str]:
     """Lower-cased word tokens (letters/digits runs), punctuation dropped; in a script without
     spaces, its words as deepr.lang.segment cuts them (jieba for Chinese, else bigrams)."""
-    if text and HAS_UNSPACED.search(text):
+    if text and not text.isascii() and HAS_UNSPACED.search(text):
         return segment(text)
     return _WORD.findall((text or "").lower())
 
@@ -92,14 +92,17 @@ def words(text: str) -> list[str]:
 def word_count(text: str) -> int:
     """Words in ``text``: its whitespace-separated parts, or, in a script without spaces, the
     words deepr.lang.segment cuts it into (a Chinese sentence is one "part")."""
-    if text and HAS_UNSPACED.search(text):
+    if text and not text.isascii() and HAS_UNSPACED.search(text):
         return len(segment(text))
     return len((text or "").split())
 
 
 def tok(text: str) -> set[str]:
     """Normalised content tokens of ``text`` after citation stripping (the rewards' tok)."""
-    return {w for w in words(strip_citations(text)) if w not in STOP_WORDS and not function_word(w)}
+    found = words(strip_citations(text))
+    if not text or text.isascii():  # tok runs on every text a reward scores: English takes the short way
+        return {w for w in found if w not in STOP_WORDS}
+    return {w for w in found if w not in STOP_WORDS and not function_word(w)}
 
 
 def coverage(part: str, whole: str | set[str]) -> float | None:

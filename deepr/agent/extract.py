@@ -34,7 +34,7 @@ def content_terms(text: str) -> list[str]:
     """Content words in first-seen order (lower-cased, stop-words and 1-letter words dropped)."""
     seen: dict[str, None] = {}
     for w in words(text):
-        if (len(w) > 1 or not w.isascii()) and w not in STOP_WORDS and not function_word(w):
+        if (len(w) > 1 or not w.isascii()) and w not in STOP_WORDS and (w.isascii() or not function_word(w)):
             seen.setdefault(w, None)
     return list(seen)
 
