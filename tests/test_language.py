@@ -177,3 +177,20 @@ def test_the_citation_check_reads_chinese_claims_one_sentence_at_a_time():
     rows = asyncio.run(check_support(report, sources)).rows
     assert [(r["text"], r["verdict"]) for r in rows] == [("火山喷发的原因是岩浆比周围的岩石轻。", "supported"),
                                                           ("大熊猫几乎只吃竹子。", "unsupported")]
+
+
+def test_search_on_the_command_line_takes_a_language_and_refuses_an_unknown_one(tmp_path):
+    from typer.testing import CliRunner
+
+    from deepr.cli import app
+    from tests.lang_corpora import write_jsonl
+
+    corpus = write_jsonl(tmp_path / "zh.jsonl", ZH_DOCS)
+    args = ["search", "活字印刷术是谁发明的", "--corpus", str(corpus), "--cache-dir", str(tmp_path / "c"), "-r", "bm25",
+            "--json", "-k", "1"]
+    for lang in ("auto", "zh", "ja"):  # jieba words or character bigrams: the printing document either way
+        r = CliRunner().invoke(app, [*args, "--language", lang])
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)[0]["doc_id"] == "printing"
+    r = CliRunner().invoke(app, [*args, "--language", "xx"])
+    assert r.exit_code == 2 and "--language 'xx'" in r.output
