@@ -59,7 +59,7 @@ def detect_language(text: str) -> str:
     """The language code of ``text``'s script: a code in UNSPACED, or ``en`` (words separated
     by spaces). Japanese is told from Chinese by its kana."""
     sample = (text or "")[:_SAMPLE]
-    if not HAS_UNSPACED.search(sample):
+    if sample.isascii() or not HAS_UNSPACED.search(sample):
         return "en"
     letters = len(_WORDLIKE.findall(sample)) or 1
     han = len(re.findall(f"[{_HAN}]", sample))

@@ -22,7 +22,8 @@ from deepr.agent.phrases import phrases
 
 MIN_RELEVANCE = 0.25  # below this a sentence is off-topic filler, better left out
 RELATIVE_FLOOR = 0.6  # ... and so is one far below the best match
-_END = re.compile(r"([.!?。！？；…][\"'”’)」』）]*)\s*$")
+# An ellipsis ends a sentence only after a non-ASCII character, so English ones ("wait…") stay as before.
+_END = re.compile(r"((?:[.!?。！？；]|(?<=[^\x00-\x7f])…+)[\"'”’)」』）]*)\s*$")
 
 
 def cite(sentence: str, cid: str) -> str:
