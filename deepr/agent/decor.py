@@ -113,13 +113,13 @@ def _filter_messages(a: DecorAsk) -> list[dict[str, str]]:
 
 
 def _condense_messages(a: DecorAsk) -> list[dict[str, str]]:
-    return ask_in_language([{"role": "system", "content": CONDENSE_SYSTEM},
-                            {"role": "user", "content": f"Question: {a.query}\nMemory:\n{memory_text(a.memory)}"}], a.query)
+    user = f"Question: {a.query}\nMemory:\n{memory_text(a.memory)}"
+    return ask_in_language([{"role": "system", "content": CONDENSE_SYSTEM}, {"role": "user", "content": user}], a.query)
 
 
 def _answer_messages(a: DecorAsk) -> list[dict[str, str]]:
-    return ask_in_language([{"role": "system", "content": ANSWER_SYSTEM},
-                            {"role": "user", "content": f"Question: {a.query}\nFacts:\n{memory_text(a.memory)}"}], a.query)
+    user = f"Question: {a.query}\nFacts:\n{memory_text(a.memory)}"
+    return ask_in_language([{"role": "system", "content": ANSWER_SYSTEM}, {"role": "user", "content": user}], a.query)
 
 
 def _planned(a: DecorAsk, body: str) -> str | None:

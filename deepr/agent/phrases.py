@@ -32,7 +32,8 @@ EN: dict[str, Any] = {
     "label_join": " and ", "question_label": "the question", "whole_question": "The question as asked",
     "connect": "How the findings of {a} and {b} connect", "evidence_on": "evidence on {terms}",
     "term_join": ", ", "no_evidence": "No evidence was retrieved for this part.",
-    "overview": "Overview", "background": "Background needed for: {q}", "tool_calls": "Tool calls", "response": "Response",
+    "overview": "Overview", "background": "Background needed for: {q}", "tool_calls": "Tool calls",
+    "response": "Response",
     "sources_on": "What the sources say about {title}", "colon": ": ",
     "reference_words": {"passage": "passage", "page_passage": "page passage", "search_result": "search result",
                         "accessed": "accessed"},
@@ -46,14 +47,18 @@ ZH: dict[str, Any] = {
     "types": {"search": "检索", "aggregate": "汇总", "answer": "回答"},
     "question_cell": "（问题本身）",
     "waves": "分批回答（同一批的节点同时进行）：{waves}",
-    "extractive_note": "本报告未使用语言模型：下面的每一句话都由抽取式后端（检索 + 句向量）从所引用的来源中摘出。",
-    "fallback_note": "由于模型的回复未通过检查，以下部分由抽取式写作器写成：{parts}（原因见附带文件中的 failures）。",
+    "extractive_note": ("本报告未使用语言模型：下面的每一句话都由抽取式后端（检索 + 句向量）"
+                        "从所引用的来源中摘出。"),
+    "fallback_note": ("由于模型的回复未通过检查，以下部分由抽取式写作器写成：{parts}"
+                      "（原因见附带文件中的 failures）。"),
     "need": "关于{labels}的证据对这个问题说明了什么",
     "label_join": "与", "question_label": "问题本身", "whole_question": "问题本身",
     "connect": "{a}与{b}的发现之间有何联系", "evidence_on": "关于{terms}的证据",
     "term_join": "、", "no_evidence": "这一部分没有检索到证据。",
-    "overview": "概述", "background": "回答问题所需的背景：{q}", "tool_calls": "工具调用", "response": "答复", "sources_on": "来源中关于{title}的内容", "colon": "：",
-    "reference_words": {"passage": "段落", "page_passage": "网页段落", "search_result": "检索结果", "accessed": "访问于"},
+    "overview": "概述", "background": "回答问题所需的背景：{q}", "tool_calls": "工具调用", "response": "答复",
+    "sources_on": "来源中关于{title}的内容", "colon": "：",
+    "reference_words": {"passage": "段落", "page_passage": "网页段落", "search_result": "检索结果",
+                        "accessed": "访问于"},
 }
 
 JA: dict[str, Any] = {
@@ -64,8 +69,10 @@ JA: dict[str, Any] = {
     "types": {"search": "検索", "aggregate": "集約", "answer": "回答"},
     "question_cell": "（質問そのもの）",
     "waves": "段階ごとに回答（同じ段階のノードは同時に実行）：{waves}",
-    "extractive_note": "この報告は言語モデルを使わずに書かれた：以下の各文は抽出型バックエンド（検索＋文ベクトル）が引用元から抜き出したものである。",
-    "fallback_note": "モデルの返答が検査に通らなかったため、次の部分は抽出型ライターが書いた：{parts}（理由は付属ファイルの failures）。",
+    "extractive_note": ("この報告は言語モデルを使わずに書かれた：以下の各文は抽出型バックエンド（検索＋文ベクトル）が"
+                        "引用元から抜き出したものである。"),
+    "fallback_note": ("モデルの返答が検査に通らなかったため、次の部分は抽出型ライターが書いた：{parts}"
+                      "（理由は付属ファイルの failures）。"),
     "need": "{labels}についての証拠が質問に対して示すこと",
     "label_join": "と", "question_label": "質問そのもの", "whole_question": "質問そのもの",
     "connect": "{a}と{b}の知見のつながり", "evidence_on": "{terms}についての証拠",
