@@ -77,7 +77,8 @@ JA: dict[str, Any] = {
     "label_join": "と", "question_label": "質問そのもの", "whole_question": "質問そのもの",
     "connect": "{a}と{b}の知見のつながり", "evidence_on": "{terms}についての証拠",
     "term_join": "、", "no_evidence": "この部分については証拠が見つからなかった。",
-    "overview": "概要", "background": "質問に答えるための背景：{q}", "tool_calls": "ツール呼び出し", "response": "応答", "sources_on": "{title}について情報源が述べること",
+    "overview": "概要", "background": "質問に答えるための背景：{q}", "tool_calls": "ツール呼び出し", "response": "応答",
+    "sources_on": "{title}について情報源が述べること",
     "colon": "：",
     "reference_words": {"passage": "段落", "page_passage": "ページの段落", "search_result": "検索結果", "accessed": "閲覧日"},
 }

@@ -68,8 +68,8 @@ def render_markdown(doc: ReportDoc, catalog: Catalog) -> tuple[str, dict[str, Ci
             parts.append(f"{'#' * s.level} {clean_brackets(s.heading, ())}")
         parts.append(clean_brackets(body, ids).strip())
     w = doc.words or {}
-    parts += [f"## {w.get('references', 'References')}", clean_brackets(catalog.references(ids, w.get("reference_words")), ids)
-              if ids else w.get("no_sources", "(no sources were cited)")]
+    refs = clean_brackets(catalog.references(ids, w.get("reference_words")), ids) if ids else None
+    parts += [f"## {w.get('references', 'References')}", refs or w.get("no_sources", "(no sources were cited)")]
     md = "\n\n".join(p for p in parts if p) + "\n"
     citations = catalog.citations(ids)
     missing = [c for c in cited_ids(md) if c not in citations]

@@ -89,9 +89,8 @@ class RubricAsk:
 
 
 def _persistent_messages(a: RubricAsk) -> list[dict[str, str]]:
-    return ask_in_language([{"role": "system", "content": RUBRIC_SYSTEM},
-                            {"role": "user", "content": PERSISTENT_USER.format(query=a.query, plan=_plan_lines(a.plan))}],
-                           a.query)
+    user = PERSISTENT_USER.format(query=a.query, plan=_plan_lines(a.plan))
+    return ask_in_language([{"role": "system", "content": RUBRIC_SYSTEM}, {"role": "user", "content": user}], a.query)
 
 
 def _ephemeral_messages(a: RubricAsk) -> list[dict[str, str]]:

@@ -169,7 +169,8 @@ async def arun_agent(query: str, *, tools: Any, llm: LLM, config: RunConfig, que
 
         with tracer.phase("short answer"):
             short = await short_answer(ctx, query, answer)
-        answer, sections = short["exact_answer"], [Section(phrases(query)["response"], short_text(short)), *sections[1:]]
+        response = Section(phrases(query)["response"], short_text(short))
+        answer, sections = short["exact_answer"], [response, *sections[1:]]
     # The note follows what happened: every role was performed by the non-LLM engine.
     words = phrases(query)  # the report's own words, in the question's language
     notes = ([words["extractive_note"]] if set(tracer.engines) == {"extractive"} else []) + _fallback_note(tracer)

@@ -71,7 +71,8 @@ def _cluster_items(ctx: Ctx, titles: list[str], texts: list[str], n: int, taken:
             title = title + words["colon"] + words["term_join"].join(terms[:2])
         if _norm(title) in taken:
             continue
-        plan = words["sources_on"].format(title=title) + (words["colon"] + words["term_join"].join(terms) if terms else "")
+        plan = words["sources_on"].format(title=title)
+        plan += words["colon"] + words["term_join"].join(terms) if terms else ""
         items.append({"title": title, "plan": plan})
         taken.add(_norm(title))
     return items
