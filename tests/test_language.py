@@ -12,7 +12,7 @@ from deepr.corpus.chunking import ChunkConfig, chunk_text
 from deepr.corpus.tokens import tokenize
 from deepr.lang import detect_language, write_in
 from deepr.text import split_sentences, tok
-from tests.lang_corpora import JA_DOCS, JA_QUESTIONS, ZH_DOCS, ZH_QUESTIONS, documents
+from lang_corpora import JA_DOCS, JA_QUESTIONS, ZH_DOCS, ZH_QUESTIONS, documents
 
 
 @pytest.mark.parametrize("docs,questions,lang", [(ZH_DOCS, ZH_QUESTIONS, "zh"), (JA_DOCS, JA_QUESTIONS, "ja")])
@@ -183,7 +183,7 @@ def test_search_on_the_command_line_takes_a_language_and_refuses_an_unknown_one(
     from typer.testing import CliRunner
 
     from deepr.cli import app
-    from tests.lang_corpora import write_jsonl
+    from lang_corpora import write_jsonl
 
     corpus = write_jsonl(tmp_path / "zh.jsonl", ZH_DOCS)
     args = ["search", "活字印刷术是谁发明的", "--corpus", str(corpus), "--cache-dir", str(tmp_path / "c"), "-r", "bm25",

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from deepr.cli import app
-from tests.lang_corpora import EN_RUN_DOCS, ZH_RUN_DOCS, write_jsonl
+from lang_corpora import EN_RUN_DOCS, ZH_RUN_DOCS, write_jsonl
 
 
 def _run(tmp_path, question: str, table: dict, mode: str = "dag") -> tuple[str, dict]:
@@ -56,7 +56,7 @@ def test_the_same_run_in_english_is_unchanged(tmp_path):
 
 
 def test_a_japanese_question_gets_a_japanese_report_citing_only_its_topic(tmp_path):
-    from tests.lang_corpora import JA_DOCS
+    from lang_corpora import JA_DOCS
 
     md, side = _run(tmp_path, "火山はなぜ噴火するのか？", JA_DOCS)
     assert {c["doc_id"] for c in side["citations"].values()} == {"volcano"}
@@ -68,7 +68,7 @@ def test_a_japanese_question_gets_a_japanese_report_citing_only_its_topic(tmp_pa
 
 @pytest.mark.parametrize("mode", ["warp", "decor", "tools"])
 def test_every_mode_writes_a_chinese_question_s_report_in_chinese(tmp_path, mode):
-    from tests.lang_corpora import ZH_DOCS
+    from lang_corpora import ZH_DOCS
 
     md, side = _run(tmp_path, "火山为什么会喷发", ZH_DOCS, mode)
     assert side["citations"] and {c["doc_id"] for c in side["citations"].values()} == {"volcano"}

@@ -27,7 +27,8 @@ EN: dict[str, Any] = {
     "extractive_note": ("Written without a language model: every sentence below is extracted from the cited "
                         "sources by the extractive backend (retrieval + sentence embeddings)."),
     "fallback_note": ("Written by the extractive writer because the model's replies failed their checks: "
-                      "{parts} (reasons in the sidecar's failures)."),
+                      "{parts} (the reasons are under failures in the .json trace beside this report, "
+                      "and in its .meta.json sidecar)."),
     "need": "What the evidence on {labels} establishes for the question",
     "label_join": " and ", "question_label": "the question", "whole_question": "The question as asked",
     "connect": "How the findings of {a} and {b} connect", "evidence_on": "evidence on {terms}",
@@ -50,7 +51,7 @@ ZH: dict[str, Any] = {
     "extractive_note": ("本报告未使用语言模型：下面的每一句话都由抽取式后端（检索 + 句向量）"
                         "从所引用的来源中摘出。"),
     "fallback_note": ("由于模型的回复未通过检查，以下部分由抽取式写作器写成：{parts}"
-                      "（原因见附带文件中的 failures）。"),
+                      "（原因见本报告旁边 .json 追踪文件中的 failures，以及它的 .meta.json 附带文件）。"),
     "need": "关于{labels}的证据对这个问题说明了什么",
     "label_join": "与", "question_label": "问题本身", "whole_question": "问题本身",
     "connect": "{a}与{b}的发现之间有何联系", "evidence_on": "关于{terms}的证据",
@@ -72,7 +73,7 @@ JA: dict[str, Any] = {
     "extractive_note": ("この報告は言語モデルを使わずに書かれた：以下の各文は抽出型バックエンド（検索＋文ベクトル）が"
                         "引用元から抜き出したものである。"),
     "fallback_note": ("モデルの返答が検査に通らなかったため、次の部分は抽出型ライターが書いた：{parts}"
-                      "（理由は付属ファイルの failures）。"),
+                      "（理由はこの報告の横にある .json トレースの failures と、その .meta.json にある）。"),
     "need": "{labels}についての証拠が質問に対して示すこと",
     "label_join": "と", "question_label": "質問そのもの", "whole_question": "質問そのもの",
     "connect": "{a}と{b}の知見のつながり", "evidence_on": "{terms}についての証拠",

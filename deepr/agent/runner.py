@@ -61,7 +61,7 @@ def _question(query: str) -> str:
 
 
 def _fallback_note(tracer: Tracer) -> list[str]:
-    parts = [p for d in tracer.decisions for p in d.get("fallback", [])]
+    parts = list(dict.fromkeys(p for d in tracer.decisions for p in d.get("fallback", [])))
     if not parts:
         return []
     return [phrases(tracer.query)["fallback_note"].format(parts=", ".join(parts))]
@@ -138,7 +138,8 @@ def _warp_doc(out: WarpOutcome) -> tuple[str, list[Section], Graph]:
 
 def _decor_doc(out: DecorOutcome, query: str) -> tuple[str, list[Section], Graph]:
     words = phrases(query)
-    mem = "\n".join(f"- **{m.query}**: {m.evidence}" for m in out.memory) or words["no_memory"]
+    # a query a model ended with a colon keeps one colon before its evidence
+    mem = "\n".join(f"- **{m.query.rstrip(': ')}**: {m.evidence}" for m in out.memory) or words["no_memory"]
     g = Graph([GNode(f"S{i}", q, "step") for i, q in enumerate(out.queries, 1)] + [GNode("answer", "answer", "answer")])
     chain = [n.id for n in g.nodes]
     g.edges = list(zip(chain, chain[1:]))
@@ -219,6 +220,8 @@ def write_report(result: RunResult, out: Path, *, inputs: Sequence[Path] = ()) -
     write_text(out, result.markdown)
     counts = {"citations": len(result.trace.citations), "model_calls": len(result.trace.calls),
               "tool_calls": len(result.trace.tools), "failures": len(result.trace.model_extra.get("failures", []))}
+    failures = [{k: f.get(k) for k in ("where", "reason")} for f in result.trace.model_extra.get("failures", [])]
     paths["meta"] = write_meta(out, stage="run", config=result.trace.model_extra.get("config"), inputs=inputs,
-                               counts=counts, timings=result.trace.model_extra.get("timings"))
+                               counts=counts, timings=result.trace.model_extra.get("timings"),
+                               extra={"failures": failures} if failures else None)
     return paths

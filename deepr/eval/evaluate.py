@@ -471,7 +471,7 @@ async def evaluate(items: Sequence[EvalItem], metrics: Sequence[str], ctx: EvalC
 def _batch_plan_rewards(chunk: Sequence[EvalItem], ctx: EvalContext) -> dict[int, PlanReward]:
     """R_plan of a chunk's items in ONE embed call: a plan's few new texts alone cannot fill a
     forward pass, so one call per plan ran at 2.4x the uncached speed against 4x for a batch
-    (bench/rewards.py, docs/scaling.md). Items that lack a plan or rubrics are left to the
+    (docs/benchmarks.md, docs/scaling.md). Items that lack a plan or rubrics are left to the
     per-item path, which reports what is missing; so is the whole chunk if one item's rubrics
     are unusable (plan_rewards raises for the batch, the per-item path names the item)."""
     pairs = []
