@@ -73,6 +73,8 @@ def connect(spec: str) -> tuple[Any, str]:
 
     logging.getLogger("pymilvus").setLevel(logging.CRITICAL)  # it logs every refused RPC as an ERROR
     uri, name = parse_spec(spec)
+    if uri.endswith(".db"):  # Milvus Lite's in-process gRPC server logs a traceback for each call it lacks
+        logging.getLogger("grpc._server").setLevel(logging.CRITICAL)  # (query_iterator's AllocTimestamp)
     try:
         client = MilvusClient(uri=uri, token=os.environ.get("MILVUS_TOKEN", ""))
     except Exception as e:  # pymilvus raises its own types for every connection failure
