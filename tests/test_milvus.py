@@ -80,6 +80,22 @@ def test_sharded_load_equals_a_whole_load(loaded, retriever, mini_corpus, tmp_pa
         assert [r[0] for r in ids(sharded, mode)] == [r[0] for r in ids(whole, mode)]
 
 
+def test_an_ivf_collection_probes_every_list_of_a_small_corpus(loaded, retriever, mini_corpus, tmp_path):
+    """--dense ivf: Milvus IVF_FLAT with deepr's list count; 32 probes cover a small corpus's
+    lists, so the ranking is the exact one."""
+    from deepr.corpus import open_retriever
+
+    spec = f"milvus:{tmp_path / 'ivf.db'}"
+    r = cli("index", "--corpus", str(mini_corpus), "--to", spec, "--dense", "ivf",
+            "--cache-dir", str(retriever.path.parents[1]))
+    assert r.exit_code == 0, r.output
+    ivf = open_retriever(spec, embedder=retriever.embedder)
+    assert ivf.describe()["dense_index"]["kind"] == "milvus IVF_FLAT/IP"
+    exact = open_retriever(loaded, embedder=retriever.embedder)
+    assert ([[h.id for h in hs] for hs in ivf.search_many(QUERIES, k=5, mode="dense")]
+            == [[h.id for h in hs] for hs in exact.search_many(QUERIES, k=5, mode="dense")])
+
+
 def test_an_edited_corpus_rewrites_only_what_changed(retriever, mini_corpus, tmp_path):
     from deepr.corpus import open_retriever
     from deepr.corpus.milvus import load_to_milvus

@@ -98,7 +98,17 @@ def unavailable(spec: str) -> Iterator[None]:
 # --- loading ---------------------------------------------------------------------------------
 
 
-def _schemas(client: Any, dim: int) -> dict[str, tuple[Any, Any]]:
+def dense_index(n: int, kind: str = "auto") -> dict[str, Any]:
+    """Milvus's dense index by deepr's rule (deepr/corpus/dense.py): exact below 250,000 passages,
+    IVF_FLAT with about 2·sqrt(n) lists above (Milvus allows at most 65,536), 32 probed a query."""
+    from deepr.corpus.dense import NPROBE, ivf_lists, resolve_kind
+
+    if resolve_kind(n, kind) == "flat":
+        return {"index_type": "FLAT", "params": {}, "search": {}}
+    return {"index_type": "IVF_FLAT", "params": {"nlist": min(65536, ivf_lists(n))}, "search": {"nprobe": NPROBE}}
+
+
+def _schemas(client: Any, dim: int, dense: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """(schema, index params) of the passages, documents and meta collections."""
     from pymilvus import DataType, Function, FunctionType
 
@@ -118,7 +128,7 @@ def _schemas(client: Any, dim: int) -> dict[str, tuple[Any, Any]]:
     p.add_function(Function(name="bm25", function_type=FunctionType.BM25, input_field_names=["body"],
                             output_field_names=["sparse"]))
     pi = client.prepare_index_params()
-    pi.add_index("dense", index_type="FLAT", metric_type="IP")
+    pi.add_index("dense", index_type=dense["index_type"], metric_type="IP", params=dense["params"])
     pi.add_index("sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="BM25",
                  params={"bm25_k1": 1.5, "bm25_b": 0.75})
     out = {"": (p, pi)}
@@ -152,7 +162,7 @@ def collection_meta(client: Any, name: str) -> dict[str, Any] | None:
 def _ensure(client: Any, name: str, meta: dict[str, Any], dim: int) -> None:
     have = collection_meta(client, name)
     if have is None:
-        for suffix, (schema, index) in _schemas(client, dim).items():
+        for suffix, (schema, index) in _schemas(client, dim, meta["dense_index"]).items():
             if not client.has_collection(name + suffix):
                 client.create_collection(name + suffix, schema=schema, index_params=index)
         # the meta row last: a collection without it was never completely created
@@ -188,8 +198,9 @@ def _by_ids(client: Any, collection: str, key: str, ids: Sequence[str], fields: 
 
 def load_to_milvus(corpus: str, spec: str, *, embedder: Any, chunking: Any = None, cache_dir: Any = None,
                    limit: int | None = None, shard: tuple[int, int] | None = None,
-                   progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Upsert this shard's passages and documents; returns counts of what was written and skipped."""
+                   progress: Callable[[int, int], None] | None = None, dense: str = "auto") -> dict[str, Any]:
+    """Upsert this shard's passages and documents; returns counts of what was written and skipped.
+    ``dense`` picks the dense index of a new collection (:func:`dense_index`) from the whole corpus's size."""
     from deepr.corpus.chunking import ChunkConfig
     from deepr.corpus.index import load_corpus
 
@@ -197,18 +208,18 @@ def load_to_milvus(corpus: str, spec: str, *, embedder: Any, chunking: Any = Non
     cname, docs, passages = load_corpus(corpus, chunking, limit)
     with unavailable(spec):
         return _load(spec, cname, docs, passages, embedder=embedder, chunking=chunking, cache_dir=cache_dir,
-                     shard=shard, progress=progress)
+                     shard=shard, progress=progress, dense=dense)
 
 
 def _load(spec: str, cname: str, docs: Sequence[Document], passages: Sequence[Passage], *, embedder: Any,
-          chunking: Any, cache_dir: Any, shard: tuple[int, int] | None, progress: Any) -> dict[str, Any]:
+          chunking: Any, cache_dir: Any, shard: tuple[int, int] | None, progress: Any, dense: str) -> dict[str, Any]:
     from deepr.corpus.embcache import EmbeddingCache
     from deepr.corpus.index import cache_root, embed_passages, embed_text
     from deepr.io import in_shard
 
     client, name = connect(spec)
     meta = {"format": FORMAT, "corpus": cname, "embedder": embedder.name, "dim": embedder.dim,
-            "chunking": chunking.model_dump()}
+            "chunking": chunking.model_dump(), "dense_index": dense_index(len(passages), dense)}
     _ensure(client, name, meta, embedder.dim)
     mine = [(i, p) for i, p in enumerate(passages) if in_shard(p.id, shard)]
     counts = {"passages": len(mine), "passages_written": 0, "documents": 0, "documents_written": 0,
@@ -345,10 +356,11 @@ class MilvusRetriever:
     def _ranks(self, texts: list[str], field: str, depth: int, rows: dict[int, dict[str, Any]]) -> list[list[tuple[int, float]]]:
         """(corpus position, score) per query, best first; BM25 distances come negated from Milvus."""
         data = self.embedder.encode(texts).tolist() if field == "dense" else texts
-        metric = "IP" if field == "dense" else "BM25"
+        params = {"metric_type": "IP", "params": self.meta.get("dense_index", {}).get("search", {})} \
+            if field == "dense" else {"metric_type": "BM25"}
         with unavailable(self.spec):
             found = self._client.search(self.collection, data=data, anns_field=field, limit=depth,
-                                        search_params={"metric_type": metric}, output_fields=PASSAGE_FIELDS)
+                                        search_params=params, output_fields=PASSAGE_FIELDS)
         out = []
         for hits in found:
             ranked = []
@@ -406,7 +418,8 @@ class MilvusRetriever:
         docs = self._count(f"{self.collection}_docs")
         return {"corpus": self.corpus_name, "mode": self.mode, "embedder": self.meta.get("embedder"),
                 "documents": docs, "passages": self._count(self.collection), "documents_without_text": None,
-                "index": self.spec, "built_now": False, "dense_index": {"kind": "milvus FLAT/IP + BM25"},
+                "index": self.spec, "built_now": False,
+                "dense_index": {"kind": f"milvus {self.meta.get('dense_index', {}).get('index_type', 'FLAT')}/IP"},
                 "build_seconds": 0.0}
 
     def close(self) -> None:
