@@ -154,6 +154,79 @@ def test_run_through_the_server_writes_the_local_report(server, retriever, mini_
         assert retriever.get_passage(cite["passage_id"]).text == cite["text"]
 
 
+def test_build_trees_through_the_server_writes_the_local_trees(server, retriever, mini_corpus, tmp_path):
+    """Sampled seed topics (sampled by the server) and the trees grown from its searches equal a local run's."""
+    url, *_ = server
+    out = {}
+    for name, corpus in (("local", ["--corpus", str(mini_corpus), "--cache-dir", str(retriever.path.parents[1])]),
+                         ("remote", ["--corpus", url])):
+        path = tmp_path / f"{name}.jsonl"
+        r = CliRunner().invoke(app, ["build-trees", "--n-trees", "2", "--max-depth", "2", "--out", str(path), *corpus])
+        assert r.exit_code == 0, r.output
+        out[name] = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    assert len(out["remote"]) == 2
+    strip = lambda trees: [{k: v for k, v in t.items() if k not in ("stats", "meta")} for t in trees]  # noqa: E731
+    assert strip(out["remote"]) == strip(out["local"])
+
+
+def test_grpo_environment_searches_through_the_server(server, tiny, tmp_path):
+    """A GRPO planner step on the tiny model with --corpus URL opens the corpus on the server (a random
+    tiny model writes no valid plan, so its rollouts reach no search: what is checked is that the
+    environment's corpus is the server's, and that training runs with it)."""
+    url, *_ = server
+    from deepr.records import QRPair, RubricItem
+
+    rubric = RubricItem(id="R1", type="factual", description="Adam Smith wrote The Wealth of Nations", weight=1.0,
+                        source_leaf_ids=["L1"], evidence=["Adam Smith wrote The Wealth of Nations."])
+    data = tmp_path / "q.jsonl"
+    data.write_text(QRPair(id="q1", tree_id="t", question="Who was Adam Smith and what did he write?",
+                           selected_leaf_ids=[], rubrics=[rubric]).model_dump_json() + "\n", encoding="utf-8")
+    config = tmp_path / "grpo.json"  # a random tiny model earns the same reward everywhere: keep going
+    config.write_text(json.dumps({"zero_advantage": "off", "lora_r": 4, "lora_alpha": 8}))
+    before = httpx.get(url + "/v1/stats").json()["served"]["by_route"].get("/v1/stats", 0)
+    r = CliRunner().invoke(app, ["grpo", "--stage", "planner", "--model", str(tiny), "--data", str(data),
+                                 "--out", str(tmp_path / "g"), "--max-steps", "1", "--num-generations", "2",
+                                 "--prompts-per-step", "1", "--max-completion-length", "64", "--corpus", url,
+                                 "--k", "1", "--config", str(config)])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "g" / "adapter_config.json").exists()
+    # a /v1/stats request is counted after it is answered: "before" itself adds one, the run's open another
+    assert httpx.get(url + "/v1/stats").json()["served"]["by_route"].get("/v1/stats", 0) - before >= 2
+
+
+def test_a_server_lost_mid_run_stops_the_command_with_exit_4():
+    """The server answers when the corpus opens, then fails every search: retried, then one line, exit 4."""
+    import threading
+
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def stats(request):
+        return JSONResponse({"corpus": "c", "mode": "hybrid", "documents": 1, "embedder": "e"})
+
+    async def broken(request):
+        return JSONResponse({"error": "index gone"}, status_code=503)
+
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(Starlette(routes=[Route("/v1/stats", stats), Route("/v1/search", broken,
+                                                                                      methods=["POST"])]),
+                                        host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.time() + 30
+        while not srv.started and time.time() < deadline:
+            time.sleep(0.05)
+        r = CliRunner().invoke(app, ["search", "anything", "--corpus", f"http://127.0.0.1:{port}"])
+        assert r.exit_code == 4, r.output
+        assert "/v1/search failed (HTTP 503)" in r.output and "Traceback" not in r.output
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)
+
+
 def test_two_processes_share_one_server_and_every_search_is_counted(server):
     url, *_ = server
     before = httpx.get(url + "/v1/stats").json()["served"]["queries"]
