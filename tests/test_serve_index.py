@@ -227,6 +227,24 @@ def test_a_server_lost_mid_run_stops_the_command_with_exit_4():
         thread.join(timeout=10)
 
 
+def test_parallel_run_every_search_reaches_the_server_once(server, tmp_path):
+    """`deepr run --queries --parallel 3` against the server: the server counts exactly the
+    searches the three reports' traces record."""
+    url, *_ = server
+    qfile = tmp_path / "q.jsonl"
+    qfile.write_text("".join(json.dumps({"id": f"q{i}", "question": q}) + "\n" for i, q in enumerate(QUERIES[:3])),
+                     encoding="utf-8")
+    before = httpx.get(url + "/v1/stats").json()["served"]["queries"]
+    r = CliRunner().invoke(app, ["run", "--queries", str(qfile), "--parallel", "3", "--out", str(tmp_path / "runs"),
+                                 "--corpus", url])
+    assert r.exit_code == 0, r.output
+    traces = [json.loads(p.read_text(encoding="utf-8")) for p in sorted((tmp_path / "runs").rglob("*.json"))
+              if "tools" in json.loads(p.read_text(encoding="utf-8"))]
+    assert len(traces) == 3
+    searched = sum(1 for t in traces for call in t["tools"] if call["tool"] == "search")
+    assert searched > 0 and httpx.get(url + "/v1/stats").json()["served"]["queries"] - before == searched
+
+
 def test_two_processes_share_one_server_and_every_search_is_counted(server):
     url, *_ = server
     before = httpx.get(url + "/v1/stats").json()["served"]["queries"]
