@@ -116,6 +116,15 @@ def test_an_edited_corpus_rewrites_only_what_changed(retriever, mini_corpus, tmp
     assert all(h.doc_id != removed["id"] for h in m.search(removed["title"], k=10))
 
 
+def test_a_document_too_long_for_milvus_is_refused_before_any_write(tmp_path):
+    path = tmp_path / "long.jsonl"
+    path.write_text(json.dumps({"id": "big", "title": "Big", "text": "word " * 20000}) + "\n", encoding="utf-8")
+    spec = f"milvus:{tmp_path / 'long.db'}"
+    r = cli("index", "--corpus", str(path), "--to", spec)
+    assert r.exit_code == 2 and "document 'big' is longer than Milvus's 65535-byte text field" in r.output
+    assert not (tmp_path / "long.db").exists()
+
+
 def test_bad_specs_are_one_line_errors(tmp_path):
     r = cli("search", "x", "--corpus", f"milvus:{tmp_path / 'none.db'}")
     assert r.exit_code == 2 and "no collection 'deepr'" in r.output and "deepr index" in r.output

@@ -206,9 +206,25 @@ def load_to_milvus(corpus: str, spec: str, *, embedder: Any, chunking: Any = Non
 
     chunking = chunking or ChunkConfig()
     cname, docs, passages = load_corpus(corpus, chunking, limit)
+    _check_sizes(docs, passages)
     with unavailable(spec):
         return _load(spec, cname, docs, passages, embedder=embedder, chunking=chunking, cache_dir=cache_dir,
                      shard=shard, progress=progress, dense=dense)
+
+
+def _check_sizes(docs: Sequence[Document], passages: Sequence[Passage]) -> None:
+    """Milvus text fields hold at most 65,535 bytes: refuse before writing anything, never truncate."""
+    from deepr.corpus.index import embed_text
+
+    for p in passages:
+        for field, value in (("title", p.title), ("text", embed_text(p)), ("url", p.url or "")):
+            if len(value.encode("utf-8")) > MAX_TEXT:
+                raise ValueError(f"passage {p.id!r}: its {field} is longer than Milvus's {MAX_TEXT}-byte text field; "
+                                 "use a smaller --max-words")
+    for d in docs:
+        if len(d.model_dump_json().encode("utf-8")) > MAX_TEXT:
+            raise ValueError(f"document {d.id!r} is longer than Milvus's {MAX_TEXT}-byte text field; "
+                             "split it into several documents")
 
 
 def _load(spec: str, cname: str, docs: Sequence[Document], passages: Sequence[Passage], *, embedder: Any,
@@ -233,10 +249,9 @@ def _load(spec: str, cname: str, docs: Sequence[Document], passages: Sequence[Pa
             todo = [(i, p) for i, p in block if have.get(p.id) != _hash(bodies[p.id])]
             if todo:
                 vecs = embed_passages([p for _, p in todo], embedder, cache)
-                client.upsert(name, [{"pk": p.id, "doc_id": p.doc_id, "title": p.title[:MAX_TEXT // 4],
-                                      "text": p.text[:MAX_TEXT // 4], "url": (p.url or "")[:MAX_TEXT // 4], "pos": i,
-                                      "hash": _hash(bodies[p.id]), "body": bodies[p.id][:MAX_TEXT // 4],
-                                      "dense": v.tolist()} for (i, p), v in zip(todo, vecs)])
+                client.upsert(name, [{"pk": p.id, "doc_id": p.doc_id, "title": p.title, "text": p.text,
+                                      "url": p.url or "", "pos": i, "hash": _hash(bodies[p.id]),
+                                      "body": bodies[p.id], "dense": v.tolist()} for (i, p), v in zip(todo, vecs)])
                 counts["passages_written"] += len(todo)
             if progress:
                 progress(min(s + BLOCK, len(mine)), len(mine))
@@ -256,10 +271,6 @@ def _load_documents(client: Any, name: str, docs: Sequence[Document]) -> dict[st
         have = _present(client, f"{name}_docs", "id", list(block))
         rows = [{"id": i, "doc": j, "hash": _hash(j), "v": [0.0, 0.0]} for i, j in block.items()
                 if have.get(i) != _hash(j)]
-        too_long = next((r["id"] for r in rows if len(r["doc"].encode("utf-8")) > MAX_TEXT), None)
-        if too_long is not None:
-            raise ValueError(f"document {too_long!r} is longer than Milvus's {MAX_TEXT}-byte text field; "
-                             "split it into several documents")
         if rows:
             client.upsert(f"{name}_docs", rows)
             written += len(rows)
