@@ -10,7 +10,7 @@ new texts, an eval chunk's, at any size) runs through deepr/corpus/npbert.py, a 
 the BERT encoder, whether or not torch is loaded: searching never imports torch or
 sentence-transformers, and a text's vector does not depend on its call's size or on what else
 the process loaded. There the numpy encoder is faster than torch at every size measured
-(1.2-1.6x from 32 to 256 texts, bench/results/embed_calls.json). In bf16 on a CPU, calls of
+(1.2-1.6x from 32 to 256 texts, docs/benchmarks.md). In bf16 on a CPU, calls of
 fewer than NUMPY_MAX_TEXTS texts go to numpy; on an accelerator, calls under SMALL_BATCH texts,
 and under NUMPY_MAX_TEXTS until torch is loaded.
 
@@ -18,17 +18,17 @@ Speed (the index build embeds every passage): texts are encoded in length-sorted
 so a batch pads to its own longest text. ``fp32`` runs on torch. ``int8`` with the ``onnx``
 extra runs on onnxruntime (deepr/corpus/onnxbert.py: int8 weights, fused attention kernels,
 no torch import; named ``+int8-onnx``), ~2x the speed of torch bf16 at a recall cost measured
-in bench/retrieval.py; without the extra, or with DEEPR_ONNX=0, torch quantises its Linear
+in docs/benchmarks.md; without the extra, or with DEEPR_ONNX=0, torch quantises its Linear
 layers instead. ``bf16`` is torch autocast (it pays only on CPUs with AMX: on AVX512-BF16
-without AMX, bench/index_build.py measured bf16 1.5x the CPU time of fp32).
+without AMX, the index build benchmark (docs/benchmarks.md) measured bf16 1.5x the CPU time of fp32).
 
 What ``auto`` means depends on the use (``get_embedder(..., use=...)``), and only here:
 
 - ``use="index"`` (``open_retriever``, ``deepr index``, every command that searches a corpus):
   ``int8`` on a CPU with the ``onnx`` extra and a BERT model onnxbert.py can build: 0.43x the
-  CPU of torch bf16 on 128 passages (bench/results/index_build.json; full builds in
+  CPU of torch bf16 on 128 passages (docs/benchmarks.md; full builds in
   index_build_full.json), hybrid recall@10 within 0.01 of bf16's with int8 queries
-  (bench/results/retrieval_int8_onnx.json); otherwise bf16 on CPUs with AMX, else fp32. Only the index's passages get int8 vectors (``encode_passages``); queries and
+  (docs/experiments.md); otherwise bf16 on CPUs with AMX, else fp32. Only the index's passages get int8 vectors (``encode_passages``); queries and
   every other text this embedder encodes get the fp32 vectors of the numpy encoder, whatever
   the batch size, so a search's hits do not depend on which other searches shared its batch.
 - ``use="rewards"`` (the default: R_plan, J_rub, dedup, eval metrics): always ``fp32``, on every
@@ -67,7 +67,7 @@ SMALL_BATCH = 16
 # every call but a passage batch does): a bf16 user chose torch's autocast for its big batches.
 NUMPY_MAX_TEXTS = 64
 # torch's batch on a CPU: length-sorted batches of 16 pad less than 64 and keep the activations
-# in cache: 1.2x faster on wiki passages, 1.3-1.8x on reward texts (bench/results/embed_calls.json).
+# in cache: 1.2x faster on wiki passages, 1.3-1.8x on reward texts (docs/benchmarks.md).
 # Accelerators keep 64, where a batch's cost hardly grows with its size.
 TORCH_CPU_BATCH = 16
 Precision = Literal["auto", "fp32", "bf16", "int8"]
@@ -217,7 +217,7 @@ class Embedder:
             if self._lite is None:
                 lite: Any = False  # assigned at the end: an interrupted load is retried, not kept
                 # int8 on onnxruntime keeps fp32 queries, as bf16 does: the passages' vectors are
-                # within cosine 0.99 of fp32 ones (bench/retrieval.py measures the recall)
+                # within cosine 0.99 of fp32 ones (docs/benchmarks.md: retrieval measures the recall)
                 if (self.precision != "int8" or self._use_onnx) and os.environ.get("DEEPR_NUMPY_QUERIES", "1") != "0":
                     from deepr.corpus.npbert import NumpyBert, Unsupported
 

@@ -55,7 +55,7 @@ _WORD = re.compile(r"\w+")
 class FusionConfig(BaseModel):
     """How dense and BM25 rankings are combined in ``hybrid`` mode.
 
-    Defaults come from bench/retrieval.py (full wiki, query = an article's description, grid
+    Defaults come from the retrieval benchmark (docs/benchmarks.md; full wiki, query = an article's description, grid
     tuned on a dev half, reported on the test half): with the classic k=60 and equal weights
     the fused ranking lost recall@1 to BM25 alone; k=5 with the dense vote at 0.75 beat both
     single retrievers on recall@1/5/10 and MRR@10. Tune both for a corpus of your own.

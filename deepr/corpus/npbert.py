@@ -14,7 +14,7 @@ call but an index's passages comes here (deepr/corpus/embed.py). A call's texts 
 out by tokens among one thread per core; each thread packs its texts into one pass with no
 padding, in scratch arrays it keeps, and numpy's BLAS runs one thread under each of them.
 That made reward calls ~2x faster than padded batches in fresh arrays, and faster than torch
-at every call size measured (bench/embed_calls.py, bench/results/embed_calls.json).
+at every call size measured (docs/benchmarks.md: embedder calls).
 
 Example::
 
@@ -171,7 +171,7 @@ def _pin_numpy_blas() -> bool:
     The encoder's threads each run whole passes, and OpenBLAS workers on top of them spin at
     every product: on a busy machine a 100-passage batch took ~5x one thread's time. Limiting
     around each call instead cost ~5 ms a call, as OpenBLAS restarts its workers when given
-    back two: 0.3 s of the 1.4 s that bench/rplan_profile.py's cached reward calls took. Only
+    back two: 0.3 s of the 1.4 s that R_plan's cached reward calls took (docs/experiments.md). Only
     numpy's copy is pinned: faiss ships its own, for its searches and k-means."""
     mine = numpy_blas()
     for lib in mine:

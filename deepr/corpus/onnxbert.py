@@ -3,11 +3,11 @@
 Input: a mean-pooled BERT sentence-transformers folder (all-MiniLM-L6-v2, the default); output:
 float32 unit vectors, the same as sentence-transformers' (fp32: cosine >= 0.999, tested in
 tests/test_retrieval.py) or from int8 weights (``quantize=True``: dynamic quantisation, faster,
-cosine ~0.99; its retrieval recall is in bench/retrieval.py).
+cosine ~0.99; its retrieval recall is in docs/benchmarks.md).
 
 Why: embedding the corpus is almost all of an index build. With int8 weights this runs in
 0.43x the CPU time of torch bf16 (as fast as torch's own int8, with vectors much closer to
-float32: cosine 0.992 vs 0.972 at worst; bench/results/index_build.json), and the graph is
+float32: cosine 0.992 vs 0.972 at worst; docs/benchmarks.md), and the graph is
 built here from the model's own safetensors weights, so there is no torch export step, no
 torch import, and nothing extra to download. In float32 it is no faster than torch, so deepr
 uses it for int8 only. Needs the ``onnx`` extra (onnxruntime + onnx); without it deepr falls
@@ -146,7 +146,7 @@ def _session(model_bytes: bytes, threads: int, spin: bool = False):
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     # Idle worker threads sleep instead of spinning: with another process on the cores, spinning
-    # cost ~20 % more CPU and more wall time (bench/index_build.py, "onnx int8, spinning")
+    # cost ~20 % more CPU and more wall time (docs/benchmarks.md: index build, "onnx int8, spinning")
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     opts.log_severity_level = 3  # no warnings about unused initializers on stderr
     return ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])

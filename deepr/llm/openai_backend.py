@@ -187,10 +187,10 @@ class OpenAIBackend(LLM):
             sent = self._send_regex(kw, fmt["regex"], rstyle)
         # client.post, not chat.completions.create: create() walks every request through the
         # SDK's type-driven transform, a no-op for plain JSON chat bodies that cost ~1 ms of a
-        # ~4 ms call on the client's one thread (bench/tree_concurrency.py, issue 16); and the
+        # ~4 ms call on the client's one thread (docs/experiments.md); and the
         # reply comes back as decoded JSON (cast_to=object), not built into the SDK's pydantic
         # ChatCompletion, of which deepr reads three fields (~9 % of build-trees' client CPU
-        # under py-spy, bench/throughput_data.py)
+        # under py-spy, docs/experiments.md)
         body = {k: v for k, v in kw.items() if k != "extra_body"} | dict(kw.get("extra_body") or {})
         resp = await self._loop().client.post("/chat/completions", body=body, cast_to=object)
         text, finish = _read_completion(resp)

@@ -59,7 +59,7 @@ class OpenAIConfig(BaseModel):
     strict_schema: bool = Field(True, description="The json_schema 'strict' flag sent with response_format.")
     http_client: Literal["auto", "aiohttp", "httpx"] = Field(
         "auto", description="HTTP transport of the SDK: aiohttp (the SDK's DefaultAioHttpClient, about half "
-        "the client CPU per call: bench/tree_concurrency.py) or httpx; auto = aiohttp where installed.")
+        "the client CPU per call: docs/experiments.md) or httpx; auto = aiohttp where installed.")
 
 
 @functools.lru_cache(maxsize=64)  # every request names its endpoint in its cache key

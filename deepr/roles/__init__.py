@@ -63,7 +63,7 @@ def body_of(reply: str, tag: str | None) -> str:
 @functools.cache
 def _json_schema(model: type[BaseModel]) -> str:
     """pydantic rebuilds a schema on every call (~6 ms): once per model class instead, since one
-    evidence tree makes ~370 calls on the event loop thread (bench/tree_concurrency.py)."""
+    evidence tree makes ~370 calls on the event loop thread (docs/experiments.md)."""
     return json.dumps(strict_schema(model.model_json_schema()))
 
 
