@@ -1,7 +1,9 @@
 """Retrieval server benchmark: quality kept through `deepr serve-index` and Milvus Lite, and serving
-throughput under concurrent clients, each against a baseline measured in the same run.
+throughput under concurrent clients, each against a baseline measured in the same run (on the wiki
+corpus by default; ``--corpus`` another one whose documents carry a description).
 
     python bench/serve_index.py [--clients 32] [--per-client 200] [--skip-milvus]
+    python bench/serve_index.py --corpus small.jsonl --clients 2 --per-client 5 --out /tmp/s.json  # quick
 
 1. Throughput: ``--clients`` concurrent clients (one asyncio process, aiohttp) each post
    ``--per-client`` single-query ``POST /retrieve`` requests (Search-R1's shape, topk 10, hybrid)
@@ -26,9 +28,9 @@ import os
 import signal
 import socket
 import statistics
+import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -54,10 +56,10 @@ def recall_at_10(r, test: list[tuple[str, str]], batch: int = 64) -> float:
     return hits / len(test)
 
 
-def start_server(port: int, cache_dir: str | None) -> subprocess.Popen:
+def start_server(corpus: str, port: int, cache_dir: str | None) -> subprocess.Popen:
     import httpx
 
-    cmd = [sys.executable, "-m", "deepr", "serve-index", "--corpus", "wiki", "--port", str(port)]
+    cmd = [sys.executable, "-m", "deepr", "serve-index", "--corpus", corpus, "--port", str(port)]
     cmd += ["--cache-dir", cache_dir] if cache_dir else []
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -112,13 +114,13 @@ def baseline(r, queries: list[str], batch: int) -> dict:
     return {"queries": len(queries), "batch": batch, "wall_s": wall, "qps": len(queries) / wall}
 
 
-def milvus_recall(test, cache_dir: str | None, db: Path) -> dict:
+def milvus_recall(corpus: str, test, cache_dir: str | None, db: Path) -> dict:
     from deepr.corpus import get_embedder, open_retriever
     from deepr.corpus.milvus import load_to_milvus
 
     spec = f"milvus:{db}"
     t0 = time.perf_counter()
-    counts = load_to_milvus("wiki", spec, embedder=get_embedder(None, use="index"), cache_dir=cache_dir)
+    counts = load_to_milvus(corpus, spec, embedder=get_embedder(None, use="index"), cache_dir=cache_dir)
     load_s = time.perf_counter() - t0
     m = open_retriever(spec)
     return {"load_s": load_s, "counts": counts, "recall@10": recall_at_10(m, test)}
@@ -128,7 +130,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--per-client", type=int, default=200)
-    ap.add_argument("--cache-dir", default=None, help="deepr cache with the wiki index (default: $DEEPR_CACHE)")
+    ap.add_argument("--corpus", default="wiki", help="corpus to serve; its documents' descriptions are the queries")
+    ap.add_argument("--cache-dir", default=None, help="deepr cache with the corpus's index (default: $DEEPR_CACHE)")
+    ap.add_argument("--work", default=str(ROOT / ".bench-work" / "serve-index"), help="folder for the Milvus Lite file")
     ap.add_argument("--skip-milvus", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve_index.json"))
     args = ap.parse_args()
@@ -138,7 +142,7 @@ def main() -> None:
 
     res: dict = {"load_avg_start": os.getloadavg(), "cores": len(os.sched_getaffinity(0)),
                  "clients": args.clients, "per_client": args.per_client}
-    local = open_retriever("wiki", cache_dir=args.cache_dir, progress=True)
+    local = open_retriever(args.corpus, cache_dir=args.cache_dir, progress=True)
     test, pool = query_sets(local.documents)
     need = args.clients * args.per_client
     if len(pool) < need:
@@ -147,7 +151,7 @@ def main() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = start_server(port, args.cache_dir)
+    proc = start_server(args.corpus, port, args.cache_dir)
     url = f"http://127.0.0.1:{port}"
     try:
         print(f"{args.clients} clients x {args.per_client} queries ...", file=sys.stderr)
@@ -165,8 +169,11 @@ def main() -> None:
         res["server_log_summary"] = next((ln for ln in out.splitlines() if ln.startswith("served ")), None)
     if not args.skip_milvus:
         print("Milvus Lite: load the wiki corpus, then recall@10 ...", file=sys.stderr)
-        with tempfile.TemporaryDirectory(prefix="deepr-milvus-") as tmp:
-            m = milvus_recall(test, args.cache_dir, Path(tmp) / "wiki.db")
+        work = Path(args.work)
+        work.mkdir(parents=True, exist_ok=True)
+        db = work / "corpus.db"
+        shutil.rmtree(db, ignore_errors=True)  # a fresh load: its time is reported
+        m = milvus_recall(args.corpus, test, args.cache_dir, db)
         res["milvus_lite"] = {"load_s": m["load_s"], "passages": m["counts"]["passages"]}
         res["recall@10"]["milvus_lite_hybrid"] = m["recall@10"]
     rec = res["recall@10"]

@@ -275,3 +275,18 @@ def test_server_logs_its_request_summary_on_exit(server):
     line = next((ln for ln in text.splitlines() if ln.startswith("served ")), None)
     assert line is not None, text
     assert "latency ms p50" in line and '"/retrieve"' in line and "Traceback" not in text
+
+
+def test_serving_bench_quick(retriever, mini_corpus, tmp_path):
+    """bench/serve_index.py end to end on the mini corpus: its targets are computed from its own runs."""
+    out = tmp_path / "serve_index.json"
+    r = subprocess.run([sys.executable, "bench/serve_index.py", "--corpus", str(mini_corpus), "--clients", "2",
+                        "--per-client", "5", "--cache-dir", str(retriever.path.parents[1]), "--work",
+                        str(tmp_path / "work"), "--out", str(out)], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["server"]["requests"] == 10 and res["server"]["errors"] == 0
+    assert res["recall@10"]["server_hybrid"] == res["recall@10"]["local_hybrid"] > 0
+    assert abs(res["recall@10"]["milvus_lite_hybrid"] - res["recall@10"]["local_hybrid"]) <= 0.1
+    assert res["server_log_summary"].startswith("served ")
