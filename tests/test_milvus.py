@@ -144,3 +144,51 @@ def test_offline_run_on_milvus_cites_corpus_passages(loaded, retriever, tmp_path
     for cite in side["citations"].values():
         assert retriever.get_passage(cite["passage_id"]).text == cite["text"]
         assert cite["doc_id"] == retriever.get_passage(cite["passage_id"]).doc_id
+
+
+def test_serve_index_in_front_of_milvus(retriever, mini_corpus, tmp_path):
+    """The third shape: `deepr serve-index --corpus milvus:...` answers Search-R1's /retrieve with the
+    passages Milvus ranks. Milvus Lite lets one process open a file: a second one gets a one-line
+    error pointing at the server, and this test opens the file itself only after the server stops."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    spec = f"milvus:{tmp_path / 'served.db'}"
+    subprocess.run([sys.executable, "-m", "deepr", "index", "--corpus", str(mini_corpus), "--to", spec,
+                    "--cache-dir", str(retriever.path.parents[1])], check=True, capture_output=True, env=env)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "deepr", "serve-index", "--corpus", spec, "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                httpx.get(url + "/health", timeout=2).raise_for_status()
+                break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        assert proc.poll() is None, proc.stdout.read()
+        body = httpx.post(url + "/retrieve", json={"queries": QUERIES, "topk": 3, "return_scores": True},
+                          timeout=60).json()
+        second = subprocess.run([sys.executable, "-m", "deepr", "search", "x", "--corpus", spec],
+                                capture_output=True, text=True, env=env, timeout=120)
+        assert second.returncode == 2 and "open in another process" in second.stderr
+        assert "Traceback" not in second.stderr
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    from deepr.corpus import open_retriever
+
+    direct = open_retriever(spec, embedder=retriever.embedder)
+    assert ([[r["document"]["id"] for r in q] for q in body["result"]]
+            == [[h.id for h in hs] for hs in direct.search_many(QUERIES, k=3)])

@@ -40,6 +40,7 @@ BLOCK = 512
 MAX_TEXT = 65535
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,200}$")
 PASSAGE_FIELDS = ["pk", "doc_id", "title", "text", "url", "pos"]
+_OPENED: set[str] = set()  # Milvus Lite files this process has opened (pymilvus reuses its server for them)
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
@@ -75,10 +76,16 @@ def connect(spec: str) -> tuple[Any, str]:
     uri, name = parse_spec(spec)
     if uri.endswith(".db"):  # Milvus Lite's in-process gRPC server logs a traceback for each call it lacks
         logging.getLogger("grpc._server").setLevel(logging.CRITICAL)  # (query_iterator's AllocTimestamp)
+        logging.getLogger("milvus_lite").setLevel(logging.CRITICAL)  # failures are reported below, in one line
+        if os.path.abspath(uri) not in _OPENED:  # this process's own lock is no conflict
+            _check_unlocked(spec, uri)
     try:
         client = MilvusClient(uri=uri, token=os.environ.get("MILVUS_TOKEN", ""))
     except Exception as e:  # pymilvus raises its own types for every connection failure
-        raise ValueError(f"--corpus {spec}: cannot connect to Milvus at {uri} ({type(e).__name__}: {e})") from None
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ValueError(f"--corpus {spec}: cannot connect to Milvus at {uri} ({type(e).__name__}: {first})") from None
+    if uri.endswith(".db"):
+        _OPENED.add(os.path.abspath(uri))
     return client, name
 
 
@@ -93,6 +100,25 @@ def unavailable(spec: str) -> Iterator[None]:
         yield
     except MilvusException as e:
         raise CorpusUnavailable(f"Milvus {spec}: {getattr(e, 'message', None) or e}") from None
+
+
+def _check_unlocked(spec: str, uri: str) -> None:
+    """Milvus Lite lets one process open a file (it holds an flock on ``<file>/LOCK``); say so in one line."""
+    import fcntl
+    import os
+
+    from milvus_lite.db import LOCK_FILENAME
+
+    lock = os.path.join(uri, LOCK_FILENAME)
+    if not os.path.isfile(lock):
+        return
+    with open(lock, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise ValueError(f"--corpus {spec}: {uri} is open in another process, and Milvus Lite lets one process "
+                             "open a file; serve it with `deepr serve-index` and give the others its URL") from None
+        fcntl.flock(f, fcntl.LOCK_UN)
 
 
 # --- loading ---------------------------------------------------------------------------------

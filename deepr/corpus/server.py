@@ -207,6 +207,8 @@ def make_app(retriever: Any, *, default_k: int = 3, seeder: Seeder | None = None
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
+    from deepr.corpus.index import UnknownIdError
+
     batcher, stats = Batcher(retriever, max_batch=max_batch), Stats()
 
     def route(path: str, fn: Callable[..., Any], methods: list[str]) -> Route:
@@ -217,8 +219,8 @@ def make_app(retriever: Any, *, default_k: int = 3, seeder: Seeder | None = None
                 result = await fn(request)
             except BadRequest as e:
                 status, result = 400, {"error": str(e)}
-            except KeyError as e:  # UnknownIdError and friends
-                status, result = 404, {"error": str(e.args[0]) if e.args else "not found"}
+            except UnknownIdError as e:
+                status, result = 404, {"error": str(e)}
             except ValueError as e:  # the retriever refused the request (e.g. a mode it has no index for)
                 status, result = 400, {"error": str(e).splitlines()[0] if str(e) else type(e).__name__}
             stats.add(path, time.perf_counter() - t0, status == 200)
