@@ -105,16 +105,6 @@ async def clients(url: str, queries: list[str], n_clients: int, per_client: int)
             "qps": len(lat) / wall, "p50_ms": 1000 * p50, "p99_ms": 1000 * p99, "p99_over_p50": p99 / p50}
 
 
-def client_rss(corpus_args: list[str], query: str) -> float:
-    """Peak RSS (MB) of one `deepr search` process: ru_maxrss of the children waited for so far, so
-    the lighter client (through the server) is measured first."""
-    import resource
-
-    subprocess.run([sys.executable, "-m", "deepr", "search", query, *corpus_args], check=True, capture_output=True,
-                   env={**os.environ, "PYTHONPATH": str(ROOT)})
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-
-
 def baseline(r, queries: list[str], batch: int) -> dict:
     r.embedder.clear_cache()
     t0 = time.perf_counter()
@@ -173,13 +163,6 @@ def main() -> None:
         res["recall@10"] = {"local_hybrid": recall_at_10(local, test),
                             "server_hybrid": recall_at_10(RemoteRetriever(url, mode="hybrid"), test),
                             "queries": len(test)}
-        print("client RSS: deepr search through the server, then on the local index ...", file=sys.stderr)
-        index_mb = sum(f.stat().st_size for f in local.path.rglob("*") if f.is_file()) / 2 ** 20 if local.path else None
-        res["client_rss_mb"] = {"through_server": client_rss(["--corpus", url], test[0][0]),
-                                "local_index": client_rss(["--corpus", args.corpus, *(["--cache-dir", args.cache_dir]
-                                                                                      if args.cache_dir else [])],
-                                                          test[0][0]),
-                                "index_files_mb": index_mb}
     finally:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)

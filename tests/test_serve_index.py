@@ -290,4 +290,3 @@ def test_serving_bench_quick(retriever, mini_corpus, tmp_path):
     assert res["recall@10"]["server_hybrid"] == res["recall@10"]["local_hybrid"] > 0
     assert abs(res["recall@10"]["milvus_lite_hybrid"] - res["recall@10"]["local_hybrid"]) <= 0.1
     assert res["server_log_summary"].startswith("served ")
-    assert res["client_rss_mb"]["through_server"] < res["client_rss_mb"]["local_index"]  # no model, no index
