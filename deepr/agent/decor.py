@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from deepr.roles.acceptance import FREE_TEXT, query_words
 from deepr.extractive import decor as ex
+from deepr.lang import ask_in_language
 from deepr.roles import JSONReply, Role, TaggedReply
 
 from deepr.agent.citations import cited_ids, normalize
@@ -99,25 +100,26 @@ class DecorAsk:
 def _planner_messages(a: DecorAsk) -> list[dict[str, str]]:
     user = (f"Question: {a.query}\nFacts so far:\n{memory_text(a.memory)}\nSearches made: "
             f"{'; '.join(a.past) or '(none)'}")
-    return [{"role": "system", "content": PLANNER_SYSTEM}, {"role": "user", "content": user}]
+    return ask_in_language([{"role": "system", "content": PLANNER_SYSTEM}, {"role": "user", "content": user}], a.query)
 
 
 def _filter_messages(a: DecorAsk) -> list[dict[str, str]]:
     results = a.ctx.catalog.evidence(a.ids) or "(none)"
     # The question keeps the filter on topic when the planner's query drifts ("the question about …").
     asked = f"Question: {a.question}\n" if a.question else ""
-    return [{"role": "system", "content": FILTER_SYSTEM},
-            {"role": "user", "content": f"{asked}Search query: {a.query}\nResults:\n{results}"}]
+    return ask_in_language([{"role": "system", "content": FILTER_SYSTEM},
+                            {"role": "user", "content": f"{asked}Search query: {a.query}\nResults:\n{results}"}],
+                           a.question or a.query)
 
 
 def _condense_messages(a: DecorAsk) -> list[dict[str, str]]:
-    return [{"role": "system", "content": CONDENSE_SYSTEM},
-            {"role": "user", "content": f"Question: {a.query}\nMemory:\n{memory_text(a.memory)}"}]
+    user = f"Question: {a.query}\nMemory:\n{memory_text(a.memory)}"
+    return ask_in_language([{"role": "system", "content": CONDENSE_SYSTEM}, {"role": "user", "content": user}], a.query)
 
 
 def _answer_messages(a: DecorAsk) -> list[dict[str, str]]:
-    return [{"role": "system", "content": ANSWER_SYSTEM},
-            {"role": "user", "content": f"Question: {a.query}\nFacts:\n{memory_text(a.memory)}"}]
+    user = f"Question: {a.query}\nFacts:\n{memory_text(a.memory)}"
+    return ask_in_language([{"role": "system", "content": ANSWER_SYSTEM}, {"role": "user", "content": user}], a.query)
 
 
 def _planned(a: DecorAsk, body: str) -> str | None:
@@ -137,7 +139,7 @@ FILTER = Role(
     accept=FREE_TEXT,
     check=lambda a, b: a.ctx.catalog.check(normalize(b), a.ids, require=True),
     extractive=ex.filter_reply,
-    result=lambda a, b: normalize(b).strip(), max_tokens=768,
+    result=lambda a, b: normalize(b).strip(), max_tokens=768, parts=lambda a: ["evidence filter"],
     on_fail="step {step}: evidence filtered extractively after the model failed")
 
 CONDENSE = Role(
@@ -145,7 +147,7 @@ CONDENSE = Role(
     accept=FREE_TEXT,
     check=lambda a, v: [e for f in v["facts"] for e in a.ctx.catalog.check(normalize(f), _memory_ids(a.memory))],
     extractive=ex.condense_reply,
-    result=lambda a, v: [normalize(f) for f in v["facts"]], max_tokens=1024,
+    result=lambda a, v: [normalize(f) for f in v["facts"]], max_tokens=1024, parts=lambda a: ["condensed memory"],
     on_fail="memory condensed extractively after the model failed")
 
 ANSWER = Role(
@@ -154,7 +156,7 @@ ANSWER = Role(
     check=lambda a, b: _answer_check(a, b),
     extractive=ex.answer_reply,
     result=lambda a, b: normalize(b).strip(), max_tokens=640,  # room for the small profile's longest answer
-    on_fail="answer extracted from memory after the model failed")
+    parts=lambda a: ["answer"], on_fail="answer extracted from memory after the model failed")
 
 
 def _answer_check(a: DecorAsk, body: str) -> list[str]:

@@ -88,8 +88,7 @@ def eval_command(
     gold: Path | None = typer.Option(None, "--gold", help='Gold answers {"id", "answers"} for em/f1/lj/team.'),
     qrels: Path | None = typer.Option(None, "--qrels", help="TREC qrels (query-id iteration doc-id relevance) "
                                       "for --metric recall, e.g. BrowseComp-Plus's qrel_evidence.txt."),
-    judge_llm: str = typer.Option("extractive", "--judge-llm", help="Judge backend: extractive (no LLM), "
-                                  "openai:<model>, hf:<path> or replay:<file>."),
+    judge_llm: str = typer.Option("extractive", "--judge-llm", help="Judge backend: " + F.LLM_HELP),
     base_url: str | None = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint for the judge."),
     api_key: str | None = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY",
                                        help="API key for the judge endpoint (default: $OPENAI_API_KEY)."),
@@ -202,17 +201,16 @@ def _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cac
     t0 = time.perf_counter()
     if todo:
         _attach_models(ctx, cfg, base_url, api_key, no_cache, judge_cache, budget)
-        from rich.progress import Progress
+        from deepr.cli.live import LiveView
 
         groups: dict[tuple[str, ...], list[Any]] = {}
         for it in todo:
             groups.setdefault(tuple(pending[it.id]), []).append(it)
-        with JsonlAppender(out) as sink, Progress(console=console, transient=True) as bar:
-            task = bar.add_task("scoring", total=len(todo))
+        with JsonlAppender(out) as sink, LiveView("eval", total=len(todo), unit="items", deadline=budget[1]) as view:
             for metrics, group in groups.items():
                 run_sync_eval(evaluate(group, list(metrics), ctx, concurrency=cfg.concurrency,
                                        sink=lambda sc: sink.write(merge_score(before.get(sc.id), sc.model_dump())),
-                                       progress=lambda n: bar.advance(task, n)))
+                                       progress=view.advance))
         if ctx.judge is not None:
             ctx.judge.cache.close()
     if ctx.pages is not None:

@@ -24,10 +24,9 @@ from typing import Any
 
 import typer
 from rich.markup import escape
-from rich.text import Text
 
 from deepr.cli import flags as F
-from deepr.cli.app import app, console, finish, summary_table, user_errors
+from deepr.cli.app import app, console, finish, interrupted_run, summary_table, user_errors
 from deepr.cli.exit_codes import exit_code
 from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT, SEARCH_OPT, fetch_limit_options
 
@@ -173,12 +172,23 @@ def _stats(result: Any) -> list[tuple[str, Any]]:
 
 
 def _run_one(query: str, tools: Any, llm: Any, config: Any, *, html: bool, query_id: str | None = None,
-             rubrics: Any = (), label: str = "", profile: Any = None) -> Any:
+             rubrics: Any = (), profile: Any = None, deadline: float | None = None) -> Any:
     import deepr
+    from deepr.cli.live import LiveView
 
-    with console.status(escape(f"{label}{config.mode}: starting")) as status:
+    with LiveView(f"run {config.mode}", deadline=deadline) as view:
+        view.phase("starting")
         return deepr.run(query, tools=tools, llm=llm, config=config, query_id=query_id, rubrics=rubrics,
-                         html=html, profile=profile, on_phase=lambda p: status.update(Text(f"{label}{config.mode}: {p}")))
+                         html=html, profile=profile, on_phase=view.phase)
+
+
+def _reason_rows(res: Any) -> list[tuple[str, Any]]:
+    """The run's commonest failure reasons with the next step: its recorded failures, else its failed calls."""
+    from deepr.data.outcomes import failure_rows
+
+    tr = res.trace
+    return failure_rows((tr.model_extra or {}).get("failures") or [
+        {"where": c.role, "reason": c.error or "failed"} for c in tr.calls if not c.ok])
 
 
 def _unique(record: Path, base: str) -> str:
@@ -192,9 +202,11 @@ def _unique(record: Path, base: str) -> str:
 
 
 def _batch(items: list[dict[str, Any]], out: Path, tools: Any, llm: Any, config: Any, *, html: bool,
-           record: Path | None, limit: int | None = None, parallel: int = 1, profile: Any = None) -> dict[str, Any]:
+           record: Path | None, limit: int | None = None, parallel: int = 1, profile: Any = None,
+           deadline: float | None = None) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """Run every query not yet in ``out/reports.jsonl``, ``parallel`` at a time; returns counts for
-    the summary. Each finished query is written at once, so a stopped batch resumes where it was."""
+    the summary and its top failure reasons. Each finished query is written at once, so a stopped
+    batch resumes where it was."""
     from deepr.io import JsonlAppender, done_ids, rejects_path, versions
     from deepr.llm.base import run_sync
 
@@ -208,10 +220,12 @@ def _batch(items: list[dict[str, Any]], out: Path, tools: Any, llm: Any, config:
               "rejected": 0, "degraded": 0, "seconds": 0.0}
     batch = _Batch(out, tools, llm, config, html, record, counts, done_ids(record) if record else set())
     batch.profile = profile
+    from deepr.cli.live import LiveView
+
     with JsonlAppender(index) as batch.sink, JsonlAppender(rejects_path(index)) as batch.rejects, \
-            console.status(f"{config.mode}: starting") as batch.status:
+            LiveView(f"run {config.mode}", total=len(todo), unit="questions", deadline=deadline) as batch.status:
         run_sync(batch.run_all(todo, parallel))
-    return counts
+    return counts, batch.tally.reason_rows(3)
 
 
 class _Batch:
@@ -226,6 +240,9 @@ class _Batch:
         self.rejects: Any = None
         self.status: Any = None
         self.profile: Any = None
+        from deepr.data.outcomes import StageTally
+
+        self.tally = StageTally("run")  # the reasons of rejected questions and of failed turns
 
     async def run_all(self, todo: list[dict[str, Any]], parallel: int) -> None:
         import asyncio
@@ -234,7 +251,7 @@ class _Batch:
 
         async def one(n: int, it: dict[str, Any]) -> None:
             async with gate:
-                await self.run_one(it, f"[{n}/{len(todo)}] {it['id']} ")
+                await self.run_one(it, f"{it['id']}: ")
 
         await asyncio.gather(*(one(n, it) for n, it in enumerate(todo, 1)))
 
@@ -247,18 +264,21 @@ class _Batch:
         try:
             rubrics = [RubricItem.model_validate(r) for r in it.get("rubrics", [])]
             before = search_summary(self.tools.retriever)
-            # the phase line is a Text: rich parses no markup in it, once per phase per question
             res = await arun_agent(it["query"], tools=self.tools.fresh(), llm=self.llm, config=self.config,
                                    query_id=it["id"], rubrics=rubrics, html=self.html, profile=self.profile,
-                                   on_phase=lambda p: self.status.update(Text(f"{label}{self.config.mode}: {p}")))
+                                   on_phase=lambda p: self.status.phase(f"{label}{p}"))
             attach(res, self.tools.retriever, before)
             if self.llm.unreachable:  # every turn fell back without reaching the model: not a report
                 raise LLMError(f"{self.llm.unreachable}; no report written")
         except (ValueError, LLMError, RuntimeError) as e:
             self.rejects.write(Reject(id=it["id"], stage="run", reason=str(e), record={"query": it["query"]}))
             self.counts["rejected"] += 1
+            self.tally.add_failures([{"where": "question", "reason": str(e)}])
+            self.status.advance()
             return
+        self.tally.add_failures(res.trace.model_extra.get("failures", []))
         self.write(it, res)
+        self.status.advance()
 
     def write(self, it: dict[str, Any], res: Any) -> None:
         from deepr.agent import write_report
@@ -294,10 +314,13 @@ def run_command(
     corpus: str = typer.Option("wiki", "--corpus", "-c", help="Corpus: wiki, a .jsonl/.parquet file, a folder "
                                "of .md/.txt, or hf:<dataset>[:<config>]."),
     retriever: str = typer.Option("hybrid", "--retriever", "-r", help="dense, bm25 or hybrid ranking."),
+    embedder: str | None = typer.Option(None, "--embedder", help="Sentence-transformers model for the index and "
+                                        "the extractive engine (default all-MiniLM-L6-v2; docs/models.md)."),
+    language: str = typer.Option("auto", "--language", help="The corpus's language for BM25: auto, en, zh, ja, "
+                                 "th, lo, km, my (docs/languages.md)."),
     cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Index cache (default $DEEPR_CACHE or "
                                           "~/.cache/deepr)."),
-    llm: str = typer.Option("extractive", "--llm", envvar="DEEPR_LLM", help="extractive (no LLM), "
-                            "openai:<model>, hf:<path>[,adapter=<role>:<path>] or replay:<file>."),
+    llm: str = typer.Option("extractive", "--llm", envvar="DEEPR_LLM", help=F.LLM_HELP),
     base_url: str | None = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint URL."),
     api_key: str | None = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="API key for --base-url."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not use the LLM response cache."),
@@ -370,7 +393,8 @@ def run_command(
 
         t0 = time.perf_counter()
         source = open_search(search, allow_host, search_cache, cache_dir,
-                             lambda: open_retriever(corpus, retriever=retriever, cache_dir=cache_dir, progress=True))
+                             lambda: open_retriever(corpus, retriever=retriever, cache_dir=cache_dir, progress=True,
+                                                    embedder=embedder, language=language))
         tools = ResearchTools(source, k=k)
         model = llm_from_flags(llm, base_url, api_key, no_cache, timeout, concurrency, gen=gen,
                                decoding=dict(prof.decoding))
@@ -381,17 +405,21 @@ def run_command(
         if queries:
             out.mkdir(parents=True, exist_ok=True)
             with search_errors(source):
-                counts = _batch(items, out, tools, model, config, html=html, record=record, limit=limit,
-                                parallel=parallel, profile=prof)
+                counts, reasons = _batch(items, out, tools, model, config, html=html, record=record, limit=limit,
+                                         parallel=parallel, profile=prof, deadline=deadline)
             _finish_batch(out, queries, {**config.model_dump(), "profile": prof.describe()}, counts,
-                          time.perf_counter() - t0)
+                          time.perf_counter() - t0, reasons)
             finish(exit_code(counts["run now"] - counts["degraded"], counts["degraded"], counts["rejected"],
                              allow_fallback=allow_fallback, auth=model.auth_failed))
             return
         from deepr.agent import write_report
 
         with search_errors(source):
-            res = _run_one(query, tools, model, config, html=html, profile=prof)
+            try:
+                res = _run_one(query, tools, model, config, html=html, profile=prof, deadline=deadline)
+            except KeyboardInterrupt:
+                console.print(f"[yellow]{escape(interrupted_run(model))}[/]", highlight=False, soft_wrap=True)
+                raise typer.Exit(130) from None
             _check_reached(model)
             check_usable(source, res)
             attach(res, source)
@@ -401,7 +429,8 @@ def run_command(
 
             with JsonlAppender(record) as sink:
                 sink.write(res.trajectory.model_copy(update={"id": _unique(record, res.trajectory.id)}))
-    summary_table(f"deepr run — {out}", _stats(res) + [(f"wrote {k}", str(p)) for k, p in paths.items()])
+    summary_table(f"deepr run — {out}", _stats(res) + _reason_rows(res)
+                  + [(f"wrote {k}", str(p)) for k, p in paths.items()])
     ok, bad = _turn_counts(res, model)
     # one run's units are its turns: with none working, nothing succeeded (unless fallback is accepted)
     finish(exit_code(ok, bad if ok or allow_fallback else 0, 0 if ok or allow_fallback else bad,
@@ -452,11 +481,12 @@ def _guard_batch(items: list[dict[str, Any]], queries: Path, out: Path, corpus: 
                  ("--record", record)], [], [("--out", out, names)])
 
 
-def _finish_batch(out: Path, queries: Path, config: Any, counts: dict[str, Any], seconds: float) -> None:
+def _finish_batch(out: Path, queries: Path, config: Any, counts: dict[str, Any], seconds: float,
+                  reasons: list[tuple[str, str]] = ()) -> None:
     from deepr.io import write_meta
 
     write_meta(out / "reports.jsonl", stage="run", config=config, inputs=[queries],
                counts={k: v for k, v in counts.items() if k != "seconds"},
                timings={"run_seconds": round(counts["seconds"], 3), "total_seconds": round(seconds, 3)})
     counts["seconds"] = round(counts["seconds"], 1)
-    summary_table(f"deepr run — {out}", list(counts.items()))
+    summary_table(f"deepr run — {out}", [*counts.items(), *reasons])

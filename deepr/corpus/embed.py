@@ -47,6 +47,8 @@ print(e.name, e.dim, e.cos(['a cat'], ['a kitten', 'a tax form']))"
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import threading
 import warnings
@@ -72,6 +74,10 @@ NUMPY_MAX_TEXTS = 64
 TORCH_CPU_BATCH = 16
 Precision = Literal["auto", "fp32", "bf16", "int8"]
 Use = Literal["rewards", "index"]
+# Query/passage prompts (sentence-transformers' ``prompts``) of model families trained with them,
+# for folders whose config names none: multilingual-e5 / e5 want "query: " and "passage: "
+# (on both sides, or their vectors drift); bge-m3 and MiniLM want none (docs/models.md).
+FAMILY_PROMPTS = {"e5": {"query": "query: ", "passage": "passage: "}}
 
 
 def default_model_path() -> str:
@@ -147,6 +153,7 @@ class Embedder:
         # this model, False = torch (benches)
         self._use_onnx = (onnx is not False and self.precision == "int8" and onnx_enabled(device)
                           and _bert_folder(self.model_ref))
+        self.prompts = model_prompts(self.model_ref)  # {"query": ..., "passage": ...} or {}
         self._cache: dict[str, np.ndarray] = {}
         self._lock = threading.RLock()
         self._model_lock = threading.Lock()
@@ -165,6 +172,8 @@ class Embedder:
             parts.append(self.precision)
         if self._max_seq:
             parts.append(f"seq{self._max_seq}")
+        if self.prompts:  # other prompts, other vectors
+            parts.append("prompts-" + hashlib.sha1(json.dumps(self.prompts, sort_keys=True).encode()).hexdigest()[:8])
         return "+".join(parts)
 
     @property
@@ -281,6 +290,11 @@ class Embedder:
         return self._encode_model(texts, progress=progress, passages=True)
 
     def _encode_model(self, texts: list[str], *, progress: bool, passages: bool = False) -> np.ndarray:
+        # An index's passages get the passage prompt; queries and every other text the query one.
+        # torch gets it as sentence-transformers' prompt; numpy and onnx read it prepended, as
+        # sentence-transformers feeds it to the model.
+        prompt, plain = self.prompts.get("passage" if passages else "query") or None, texts
+        texts = [prompt + t for t in texts] if prompt else texts
         ort = self._onnx_encoder() if self._use_onnx and passages else None
         if ort is None and self._numpy_takes(len(texts), passages):
             lite = self._lite_encoder()
@@ -301,7 +315,7 @@ class Embedder:
         threads = 1 if len(texts) < SMALL_BATCH else usable_cores()
         with self._model_lock, self._autocast(), torch_threads(threads):
             batch = self.batch_size or (TORCH_CPU_BATCH if self.device == "cpu" else 64)
-            vecs = model.encode(texts, batch_size=batch, convert_to_numpy=True,
+            vecs = model.encode(plain, batch_size=batch, convert_to_numpy=True, prompt=prompt,
                                 normalize_embeddings=False, show_progress_bar=progress)
         vecs = np.asarray(vecs, dtype=np.float32)
         self.encoded += len(texts)
@@ -374,6 +388,31 @@ def _bert_folder(ref: str) -> bool:
         return path.is_dir() and bool(check_folder(path))
     except (Unsupported, FileNotFoundError, OSError):
         return False
+
+
+def model_prompts(ref: str) -> dict[str, str]:
+    """The query and passage prompts of model ``ref``: those its sentence-transformers config
+    names ("query", and "passage" or "document"), else its family's (FAMILY_PROMPTS), else none."""
+    if ref == DEFAULT_MODEL:
+        return {}
+    path = Path(ref).expanduser() / "config_sentence_transformers.json"
+    if not path.is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            found = try_to_load_from_cache(ref, "config_sentence_transformers.json")
+            path = Path(found) if isinstance(found, str) else path
+        except (ImportError, ValueError):
+            pass
+    try:
+        own = json.loads(path.read_text(encoding="utf-8")).get("prompts") or {}
+    except (OSError, ValueError, AttributeError):
+        own = {}
+    prompts = {"query": own.get("query", ""), "passage": own.get("passage", own.get("document", ""))}
+    if any(prompts.values()):
+        return {k: v for k, v in prompts.items() if v}
+    name = _short_ref(ref).lower().rsplit("/", 1)[-1]
+    return dict(FAMILY_PROMPTS["e5"]) if name.startswith(("multilingual-e5", "e5-")) else {}
 
 
 def _short_ref(ref: str) -> str:
