@@ -21,6 +21,7 @@ from deepr.cli import sft_cmd  # noqa: E402,F401
 from deepr.cli import eval_cmd  # noqa: E402,F401
 from deepr.cli import bench_export_cmd  # noqa: E402,F401
 from deepr.cli import export_cmd  # noqa: E402,F401
+from deepr.cli import serve_cmd  # noqa: E402,F401
 
 
 def _version(value: bool) -> None:

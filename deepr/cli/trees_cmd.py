@@ -86,7 +86,8 @@ def build_trees_command(
             from deepr.corpus import load_documents, open_retriever
 
             # 2N topics: a sample is a prefix of any longer one, so the spares never change the first N
-            if dry_run or search != "corpus":  # web search: topics still come from the corpus documents
+            served = corpus.strip().lower().startswith(("http://", "https://", "milvus:"))
+            if (dry_run or search != "corpus") and not served:  # web search: topics still from the corpus documents
                 seeds = sample_topics(load_documents(corpus), 2 * n_trees, seed=seed)
             else:
                 retriever_obj = open_retriever(corpus, retriever=retriever, cache_dir=cache_dir, progress=True)

@@ -254,7 +254,8 @@ def open_retriever(corpus: str | Sequence[Document] = "wiki", *, retriever: Mode
                    progress: bool | Progress = True, fusion: FusionConfig | None = None,
                    dense: DenseKind = "auto", require_cached: bool = False,
                    language: str | None = "auto") -> Retriever:
-    """Load a corpus, build its index if no cached one matches, and return a Retriever.
+    """Load a corpus, build its index if no cached one matches, and return a Retriever
+    (``http://HOST:PORT``: a ``deepr serve-index`` server; ``milvus:...``: a Milvus collection).
 
     ``dense``: exact ("flat"), approximate ("ivf") or by corpus size ("auto", see
     deepr/corpus/dense.py). ``require_cached``: fail instead of embedding (``index --merge``).
@@ -262,6 +263,10 @@ def open_retriever(corpus: str | Sequence[Document] = "wiki", *, retriever: Mode
     """
     if retriever not in MODES:
         raise ValueError(f"--retriever {retriever!r}: expected one of {', '.join(MODES)}")
+    if isinstance(corpus, str) and corpus.strip().lower().startswith(("http://", "https://", "milvus:")):
+        from deepr.corpus.backends import open_backend  # a retrieval server or a Milvus collection
+
+        return open_backend(corpus, retriever, embedder=embedder, fusion=fusion, limit=limit)
     chunking = chunking or ChunkConfig()
     emb = embedder if isinstance(embedder, Embedder) else get_embedder(embedder, use="index")
     name, docs, passages = load_corpus(corpus, chunking, limit)

@@ -64,6 +64,9 @@ def sample_topics(documents: Iterable[Any], n: int, *, seed: int = 0,
     """
     if n < 1:
         raise ValueError(f"--n-trees {n}: need at least 1 tree")
+    remote = getattr(documents, "sample_topics", None)
+    if callable(remote):  # a served corpus (deepr/corpus/remote.py): the server samples, by this function
+        return [SeedTopic(**t) for t in remote(n, seed=seed, min_words=min_words)]
     groups: dict[str, list[Any]] = {}
     for doc in documents:
         title = (_field(doc, "title") or "").strip()
