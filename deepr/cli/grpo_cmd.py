@@ -47,8 +47,26 @@ def load_config_file(path: Path | None) -> dict[str, Any]:
     return data
 
 
+# TRL settings a GRPO run sets most, as flags (any other: --set NAME=VALUE or --config).
+GRPO_FLAGS: dict[str, tuple[str, Any, str]] = {
+    "learning_rate": ("--lr", float, "Learning rate (paper: 4e-6)."),
+    "beta": ("--beta", float, "KL coefficient (paper: 0.001 planner, 0.005 answerer)."),
+    "num_generations": ("--num-generations", int, "Rollouts per prompt (paper: 6)."),
+    "max_completion_length": ("--max-completion-length", int, "Token budget of one rollout, environment "
+                              "turns included."),
+    "max_steps": ("--max-steps", int, "Stop after N optimiser steps."),
+    "loss_type": ("--loss-type", str, "dapo, grpo, dr_grpo, bnpo, cispo, sapo, ..."),
+    "lora_r": ("--lora-r", int, "LoRA rank (paper: 64)."), "lora_alpha": ("--lora-alpha", int, "LoRA alpha (128)."),
+    "use_vllm": ("--use-vllm", bool, "Generate rollouts with vLLM (GPU)."),
+    "vllm_mode": ("--vllm-mode", str, "colocate or server (a `trl vllm-serve` process)."),
+    "vllm_server_base_url": ("--vllm-server-base-url", str, "URL of trl vllm-serve."),
+    "report_to": ("--report-to", str, "none or tensorboard (or wandb)."),
+}
+
+
 @grpo_app.callback(invoke_without_command=True)
 @fetch_limit_options
+@F.setting_options(GRPO_FLAGS)
 def grpo_cmd(
     ctx: typer.Context,
     stage: str | None = typer.Option(None, "--stage", help="planner (turn 1 → search → turn 2, reward R_plan), "
@@ -63,27 +81,13 @@ def grpo_cmd(
                                      "of `deepr grpo prepare`."),
     out: Path | None = typer.Option(None, "--out", help="Output folder (adapter, tokenizer, deepr_meta.json, "
                                     "metrics.jsonl, checkpoints)."),
-    max_steps: int | None = typer.Option(None, "--max-steps", help="Stop after N optimiser steps."),
-    config_file: Path | None = typer.Option(None, "--config", help="JSON/TOML file of settings (any GrpoConfig "
-                                            "field); flags override it."),
+    config_file: Path | None = typer.Option(None, "--config", help="JSON/TOML file of settings (deepr's and any "
+                                            "TRL GRPOConfig / LoRA field by TRL's name); flags override it."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --out."),
     planner_adapter: Path | None = typer.Option(None, "--planner-adapter", help="answerer: planner adapter to "
                                                 "merge into --model before training."),
     full: bool | None = typer.Option(None, "--full/--lora", help="Full fine-tune instead of LoRA (default LoRA)."),
-    learning_rate: float | None = typer.Option(None, "--lr", help="Learning rate (default 4e-6)."),
-    beta: float | None = typer.Option(None, "--beta", help="KL coefficient (default 0.001 planner, 0.005 answerer)."),
-    num_generations: int | None = typer.Option(None, "--num-generations", help="Rollouts per prompt (default 6)."),
     prompts_per_step: int | None = typer.Option(None, "--prompts-per-step", help="Prompts per batch (8 / 4)."),
-    max_completion_length: int | None = typer.Option(None, "--max-completion-length", help="Token budget of one "
-                                                     "rollout, environment turns included."),
-    loss_type: str | None = typer.Option(None, "--loss-type", help="dapo, grpo, dr_grpo, bnpo, cispo, sapo, ..."),
-    importance_sampling_level: str | None = typer.Option(None, "--importance-sampling-level", help="token or "
-                                                         "sequence (GSPO)."),
-    epsilon_high: float | None = typer.Option(None, "--epsilon-high", help="Upper clip range (asymmetric)."),
-    use_vllm: bool | None = typer.Option(None, "--use-vllm", help="Generate rollouts with vLLM (GPU)."),
-    vllm_mode: str | None = typer.Option(None, "--vllm-mode", help="colocate or server."),
-    vllm_server_base_url: str | None = typer.Option(None, "--vllm-server-base-url", help="URL of trl vllm-serve."),
-    report_to: str | None = typer.Option(None, "--report-to", help="none or tensorboard (or wandb)."),
     corpus: str | None = typer.Option(None, "--corpus", help="planner: corpus the environment searches."),
     rollout_formats: str | None = typer.Option(None, "--rollout-formats", help="planner: none (default: rollouts "
                                                "sampled from the policy being trained) or schema (decoded under "
@@ -105,27 +109,24 @@ def grpo_cmd(
     seed: int | None = typer.Option(None, "--seed", help="Seed of rollout sampling, data order and LoRA "
                                     "initialisation (default 0); also sent with every --judge-llm call."),
     search: str = SEARCH_OPT, allow_host: list[str] | None = ALLOW_OPT, search_cache: str = CACHE_OPT,
+    settings: dict[str, Any] | None = None,
 ) -> None:
     """Train one stage with GRPO (the stages of deepr.train.stages.STAGES)."""
     if ctx.invoked_subcommand is not None:
         return
     flags = {k_: v for k_, v in dict(
-        planner_adapter=planner_adapter, full=full, learning_rate=learning_rate, beta=beta,
-        num_generations=num_generations, prompts_per_step=prompts_per_step, max_steps=max_steps,
-        max_completion_length=max_completion_length, loss_type=loss_type, epsilon_high=epsilon_high,
-        importance_sampling_level=importance_sampling_level, use_vllm=use_vllm, vllm_mode=vllm_mode,
-        vllm_server_base_url=vllm_server_base_url, report_to=report_to, corpus=corpus, retriever=retriever,
-        k=k, rollout_formats=rollout_formats, plan_validity=plan_validity, judge_llm=judge_llm,
-        require_judge_llm=require_judge_llm, stage=stage, model=model,
-        out=out).items() if v is not None}
-    with user_errors({"max_turn_tokens": "--max-tokens"}):
+        planner_adapter=planner_adapter, full=full, prompts_per_step=prompts_per_step, corpus=corpus,
+        retriever=retriever, k=k, rollout_formats=rollout_formats, plan_validity=plan_validity, judge_llm=judge_llm,
+        require_judge_llm=require_judge_llm, stage=stage, model=model, out=out).items() if v is not None}
+    with user_errors({"max_turn_tokens": "--max-tokens", **{n: f for n, (f, _, _) in GRPO_FLAGS.items()}}):
         from deepr.train.grpo import gen_settings
 
         gen = F.gen_defaults(max_tokens, temperature, top_p, seed)
         if gen.temperature == 0:
             raise ValueError("--temperature 0: GRPO compares sampled rollouts, so it needs a temperature > 0 "
                              "(the papers use 1.0)")
-        settings = {**load_config_file(config_file), **flags, **gen_settings(gen), "resume": resume}
+        settings = {**load_config_file(config_file), **(settings or {}), **flags, **gen_settings(gen),
+                    "resume": resume}
         missing = [f"--{n}" for n in ("stage", "model", "out") if n not in settings] + ([] if data else ["--data"])
         if missing:
             raise fail(f"missing {', '.join(missing)}; e.g. deepr grpo --stage planner --model M --data "
