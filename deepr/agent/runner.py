@@ -170,6 +170,12 @@ async def arun_agent(query: str, *, tools: Any, llm: LLM, config: RunConfig, que
         answer, sections, graph = tools_doc(await run_tools(ctx, query))
     else:
         answer, sections, graph = _decor_doc(await run_decor(ctx, query))
+    if config.answer == "short":  # the mode's answer is the draft the short response is made from
+        from deepr.agent.short_answer import short_answer, short_text
+
+        with tracer.phase("short answer"):
+            short = await short_answer(ctx, query, answer)
+        answer, sections = short["exact_answer"], [Section("Response", short_text(short)), *sections[1:]]
     # The note follows what happened: every role was performed by the non-LLM engine.
     notes = ([EXTRACTIVE_NOTE] if set(tracer.engines) == {"extractive"} else []) + _fallback_note(tracer)
     title = shorten(next(ln for ln in query.splitlines() if ln.strip()).strip(), 16)

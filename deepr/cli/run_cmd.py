@@ -1,7 +1,10 @@
 """``deepr run``: the research agent on one query, or on a file of queries (resumable by id).
 
 Inputs: a question (or ``--queries FILE``: JSONL with ``id`` and ``question`` / ``query`` /
-``prompt``, or a text file with one question per line), a corpus and an LLM backend.
+``prompt`` (BrowseComp-Plus's ``query_id`` and ResearchRubrics' ``sample_id`` name the id; their
+``{criterion, weight, axis}`` rubrics are read), a ``.tsv`` of id TAB question, or a text file
+with one question per line), a corpus and an LLM backend. ``--answer short`` ends dag, decor and
+tools runs with BrowseComp's Explanation / Exact Answer / Confidence.
 Outputs: ``report.md``, the ``report.json`` audit sidecar, ``report.html`` with ``--html``,
 ``report.md.meta.json``; ``--record`` appends the run as a training trajectory. With
 ``--queries``, ``--out`` is a folder holding ``<id>.md`` / ``<id>.json`` per query and a
@@ -31,8 +34,10 @@ from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT, SEARCH_OPT, fetch_limit_
 MODES = ("dag", "warp", "decor", "tools")
 _FLAGS = {"k": "-k", "search_rounds": "--search-rounds", "max_cycles": "--max-cycles", "mode": "--mode",
           "force_expand": "--force-expand", "decor_steps": "--steps", "memory_limit": "--memory-limit",
-          "max_reasks": "--max-reasks", "temperature": "--temperature", "max_tokens": "--max-tokens"}
+          "max_reasks": "--max-reasks", "temperature": "--temperature", "max_tokens": "--max-tokens",
+          "answer": "--answer"}
 QUERY_FIELDS = ("question", "query", "prompt")
+ID_FIELDS = ("id", "query_id", "sample_id")  # deepr, BrowseComp-Plus, ResearchRubrics
 
 
 def _config(**kw: Any) -> Any:
@@ -51,10 +56,16 @@ def _rubrics_of(rec: dict[str, Any], path: Path, n: int) -> None:
     from pydantic import ValidationError
 
     from deepr.io import RecordError
-    from deepr.records import RubricItem
+    from deepr.records import RubricItem, criteria_rubrics, is_criteria
 
     raw = rec.get("rubrics")
     if raw is None:
+        return
+    if is_criteria(raw):  # ResearchRubrics' {criterion, weight, axis}
+        try:
+            rec["rubrics"] = criteria_rubrics(raw)
+        except ValueError as e:
+            raise RecordError(path, n, str(e), field="rubrics") from None
         return
     if not isinstance(raw, list):
         raise RecordError(path, n, f"expected a list of rubric items, got {type(raw).__name__}", field="rubrics")
@@ -86,6 +97,8 @@ def load_queries(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such queries file")
     lines = path.read_text(encoding="utf-8").splitlines()
+    if path.suffix == ".tsv":  # BrowseComp-Plus topics: id <TAB> query
+        return _tsv_queries(lines, path)
     if path.suffix not in (".jsonl", ".json"):
         return [{"id": f"q{n}", "query": ln.strip()} for n, ln in enumerate(lines, 1) if ln.strip()]
     out, seen = [], set()
@@ -97,12 +110,30 @@ def load_queries(path: Path) -> list[dict[str, Any]]:
         if text is None:
             raise RecordError(path, n, "needs a non-empty question text", field="question")
         _rubrics_of(rec, path, n)
-        if "id" not in rec or not str(rec["id"]).strip():
+        qid = next((rec[f] for f in ID_FIELDS if rec.get(f) is not None and str(rec[f]).strip()), None)
+        if qid is None:
             raise RecordError(path, n, "needs an id (resuming skips finished ids)", field="id")
-        if str(rec["id"]) in seen:
-            raise RecordError(path, n, f"id {rec['id']!r} appears twice; ids must be unique", field="id")
-        seen.add(str(rec["id"]))
-        out.append({**rec, "id": str(rec["id"]), "query": text})
+        if str(qid) in seen:
+            raise RecordError(path, n, f"id {qid!r} appears twice; ids must be unique", field="id")
+        seen.add(str(qid))
+        out.append({**rec, "id": str(qid), "query": text})
+    return out
+
+
+def _tsv_queries(lines: list[str], path: Path) -> list[dict[str, Any]]:
+    from deepr.io import RecordError
+
+    out, seen = [], set()
+    for n, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        qid, _, text = raw.partition("\t")
+        if not qid.strip() or not text.strip():
+            raise RecordError(path, n, "expected 'id<TAB>question'", field="query")
+        if qid.strip() in seen:
+            raise RecordError(path, n, f"id {qid.strip()!r} appears twice; ids must be unique", field="id")
+        seen.add(qid.strip())
+        out.append({"id": qid.strip(), "query": text.strip()})
     return out
 
 
@@ -289,8 +320,12 @@ def run_command(
     steps: int = typer.Option(4, "--steps", help="decor: most planner/filter steps (T_max)."),
     memory_limit: int = typer.Option(4096, "--memory-limit", help="decor: memory tokens before condensing."),
     max_reasks: int = typer.Option(2, "--max-reasks", help="Re-asks per model turn after an unusable reply."),
+    answer: str = typer.Option("report", "--answer", help="report (a long cited report) or short: a "
+                               "fact-seeking question's Explanation / Exact Answer / Confidence 0-100, as "
+                               "BrowseComp-Plus grades it (dag, decor or tools)."),
     queries: Path | None = typer.Option(None, "--queries", help="Run every query of this file (JSONL with id "
-                                        "and question, or one question per line); resumable by id."),
+                                        "and question, BrowseComp-Plus or ResearchRubrics JSONL, id<TAB>question "
+                                        ".tsv, or one question per line); resumable by id."),
     parallel: int = typer.Option(1, "--parallel", help="With --queries: queries in flight at once. Their model "
                                  "calls overlap (an hf model decodes waiting calls as one batch; a server "
                                  "batches them itself). Not with web search: its per-run counts would mix."),
@@ -318,7 +353,7 @@ def run_command(
         _check_parallel(parallel, queries, search)
         config = _config(mode=mode, k=k, search_rounds=search_rounds, rubric_scaffold=rubric_scaffold,
                          max_cycles=max_cycles, force_expand=force_expand, decor_steps=steps,
-                         memory_limit=memory_limit, max_reasks=max_reasks)
+                         memory_limit=memory_limit, max_reasks=max_reasks, answer=answer)
         _guard_run(query, queries, out, corpus, record, html)
         from deepr.io import require_records
 

@@ -16,8 +16,6 @@ from typing import Any, Optional
 import typer
 from rich.markup import escape
 
-from deepr.search.config import LIMIT_ENV
-
 SEARCH_HELP = (
     "Where searches go, sources joined by '+': corpus (the local index, default, offline), "
     "searxng:URL (self-hosted SearXNG, no key), serper (key in $SERPER_API_KEY), tavily ($TAVILY_API_KEY), "
@@ -86,6 +84,8 @@ def fetch_limit_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         given = {p.name.removeprefix("limit_"): kwargs[p.name] for p in extra if kwargs.get(p.name) is not None}
         kwargs = {k: v for k, v in kwargs.items() if k not in {p.name for p in extra}}
         if "content_types" in given:
+            from deepr.search.config import LIMIT_ENV  # not at import: `deepr --help` stays light
+
             given["content_types"] = LIMIT_ENV["DEEPR_FETCH_TYPES"][1](given["content_types"])
         saved = dict(_cli_limits)
         _cli_limits.clear()
