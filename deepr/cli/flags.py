@@ -9,6 +9,7 @@ validation error into a message naming the flag.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -140,9 +141,32 @@ def flag_error(err: Any, flags: dict[str, str] | None = None) -> str:
     return f"{flag}{shown}: {msg}"
 
 
+def load_config_file(path: Path | None) -> dict[str, Any]:
+    """Settings from a .json or .toml file (deepr's fields and TRL's by name; flags on the command line win)."""
+    if path is None:
+        return {}
+    if not path.is_file():
+        raise FileNotFoundError(f"--config {path}: no such file")
+    import json
+
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".toml":
+        import tomllib
+
+        data = tomllib.loads(text)
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--config {path}: line {e.lineno}: not valid JSON ({e.msg}); use JSON or .toml") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path}: expected an object of settings, got {type(data).__name__}")
+    return data
+
+
 def setting_options(table: dict[str, tuple[str, Any, str]]) -> Any:
     """Add one typer option per entry of ``table`` (setting name → flag, type, help) to a command,
-    plus ``--set NAME=VALUE`` for any other TRL / LoRA setting. The command receives the settings
+    plus ``--set NAME=VALUE`` for any other setting (deepr's, TRL's or LoRA's). The command receives the settings
     given, by TRL's names, as its ``settings`` argument; flags left out are not in it, so the
     config file and the stage's defaults keep theirs."""
     import functools
@@ -153,14 +177,15 @@ def setting_options(table: dict[str, tuple[str, Any, str]]) -> Any:
         extra = [inspect.Parameter(f"set_{name}", inspect.Parameter.KEYWORD_ONLY,
                                    annotation=Optional[kind],  # noqa: UP007 (typer reads it)
                                    default=typer.Option(None, *flag.split("/") if kind is not bool else [flag],
-                                                        help=text, rich_help_panel="Trainer settings (TRL)"))
+                                                        help=text, rich_help_panel="Trainer settings"))
                  for name, (flag, kind, text) in table.items()]
         extra.append(inspect.Parameter("set_pairs", inspect.Parameter.KEYWORD_ONLY,
                                        annotation=Optional[list[str]],  # noqa: UP007
-                                       default=typer.Option(None, "--set", help="Any other setting of TRL's "
-                                                            "trainer config or LoRA, by TRL's name: --set "
-                                                            "warmup_steps=10 (repeatable; docs/training.md).",
-                                                            rich_help_panel="Trainer settings (TRL)")))
+                                       default=typer.Option(None, "--set", help="Any other setting: the stage "
+                                                            "config's, or TRL's trainer config or LoRA by TRL's "
+                                                            "name: --set warmup_steps=10 (repeatable; "
+                                                            "docs/training.md).",
+                                                            rich_help_panel="Trainer settings")))
         sig = inspect.signature(fn)
         params = [p for p in sig.parameters.values() if p.name != "settings"]
 

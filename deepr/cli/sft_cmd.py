@@ -12,11 +12,6 @@ from deepr.cli import flags as F
 from deepr.cli.app import app, console, summary_table, user_errors
 
 
-def _main_process() -> bool:
-    """Under `accelerate launch` every rank runs this command; only rank 0 writes and prints."""
-    return os.environ.get("RANK", "0") == "0"
-
-
 def _reject_rows(by_reason: dict[str, int], max_length: int) -> list[tuple[str, int]]:
     """Rejected examples per reason, short enough not to wrap (sft.rejects.jsonl has each one's)."""
     label = {"too_long": f"too long (> {max_length} tokens)", "bad_shape": "bad shape",
@@ -57,6 +52,8 @@ def sft_cmd(
     loss: str = typer.Option("completion", "--loss", help="'completion': loss on each example's final reply "
                              "only; 'assistant': on every assistant turn. Prompts and tool output never."),
     full: bool = typer.Option(False, "--full", help="Full fine-tune instead of LoRA."),
+    config_file: Path | None = typer.Option(None, "--config", help="JSON/TOML file of settings (any TRL "
+                                            "SFTConfig / LoRA field by TRL's name); flags override it."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --out."),
     limit: int | None = typer.Option(None, "--limit", help="Use only the first N examples of --data."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Select and length-check the examples, train nothing."),
@@ -69,14 +66,16 @@ def sft_cmd(
     from deepr.records import ChatExample
     from deepr.train.sft import SftConfig, drop_too_long, load_tokenizer, reject_counts, select_examples, train_sft
 
-    main = _main_process()
+    main = os.environ.get("RANK", "0") == "0"  # under `accelerate launch` only rank 0 writes and prints
     with user_errors({n: f.split("/")[0] for n, (f, _, _) in SFT_FLAGS.items()}):
         from deepr.io import check_paths, meta_path
 
-        check_paths([("--data", data)], [("--out", meta_path(out))], [("--out", out, ["sft.rejects.jsonl"])])
+        check_paths([("--data", data), ("--config", config_file)], [("--out", meta_path(out))],
+                    [("--out", out, ["sft.rejects.jsonl"])])
         if Path(model).exists() and Path(model).resolve() == out.resolve():
             raise ValueError(f"--out {out} is the --model folder; training would overwrite the base model")
-        config = SftConfig(model=model, out=out, role=role, loss=loss, full=full, resume=resume, **(settings or {}))
+        config = SftConfig(**{**F.load_config_file(config_file), **(settings or {})}, model=model, out=out,
+                           role=role, loss=loss, full=full, resume=resume)
         examples = require_records(list(read_jsonl(data, ChatExample)), data, "--data", "examples")[:limit]
         if dry_run:
             chosen, rejects = select_examples(examples, role)

@@ -33,7 +33,8 @@ from deepr.agent.decor import ANSWER, ANSWER_SYSTEM, FILTER, FILTER_SYSTEM, PLAN
     MemoryItem, _STOP, memory_text
 from deepr.rewards.decor import ALPHA, LAMBDA, format_ok, role_advantages, role_content
 from deepr.rewards.judges import LazyJudge
-from deepr.train.stage import StageConfig, log_means, lookup_row, train_stage
+from deepr.rewards.trl_adapters import log_means
+from deepr.train.stage import StageConfig, lookup_row, train_stage
 
 ROLES = ("planner", "filter", "answerer")
 # The system prompts of `deepr run --mode decor`; each asks for reasoning in <think> first, the

@@ -37,7 +37,7 @@ from deepr.records import QRPair
 from deepr.train.runs import fingerprint  # noqa: F401  (its old home)
 from deepr.train.stage import (JUDGED_TERMS, META, METRICS, GrpoResult, StageConfig,  # noqa: F401  (their old home)
                                build_stage_trainer, fit_and_save, judge_record, llm_spec,
-                               metrics_callback, prepare_out, trl_args, warn_judge, write_run_meta)
+                               prepare_out, trl_args, warn_judge, write_run_meta)
 
 PAPER_DEFAULTS = {  # DecomposeR Table 5; loss: Eq. 16 averages each rollout's tokens, then the group
     "planner": {"learning_rate": 4e-6, "num_generations": 6, "beta": 0.001, "prompts_per_step": 8,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # TRL ModelConfig's LoRA fields (the names TRL's scripts take as flags).
 LORA_EXTRA = ("use_rslora", "use_dora")
@@ -51,6 +51,20 @@ class TrainerSettings(BaseModel):
                 name = ALIASES.get(key, key)
                 (lora if is_lora(name) else trl)[name] = value
         return {**out, "trl": trl, "lora": lora}
+
+    @field_validator("model", check_fields=False)
+    @classmethod
+    def _absolute_local_model(cls, v: str) -> str:
+        # the adapter records this as its base: relative to today's directory, it would not load
+        # from another one (`deepr run --llm hf:<adapter>` elsewhere)
+        from deepr.llm.hf_adapters import local_path
+
+        return local_path(v)
+
+    @model_validator(mode="after")
+    def _fill(self) -> Any:
+        self.fill()
+        return self
 
     def __getattr__(self, name: str) -> Any:
         name = ALIASES.get(name, name)
@@ -108,6 +122,9 @@ def build_args(dataclass: type, values: dict[str, Any], what: str, **fixed: Any)
     """TRL's config dataclass from deepr's fixed values and the settings; a name TRL does not know,
     or a value TRL refuses, is a ValueError naming the settings (nothing has been loaded yet)."""
     check_names(dataclass, values, what)
+    seed = values.get("seed", 0)
+    if not (isinstance(seed, int) and 0 <= seed < 2**32):  # TRL takes any int; numpy refuses it at train time
+        raise ValueError(f"{what} refused the settings (seed={seed!r}): the seed must be between 0 and 2**32 - 1")
     try:
         return dataclass(**fixed, **values)
     except (ValueError, TypeError) as e:

@@ -25,13 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field
 
-from deepr.io import redact, versions, write_json
 from deepr.records import ChatExample, Reject
+from deepr.train import runs
+from deepr.train.runs import check_out, fingerprint, load_tokenizer, stop_callback
 from deepr.train.settings import TrainerSettings
-from deepr.train.runs import (META, check_out, fingerprint, graceful_interrupt, load_tokenizer,  # noqa: F401
-                              set_aside_incomplete_checkpoints, stop_callback)
 
 STAGE = "sft"
 _ROLES = {"system", "user", "assistant", "tool"}
@@ -62,20 +61,6 @@ class SftConfig(TrainerSettings):
         "assistant turn (needs a chat template TRL can add generation markers to).")
     full: bool = Field(False, description="Full fine-tune instead of LoRA.")
     resume: bool = Field(False, description="Continue from the last checkpoint in --out.")
-
-    @field_validator("model")
-    @classmethod
-    def _absolute_local_model(cls, v: str) -> str:
-        # the adapter records this as its base: relative to today's directory, it would not load
-        # from another one (`deepr run --llm hf:<adapter>` elsewhere)
-        from deepr.llm.hf_adapters import local_path
-
-        return local_path(v)
-
-    @model_validator(mode="after")
-    def _fill(self) -> SftConfig:
-        self.fill()
-        return self
 
 
 @dataclass
@@ -155,17 +140,6 @@ def reject_counts(rejects: Sequence[Reject]) -> dict[str, int]:
     return dict(sorted(Counter(r.reason.split(":", 1)[0] for r in rejects).items()))
 
 
-def write_run_meta(config: SftConfig, status: str, data_fp: str, counts: dict[str, Any],
-                   losses: Sequence[float] = (), seconds: float = 0.0) -> None:
-    write_json(config.out / META, {
-        "stage": STAGE, "status": status, "role": config.role, "base_model": config.model,
-        "adapter": not config.full, "loss": config.loss, "data_fingerprint": data_fp,
-        "config": redact(config.flat()), "counts": counts,
-        "losses": [round(x, 5) for x in losses], "seconds": round(seconds, 3),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": versions(),
-    })
-
-
 # --- training -------------------------------------------------------------------------------
 
 
@@ -213,10 +187,7 @@ def build_trainer(config: SftConfig, examples: Sequence[ChatExample], tokenizer:
 
 def train_sft(examples: Sequence[ChatExample], config: SftConfig, *, callbacks: Sequence[Any] = ()) -> SftResult:
     """Train ``config.role``'s adapter on ``examples``; returns losses, steps and rejects."""
-    from deepr.train.memory import lean_lm_head, return_freed_memory_to_os
-
     t0 = time.perf_counter()
-    return_freed_memory_to_os()
     chosen, rejects = select_examples(examples, config.role)
     tokenizer = load_tokenizer(config.model)
     chosen, too_long = drop_too_long(chosen, tokenizer, config.max_length)
@@ -230,19 +201,16 @@ def train_sft(examples: Sequence[ChatExample], config: SftConfig, *, callbacks: 
               "by_action": dict(sorted(Counter(e.action for e in chosen).items()))}
     stop = stop_callback()
     trainer = build_trainer(config, chosen, tokenizer, [stop, *callbacks])
-    main = trainer.is_world_process_zero()
-    if main:
-        config.out.mkdir(parents=True, exist_ok=True)
-        write_run_meta(config, "running", data_fp, counts)
-    with graceful_interrupt(stop), lean_lm_head():
-        trainer.train(resume_from_checkpoint=True if resume_now else None)
-    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    status = "interrupted" if stop.requested else "done"
-    if main:
-        if status == "done":
-            trainer.save_model(str(config.out))
-            trainer.processing_class.save_pretrained(str(config.out))
-        counts["steps"] = trainer.state.global_step
-        write_run_meta(config, status, data_fp, counts, losses, time.perf_counter() - t0)
-    return SftResult(out=config.out, examples=len(chosen), steps=trainer.state.global_step, losses=losses,
-                     rejects=rejects, interrupted=stop.requested, seconds=time.perf_counter() - t0)
+
+    def record(status: str) -> None:  # deepr_meta.json: counts, then steps, losses and seconds when done
+        done = {} if status == "running" else {"steps": trainer.state.global_step}
+        runs.write_run_meta(config, stage=STAGE, status=status, role=config.role, base_model=config.model,
+                            loss=config.loss, data_fingerprint=data_fp, counts={**counts, **done},
+                            losses=[round(x, 5) for x in losses()], seconds=round(time.perf_counter() - t0, 3))
+
+    def losses() -> list[float]:
+        return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+    status = runs.fit(trainer, config.out, stop, resume_now, record)
+    return SftResult(out=config.out, examples=len(chosen), steps=trainer.state.global_step, losses=losses(),
+                     rejects=rejects, interrupted=status == "interrupted", seconds=time.perf_counter() - t0)

@@ -7,7 +7,6 @@ deepr_meta.json) and the small helpers rollouts and reward functions use. The st
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -17,8 +16,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from deepr.io import redact, versions, write_json
 from deepr.llm.base import GenDefaults
+from deepr.train import runs
 from deepr.train.runs import META, METRICS
 from deepr.train.settings import TrainerSettings
 
@@ -81,15 +80,6 @@ class StageConfig(TrainerSettings):
                                    "line); a field left None keeps the judge role's own.")
     require_judge_llm: bool = Field(False, description="Refuse to start when the stage's reward has LLM-judged "
                                     "terms and judge_llm is extractive (runs that must be the paper's reward).")
-
-    @field_validator("model")
-    @classmethod
-    def _absolute_local_model(cls, v: str) -> str:
-        # the adapter records this as its base: relative to today's directory, it would not load
-        # from another one (`deepr run --llm hf:<adapter>` elsewhere)
-        from deepr.llm.hf_adapters import local_path
-
-        return local_path(v)
 
     @field_validator("rollout_formats", mode="before")
     @classmethod
@@ -181,27 +171,6 @@ def warn_judge(config: StageConfig) -> None:
               "`deepr run` must decode with the same formats.", file=sys.stderr, flush=True)
 
 
-def metrics_callback(path: Path) -> Any:
-    """A TrainerCallback appending every log row (all reward sub-terms TRL collected) to ``path``."""
-    from transformers import TrainerCallback
-
-    class MetricsLog(TrainerCallback):
-        def __init__(self) -> None:
-            self.rows: list[dict[str, Any]] = []
-
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kw: Any) -> None:
-            if not logs or not state.is_world_process_zero:
-                return
-            row = {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
-            self.rows.append(row)
-            with open(path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(row) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-
-    return MetricsLog()
-
-
 def llm_spec(config: StageConfig, base: str) -> str:
     # a stage may train one adapter that several agent roles use (DECOR's team): it names them all
     roles = config.adapter_roles
@@ -209,11 +178,9 @@ def llm_spec(config: StageConfig, base: str) -> str:
 
 
 def write_run_meta(config: StageConfig, status: str, data_fp: str, base: str, extra: dict[str, Any]) -> None:
-    write_json(config.out / META, {
-        "stage": f"grpo-{config.stage}", "status": status, "role": config.role, "base_model": base,
-        "adapter": not config.full, "llm_spec": llm_spec(config, base), "data_fingerprint": data_fp,
-        "config": redact(config.flat()), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "versions": versions(), **judge_record(config), **sampling_record(config), **extra})
+    runs.write_run_meta(config, stage=f"grpo-{config.stage}", status=status, role=config.role, base_model=base,
+                        llm_spec=llm_spec(config, base), data_fingerprint=data_fp, **judge_record(config),
+                        **sampling_record(config), **extra)
 
 
 # --- trainer ----------------------------------------------------------------------------------
@@ -286,7 +253,7 @@ def train_stage(config: StageConfig, rows: Sequence[dict[str, Any]], rollout_fun
     t0 = time.perf_counter()
     data_fp, resume_now = prepare_out(config, rows)
     model_path = start() if start is not None else None
-    stop, log = stop_callback(), metrics_callback(config.out / METRICS)
+    stop, log = stop_callback(), runs.metrics_callback(config.out / METRICS)
     guard = zero_advantage_callback(config.zero_advantage, stage=config.stage)  # before `log`: it adds to the row
     clock = PhaseClock()  # its callback, before `log` too, adds each step's time/* to the row
     trainer = build_stage_trainer(config, rows, rollout_func, reward_fn, [stop, guard, step_clock(clock), log,
@@ -310,29 +277,21 @@ def prepare_out(config: StageConfig, rows: Sequence[dict[str, Any]]) -> tuple[st
 
 def fit_and_save(config: StageConfig, trainer: Any, stop: Any, log: Any, *, data_fp: str, base: str, n_rows: int,
                  resume_now: bool, t0: float) -> GrpoResult:
-    """Train (Ctrl-C stops cleanly at a step), then save adapter + tokenizer + run metadata on rank 0.
-    Every stage ends here, so outputs and deepr_meta.json look the same whatever the stage."""
-    from deepr.train.memory import lean_lm_head, return_freed_memory_to_os
-    from deepr.train.runs import graceful_interrupt
-
-    return_freed_memory_to_os()
-    main = trainer.is_world_process_zero()
-    if main:
-        write_run_meta(config, "running", data_fp, base, {"rows": n_rows})
-    with graceful_interrupt(stop), lean_lm_head():
-        trainer.train(resume_from_checkpoint=True if resume_now else None)
-    status = "interrupted" if stop.requested else "done"
+    """Train and save (:func:`deepr.train.runs.fit`); deepr_meta.json holds the reward curve."""
     key = f"rewards/{trainer.reward_func_names[0]}/mean"
-    rewards = [(h["step"], h[key]) for h in log.rows if key in h]
-    if main:
-        if status == "done":
-            trainer.save_model(str(config.out))
-            trainer.processing_class.save_pretrained(str(config.out))
-        write_run_meta(config, status, data_fp, base, {
-            "rows": n_rows, "steps": trainer.state.global_step, "rewards": rewards,
-            "seconds": round(time.perf_counter() - t0, 3)})
-    return GrpoResult(out=config.out, steps=trainer.state.global_step, rewards=rewards, interrupted=stop.requested,
-                      seconds=time.perf_counter() - t0, llm_spec=llm_spec(config, base), history=log.rows)
+
+    def record(status: str) -> None:
+        done = {} if status == "running" else {"steps": trainer.state.global_step, "rewards": rewards(),
+                                               "seconds": round(time.perf_counter() - t0, 3)}
+        write_run_meta(config, status, data_fp, base, {"rows": n_rows, **done})
+
+    def rewards() -> list[tuple[int, float]]:
+        return [(h["step"], h[key]) for h in log.rows if key in h]
+
+    status = runs.fit(trainer, config.out, stop, resume_now, record)
+    return GrpoResult(out=config.out, steps=trainer.state.global_step, rewards=rewards(),
+                      interrupted=status == "interrupted", seconds=time.perf_counter() - t0,
+                      llm_spec=llm_spec(config, base), history=log.rows)
 
 
 # --- helpers of rollouts and reward functions ---------------------------------------------------
@@ -344,26 +303,3 @@ def lookup_row(table: dict, key: Any, stage: str) -> Any:
         raise KeyError(f"a prompt the {stage} stage did not build reached its rollout; build the rows with the "
                        f"stage's own dataset function")
     return table[key]
-
-
-def log_means(columns: dict, prefix: str, rows: Sequence[dict[str, Any]], names: Sequence[str]) -> None:
-    """Batch mean of each named component through TRL's ``log_metric`` (lands in metrics.jsonl)."""
-    log: Callable[[str, float], None] | None = columns.get("log_metric")
-    for name in names if log else ():
-        vals = [float(r[name]) for r in rows if isinstance(r.get(name), (int, float))]
-        if vals:
-            log(f"{prefix}/{name}", sum(vals) / len(vals))
-
-
-def make_judge(spec: str, gen: Any = None) -> Any:
-    """The reward judge: extractive (embeddings) or an LLM spec such as openai:<model>, called with
-    ``gen`` (the command's GenDefaults: --max-tokens, --temperature, --top-p, --seed)."""
-    from deepr.corpus.embed import get_embedder
-    from deepr.rewards.judges import Judge
-
-    embed = get_embedder().encode
-    if spec == "extractive":
-        return Judge(None, embed)
-    from deepr.llm import get_llm
-
-    return Judge(get_llm(spec, gen=gen), embed)
