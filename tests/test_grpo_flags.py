@@ -82,7 +82,7 @@ def test_judges_built_in_training_get_the_generation_settings(tmp_path: Path, mo
     import deepr.corpus.embed as embed_mod
     import deepr.llm as llm_mod
     from deepr.train.grpo import GrpoConfig, default_reward, gen_settings
-    from deepr.train.stage import make_judge
+    from deepr.rewards.judges import make_judge
 
     from deepr.llm.extractive import ExtractiveLLM
 

@@ -267,7 +267,9 @@ def test_cli_sft_bad_seed_is_one_line_naming_the_flag(tiny: Path, tmp_path: Path
     data.write_text(planner_example(0).model_dump_json() + "\n")
     res = CliRunner().invoke(app, ["sft", "--model", str(tiny), "--data", str(data), "--out", str(tmp_path / "o"),
                                    "--seed", "-1"])
-    assert res.exit_code == 2 and "--seed -1: must be >= 0" in res.output and "Traceback" not in res.output
+    # the one line names the setting and its range, before any weights load
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert "seed=-1" in res.output and "between 0 and 2**32 - 1" in res.output and "Loading weights" not in res.output
 
 
 def test_a_run_shorter_than_the_logging_interval_still_reports_its_loss(tiny: Path, tmp_path: Path) -> None:

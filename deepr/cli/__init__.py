@@ -16,7 +16,9 @@ from deepr.cli import trees_cmd  # noqa: E402,F401
 from deepr.cli import rubrics_cmd  # noqa: E402,F401
 from deepr.cli import verify_cmd  # noqa: E402,F401
 from deepr.cli import grpo_cmd  # noqa: E402,F401
+from deepr.cli import prepare_cmd  # noqa: E402,F401
 from deepr.cli import run_cmd  # noqa: E402,F401
+from deepr.cli import prune_cmd  # noqa: E402,F401
 from deepr.cli import sft_cmd  # noqa: E402,F401
 from deepr.cli import eval_cmd  # noqa: E402,F401
 from deepr.cli import bench_export_cmd  # noqa: E402,F401

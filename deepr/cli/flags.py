@@ -9,6 +9,7 @@ validation error into a message naming the flag.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -143,3 +144,73 @@ def flag_error(err: Any, flags: dict[str, str] | None = None) -> str:
         return msg
     shown = f" {value}" if isinstance(value, (int, float, str)) and not isinstance(value, bool) and field else ""
     return f"{flag}{shown}: {msg}"
+
+
+def load_config_file(path: Path | None) -> dict[str, Any]:
+    """Settings from a .json or .toml file (deepr's fields and TRL's by name; flags on the command line win)."""
+    if path is None:
+        return {}
+    if not path.is_file():
+        raise FileNotFoundError(f"--config {path}: no such file")
+    import json
+
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".toml":
+        import tomllib
+
+        data = tomllib.loads(text)
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--config {path}: line {e.lineno}: not valid JSON ({e.msg}); use JSON or .toml") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path}: expected an object of settings, got {type(data).__name__}")
+    return data
+
+
+def setting_options(table: dict[str, tuple[str, Any, str]]) -> Any:
+    """Add one typer option per entry of ``table`` (setting name → flag, type, help) to a command,
+    plus ``--set NAME=VALUE`` for any other setting (deepr's, TRL's or LoRA's). The command receives the settings
+    given, by TRL's names, as its ``settings`` argument; flags left out are not in it, so the
+    config file and the stage's defaults keep theirs."""
+    import functools
+    import inspect
+    from typing import Optional
+
+    def decorate(fn: Any) -> Any:
+        extra = [inspect.Parameter(f"set_{name}", inspect.Parameter.KEYWORD_ONLY,
+                                   annotation=Optional[kind],  # noqa: UP007 (typer reads it)
+                                   default=typer.Option(None, *flag.split("/") if kind is not bool else [flag],
+                                                        help=text, rich_help_panel="Trainer settings"))
+                 for name, (flag, kind, text) in table.items()]
+        extra.append(inspect.Parameter("set_pairs", inspect.Parameter.KEYWORD_ONLY,
+                                       annotation=Optional[list[str]],  # noqa: UP007
+                                       default=typer.Option(None, "--set", help="Any other setting: the stage "
+                                                            "config's, or TRL's trainer config or LoRA by TRL's "
+                                                            "name: --set warmup_steps=10 (repeatable; "
+                                                            "docs/training.md).",
+                                                            rich_help_panel="Trainer settings")))
+        sig = inspect.signature(fn)
+        params = [p for p in sig.parameters.values() if p.name != "settings"]
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            from deepr.train.settings import parse_assignments
+
+            given = {p.name.removeprefix("set_"): kwargs.pop(p.name) for p in extra[:-1]}
+            pairs = kwargs.pop("set_pairs")
+            try:
+                settings = parse_assignments(pairs)
+            except ValueError as e:
+                from deepr.cli.app import fail
+
+                raise fail(str(e)) from None
+            settings.update({k: v for k, v in given.items() if v is not None})
+            return fn(*args, settings=settings, **kwargs)
+
+        wrapper.__signature__ = sig.replace(parameters=[*params, *extra])  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {**getattr(fn, "__annotations__", {}), **{p.name: p.annotation for p in extra}}
+        return wrapper
+
+    return decorate

@@ -9,9 +9,7 @@ separate `trl vllm-serve --model <model>` process.
 
 from __future__ import annotations
 
-import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,29 +24,39 @@ grpo_app = typer.Typer(epilog=F.EXIT_HELP, help="DecomposeR staged RL (planner R
 app.add_typer(grpo_app, name="grpo")
 
 
-def load_config_file(path: Path | None) -> dict[str, Any]:
-    """Settings from a .json or .toml file (keys as in GrpoConfig; flags given on the command line win)."""
-    if path is None:
-        return {}
-    if not path.is_file():
-        raise FileNotFoundError(f"--config {path}: no such file")
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".toml":
-        import tomllib
-
-        data = tomllib.loads(text)
-    else:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"--config {path}: line {e.lineno}: not valid JSON ({e.msg}); use JSON or .toml") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"--config {path}: expected an object of settings, got {type(data).__name__}")
-    return data
+# Settings a GRPO run sets most, as flags (any other deepr or TRL setting: --set NAME=VALUE or --config):
+# deepr's own (the stage config's fields), then TRL's by TRL's name.
+GRPO_FLAGS: dict[str, tuple[str, Any, str]] = {
+    "planner_adapter": ("--planner-adapter", Path, "answerer: planner adapter to merge into --model first."),
+    "full": ("--full/--lora", bool, "Full fine-tune instead of LoRA (default LoRA)."),
+    "prompts_per_step": ("--prompts-per-step", int, "Prompts per batch (paper: 8 planner / 4 answerer)."),
+    "corpus": ("--corpus", str, "Corpus the environment searches."),
+    "retriever": ("--retriever", str, "dense, bm25 or hybrid."), "k": ("--k", int, "Results per search (5)."),
+    "rollout_formats": ("--rollout-formats", str, "planner: none (default: sampled from the policy being "
+                        "trained) or schema (under `deepr run --formats schema`; an off-policy gradient)."),
+    "plan_validity": ("--plan-validity", str, "planner: paper (default: Valid(G) of DecomposeR Eq. 17) or run "
+                      "(also deepr run's acceptance checks; a departure)."),
+    "judge_llm": ("--judge-llm", str, "Judge of the reward's LLM-judged terms (default extractive)."),
+    "require_judge_llm": ("--require-judge-llm", bool, "Refuse to start when the reward has LLM-judged terms "
+                          "and no --judge-llm is given."),
+    "learning_rate": ("--lr", float, "Learning rate (paper: 4e-6)."),
+    "beta": ("--beta", float, "KL coefficient (paper: 0.001 planner, 0.005 answerer)."),
+    "num_generations": ("--num-generations", int, "Rollouts per prompt (paper: 6)."),
+    "max_completion_length": ("--max-completion-length", int, "Token budget of one rollout, environment "
+                              "turns included."),
+    "max_steps": ("--max-steps", int, "Stop after N optimiser steps."),
+    "loss_type": ("--loss-type", str, "dapo, grpo, dr_grpo, bnpo, cispo, sapo, ..."),
+    "lora_r": ("--lora-r", int, "LoRA rank (paper: 64)."), "lora_alpha": ("--lora-alpha", int, "LoRA alpha (128)."),
+    "use_vllm": ("--use-vllm", bool, "Generate rollouts with vLLM (GPU)."),
+    "vllm_mode": ("--vllm-mode", str, "colocate or server (a `trl vllm-serve` process)."),
+    "vllm_server_base_url": ("--vllm-server-base-url", str, "URL of trl vllm-serve."),
+    "report_to": ("--report-to", str, "none or tensorboard (or wandb)."),
+}
 
 
 @grpo_app.callback(invoke_without_command=True)
 @fetch_limit_options
+@F.setting_options(GRPO_FLAGS)
 def grpo_cmd(
     ctx: typer.Context,
     stage: str | None = typer.Option(None, "--stage", help="planner (turn 1 → search → turn 2, reward R_plan), "
@@ -63,39 +71,9 @@ def grpo_cmd(
                                      "of `deepr grpo prepare`."),
     out: Path | None = typer.Option(None, "--out", help="Output folder (adapter, tokenizer, deepr_meta.json, "
                                     "metrics.jsonl, checkpoints)."),
-    max_steps: int | None = typer.Option(None, "--max-steps", help="Stop after N optimiser steps."),
-    config_file: Path | None = typer.Option(None, "--config", help="JSON/TOML file of settings (any GrpoConfig "
-                                            "field); flags override it."),
+    config_file: Path | None = typer.Option(None, "--config", help="JSON/TOML file of settings (deepr's and any "
+                                            "TRL GRPOConfig / LoRA field by TRL's name); flags override it."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --out."),
-    planner_adapter: Path | None = typer.Option(None, "--planner-adapter", help="answerer: planner adapter to "
-                                                "merge into --model before training."),
-    full: bool | None = typer.Option(None, "--full/--lora", help="Full fine-tune instead of LoRA (default LoRA)."),
-    learning_rate: float | None = typer.Option(None, "--lr", help="Learning rate (default 4e-6)."),
-    beta: float | None = typer.Option(None, "--beta", help="KL coefficient (default 0.001 planner, 0.005 answerer)."),
-    num_generations: int | None = typer.Option(None, "--num-generations", help="Rollouts per prompt (default 6)."),
-    prompts_per_step: int | None = typer.Option(None, "--prompts-per-step", help="Prompts per batch (8 / 4)."),
-    max_completion_length: int | None = typer.Option(None, "--max-completion-length", help="Token budget of one "
-                                                     "rollout, environment turns included."),
-    loss_type: str | None = typer.Option(None, "--loss-type", help="dapo, grpo, dr_grpo, bnpo, cispo, sapo, ..."),
-    importance_sampling_level: str | None = typer.Option(None, "--importance-sampling-level", help="token or "
-                                                         "sequence (GSPO)."),
-    epsilon_high: float | None = typer.Option(None, "--epsilon-high", help="Upper clip range (asymmetric)."),
-    use_vllm: bool | None = typer.Option(None, "--use-vllm", help="Generate rollouts with vLLM (GPU)."),
-    vllm_mode: str | None = typer.Option(None, "--vllm-mode", help="colocate or server."),
-    vllm_server_base_url: str | None = typer.Option(None, "--vllm-server-base-url", help="URL of trl vllm-serve."),
-    report_to: str | None = typer.Option(None, "--report-to", help="none or tensorboard (or wandb)."),
-    corpus: str | None = typer.Option(None, "--corpus", help="planner: corpus the environment searches."),
-    rollout_formats: str | None = typer.Option(None, "--rollout-formats", help="planner: none (default: rollouts "
-                                               "sampled from the policy being trained) or schema (decoded under "
-                                               "`deepr run --formats schema`'s schema; an off-policy gradient)."),
-    plan_validity: str | None = typer.Option(None, "--plan-validity", help="planner: paper (default: Valid(G) of "
-                                             "DecomposeR Eq. 17, the plan parses and keeps the typed-DAG rules) "
-                                             "or run (also deepr run's acceptance checks; a departure)."),
-    retriever: str | None = typer.Option(None, "--retriever", help="planner: dense, bm25 or hybrid."),
-    k: int | None = typer.Option(None, "--k", help="planner: results per search node (default 5)."),
-    judge_llm: str | None = typer.Option(None, "--judge-llm", help="answerer: judge of J_rub (default extractive)."),
-    require_judge_llm: bool | None = typer.Option(None, "--require-judge-llm", help="Refuse to start when the "
-                                                  "stage's reward has LLM-judged terms and no --judge-llm is given."),
     max_tokens: int | None = typer.Option(None, "--max-tokens", help="Most tokens of one model turn of a rollout "
                                           "(a longer turn ends its rollout), and cap of each --judge-llm reply."),
     temperature: float | None = typer.Option(None, "--temperature", help="Sampling temperature of the rollouts, "
@@ -105,27 +83,21 @@ def grpo_cmd(
     seed: int | None = typer.Option(None, "--seed", help="Seed of rollout sampling, data order and LoRA "
                                     "initialisation (default 0); also sent with every --judge-llm call."),
     search: str = SEARCH_OPT, allow_host: list[str] | None = ALLOW_OPT, search_cache: str = CACHE_OPT,
+    settings: dict[str, Any] | None = None,
 ) -> None:
     """Train one stage with GRPO (the stages of deepr.train.stages.STAGES)."""
     if ctx.invoked_subcommand is not None:
         return
-    flags = {k_: v for k_, v in dict(
-        planner_adapter=planner_adapter, full=full, learning_rate=learning_rate, beta=beta,
-        num_generations=num_generations, prompts_per_step=prompts_per_step, max_steps=max_steps,
-        max_completion_length=max_completion_length, loss_type=loss_type, epsilon_high=epsilon_high,
-        importance_sampling_level=importance_sampling_level, use_vllm=use_vllm, vllm_mode=vllm_mode,
-        vllm_server_base_url=vllm_server_base_url, report_to=report_to, corpus=corpus, retriever=retriever,
-        k=k, rollout_formats=rollout_formats, plan_validity=plan_validity, judge_llm=judge_llm,
-        require_judge_llm=require_judge_llm, stage=stage, model=model,
-        out=out).items() if v is not None}
-    with user_errors({"max_turn_tokens": "--max-tokens"}):
+    flags = {k_: v for k_, v in dict(stage=stage, model=model, out=out).items() if v is not None}
+    with user_errors({"max_turn_tokens": "--max-tokens", **{n: f for n, (f, _, _) in GRPO_FLAGS.items()}}):
         from deepr.train.grpo import gen_settings
 
         gen = F.gen_defaults(max_tokens, temperature, top_p, seed)
         if gen.temperature == 0:
             raise ValueError("--temperature 0: GRPO compares sampled rollouts, so it needs a temperature > 0 "
                              "(the papers use 1.0)")
-        settings = {**load_config_file(config_file), **flags, **gen_settings(gen), "resume": resume}
+        settings = {**F.load_config_file(config_file), **(settings or {}), **flags, **gen_settings(gen),
+                    "resume": resume}
         missing = [f"--{n}" for n in ("stage", "model", "out") if n not in settings] + ([] if data else ["--data"])
         if missing:
             raise fail(f"missing {', '.join(missing)}; e.g. deepr grpo --stage planner --model M --data "
@@ -160,57 +132,3 @@ def _guard(data: Path, out: Path, model: str, config_file: Path | None) -> None:
                 [("--out", out, ["metrics.jsonl", "deepr_meta.json"])])
     if Path(model).exists() and Path(model).resolve() == out.resolve():
         raise ValueError(f"--out {out} is the --model folder; training would overwrite the starting model")
-
-
-@grpo_app.command("prepare")
-@fetch_limit_options
-def prepare_cmd(
-    planner: str = typer.Option(..., "--planner", help="Trained planner: its output folder (adapter + "
-                                "deepr_meta.json), a model folder, or an --llm spec such as extractive."),
-    data: Path = typer.Option(..., "--data", help="verified.jsonl (QRPair rows: question + rubrics)."),
-    out: Path = typer.Option(..., "--out", help="prepared.jsonl for --stage answerer (resumable)."),
-    corpus: str = typer.Option("wiki", "--corpus", help="Corpus the planner's searches run on."),
-    retriever: str = typer.Option("hybrid", "--retriever", help="dense, bm25 or hybrid."),
-    k: int = typer.Option(5, "--k", help="Results per search node."),
-    fetch_limit: int = typer.Option(4, "--fetch-limit", help="Pages a revision may fetch."),
-    limit: int | None = typer.Option(None, "--limit", help="Prepare at most N queries (quick look)."),
-    max_tokens: int | None = F.MAX_TOKENS, temperature: float | None = F.TEMPERATURE, top_p: float | None = F.TOP_P,
-    seed: int | None = F.GEN_SEED,
-    search: str = SEARCH_OPT, allow_host: list[str] | None = ALLOW_OPT, search_cache: str = CACHE_OPT,
-) -> None:
-    """Run the trained planner and the environment once per query; write plans, results, pages, catalogs."""
-    from deepr.io import JsonlAppender, done_ids, read_jsonl, rejects_path, write_meta
-    from deepr.records import QRPair, Reject
-
-    t0 = time.perf_counter()
-    with user_errors():
-        from deepr.io import check_paths, meta_path
-
-        check_paths([("--data", data)], [("--out", out), ("--out", rejects_path(out)), ("--out", meta_path(out))])
-        from deepr.llm import get_llm
-        from deepr.train.prepare import PrepareConfig, planner_spec, prepare_records
-
-        gen = F.gen_defaults(max_tokens, temperature, top_p, seed)
-        config = PrepareConfig(k=k, fetch_limit=fetch_limit)
-        spec = planner_spec(planner)
-        pairs = [p for p in read_jsonl(data, QRPair) if p.decision in (None, "KEEP", "REVISE")]
-        done = done_ids(out) | done_ids(rejects_path(out))
-        todo = [p for p in pairs if p.id not in done][:limit]
-        llm = get_llm(spec, gen=gen)
-        from deepr.corpus import open_retriever
-
-        from deepr.cli.search_opts import open_search
-
-        ret = open_search(search, allow_host, search_cache, None,
-                          lambda: open_retriever(corpus, retriever=retriever, progress=True))
-        counts = {"queries": len(pairs), "skipped_done": len(pairs) - len([p for p in pairs if p.id not in done]),
-                  "prepared": 0, "rejected": 0}
-        with JsonlAppender(out) as ok_out, JsonlAppender(rejects_path(out)) as bad_out:
-            for rec in prepare_records(todo, llm, ret, config):
-                is_reject = isinstance(rec, Reject)
-                (bad_out if is_reject else ok_out).write(rec)
-                counts["rejected" if is_reject else "prepared"] += 1
-        write_meta(out, stage="grpo-prepare", config={**config.model_dump(), "planner": spec, "corpus": corpus,
-                                                       "gen": vars(gen)},
-                   inputs=[data], counts=counts, timings={"seconds": round(time.perf_counter() - t0, 3)})
-    summary_table("grpo prepare", counts)

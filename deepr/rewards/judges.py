@@ -273,3 +273,16 @@ class LazyJudge:
                 self._embed = get_embedder().encode
             self._judge = Judge(None, self._embed)
         return self._judge
+
+
+def make_judge(spec: str, gen: Any = None) -> Any:
+    """The reward judge: extractive (embeddings) or an LLM spec such as openai:<model>, called with
+    ``gen`` (the command's GenDefaults: --max-tokens, --temperature, --top-p, --seed)."""
+    from deepr.corpus.embed import get_embedder
+
+    embed = get_embedder().encode
+    if spec == "extractive":
+        return Judge(None, embed)
+    from deepr.llm import get_llm
+
+    return Judge(get_llm(spec, gen=gen), embed)

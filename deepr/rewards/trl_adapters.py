@@ -91,7 +91,8 @@ def _default_embed() -> Embed:
     return get_embedder().encode
 
 
-def _log(columns: dict, prefix: str, rows: Sequence[dict[str, Any]], names: Sequence[str]) -> None:
+def log_means(columns: dict, prefix: str, rows: Sequence[dict[str, Any]], names: Sequence[str]) -> None:
+    """Batch mean of each named component through TRL's ``log_metric`` (lands in metrics.jsonl)."""
     log: Callable[[str, float], None] | None = columns.get("log_metric")
     if log is None:
         return
@@ -132,7 +133,7 @@ class PlanRewardFn:
         results = plan_rewards(batch, self.embed)
         for k, r in zip(keep, results):
             out[k] = r.plan_reward
-        _log(columns, "plan", [r.as_dict() for r in results], self.COMPONENTS)
+        log_means(columns, "plan", [r.as_dict() for r in results], self.COMPONENTS)
         return out
 
 
@@ -180,5 +181,5 @@ class AnswerRewardFn:
             return r.as_dict()
 
         rows = await asyncio.gather(*(one(k) for k in range(n)))
-        _log(columns, "answer", [r for r in rows if r], self.COMPONENTS)
+        log_means(columns, "answer", [r for r in rows if r], self.COMPONENTS)
         return [r["answer_reward"] if r else None for r in rows]

@@ -33,7 +33,8 @@ from deepr.agent.decor import ANSWER, ANSWER_SYSTEM, FILTER, FILTER_SYSTEM, PLAN
     MemoryItem, _STOP, memory_text
 from deepr.rewards.decor import ALPHA, LAMBDA, format_ok, role_advantages, role_content
 from deepr.rewards.judges import LazyJudge
-from deepr.train.stage import StageConfig, log_means, lookup_row, train_stage
+from deepr.rewards.trl_adapters import log_means
+from deepr.train.stage import StageConfig, lookup_row, train_stage
 
 ROLES = ("planner", "filter", "answerer")
 # The system prompts of `deepr run --mode decor`; each asks for reasoning in <think> first, the
@@ -63,13 +64,11 @@ class DecorStageConfig(StageConfig):
                                        "max_completion_length": 20480, "max_turn_tokens": 4096,
                                        # Eq. 4-5: one ratio per sequence, averaged over sequences; Table 5
                                        # / App. C: AdamW beta2 0.95 with a cosine schedule
-                                       "loss_type": "grpo", "lr_scheduler": "cosine", "adam_beta2": 0.95}
+                                       "loss_type": "grpo", "lr_scheduler_type": "cosine", "adam_beta2": 0.95,
+                                       # Table 5: clip 3e-4 / 4e-4 on a sequence-level ratio (GSPO, Eq. 5)
+                                       "epsilon": 3e-4, "epsilon_high": 4e-4, "importance_sampling_level": "sequence"}
     ROLE: ClassVar[str] = "decor"
     stage: Literal["decor"] = Field("decor", description="DECOR planner / filter / answerer team.")
-    epsilon: float = Field(3e-4, gt=0, description="Lower clip of the sequence-level ratio (Table 5: 3e-4).")
-    epsilon_high: float | None = Field(4e-4, gt=0, description="Upper clip (Table 5: 4e-4).")
-    importance_sampling_level: Literal["token", "sequence"] = Field("sequence", description="Sequence-level "
-                                                                    "ratio (GSPO, Eq. 5).")
     decor_steps: int = Field(4, ge=1, le=10, description="T_max, most planner/filter steps (Table 5: 4).")
     memory_limit: int = Field(4096, ge=64, description="L_max tokens of memory before condensing.")
     alpha: float = Field(ALPHA, ge=0, le=1, description="Weight of R_team against R_role (Eq. 3: 0.6).")

@@ -36,8 +36,8 @@ from deepr.llm.base import GenDefaults
 from deepr.records import QRPair
 from deepr.train.runs import fingerprint  # noqa: F401  (its old home)
 from deepr.train.stage import (JUDGED_TERMS, META, METRICS, GrpoResult, StageConfig,  # noqa: F401  (their old home)
-                               build_stage_trainer, fill_optimiser, fit_and_save, judge_record, llm_spec,
-                               metrics_callback, prepare_out, trl_args, warn_judge, write_run_meta)
+                               build_stage_trainer, fit_and_save, judge_record, llm_spec,
+                               prepare_out, trl_args, warn_judge, write_run_meta)
 
 PAPER_DEFAULTS = {  # DecomposeR Table 5; loss: Eq. 16 averages each rollout's tokens, then the group
     "planner": {"learning_rate": 4e-6, "num_generations": 6, "beta": 0.001, "prompts_per_step": 8,
@@ -70,7 +70,7 @@ class GrpoConfig(StageConfig):
             raise ValueError("--planner-adapter is for --stage answerer (the planner stage trains that adapter)")
         if self.rollout_formats != "none" and self.stage != "planner":
             raise ValueError(f"rollout_formats {self.rollout_formats!r} is for --stage planner, not {self.stage}")
-        if self.rollout_formats != "none" and self.use_vllm:
+        if self.rollout_formats != "none" and self.trl.get("use_vllm"):
             raise ValueError(f"rollout_formats {self.rollout_formats!r} decodes on the transformers path; vLLM "
                              "would sample without it. Drop --use-vllm, or set rollout_formats none (on-policy)")
 

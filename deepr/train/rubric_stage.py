@@ -31,7 +31,8 @@ from pydantic import Field
 from deepr.records import QRPair
 from deepr.rewards.judges import LazyJudge
 from deepr.train.grpo import GrpoResult
-from deepr.train.stage import StageConfig, log_means, lookup_row, train_stage
+from deepr.rewards.trl_adapters import log_means
+from deepr.train.stage import StageConfig, lookup_row, train_stage
 
 # --- the rubric stage -----------------------------------------------------------------------------
 

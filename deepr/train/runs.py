@@ -144,3 +144,58 @@ def load_tokenizer(model: str) -> Any:
         raise ValueError(f"the tokenizer of {model!r} has no chat template; SFT on chat examples needs one "
                          "(use an instruct/chat model, or set tokenizer.chat_template and save it)")
     return tok
+
+
+def fit(trainer: Any, out: Path, stop: Any, resume_now: bool, record: Any) -> str:
+    """Train (Ctrl-C stops cleanly at a step), then save the adapter (or model) and tokenizer on rank
+    0; ``record(status)`` writes deepr_meta.json there before ("running") and after. Every trainer,
+    SFT or a GRPO stage, ends here, so outputs look the same whatever trained them."""
+    from deepr.train.memory import lean_lm_head, return_freed_memory_to_os
+
+    return_freed_memory_to_os()
+    main = trainer.is_world_process_zero()
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        record("running")
+    with graceful_interrupt(stop), lean_lm_head():
+        trainer.train(resume_from_checkpoint=True if resume_now else None)
+    status = "interrupted" if stop.requested else "done"
+    if main:
+        if status == "done":
+            trainer.save_model(str(out))
+            trainer.processing_class.save_pretrained(str(out))
+        record(status)
+    return status
+
+
+# --- run records ------------------------------------------------------------------------------
+
+
+def write_run_meta(config: Any, **fields: Any) -> None:
+    """``deepr_meta.json`` of an SFT or GRPO run: what it is (``fields``), whether it saved an
+    adapter, every setting under one name each, when and with which library versions."""
+    from deepr.io import redact, versions, write_json
+
+    write_json(config.out / META, {**fields, "adapter": not config.full, "config": redact(config.flat()),
+                                   "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": versions()})
+
+
+def metrics_callback(path: Path) -> Any:
+    """A TrainerCallback appending every log row (all reward sub-terms TRL collected) to ``path``."""
+    from transformers import TrainerCallback
+
+    class MetricsLog(TrainerCallback):
+        def __init__(self) -> None:
+            self.rows: list[dict[str, Any]] = []
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kw: Any) -> None:
+            if not logs or not state.is_world_process_zero:
+                return
+            row = {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
+            self.rows.append(row)
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+
+    return MetricsLog()

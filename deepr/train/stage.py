@@ -7,7 +7,6 @@ deepr_meta.json) and the small helpers rollouts and reward functions use. The st
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -15,11 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from deepr.io import redact, versions, write_json
 from deepr.llm.base import GenDefaults
+from deepr.train import runs
 from deepr.train.runs import META, METRICS
+from deepr.train.settings import TrainerSettings
 
 # Stages whose reward has LLM-judged terms, and those terms (what the extractive judge stands in for).
 JUDGED_TERMS = {"answerer": "J_rub", "rubric": "R_rubric and claim support in R_cite",
@@ -28,12 +28,23 @@ JUDGED_TERMS = {"answerer": "J_rub", "rubric": "R_rubric and claim support in R_
                 "warp-atomic": "outline and paragraph holistic quality and faithfulness"}
 
 
-class StageConfig(BaseModel):
-    """Settings of ``deepr grpo --stage X``. A stage class sets ``PAPER`` (its paper's values for
-    fields left None, see :meth:`paper`) and ``ROLE`` (the ``deepr run`` role its adapter serves)."""
+# What deepr sets on TRL's GRPOConfig (and LoRA) for every stage, unless the stage's paper or the
+# user says otherwise. No stage paper names a loss aggregation, schedule or beta2 for the extra
+# stages: TRL's token mean, a constant rate, AdamW's usual beta2.
+GRPO_BASE: dict[str, Any] = {
+    "temperature": 1.0, "top_p": 1.0, "lora_r": 64, "lora_alpha": 128,  # DecomposeR Table 5
+    "lora_dropout": 0.0, "lora_target_modules": "all-linear", "loss_type": "dapo",
+    "lr_scheduler_type": "constant", "adam_beta2": 0.999, "warmup_steps": 0, "weight_decay": 0.0,
+    "max_steps": -1, "num_train_epochs": 1.0, "save_strategy": "steps", "save_steps": 50, "save_total_limit": 2,
+    "logging_steps": 1, "report_to": "none", "seed": 0}
 
-    model_config = ConfigDict(extra="forbid")
-    PAPER: ClassVar[dict[str, Any]] = {}
+
+class StageConfig(TrainerSettings):
+    """Settings of ``deepr grpo --stage X``: deepr's own fields below; TRL's GRPOConfig fields and
+    the LoRA settings by TRL's names (see :mod:`deepr.train.settings`). A stage class sets
+    ``PAPER`` (its paper's values) and ``ROLE`` (the ``deepr run`` role its adapter serves)."""
+
+    BASE: ClassVar[dict[str, Any]] = GRPO_BASE
     ROLE: ClassVar[str] = "agent"
 
     stage: str = Field(description="Training stage (a name of deepr.train.stages.STAGES).")
@@ -41,20 +52,10 @@ class StageConfig(BaseModel):
     out: Path = Field(description="Output folder: adapter, tokenizer, deepr_meta.json, metrics.jsonl, checkpoints.")
     planner_adapter: Path | None = Field(None, description="answerer: planner adapter merged into --model first.")
     full: bool = Field(False, description="Full fine-tune instead of LoRA.")
-    lora_r: int = Field(64, ge=1, description="LoRA rank (DecomposeR Table 5: 64).")
-    lora_alpha: int = Field(128, ge=1, description="LoRA alpha (DecomposeR Table 5: 128).")
-    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA branch.")
-    target_modules: str | list[str] = Field("all-linear", description="Modules that get LoRA weights.")
-    learning_rate: float | None = Field(None, gt=0, description="Learning rate, no warm-up; None: the paper's.")
-    beta: float | None = Field(None, ge=0, description="KL coefficient; None: the paper's.")
-    num_generations: int | None = Field(None, ge=2, description="Rollouts per prompt (the GRPO group); None: "
-                                        "the paper's.")
     prompts_per_step: int | None = Field(None, ge=1, description="Unique prompts per generation batch; None: "
                                          "the paper's.")
     mini_batch_prompts: int | None = Field(None, ge=1, description="Prompts per optimiser update; None: half "
                                            "of prompts_per_step (2 mini-batches per step).")
-    max_completion_length: int | None = Field(None, ge=8, description="Token budget of one rollout, environment "
-                                              "turns included; None: the paper's.")
     max_turn_tokens: int | None = Field(None, ge=8, description="Most tokens of one model turn (None: only the "
                                         "rollout budget bounds it); a turn cut here ends its rollout.")
     train_turns: int | None = Field(None, ge=1, description="planner / answerer: train on the first N model "
@@ -65,38 +66,8 @@ class StageConfig(BaseModel):
                                                        "backend). schema: planner turns under the decoding "
                                                        "schema `deepr run --formats schema` uses (transformers "
                                                        "path only); the gradient is then off-policy.")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature of rollouts (DecomposeR Table 5: 1.0).")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of rollouts (DecomposeR Table 5: 1.0).")
-    loss_type: str | None = Field(None, description="TRL loss aggregation; None: the stage paper's. grpo = "
-                                  "mean over each rollout's tokens, then over rollouts (DecomposeR Eq. 16; a "
-                                  "rollout of several model calls counts once); dapo = one mean over every "
-                                  "token of the batch (long rollouts weigh more); also dr_grpo, bnpo, cispo, "
-                                  "sapo, luspo, vespo.")
-    lr_scheduler: str | None = Field(None, description="Learning-rate schedule (transformers name); None: the "
-                                     "paper's (constant; DECOR cosine).")
-    adam_beta2: float | None = Field(None, gt=0, lt=1, description="AdamW beta2; None: the paper's (0.999; "
-                                     "DECOR 0.95).")
-    epsilon: float = Field(0.2, gt=0, description="Lower clip range of the ratio.")
-    epsilon_high: float | None = Field(None, gt=0, description="Upper clip range (asymmetric clip); None = epsilon.")
-    importance_sampling_level: Literal["token", "sequence"] = Field("token", description="Ratio per token or per "
-                                                                    "sequence (GSPO).")
-    scale_rewards: str = Field("group", description="Advantage scaling: group, batch or none.")
-    use_vllm: bool = Field(False, description="Generate with vLLM (GPU only).")
-    vllm_mode: Literal["colocate", "server"] = Field("colocate", description="colocate: vLLM in the training "
-                                                     "processes; server: a `trl vllm-serve` process.")
-    vllm_server_base_url: str | None = Field(None, description="server mode: URL of `trl vllm-serve`.")
-    max_steps: int = Field(-1, description="Stop after this many optimiser steps; -1: one pass over the data.")
-    epochs: float = Field(1.0, gt=0, description="Passes over the data when max_steps is -1.")
-    save_steps: int = Field(50, ge=1, description="Checkpoint every this many steps (what --resume restarts from).")
-    logging_steps: int = Field(1, ge=1, description="Log metrics every this many steps.")
     zero_advantage: Literal["stop", "warn", "off"] = Field("stop", description="When every group's reward is "
                                                            "constant in the first steps: stop, warn or off.")
-    report_to: str = Field("none", description="Extra logging integration: none, tensorboard, wandb.")
-    bf16: bool | None = Field(None, description="bf16; None: on when the GPU supports it.")
-    gradient_checkpointing: bool | None = Field(None, description="Recompute activations in the backward pass; "
-                                                "None: on (turn 2 of a planner rollout is ~3k tokens; storing them "
-                                                "took a 135M model's step past 12 GB on CPU, docs/benchmarks.md).")
-    seed: int = Field(0, ge=0, lt=2**32, description="Seed of sampling, data order and LoRA initialisation.")
     resume: bool = Field(False, description="Continue from the last checkpoint in --out.")
     corpus: str = Field("wiki", description="Corpus the environment searches (as `deepr run --corpus`).")
     retriever: str = Field("hybrid", description="dense, bm25 or hybrid.")
@@ -109,15 +80,6 @@ class StageConfig(BaseModel):
                                    "line); a field left None keeps the judge role's own.")
     require_judge_llm: bool = Field(False, description="Refuse to start when the stage's reward has LLM-judged "
                                     "terms and judge_llm is extractive (runs that must be the paper's reward).")
-
-    @field_validator("model")
-    @classmethod
-    def _absolute_local_model(cls, v: str) -> str:
-        # the adapter records this as its base: relative to today's directory, it would not load
-        # from another one (`deepr run --llm hf:<adapter>` elsewhere)
-        from deepr.llm.hf_adapters import local_path
-
-        return local_path(v)
 
     @field_validator("rollout_formats", mode="before")
     @classmethod
@@ -133,12 +95,9 @@ class StageConfig(BaseModel):
 
     @model_validator(mode="after")
     def _fill(self) -> StageConfig:
-        for name, value in self.paper().items():
-            if getattr(self, name, None) is None:
-                setattr(self, name, value)
+        self.fill()
         if self.mini_batch_prompts is None:
             self.mini_batch_prompts = max(1, self.prompts_per_step // 2)
-        fill_optimiser(self)  # loss / schedule / beta2 the paper leaves open
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if self.prompts_per_step % self.mini_batch_prompts:
             raise ValueError(f"prompts_per_step {self.prompts_per_step} must be a multiple of mini_batch_prompts "
@@ -148,10 +107,6 @@ class StageConfig(BaseModel):
                              f"{world} training processes")
         self.check_stage_fields()
         return self
-
-    def paper(self) -> dict[str, Any]:
-        """The paper's values of this stage (fields left None take them)."""
-        return self.PAPER
 
     def check_stage_fields(self) -> None:
         """Refuse settings that belong to other stages."""
@@ -170,13 +125,6 @@ class StageConfig(BaseModel):
     def adapter_roles(self) -> list[str]:
         """The ``deepr run`` roles that load the trained adapter (``--llm hf:...,adapter=<role>:<out>``)."""
         return [self.role]
-
-
-def fill_optimiser(config: StageConfig) -> None:
-    """Values no stage paper sets: TRL's token-mean loss, a constant rate, AdamW's usual beta2."""
-    for name, value in (("loss_type", "dapo"), ("lr_scheduler", "constant"), ("adam_beta2", 0.999)):
-        if getattr(config, name) is None:
-            setattr(config, name, value)
 
 
 @dataclass
@@ -223,27 +171,6 @@ def warn_judge(config: StageConfig) -> None:
               "`deepr run` must decode with the same formats.", file=sys.stderr, flush=True)
 
 
-def metrics_callback(path: Path) -> Any:
-    """A TrainerCallback appending every log row (all reward sub-terms TRL collected) to ``path``."""
-    from transformers import TrainerCallback
-
-    class MetricsLog(TrainerCallback):
-        def __init__(self) -> None:
-            self.rows: list[dict[str, Any]] = []
-
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kw: Any) -> None:
-            if not logs or not state.is_world_process_zero:
-                return
-            row = {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
-            self.rows.append(row)
-            with open(path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(row) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-
-    return MetricsLog()
-
-
 def llm_spec(config: StageConfig, base: str) -> str:
     # a stage may train one adapter that several agent roles use (DECOR's team): it names them all
     roles = config.adapter_roles
@@ -251,45 +178,35 @@ def llm_spec(config: StageConfig, base: str) -> str:
 
 
 def write_run_meta(config: StageConfig, status: str, data_fp: str, base: str, extra: dict[str, Any]) -> None:
-    write_json(config.out / META, {
-        "stage": f"grpo-{config.stage}", "status": status, "role": config.role, "base_model": base,
-        "adapter": not config.full, "llm_spec": llm_spec(config, base), "data_fingerprint": data_fp,
-        "config": redact(config.model_dump(mode="json")), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "versions": versions(), **judge_record(config), **sampling_record(config), **extra})
+    runs.write_run_meta(config, stage=f"grpo-{config.stage}", status=status, role=config.role, base_model=base,
+                        llm_spec=llm_spec(config, base), data_fingerprint=data_fp, **judge_record(config),
+                        **sampling_record(config), **extra)
 
 
 # --- trainer ----------------------------------------------------------------------------------
 
 
 def trl_args(config: StageConfig) -> Any:
-    """GRPOConfig from our config: one group per micro-batch, mini_batch_prompts per update."""
+    """TRL's GRPOConfig from the config's TRL settings, with the batch shape deepr derives: one
+    group per micro-batch, mini_batch_prompts per update, prompts_per_step per generation."""
     import torch
     from trl import GRPOConfig
 
     from deepr.train.memory import checkpointing_args
+    from deepr.train.settings import build_args
 
     on_gpu = torch.cuda.is_available()
-    bf16_ok = on_gpu and torch.cuda.is_bf16_supported()
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    vllm = {"vllm_mode": config.vllm_mode}
-    if config.vllm_server_base_url:
-        vllm["vllm_server_base_url"] = config.vllm_server_base_url
-    return GRPOConfig(
-        output_dir=str(config.out), learning_rate=config.learning_rate, lr_scheduler_type=config.lr_scheduler,
-        adam_beta2=config.adam_beta2, warmup_steps=0, weight_decay=0.0, max_steps=config.max_steps,
-        num_train_epochs=config.epochs,
-        per_device_train_batch_size=config.num_generations,
-        gradient_accumulation_steps=config.mini_batch_prompts // world,
-        steps_per_generation=config.prompts_per_step // world, num_generations=config.num_generations,
-        max_completion_length=config.max_completion_length, temperature=config.temperature, top_p=config.top_p,
-        beta=config.beta, loss_type=config.loss_type, epsilon=config.epsilon, epsilon_high=config.epsilon_high,
-        importance_sampling_level=config.importance_sampling_level, scale_rewards=config.scale_rewards,
-        use_vllm=config.use_vllm, **vllm, bf16=bf16_ok if config.bf16 is None else config.bf16,
-        # CPU too: each revision call trains on ~3k tokens and a micro-batch holds several (see the field)
-        **checkpointing_args(GRPOConfig, config.gradient_checkpointing is not False),
-        save_strategy="steps", save_steps=config.save_steps, save_total_limit=2,
-        logging_steps=config.logging_steps, report_to=config.report_to, seed=config.seed,
-        use_cpu=not on_gpu, dataloader_num_workers=0, log_completions=False)
+    given = dict(config.trl)
+    # CPU too: each revision call trains on ~3k tokens and a micro-batch holds several
+    checkpointing = given.pop("gradient_checkpointing", None) is not False
+    if given.get("bf16") is None:
+        given["bf16"] = on_gpu and torch.cuda.is_bf16_supported()
+    return build_args(GRPOConfig, given, "TRL's GRPOConfig", output_dir=str(config.out),
+                      per_device_train_batch_size=config.num_generations,
+                      gradient_accumulation_steps=config.mini_batch_prompts // world,
+                      steps_per_generation=config.prompts_per_step // world, use_cpu=not on_gpu,
+                      **checkpointing_args(GRPOConfig, checkpointing))
 
 
 def build_stage_trainer(config: StageConfig, rows: Sequence[dict[str, Any]], rollout_func: Any, reward_fn: Any,
@@ -307,14 +224,9 @@ def build_stage_trainer(config: StageConfig, rows: Sequence[dict[str, Any]], rol
     if trainer_cls is None:
         from trl import GRPOTrainer as trainer_cls
     path = model_path or config.model
-    args = trl_args(config)
+    args = trl_args(config)  # before the weights load: a refused setting costs nothing
+    peft_config = None if config.full else config.peft_config()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if args.bf16 else torch.float32)
-    peft_config = None
-    if not config.full:
-        from peft import LoraConfig
-
-        peft_config = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                                 target_modules=config.target_modules, task_type="CAUSAL_LM")
     if rollout_func is not None:
         from deepr.train.rollouts import rendered_once
 
@@ -341,7 +253,7 @@ def train_stage(config: StageConfig, rows: Sequence[dict[str, Any]], rollout_fun
     t0 = time.perf_counter()
     data_fp, resume_now = prepare_out(config, rows)
     model_path = start() if start is not None else None
-    stop, log = stop_callback(), metrics_callback(config.out / METRICS)
+    stop, log = stop_callback(), runs.metrics_callback(config.out / METRICS)
     guard = zero_advantage_callback(config.zero_advantage, stage=config.stage)  # before `log`: it adds to the row
     clock = PhaseClock()  # its callback, before `log` too, adds each step's time/* to the row
     trainer = build_stage_trainer(config, rows, rollout_func, reward_fn, [stop, guard, step_clock(clock), log,
@@ -365,29 +277,21 @@ def prepare_out(config: StageConfig, rows: Sequence[dict[str, Any]]) -> tuple[st
 
 def fit_and_save(config: StageConfig, trainer: Any, stop: Any, log: Any, *, data_fp: str, base: str, n_rows: int,
                  resume_now: bool, t0: float) -> GrpoResult:
-    """Train (Ctrl-C stops cleanly at a step), then save adapter + tokenizer + run metadata on rank 0.
-    Every stage ends here, so outputs and deepr_meta.json look the same whatever the stage."""
-    from deepr.train.memory import lean_lm_head, return_freed_memory_to_os
-    from deepr.train.runs import graceful_interrupt
-
-    return_freed_memory_to_os()
-    main = trainer.is_world_process_zero()
-    if main:
-        write_run_meta(config, "running", data_fp, base, {"rows": n_rows})
-    with graceful_interrupt(stop), lean_lm_head():
-        trainer.train(resume_from_checkpoint=True if resume_now else None)
-    status = "interrupted" if stop.requested else "done"
+    """Train and save (:func:`deepr.train.runs.fit`); deepr_meta.json holds the reward curve."""
     key = f"rewards/{trainer.reward_func_names[0]}/mean"
-    rewards = [(h["step"], h[key]) for h in log.rows if key in h]
-    if main:
-        if status == "done":
-            trainer.save_model(str(config.out))
-            trainer.processing_class.save_pretrained(str(config.out))
-        write_run_meta(config, status, data_fp, base, {
-            "rows": n_rows, "steps": trainer.state.global_step, "rewards": rewards,
-            "seconds": round(time.perf_counter() - t0, 3)})
-    return GrpoResult(out=config.out, steps=trainer.state.global_step, rewards=rewards, interrupted=stop.requested,
-                      seconds=time.perf_counter() - t0, llm_spec=llm_spec(config, base), history=log.rows)
+
+    def record(status: str) -> None:
+        done = {} if status == "running" else {"steps": trainer.state.global_step, "rewards": rewards(),
+                                               "seconds": round(time.perf_counter() - t0, 3)}
+        write_run_meta(config, status, data_fp, base, {"rows": n_rows, **done})
+
+    def rewards() -> list[tuple[int, float]]:
+        return [(h["step"], h[key]) for h in log.rows if key in h]
+
+    status = runs.fit(trainer, config.out, stop, resume_now, record)
+    return GrpoResult(out=config.out, steps=trainer.state.global_step, rewards=rewards(),
+                      interrupted=status == "interrupted", seconds=time.perf_counter() - t0,
+                      llm_spec=llm_spec(config, base), history=log.rows)
 
 
 # --- helpers of rollouts and reward functions ---------------------------------------------------
@@ -399,26 +303,3 @@ def lookup_row(table: dict, key: Any, stage: str) -> Any:
         raise KeyError(f"a prompt the {stage} stage did not build reached its rollout; build the rows with the "
                        f"stage's own dataset function")
     return table[key]
-
-
-def log_means(columns: dict, prefix: str, rows: Sequence[dict[str, Any]], names: Sequence[str]) -> None:
-    """Batch mean of each named component through TRL's ``log_metric`` (lands in metrics.jsonl)."""
-    log: Callable[[str, float], None] | None = columns.get("log_metric")
-    for name in names if log else ():
-        vals = [float(r[name]) for r in rows if isinstance(r.get(name), (int, float))]
-        if vals:
-            log(f"{prefix}/{name}", sum(vals) / len(vals))
-
-
-def make_judge(spec: str, gen: Any = None) -> Any:
-    """The reward judge: extractive (embeddings) or an LLM spec such as openai:<model>, called with
-    ``gen`` (the command's GenDefaults: --max-tokens, --temperature, --top-p, --seed)."""
-    from deepr.corpus.embed import get_embedder
-    from deepr.rewards.judges import Judge
-
-    embed = get_embedder().encode
-    if spec == "extractive":
-        return Judge(None, embed)
-    from deepr.llm import get_llm
-
-    return Judge(get_llm(spec, gen=gen), embed)

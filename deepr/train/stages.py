@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deepr.train.stage import GrpoResult, StageConfig, make_judge
+from deepr.rewards.judges import make_judge
+from deepr.train.stage import GrpoResult, StageConfig
 
 OpenSource = Callable[[StageConfig], Any]
 Runner = Callable[[Any, Path, OpenSource], "tuple[GrpoResult, int]"]

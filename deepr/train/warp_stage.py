@@ -41,7 +41,8 @@ from deepr.extractive import adds_judgement
 from deepr.records import ChatExample
 from deepr.rewards.agentcpm import cited_ids, outline_reward, paragraph_reward, terminate_reward
 from deepr.rewards.report_quality import QUALITY
-from deepr.train.stage import StageConfig, log_means, lookup_row, train_stage
+from deepr.rewards.trl_adapters import log_means
+from deepr.train.stage import StageConfig, lookup_row, train_stage
 
 ACTIONS = ("initialize", "search", "write", "expand", "terminate")
 _QUESTION = re.compile(r"User question:\s*\n(.*?)\n\s*\n", re.S)
