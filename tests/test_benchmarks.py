@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -37,8 +36,7 @@ from typer.testing import CliRunner
 from deepr.cli import app
 from deepr.llm.stub_server import StubServer
 
-sys.path.insert(0, str(Path(__file__).parent))
-from fake_model import CompetentModel  # noqa: E402
+from fake_model import CompetentModel
 
 DOCS = [
     ("1001", "https://example.org/tambora", "Mount Tambora is a stratovolcano on the island of Sumbawa in "

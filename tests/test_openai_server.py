@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -20,8 +18,7 @@ from deepr.llm.parse import extract_json
 from deepr.llm.stub_server import Raw, StubServer
 from deepr.roles import Recorder, context_length, perform
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_roles_context import LONG, WRITE, Ask  # noqa: E402
+from test_roles_context import LONG, WRITE, Ask
 
 USER = [{"role": "user", "content": "Name the river that flows through London."}]
 PLAN = OutputFormat("plan", json_schema={"type": "object", "properties": {"q": {"type": "string"}},
