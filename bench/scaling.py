@@ -52,7 +52,7 @@ class HashEmbedder(Embedder):
     def dim(self) -> int:
         return DIM
 
-    def _encode_model(self, texts: list[str], *, progress: bool, passages: bool = False) -> np.ndarray:
+    def _encode_model(self, texts: list[str], *, passages: bool = False) -> np.ndarray:
         import zlib
 
         from deepr.corpus.index import tokenize
