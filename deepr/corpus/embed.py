@@ -13,9 +13,10 @@ search or a reward call never imports torch or sentence-transformers (~7 s cold)
 vector does not depend on its call's size or on what else the process loaded. fp32 vectors are
 within cosine 0.9999 of sentence-transformers' own (tests/test_retrieval.py).
 
-A call's texts are sorted by length and run in batches of ``batch_size`` (16), so a batch pads to
-its own longest text; onnxruntime uses one thread per usable core, idle threads sleeping rather
-than spinning (on a shared machine spinning burnt the CPU other jobs needed).
+A call's texts are sorted by length and cut into batches of at most ``batch_size`` (16) texts and
+at least one batch per usable core, so a batch pads to its own longest text; each batch runs on
+one onnxruntime thread, a call's batches side by side (on a shared machine, an operator split
+over threads waited for whichever thread was descheduled).
 
 Precision (``get_embedder(..., use=...)``):
 
@@ -95,6 +96,7 @@ class Embedder:
         self._meta: dict[str, Any] = {}
         self._tok: Any = None
         self._sessions: dict[str, Any] = {}
+        self._pool: Any = None
         self._cache: dict[str, np.ndarray] = {}
         self._lock = threading.RLock()
         self._run_lock = threading.Lock()  # one batch at a time: onnxruntime already uses every core
@@ -141,9 +143,10 @@ class Embedder:
 
                 self._load()
                 opts = ort.SessionOptions()
-                opts.intra_op_num_threads = usable_cores()
+                # one thread per batch: a call's batches run side by side (``_encode_model``), so no
+                # operator waits for a second thread that a busy machine has descheduled
+                opts.intra_op_num_threads = 1
                 opts.inter_op_num_threads = 1
-                opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
                 path = self._files / ("model_int8.onnx" if precision == "int8" else "model.onnx")
                 self._sessions[precision] = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
             return self._sessions[precision]
@@ -184,15 +187,32 @@ class Embedder:
         return self._encode_model(texts, passages=True)
 
     def _encode_model(self, texts: list[str], *, passages: bool = False) -> np.ndarray:
+        """Length-sorted batches, at most ``batch_size`` texts and at least one per core, each
+        run on one onnxruntime thread, the batches of a call side by side on the cores."""
         session = self._session(self.precision if passages else "fp32")
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        size = max(1, min(self.batch_size, -(-len(texts) // usable_cores())))
+        batches = [order[s:s + size] for s in range(0, len(order), size)]
         out = np.empty((len(texts), int(self._meta["dim"])), dtype=np.float32)
-        with self._run_lock:
-            for s in range(0, len(order), self.batch_size):
-                rows = order[s:s + self.batch_size]
-                out[rows] = self._pooled(session, [texts[i] for i in rows])
+
+        def run(rows: list[int]) -> None:
+            out[rows] = self._pooled(session, [texts[i] for i in rows])
+
+        with self._run_lock:  # one call at a time: its batches already use every core
+            if len(batches) == 1:
+                run(batches[0])
+            else:
+                list(self._workers().map(run, batches))
             self.encoded += len(texts)
         return normalise(out)
+
+    def _workers(self) -> Any:
+        with self._lock:
+            if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._pool = ThreadPoolExecutor(usable_cores(), thread_name_prefix="deepr-embed")
+            return self._pool
 
     def _pooled(self, session: Any, texts: list[str]) -> np.ndarray:
         """One padded batch through the graph, pooled as the model's config says."""

@@ -5,8 +5,9 @@ output: a folder holding ``model.onnx`` (fp32), ``model_int8.onnx``, ``tokenizer
 ``meta.json`` (pooling, longest input, dimension, the graph's input names).
 
 sentence-transformers loads the model and says what its modules do (tokenizer, longest input,
-pooling); ``torch.onnx.export`` writes its transformer as a graph; onnxruntime's dynamic
-quantiser writes the int8 copy (per-channel weight scales). Nothing here builds a graph or runs
+pooling); ``torch.onnx.export`` writes its transformer as a graph; onnxruntime's transformer
+optimiser fuses its attention and normalisation ops; onnxruntime's dynamic quantiser writes the
+int8 copy (per-channel weight scales). Nothing here builds a graph or runs
 a layer by hand: deepr/corpus/embed.py runs the files on onnxruntime and pools.
 
 The folder lives under ``$DEEPR_EMBEDDER_CACHE`` (default ``<DEEPR_CACHE>/embedders``), named by
@@ -28,8 +29,9 @@ import warnings
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-EXPORT_FORMAT = 1  # bump when the files' layout or the export's settings change
+EXPORT_FORMAT = 2  # bump when the files' layout or the export's settings change
 POOLINGS = ("mean", "cls")  # what embed.py pools; another mode is refused at export
+FUSABLE = ("bert",)  # the optimiser also has a "bert" path for RoBERTa, with other position ids: not checked
 
 
 def export_root() -> Path:
@@ -86,12 +88,15 @@ def ensure_exported(model_ref: str, max_seq: int | None) -> Path:
 
 
 def _export(model_ref: str, max_seq: int | None, out: Path) -> None:
+    import onnx
     import torch
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from sentence_transformers import SentenceTransformer
 
     try:
-        st = SentenceTransformer(model_ref, device="cpu", local_files_only=True)
+        # eager attention: the graph onnxruntime's BERT optimiser recognises and fuses (below)
+        st = SentenceTransformer(model_ref, device="cpu", local_files_only=True,
+                                 model_kwargs={"attn_implementation": "eager"})
     except OSError as e:
         raise FileNotFoundError(f"embedder {model_ref!r}: cannot load it offline ({e}); "
                                 "pass a local model folder or a model already in the HF cache") from None
@@ -116,17 +121,32 @@ def _export(model_ref: str, max_seq: int | None, out: Path) -> None:
         warnings.simplefilter("ignore")
         torch.onnx.export(graph, tuple(sample[n] for n in names), str(out / "model.onnx"), input_names=names,
                           output_names=["hidden"], dynamic_axes=axes, opset_version=17, dynamo=False)
-    # per-channel scales: the int8 vectors' cosine to fp32 is ~0.99 (one scale per tensor: lower)
     quiet = logging.getLogger().level
-    logging.getLogger().setLevel(logging.ERROR)  # the quantiser's advice to pre-process, on the root logger
+    logging.getLogger().setLevel(logging.ERROR)  # the optimiser's and quantiser's notes, on the root logger
     try:
-        quantize_dynamic(out / "model.onnx", out / "model_int8.onnx", weight_type=QuantType.QInt8, per_channel=True)
+        _fuse(out / "model.onnx", transformer.auto_model.config)
+        # per-channel scales: the int8 vectors' cosine to fp32 is ~0.99 (one scale per tensor: lower)
+        quantize_dynamic(out / "model.onnx", out / "model_int8.onnx", weight_type=QuantType.QInt8, per_channel=True,
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})  # for the fused ops
     finally:
         logging.getLogger().setLevel(quiet)
     dim = getattr(st, "get_embedding_dimension", None) or st.get_sentence_embedding_dimension
     meta = {"pooling": mode, "max_seq": st.max_seq_length, "dim": int(dim()),
             "inputs": names, "pad_id": tok.pad_token_id or 0, "pad_token": tok.pad_token, "model": model_ref}
     (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+
+
+def _fuse(path: Path, config) -> None:
+    """onnxruntime's transformer optimiser fuses attention, layer norms and GELU in BERT-family
+    graphs, in place: 0.8x the CPU of the plain graph in int8, 0.92x in fp32 (128 wiki passages,
+    one thread). Other architectures keep the plain graph."""
+    if config.model_type not in FUSABLE:
+        return
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    fused = optimize_model(str(path), model_type="bert", num_heads=config.num_attention_heads,
+                           hidden_size=config.hidden_size)
+    fused.save_model_to_file(str(path))
 
 
 def _hidden_module():
