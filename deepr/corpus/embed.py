@@ -147,6 +147,7 @@ class Embedder:
                 # operator waits for a second thread that a busy machine has descheduled
                 opts.intra_op_num_threads = 1
                 opts.inter_op_num_threads = 1
+                opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # done at export
                 path = self._files / ("model_int8.onnx" if precision == "int8" else "model.onnx")
                 self._sessions[precision] = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
             return self._sessions[precision]
