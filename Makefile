@@ -29,8 +29,8 @@ test: install
 	$(BIN)/python -m pytest -q
 
 # Does it learn? SFT then GRPO on SmolLM2-135M-Instruct, scored on held-out topics (docs/learning.md).
-# Default size: 3 seeds; it does not yet fit 60 minutes on 2 CPU cores (about 70 core-minutes a seed before
-# GRPO, docs/learning.md). Scale with LEARN_ARGS, e.g.
+# Default size: 3 seeds; it does not yet fit 60 minutes on 2 CPU cores (what bounds it:
+# docs/learning.md). Scale with LEARN_ARGS, e.g.
 #   make learn LEARN_ARGS="--minutes 240 --trees 120 --heldout 40 --grpo-steps 60"
 LEARN_ARGS ?=
 learn: install

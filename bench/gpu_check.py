@@ -251,7 +251,7 @@ def main() -> int:
     ap.add_argument("--inputs", type=Path, default=ROOT / ".gpu_check")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_check.json")
-    ap.add_argument("--work", type=Path, default=Path("/tmp/deepr-gpu-check"))
+    ap.add_argument("--work", type=Path, default=ROOT / ".gpu_check" / "work")
     ap.add_argument("--small", action="store_true", help="fewer, shorter steps (the CPU rehearsal)")
     a = ap.parse_args()
     if a.what == "prepare":

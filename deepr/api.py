@@ -54,9 +54,10 @@ def _retriever(corpus: str | Any, search: str, cache_dir: str | Path | None) -> 
 
     if search == "corpus":
         return local()
-    from deepr.cli.search_opts import open_search
+    from deepr.search import open_source
+    from deepr.search.config import search_config
 
-    return open_search(search, None, "use", Path(cache_dir) if cache_dir else None, local)
+    return open_source(search_config(search, cache_dir=Path(cache_dir) if cache_dir else None), local)
 
 
 def run(question: str, *, llm: str | LLM = "extractive", corpus: str | Any = "wiki", search: str = "corpus",

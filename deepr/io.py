@@ -290,7 +290,7 @@ _VERSIONED = ("torch", "transformers", "trl", "peft", "sentence-transformers",
 def versions() -> dict[str, str]:
     """Python's, deepr's and the main libraries' versions, read once per process: a metadata
     lookup scans sys.path (~6 ms a package), and `deepr run --queries` writes a sidecar per
-    question (bench/throughput.py: 60 ms a question, a third of its CPU)."""
+    question (the throughput benchmark: 60 ms a question, a third of its CPU)."""
     return dict(_versions())
 
 

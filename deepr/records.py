@@ -106,6 +106,28 @@ class RubricItem(BaseModel):
     evidence: list[str] = Field(default_factory=list)
 
 
+def is_criteria(raw: Any) -> bool:
+    """Rubrics written as ResearchRubrics criteria (``{criterion, weight, axis}``)."""
+    return isinstance(raw, list) and bool(raw) and all(isinstance(r, dict) and "criterion" in r for r in raw)
+
+
+def criteria_rubrics(raw: list[dict[str, Any]], where: str = "rubrics") -> list[dict[str, Any]]:
+    """ResearchRubrics criteria as rubric items: each weight divided by the largest |weight|, so
+    they fit [-1, 1] while every ratio, and so the compliance score Σ w·s / Σ_{w>0} w, stays the
+    same; negative weights stay penalties. The published weight and axis are kept as extras."""
+    for i, r in enumerate(raw, start=1):
+        if not isinstance(r.get("criterion"), str) or not r["criterion"].strip():
+            raise ValueError(f"{where}: criterion #{i} has no 'criterion' text")
+        w = r.get("weight")
+        if isinstance(w, bool) or not isinstance(w, (int, float)):
+            raise ValueError(f"{where}: criterion #{i} field 'weight': expected a number, got {w!r}")
+    scale = max(abs(float(r["weight"])) for r in raw) or 1.0
+    # "logical": judged on its description alone, as the benchmark's grader reads a criterion
+    return [{"id": f"c{i}", "type": "logical", "description": r["criterion"].strip(),
+             "weight": float(r["weight"]) / scale, "axis": r.get("axis"), "published_weight": r["weight"]}
+            for i, r in enumerate(raw, start=1)]
+
+
 class MergeStep(BaseModel):
     model_config = ConfigDict(extra="allow")
     inputs: list[str]

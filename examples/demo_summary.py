@@ -33,7 +33,7 @@ def main(demo: Path) -> None:
     counts = Table(title="deepr demo: artefacts", header_style="bold")
     counts.add_column("artefact")
     counts.add_column("records", justify="right")
-    for name in ("trees.jsonl", "pairs.jsonl", "verified.jsonl", "verified.rejects.jsonl", "dropped.jsonl",
+    for name in ("trees.jsonl", "pairs.jsonl", "verified.jsonl", "verified.rejects.jsonl", "verified.dropped.jsonl",
                  "trajectories.jsonl", "data/sft.jsonl", "data/rl.jsonl", "prepared.jsonl",
                  "runs-teacher/reports.jsonl", "runs-trained/reports.jsonl"):
         counts.add_row(name, str(count(demo / name)))

@@ -82,7 +82,7 @@ class Prompt:
             text = self.evidence.get(cid, "")
             sent = next(iter(sentences(text)), "")
             sent = re.sub(r"[\[\]<>]", "", sent).rstrip(" …")
-            if sent:
+            if sent and not any(o.startswith(sent.rstrip(".")) for o in out):  # one passage under several ids
                 out.append(f"{sent.rstrip('.')} [{cid}].")
             if len(out) == n:
                 break
@@ -355,6 +355,14 @@ def _warp_expand(p: Prompt) -> dict[str, Any]:
     return {"name": "terminate", "position": "", "subsections": []}
 
 
+def _short_answer(p: Prompt) -> dict[str, Any]:
+    """BrowseComp's three fields: an explanation citing the evidence, the answer as a short
+    phrase the first cited source states, and an integer confidence."""
+    first = next(iter(p.evidence.values()), "")
+    exact = " ".join(words_of(first, 4)) or " ".join(p.terms(2))
+    return {"explanation": p.cited(None, 2), "exact_answer": exact, "confidence": 80}
+
+
 ROLES = {
     "planner_plan": _plan, "planner_revise": _plan, "searcher_search": _searcher,
     "answerer_wave": _wave, "answerer_final": _final,
@@ -364,7 +372,7 @@ ROLES = {
     "decor_answerer_answer": _decor_answer, "condenser_condense": _condense,
     "agent_step": _tools,
     "warp_search": _warp_search, "warp_initialize": _warp_init, "warp_write": _warp_write,
-    "warp_expand": _warp_expand,
+    "warp_expand": _warp_expand, "short_answer_answer": _short_answer,
 }
 
 

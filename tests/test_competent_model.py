@@ -17,8 +17,7 @@ from deepr.cli import app
 from deepr.io import read_jsonl
 from deepr.llm.stub_server import StubServer
 
-sys.path.insert(0, str(Path(__file__).parent))
-from fake_model import CompetentModel  # noqa: E402
+from fake_model import CompetentModel
 
 QUESTION = "How do volcanic eruptions affect the climate and the people living nearby?"
 _BRACKET = re.compile(r"\[([^\[\]\n]*)\]")

@@ -169,7 +169,7 @@ def test_killed_verify_resumes_each_pair_once(tmp_path: Path):
                                      srv.base_url), capture_output=True, text=True, env=_env())
     assert made.returncode == 0, made.stderr[-2000:]
     out = tmp_path / "verified.jsonl"
-    outs = (out, tmp_path / "dropped.jsonl", rejects_path(out))
+    outs = (out, tmp_path / "verified.dropped.jsonl", rejects_path(out))
     with StubServer(reply="not an audit", latency=0.1) as srv:  # each pair: re-asked, then a reject line
         cmd = _deepr("verify", pairs, "--out", out, *_stub(), "--base-url", srv.base_url)
         got = _kill_midway(cmd, _count(*outs), after=2)

@@ -1,21 +1,18 @@
-"""The learning experiment's own logic (bench/learning.py): what a user relies on when reading
-its numbers. No model runs here; the experiment itself is `make learn`."""
+"""The learning experiment's own logic (deepr.learn, run by `make learn`): what a user relies on
+when reading its numbers. No model runs here; the experiment itself is `make learn`."""
 
 from __future__ import annotations
 
 import json
 import random
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench import learning, learning_setup  # noqa: E402
-from bench.learning_stats import (METRICS, answer_writers, bootstrap_ci, grpo_step_stats, markdown_table, paired_ci, plot_grpo, plot_stages, read_metrics_rows,  # noqa: E402
-                                  run_metrics, split_by_topic, summarize)
+from deepr.learn import config as learning_setup
+from deepr.learn import pipeline as learning
+from deepr.learn.stats import (METRICS, answer_writers, bootstrap_ci, grpo_step_stats, markdown_table, paired_ci,
+                               plot_grpo, plot_stages, read_metrics_rows, run_metrics, split_by_topic, summarize)
 
 
 def _corpus(n_topics: int = 6, per_topic: int = 4) -> tuple[list[dict], list[dict]]:
@@ -127,17 +124,17 @@ def test_answer_writers_and_grpo_steps_are_summarised_per_stage():
 
 
 def test_grpo_curves_draws_named_runs_and_refuses_a_file_without_rewards(tmp_path):
-    from bench import grpo_curves
+    from deepr.learn.__main__ import curves
 
     log = tmp_path / "metrics.jsonl"
     log.write_text("".join(json.dumps({"step": s, "reward": 0.1 * s, "kl": 0.01 * s}) + "\n" for s in (1, 2)))
-    assert grpo_curves.main([f"probe={log}", "--out", str(tmp_path / "c.png")]) == 0
+    assert curves([f"probe={log}", "--out", str(tmp_path / "c.png")]) == 0
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
     (tmp_path / "sft.jsonl").write_text(json.dumps({"step": 1, "loss": 0.5}) + "\n")
     with pytest.raises(SystemExit, match="no step with a reward"):
-        grpo_curves.main([f"sft={tmp_path / 'sft.jsonl'}", "--out", str(tmp_path / "d.png")])
+        curves([f"sft={tmp_path / 'sft.jsonl'}", "--out", str(tmp_path / "d.png")])
     with pytest.raises(SystemExit, match="give NAME=path"):
-        grpo_curves.main([str(log), "--out", str(tmp_path / "d.png")])
+        curves([str(log), "--out", str(tmp_path / "d.png")])
 
 
 def test_plots_are_written_from_a_small_metrics_file(tmp_path):
@@ -413,7 +410,7 @@ def test_report_only_skips_an_evaluation_with_no_finished_question(tmp_path, mon
     """`--report-only` during a run: an evaluation that has started (reports.jsonl exists) but
     finished no question has nothing to score; it is listed as not finished instead of making
     `deepr eval` fail on an empty folder and the whole report with it."""
-    from bench import learning_report
+    from deepr.learn import report as learning_report
 
     work = tmp_path / "w"
     (work / "runs" / "sft-s0").mkdir(parents=True)
@@ -522,7 +519,7 @@ def test_sft_runs_in_fp32_and_grpo_in_bf16_unless_told(tmp_path, monkeypatch):
 def test_every_seed_runs_whatever_the_number_of_jobs(tmp_path, monkeypatch, jobs):
     """With --jobs 1 the base evaluation holds the only slot at first: the seeds must still run
     after it (they were silently skipped, and the run reported itself complete)."""
-    import bench.learning_report as lr
+    from deepr.learn import report as lr
 
     monkeypatch.setattr(learning_setup, "machine_gb", lambda: 64.0)  # three SFT jobs' memory: not what this tests
     held = tmp_path / "heldout.jsonl"
@@ -558,21 +555,6 @@ def test_the_teachers_heldout_runs_are_recorded_once_and_again_for_a_grown_heldo
     held.write_text('{"id": "q1"}\n{"id": "q2"}\n', encoding="utf-8")
     learning.teacher_heldout(cfg, held, tmp_path / "log")
     assert len(calls) == 2
-
-
-def test_plan_probe_counts_groups_with_nothing_to_learn_from():
-    """bench/plan_probe.py --samples: a question none of whose sampled plans is accepted is a GRPO
-    group whose rewards are all 0; one accepted plan among refusals is a group with a spread."""
-    from bench.plan_probe import summary
-
-    verdicts = [[None, "cut at 640 tokens", None, "G0 is not a valid plan"],
-                ["cut at 640 tokens"] * 4,
-                [None] * 4]
-    s = summary(verdicts)
-    assert s["accepted_per_question"] == [2, 0, 4]
-    assert (s["accepted"], s["plans"], s["questions"]) == (6, 12, 3)
-    assert s["questions_with_none_accepted"] == round(1 / 3, 3)
-    assert s["refusals"].count("cut at 640 tokens") == 5
 
 
 def test_grpo_dynamic_sampling_reaches_a_config_deepr_grpo_accepts(tmp_path, monkeypatch):

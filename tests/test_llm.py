@@ -23,7 +23,6 @@ from deepr.llm.replay import ReplayLLM
 from deepr.llm.stub_server import StubServer
 
 USER = [{"role": "user", "content": "Name the river that flows through London."}]
-FAST = {"backoff_base": 0.01, "backoff_max": 0.05}  # keep retry tests quick
 
 
 def echo(req: dict) -> str:
@@ -32,7 +31,7 @@ def echo(req: dict) -> str:
 
 def openai_llm(srv: StubServer, tmp_path: Path | None = None, **kw):
     kw.setdefault("cache", tmp_path is not None)
-    return get_llm("openai:stub-model", base_url=srv.base_url, cache_dir=tmp_path, **FAST, **kw)
+    return get_llm("openai:stub-model", base_url=srv.base_url, cache_dir=tmp_path, **kw)
 
 
 # -- OpenAI backend against the stub --------------------------------------------------
@@ -167,18 +166,18 @@ def test_secrets_never_leak(tmp_path, caplog, capsys):
     caplog.set_level(logging.DEBUG)
     errors = []
     with StubServer(reply="ok", fail_first=1, fail_status=500) as srv:
-        llm = get_llm("openai:m", base_url=srv.base_url, api_key=key, cache_dir=tmp_path, **FAST)
+        llm = get_llm("openai:m", base_url=srv.base_url, api_key=key, cache_dir=tmp_path)
         llm.chat(USER)  # one retried 500 (logged), then a cached success
         llm.chat(USER)
     with StubServer(reply="ok", fail_first=9, fail_status=401) as srv:
-        bad = get_llm("openai:m", base_url=srv.base_url, api_key=key, cache=False, **FAST)
+        bad = get_llm("openai:m", base_url=srv.base_url, api_key=key, cache=False)
         with pytest.raises(LLMError) as e401:
             bad.chat(USER)
         errors.append(e401.value)
         assert srv.auth_seen == [True]  # the key was really sent
     with StubServer(reply="ok", latency=1.0) as srv:
         slow = get_llm("openai:m", base_url=srv.base_url, api_key=key, cache=False, timeout=0.2,
-                       max_retries=0, **FAST)
+                       max_retries=0)
         with pytest.raises(LLMError) as etime:
             slow.chat(USER)
         errors.append(etime.value)

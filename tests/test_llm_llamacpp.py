@@ -229,6 +229,7 @@ USER = [{"role": "user", "content": "Give search queries about how volcanoes for
 
 def test_the_server_takes_every_role_schema_as_a_grammar(llama_server, caplog):
     from deepr.llm import OutputFormat
+    from deepr.llm.openai_reply import _STYLES
 
     llm = _client(llama_server)
     try:
@@ -239,7 +240,7 @@ def test_the_server_takes_every_role_schema_as_a_grammar(llama_server, caplog):
             assert llama_server.proc.poll() is None, f"the server died on {name}"
     finally:
         llm.close()
-    assert llm._style == "gbnf" and caplog.text.count("GBNF grammars converted here") == 1
+    assert _STYLES[llm._step["json"]] == "gbnf" and caplog.text.count("GBNF grammars converted here") == 1
 
 
 def test_a_constrained_reply_through_the_server_matches_its_schema(llama_server):

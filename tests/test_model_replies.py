@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import sys
 import time
 from pathlib import Path
 
@@ -17,8 +16,7 @@ from deepr.agent import RunConfig, run_agent
 from deepr.cli import app
 from deepr.llm.stub_server import Raw, StubServer
 
-sys.path.insert(0, str(Path(__file__).parent))
-from fake_model import CompetentModel, in_process  # noqa: E402
+from fake_model import CompetentModel, in_process
 
 QUESTION = "How do volcanic eruptions affect the climate and the people living nearby?"
 

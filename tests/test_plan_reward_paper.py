@@ -56,7 +56,8 @@ def _f(k: int) -> float:
 
 
 def _fields(n: dict) -> list[str]:
-    return [t for t in [n.get("query"), n.get("need"), *(n.get("key_points") or [])] if t]
+    # DecomposeR App. A.5: "fields(n) be the non-empty query, key_points, and need fields" — that order.
+    return [t for t in [n.get("query"), *(n.get("key_points") or []), n.get("need")] if t]
 
 
 def _valid(nodes: list[dict]) -> bool:

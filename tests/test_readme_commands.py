@@ -74,9 +74,25 @@ def test_the_offline_quick_start_runs(tmp_path, monkeypatch, mini_corpus, retrie
     assert Path("report.md").exists() and Path("report.html").exists() and Path("scores.jsonl").exists()
 
 
+def _corpora(code: str) -> list[str]:
+    """The ``corpus=`` arguments of the Python example, as written."""
+    import ast
+
+    return [kw.value.value for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Call)
+            for kw in node.keywords if kw.arg == "corpus" and isinstance(kw.value, ast.Constant)]
+
+
+def test_the_python_example_names_a_corpus_a_new_user_has():
+    """As written: the wiki corpus the quick start indexes (a folder of your own would not exist)."""
+    [(_, code)] = [b for b in _blocks("python")]
+    assert _corpora(code) and all(c == "wiki" for c in _corpora(code)), _corpora(code)
+
+
 def test_the_python_example_runs(tmp_path, monkeypatch, mini_corpus, retriever, capsys):
     [(_, code)] = [b for b in _blocks("python")]
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DEEPR_CACHE", str(retriever.path.parents[1]))
-    exec(compile(code.replace('"my_docs/"', repr(str(mini_corpus))), "README.md", "exec"), {})
+    # the wiki corpus, as the quick start's commands are run: on the mini corpus
+    assert code.count('corpus="wiki"') == len(_corpora(code))
+    exec(compile(code.replace('corpus="wiki"', f"corpus={str(mini_corpus)!r}"), "README.md", "exec"), {})
     assert "scored" in capsys.readouterr().out and Path("report.md").exists()

@@ -11,9 +11,7 @@ import asyncio
 import json
 import re
 import string
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -26,9 +24,8 @@ from deepr.llm.base import LLM, Reply
 from deepr.llm.stub_server import StubServer
 from deepr.roles import Recorder, judge_reply, perform
 
-sys.path.insert(0, str(Path(__file__).parent))
-from fake_model import CompetentModel, in_process  # noqa: E402
-from reply_strategies import reply_of  # noqa: E402
+from fake_model import CompetentModel, in_process
+from reply_strategies import reply_of
 
 QUESTION = "How do volcanic eruptions affect the climate and the people living nearby?"
 # Roles whose accepted text is an answer or evidence paragraph: it must cite and be non-empty.

@@ -18,7 +18,7 @@ VECS = {
     "qa": (0.6, 0.8, 0, 0), "qb": (0.8, 0, 0.6, 0), "qc": (0, 0, 0, 1),
     "kp1": (0, 0.6, 0.8, 0), "na1": (1, 0, 0, 0), "ka1": (0, 0, 1, 0),
     "na2": (0, 0.28, 0.96, 0), "final": (0, 1, 0, 0),
-    "qa kp1": (0, 0, 0, 1), "na1 ka1": (0.5 ** 0.5, 0, 0.5 ** 0.5, 0),
+    "qa kp1": (0, 0, 0, 1), "ka1 na1": (0.5 ** 0.5, 0, 0.5 ** 0.5, 0),
 }
 
 
@@ -58,8 +58,8 @@ def test_hand_worked_three_search_two_aggregate_graph():
     # D_search: pairs qa·qb = 0.48, qa·qc = 0, qb·qc = 0 -> 1 - 0.16.
     assert r.D_search == pytest.approx(0.84)
     assert r.Q_search == pytest.approx(0.5 * 0.8 + 0.5 * 0.84)
-    # B_synth: f(2) = 0.5 times d_par. A1's node text "na1 ka1" is (1, 0, 1, 0)/√2; A2's is
-    # na2: d_par = 1 - 0.96/√2.
+    # B_synth: f(2) = 0.5 times d_par. A1's node text "ka1 na1" (key points, then need) is
+    # (1, 0, 1, 0)/√2; A2's is na2: d_par = 1 - 0.96/√2.
     assert r.d_par == pytest.approx(1 - 0.96 / np.sqrt(2), abs=1e-6)
     assert r.B_synth == pytest.approx(0.5 * (1 - 0.96 / np.sqrt(2)), abs=1e-6)
     # I_cross: S1 feeds A1 and A2 (r_fan 1/3); both aggregates have 2 parents (r_int 1).
@@ -184,7 +184,7 @@ def test_repeated_input_cannot_raise_the_graph_terms():
     assert any("lists input 'S1' more than once" in e for e in r.errors)
     # and the terms themselves count distinct parents/children even on an unvalidated plan
     plan = Plan.model_validate(g)
-    terms = _graph_terms(plan, Vectors(FakeEmbed(), ["na1 ka1", "na2"]))
+    terms = _graph_terms(plan, Vectors(FakeEmbed(), ["ka1 na1", "na2"]))
     assert (terms["r_fan"], terms["r_int"], terms["I_cross"]) == (0.0, 0.5, 0.25)
 
 
@@ -194,7 +194,7 @@ def test_rollouts_sharing_texts_embed_only_what_is_new():
     emb = FakeEmbed({**VECS, "kp2": (0, 0, 0.6, 0.8)})
     first = plan_reward(graph(), RUBRICS, emb)
     texts = set(emb.calls[0])
-    assert "qa kp1" not in texts and {"na1 ka1", "na2"} <= texts
+    assert "qa kp1" not in texts and {"ka1 na1", "na2"} <= texts
     other = graph()
     other["nodes"][0]["key_points"] = ["kp2"]
     second = plan_reward(other, RUBRICS, emb)
@@ -211,10 +211,10 @@ def test_d_par_reads_each_parents_node_text():
 
     plan = Plan.model_validate(graph())
     a1, a2 = plan.nodes[3], plan.nodes[4]
-    table = {**VECS, "na1 ka1": (0, 0.28, 0.96, 0)}  # A1's text now says what A2's does
-    vec = Vectors(FakeEmbed(table), ["na1 ka1", "na2"])
+    table = {**VECS, "ka1 na1": (0, 0.28, 0.96, 0)}  # A1's text now says what A2's does
+    vec = Vectors(FakeEmbed(table), ["ka1 na1", "na2"])
     assert parent_distinctness(vec, [a1, a2]) == pytest.approx(0.0, abs=1e-6)
-    assert parent_distinctness(Vectors(FakeEmbed(), ["na1 ka1", "na2"]), [a1, a2]) == pytest.approx(
+    assert parent_distinctness(Vectors(FakeEmbed(), ["ka1 na1", "na2"]), [a1, a2]) == pytest.approx(
         1 - 0.96 / np.sqrt(2), abs=1e-6)
     assert parent_distinctness(vec, [a1]) == 1.0 and parent_distinctness(vec, []) == 1.0
     r = plan_reward(graph(), RUBRICS, FakeEmbed(table))

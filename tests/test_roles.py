@@ -164,8 +164,7 @@ def test_a_backend_failure_records_every_request_it_sent_as_an_attempt():
     from deepr.llm.stub_server import StubServer
 
     with StubServer(reply="ok", fail_first=10, fail_status=500) as srv:
-        llm = get_llm("openai:stub-model", base_url=srv.base_url, cache=False, max_retries=3, timeout=5.0,
-                      backoff_base=0.01, backoff_max=0.05)
+        llm = get_llm("openai:stub-model", base_url=srv.base_url, cache=False, max_retries=3, timeout=5.0)
         rec = Recorder()
         out = run_sync(perform(ANSWER, Ask("tides"), llm=llm, rec=rec, max_reasks=2))
         assert srv.n_requests == 4

@@ -183,12 +183,12 @@ def test_cli_writes_verified_dropped_sidecar_and_resumes(tmp_path: Path):
     r = CliRunner().invoke(app, ["verify", str(pairs), "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert [p.id for p in read_jsonl(out, QRPair)] == [good.id]
-    assert [p.id for p in read_jsonl(tmp_path / "dropped.jsonl", QRPair)] == ["other-qr"]
+    assert [p.id for p in read_jsonl(tmp_path / "verified.dropped.jsonl", QRPair)] == ["other-qr"]
     meta = json.loads((tmp_path / "verified.jsonl.meta.json").read_text())
     assert meta["error_tags"] == {"structure": 1} and meta["counts"]["drop rate"] == 0.5
     r = CliRunner().invoke(app, ["verify", str(pairs), "--out", str(out)])
     assert r.exit_code == 0 and len(out.read_text().splitlines()) == 1  # nothing redone or duplicated
-    assert len((tmp_path / "dropped.jsonl").read_text().splitlines()) == 1
+    assert len((tmp_path / "verified.dropped.jsonl").read_text().splitlines()) == 1
 
 
 def test_cli_names_file_and_line_of_a_bad_record(tmp_path: Path):

@@ -76,8 +76,36 @@ def normalize(text: str) -> str:
     if "\\cite" in text:
         text = _LATEX_CITE.sub(lambda m: "[" + ", ".join(p.strip() for p in m.group(1).split(",")) + "]", text)
     if "<" in text:
-        text = _CITE_TAG.sub(lambda m: f"{m.group(2).strip()} [{m.group(1).strip()}]", text)
+        text = _CITE_TAG.sub(lambda m: _cited(m.group(2).strip(), m.group(1).strip()), text)
     return text
+
+
+def _cited(claim: str, ids: str) -> str:
+    """``claim [ids]``, the marker inside the claim's closing full stop (the one rule: see
+    :func:`cite_before_stop`)."""
+    if claim[-1:] in ".!?" and len(claim) > 1:
+        return f"{claim[:-1].rstrip()} [{ids}]{claim[-1]}"
+    return f"{claim} [{ids}]"
+
+
+# A citation after a sentence's closing mark: "… in 1815. [N1-R1]" (not a numbered list's "1. [x]").
+_AFTER_STOP = re.compile(r"(?<=\S)([.!?])([ \t]*)((?:\[[^\[\]\n]{1,400}\][ \t]*)+)(?=$|\s)", re.M)
+
+
+def cite_before_stop(text: str) -> str:
+    """Every mode places a sentence's citations before its full stop, "… in 1815 [N1-R1]." (as
+    the writers are told to): markers written after it are moved inside."""
+    if "[" not in text:
+        return text
+
+    def move(m: re.Match[str]) -> str:
+        line_start = text.rfind("\n", 0, m.start()) + 1
+        marks = m.group(3).rstrip()
+        if re.fullmatch(r"\s*\d+", text[line_start:m.start()]) or not cited_ids(marks) \
+                or any(not cited_ids(f"[{b}]") for b in re.findall(r"\[([^\]]*)\]", marks)):
+            return m.group(0)  # a list number, or brackets that are not citations
+        return f" {marks}{m.group(1)}" + (m.group(0)[len(m.group(0).rstrip()):])
+    return _AFTER_STOP.sub(move, text)
 
 
 def _tokens(inner: str) -> list[str]:

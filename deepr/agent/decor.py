@@ -137,7 +137,7 @@ FILTER = Role(
     accept=FREE_TEXT,
     check=lambda a, b: a.ctx.catalog.check(normalize(b), a.ids, require=True),
     extractive=ex.filter_reply,
-    result=lambda a, b: normalize(b).strip(), max_tokens=768,
+    result=lambda a, b: normalize(b).strip(), max_tokens=768, parts=lambda a: ["evidence filter"],
     on_fail="step {step}: evidence filtered extractively after the model failed")
 
 CONDENSE = Role(
@@ -145,7 +145,7 @@ CONDENSE = Role(
     accept=FREE_TEXT,
     check=lambda a, v: [e for f in v["facts"] for e in a.ctx.catalog.check(normalize(f), _memory_ids(a.memory))],
     extractive=ex.condense_reply,
-    result=lambda a, v: [normalize(f) for f in v["facts"]], max_tokens=1024,
+    result=lambda a, v: [normalize(f) for f in v["facts"]], max_tokens=1024, parts=lambda a: ["condensed memory"],
     on_fail="memory condensed extractively after the model failed")
 
 ANSWER = Role(
@@ -154,7 +154,7 @@ ANSWER = Role(
     check=lambda a, b: _answer_check(a, b),
     extractive=ex.answer_reply,
     result=lambda a, b: normalize(b).strip(), max_tokens=640,  # room for the small profile's longest answer
-    on_fail="answer extracted from memory after the model failed")
+    parts=lambda a: ["answer"], on_fail="answer extracted from memory after the model failed")
 
 
 def _answer_check(a: DecorAsk, body: str) -> list[str]:

@@ -34,6 +34,9 @@ class RunConfig(BaseModel):
     mode: Mode = Field("dag", description="Agent loop: dag (DecomposeR planner + waves), warp (AgentCPM "
                        "draft/deepen), decor (DECOR planner/filter/answerer for short answers), "
                        "tools (DeepRubric tool-calling agent, ≤ 10 tool turns).")
+    answer: Literal["report", "short"] = Field("report", description="report: the long-form cited report; "
+                                              "short: a fact-seeking question's Explanation / Exact Answer / "
+                                              "Confidence (BrowseComp's response form), from dag, decor or tools.")
     k: int = Field(5, ge=1, le=50, description="Results per search call (top-k snippets).")
     explore_k: int = Field(15, ge=2, le=100, description="Results the extractive planner clusters into "
                            "search nodes (and warp's into sections).")
@@ -65,6 +68,9 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
+        if self.answer == "short" and self.mode == "warp":
+            raise ValueError("--answer short: warp writes a long report section by section; use --mode dag, "
+                             "decor or tools for a short answer")
         if self.force_expand > self.max_expansions:
             raise ValueError(f"--force-expand {self.force_expand} exceeds the expansion limit "
                              f"{self.max_expansions}; lower it")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from deepr.records import Citation, Plan
 
-from deepr.agent.citations import Catalog, clean_brackets, cited_ids, strip_ids
+from deepr.agent.citations import Catalog, cite_before_stop, clean_brackets, cited_ids, strip_ids
 
 EXTRACTIVE_NOTE = ("Written without a language model: every sentence below is extracted from the cited "
                    "sources by the extractive backend (retrieval + sentence embeddings).")
@@ -57,7 +57,7 @@ def plan_graph(plan: Plan) -> Graph:
 
 def render_markdown(doc: ReportDoc, catalog: Catalog) -> tuple[str, dict[str, Citation], list[str]]:
     """(markdown, citations of every id in it, ids dropped because the catalog lacks them)."""
-    bodies = [s.body for s in doc.sections]
+    bodies = [cite_before_stop(s.body) for s in doc.sections]
     unknown = [c for b in bodies for c in cited_ids(b) if c not in catalog]
     if unknown:  # texts are checked before they get here; this guards the invariant anyway
         bodies = [strip_ids(b, unknown) for b in bodies]

@@ -61,11 +61,12 @@ def _question(query: str) -> str:
 
 
 def _fallback_note(tracer: Tracer) -> list[str]:
-    parts = [p for d in tracer.decisions for p in d.get("fallback", [])]
+    parts = list(dict.fromkeys(p for d in tracer.decisions for p in d.get("fallback", [])))
     if not parts:
         return []
     return [f"Written by the extractive writer because the model's replies failed their checks: "
-            f"{', '.join(parts)} (reasons in the sidecar's failures)."]
+            f"{', '.join(parts)} (the reasons are under failures in the .json trace beside this report, "
+            "and in its .meta.json sidecar)."]
 
 
 # The extractive planner's aggregate need (agent/planner.py, extractive_plan): its topic list is
@@ -144,7 +145,8 @@ def _warp_doc(out: WarpOutcome) -> tuple[str, list[Section], Graph]:
 
 
 def _decor_doc(out: DecorOutcome) -> tuple[str, list[Section], Graph]:
-    mem = "\n".join(f"- **{m.query}**: {m.evidence}" for m in out.memory) or "(no evidence was kept)"
+    # a query a model ended with a colon keeps one colon before its evidence
+    mem = "\n".join(f"- **{m.query.rstrip(': ')}**: {m.evidence}" for m in out.memory) or "(no evidence was kept)"
     g = Graph([GNode(f"S{i}", q, "step") for i, q in enumerate(out.queries, 1)] + [GNode("answer", "answer", "answer")])
     chain = [n.id for n in g.nodes]
     g.edges = list(zip(chain, chain[1:]))
@@ -170,6 +172,12 @@ async def arun_agent(query: str, *, tools: Any, llm: LLM, config: RunConfig, que
         answer, sections, graph = tools_doc(await run_tools(ctx, query))
     else:
         answer, sections, graph = _decor_doc(await run_decor(ctx, query))
+    if config.answer == "short":  # the mode's answer is the draft the short response is made from
+        from deepr.agent.short_answer import short_answer, short_text
+
+        with tracer.phase("short answer"):
+            short = await short_answer(ctx, query, answer)
+        answer, sections = short["exact_answer"], [Section("Response", short_text(short)), *sections[1:]]
     # The note follows what happened: every role was performed by the non-LLM engine.
     notes = ([EXTRACTIVE_NOTE] if set(tracer.engines) == {"extractive"} else []) + _fallback_note(tracer)
     title = shorten(next(ln for ln in query.splitlines() if ln.strip()).strip(), 16)
@@ -217,6 +225,8 @@ def write_report(result: RunResult, out: Path, *, inputs: Sequence[Path] = ()) -
     write_text(out, result.markdown)
     counts = {"citations": len(result.trace.citations), "model_calls": len(result.trace.calls),
               "tool_calls": len(result.trace.tools), "failures": len(result.trace.model_extra.get("failures", []))}
+    failures = [{k: f.get(k) for k in ("where", "reason")} for f in result.trace.model_extra.get("failures", [])]
     paths["meta"] = write_meta(out, stage="run", config=result.trace.model_extra.get("config"), inputs=inputs,
-                               counts=counts, timings=result.trace.model_extra.get("timings"))
+                               counts=counts, timings=result.trace.model_extra.get("timings"),
+                               extra={"failures": failures} if failures else None)
     return paths

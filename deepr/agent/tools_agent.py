@@ -154,10 +154,12 @@ class ToolSession:
         self.calls = 0
         self.valid = 0
         self.shown: list[str] = []
+        self.log: list[str] = []  # every call executed, as the report lists them
 
     def execute(self, name: str, arguments: dict[str, Any]) -> str:
         """The tool's output as text (errors too: the model reads them and can recover)."""
         self.calls += 1
+        self.log.append(json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False))
         node = f"S{self.calls}"
         if name in ("search", "scholar"):
             query = arguments.get("query")
@@ -201,6 +203,7 @@ class ToolsOutcome:
     raw_answer: str  # the <answer> body with <cite> spans
     transcript: list[dict[str, str]]
     tool_calls: int
+    log: list[str] = field(default_factory=list)  # the calls executed, the model's and the fallback's
 
 
 # --- the loop ---------------------------------------------------------------------------
@@ -317,7 +320,7 @@ async def run_tools(ctx: Ctx, query: str, *, max_turns: int = RUN_TURNS) -> Tool
     md = strip_ids(normalize(answer), [i for i in answer_ids(answer) if i not in session.shown])
     ctx.tracer.decide("answer", tool_calls=session.calls, cited=answer_ids(answer))
     ctx.tracer.extra.update(tool_calls=session.calls)
-    return ToolsOutcome(md, answer, convo, session.calls)
+    return ToolsOutcome(md, answer, convo, session.calls, session.log)
 
 
 def _answer_problem(step: Step, session: ToolSession, max_turns: int, rejected: str | None = None) -> str | None:
@@ -356,8 +359,11 @@ def _salvage(ctx: Ctx, query: str, step: Step, session: ToolSession) -> str:
 
 def tools_doc(out: ToolsOutcome) -> tuple[str, list[Section], Graph]:
     """The report pieces for the runner: the answer, the tool-call log, a chain graph."""
-    calls = [m["content"] for m in out.transcript if m["role"] == "assistant" and "<tool_call>" in m["content"]]
-    lines = [f"{i}. `{shorten(' '.join(_TOOL.findall(c)[0].split()), 30)}`" for i, c in enumerate(calls, 1)]
+    # the calls executed (the summary's count), not the transcript's: a re-ask drops turns from
+    # it and the fallback's searches never were in it
+    calls = out.log or [_TOOL.findall(m["content"])[0] for m in out.transcript
+                        if m["role"] == "assistant" and "<tool_call>" in m["content"]]
+    lines = [f"{i}. `{shorten(' '.join(c.split()), 30)}`" for i, c in enumerate(calls, 1)]
     g = Graph([GNode(f"T{i}", f"tool call {i}", "step") for i in range(1, len(calls) + 1)]
               + [GNode("answer", "answer", "answer")])
     chain = [n.id for n in g.nodes]

@@ -19,7 +19,7 @@ from deepr.cli import grpo_cmd  # noqa: E402,F401
 from deepr.cli import run_cmd  # noqa: E402,F401
 from deepr.cli import sft_cmd  # noqa: E402,F401
 from deepr.cli import eval_cmd  # noqa: E402,F401
-from deepr.cli import drb_cmd  # noqa: E402,F401
+from deepr.cli import bench_export_cmd  # noqa: E402,F401
 from deepr.cli import export_cmd  # noqa: E402,F401
 
 

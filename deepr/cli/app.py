@@ -28,11 +28,25 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+INTERRUPTED = "interrupted: finished records are saved; re-run the same command to resume."
+
+
+def interrupted_run(model: Any) -> str:
+    """What a stopped single run leaves behind, truthfully: no report; the replies received so
+    far only where the reply cache is on."""
+    cache = getattr(model, "cache", None)
+    if cache is None:
+        return "interrupted: no report was written and nothing was kept; re-running starts over."
+    return (f"interrupted: no report was written. The model replies received so far are kept in the reply "
+            f"cache ({cache.path}): re-running the same command takes them from there instead of asking again.")
+
+
 @contextmanager
-def user_errors(flags: Mapping[str, str] | None = None) -> Iterator[None]:
+def user_errors(flags: Mapping[str, str] | None = None, interrupted: str = INTERRUPTED) -> Iterator[None]:
     """Turn expected bad-input exceptions into a one-line message and exit code 2, no traceback.
 
     A config's ValidationError is reported by its flag (``flags`` maps unusual field names).
+    ``interrupted``: what Ctrl-C leaves behind, as this command keeps it.
     """
     from pydantic import ValidationError
 
@@ -48,7 +62,7 @@ def user_errors(flags: Mapping[str, str] | None = None) -> Iterator[None]:
     except (IsADirectoryError, NotADirectoryError, PermissionError, FileExistsError) as e:
         raise fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")) from None
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/]: finished records are saved; re-run the same command to resume.")
+        console.print(f"[yellow]{escape(interrupted)}[/]", highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
 
 
@@ -70,7 +84,7 @@ def summary_table(title: str, rows: Mapping[str, Any] | list[tuple[str, Any]]) -
     # cells and titles hold model text, ids and paths: '[/evidence]' there is text, not markup
     table = Table(title=escape(title), show_header=True, header_style="bold")
     table.add_column("what")
-    table.add_column("value", justify="right")
+    table.add_column("value", justify="right", overflow="fold")  # paths whole, never cut with "…"
     items = rows.items() if isinstance(rows, Mapping) else rows
     for k, v in items:
         table.add_row(escape(str(k)), f"{v:.4g}" if isinstance(v, float) else escape(str(v)))

@@ -1,5 +1,5 @@
 """What the data-stage commands share (``deepr build-trees``, ``synthesize-rubrics``, ``verify``):
-their common flags, the models they build, resuming and sharding, the progress bar and the exit
+their common flags, the models they build, resuming and sharding, the live view and the exit
 status. The commands live in :mod:`deepr.cli.trees_cmd`, :mod:`deepr.cli.rubrics_cmd` and
 :mod:`deepr.cli.verify_cmd`.
 
@@ -22,8 +22,7 @@ from deepr.cli import flags as F
 from deepr.cli.app import console
 
 T = TypeVar("T")
-LLM_HELP = ("extractive (no LLM, the offline default), openai:<model>, hf:<path>[,adapter=<role>:<path>] "
-            "or replay:<file>.")
+LLM_HELP = F.LLM_HELP
 
 
 def llm_opt() -> Any:
@@ -128,22 +127,18 @@ def done_before(out: Path, others: Iterable[Path], rejects: Path, retry: bool,
 
 
 def drive(coro_fn: Callable[[Callable[[Any], None]], Any], total: int, label: str,
-           write: Callable[[Any], None]) -> None:
-    """Run a stage (a coroutine, or a function that runs one itself) with a progress bar;
-    ``write`` stores each result as it arrives."""
+          write: Callable[[Any], None], *, unit: str = "", deadline: float | None = None) -> None:
+    """Run a stage (a coroutine, or a function that runs one itself) under the live view
+    (:mod:`deepr.cli.live`); ``write`` stores each result as it arrives."""
     import inspect
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
+    from deepr.cli.live import LiveView
     from deepr.llm.base import run_sync
 
-    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=True) as bar:
-        task = bar.add_task(label, total=total)
-
+    with LiveView(label, total=total, unit=unit, deadline=deadline) as view:
         def on_result(r: Any) -> None:
             write(r)
-            bar.advance(task)
+            view.advance()
 
         work = coro_fn(on_result)
         if inspect.iscoroutine(work):

@@ -80,13 +80,15 @@ def eval_command(
                                  "predictions), a deepr run sidecar report.json, or a folder of sidecars."),
     metric: str = typer.Option(..., "--metric", "-m", help="Comma-separated metrics: rubric, citation, format, "
                                "search, composite, plan_reward, answer_reward, em, f1, lj, team, structure, "
-                               "race, fact."),
+                               "race, fact, support, recall."),
     out: Path = typer.Option(..., "--out", "-o", help="Per-item scores (JSONL); re-running skips ids already in it."),
-    rubrics: Path | None = typer.Option(None, "--rubrics", help="verified.jsonl with rubrics, joined by id, "
-                                        "else by question text."),
+    rubrics: Path | None = typer.Option(None, "--rubrics", help="verified.jsonl with rubrics (or ResearchRubrics' "
+                                        "{sample_id, prompt, rubrics: [{criterion, weight, axis}]}), joined "
+                                        "by id, else by question text."),
     gold: Path | None = typer.Option(None, "--gold", help='Gold answers {"id", "answers"} for em/f1/lj/team.'),
-    judge_llm: str = typer.Option("extractive", "--judge-llm", help="Judge backend: extractive (no LLM), "
-                                  "openai:<model>, hf:<path> or replay:<file>."),
+    qrels: Path | None = typer.Option(None, "--qrels", help="TREC qrels (query-id iteration doc-id relevance) "
+                                      "for --metric recall, e.g. BrowseComp-Plus's qrel_evidence.txt."),
+    judge_llm: str = typer.Option("extractive", "--judge-llm", help="Judge backend: " + F.LLM_HELP),
     base_url: str | None = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint for the judge."),
     api_key: str | None = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY",
                                        help="API key for the judge endpoint (default: $OPENAI_API_KEY)."),
@@ -113,10 +115,10 @@ def eval_command(
     with user_errors():
         F.check_budget(timeout, deadline, concurrency, limit)
         gen = F.gen_defaults(max_tokens, temperature, top_p, seed, formats, reask)
-        _guard(input, out, rubrics, gold, race_criteria, race_reference, html_out, judge_cache)
+        _guard(input, out, rubrics, gold, qrels, race_criteria, race_reference, html_out, judge_cache)
         code = _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cache, judge_cache,
                     (timeout, deadline, gen), concurrency, race_criteria, race_reference, html_out, limit, dry_run,
-                    allow_fallback, pages=(allow_host, search_cache))
+                    allow_fallback, pages=(allow_host, search_cache), qrels=qrels)
     finish(code)
 
 
@@ -153,7 +155,7 @@ def _outcome(scores: list[dict], scored: dict[str, list[str]], judge: Any, allow
 
 def _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cache, judge_cache, budget,
          concurrency, race_criteria, race_reference, html_out, limit, dry_run, allow_fallback=False,
-         pages=(None, "use")) -> int:
+         pages=(None, "use"), qrels=None) -> int:
     from pydantic import ValidationError
 
     from deepr.eval.evaluate import EvalConfig, EvalContext, evaluate, missing_inputs
@@ -168,6 +170,10 @@ def _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cac
     items = require_records(load_items(input), input, what="items to score")
     ctx = EvalContext(rubrics=load_references(rubrics, "rubrics") if rubrics else ({}, {}),
                       gold=load_references(gold, "gold") if gold else ({}, {}))
+    if qrels is not None:
+        from deepr.eval.benchmarks import load_qrels
+
+        ctx.qrels = load_qrels(qrels)
     if race_criteria or race_reference:
         if not (race_criteria and race_reference):
             raise ValueError("RACE needs both --race-criteria and --race-reference")
@@ -195,17 +201,16 @@ def _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cac
     t0 = time.perf_counter()
     if todo:
         _attach_models(ctx, cfg, base_url, api_key, no_cache, judge_cache, budget)
-        from rich.progress import Progress
+        from deepr.cli.live import LiveView
 
         groups: dict[tuple[str, ...], list[Any]] = {}
         for it in todo:
             groups.setdefault(tuple(pending[it.id]), []).append(it)
-        with JsonlAppender(out) as sink, Progress(console=console, transient=True) as bar:
-            task = bar.add_task("scoring", total=len(todo))
+        with JsonlAppender(out) as sink, LiveView("eval", total=len(todo), unit="items", deadline=budget[1]) as view:
             for metrics, group in groups.items():
                 run_sync_eval(evaluate(group, list(metrics), ctx, concurrency=cfg.concurrency,
                                        sink=lambda sc: sink.write(merge_score(before.get(sc.id), sc.model_dump())),
-                                       progress=lambda n: bar.advance(task, n)))
+                                       progress=view.advance))
         if ctx.judge is not None:
             ctx.judge.cache.close()
     if ctx.pages is not None:
@@ -216,7 +221,7 @@ def _run(input, metric, out, rubrics, gold, judge_llm, base_url, api_key, no_cac
     rows, totals = summarize(scores, cfg.metrics), benchmark_totals(scores, cfg.metrics)
     _print_summary(rows, totals)
     judge_name = ctx.judge.name if ctx.judge else None
-    write_meta(out, stage="eval", config=cfg, inputs=[p for p in (input, rubrics, gold, race_criteria,
+    write_meta(out, stage="eval", config=cfg, inputs=[p for p in (input, rubrics, gold, qrels, race_criteria,
                                                                      race_reference) if p],
                counts={"items": len(items), "scored_now": len(todo), "total_scored": len(scores)},
                timings={"seconds": round(time.perf_counter() - t0, 3)},

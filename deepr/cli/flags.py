@@ -17,6 +17,11 @@ import typer
 FIELD_FLAGS = {"decor_steps": "--steps", "k": "--top-k", "learning_rate": "--lr", "prune_drafts": "--no-prune",
                "metrics": "--metric", "judge": "--judge-llm"}
 
+# The model specs deepr.llm.get_llm reads, for every --llm / --judge-llm help.
+LLM_FORMS = ("openai:<model>, hf:<path>[,adapter=<role>:<path>], smollm2 (SmolLM2-135M offline), "
+             "gguf:<file.gguf> or replay:<file>")
+LLM_HELP = f"extractive (no LLM, the offline default), {LLM_FORMS}."
+
 MAX_TOKENS = typer.Option(None, "--max-tokens", help="Cap on completion tokens of every model call (each role "
                           "keeps its own smaller default).")
 TEMPERATURE = typer.Option(None, "--temperature", help="Sampling temperature of every model call, 0..2 "
@@ -44,7 +49,7 @@ TIMEOUT = typer.Option(120.0, "--timeout", help="Seconds before one model call t
 
 EXIT_HELP = ("Exit status: 0 all good; 2 bad input or flags (nothing run); 3 some records/turns failed or fell "
              "back (0 with --allow-fallback); 4 nothing succeeded; 5 the endpoint refused the credentials "
-             "(stopped at once); 130 interrupted (re-run to resume). See README 'Exit status'.")
+             "(stopped at once); 130 interrupted (the message says what was kept). See README 'Exit status'.")
 
 
 def profile_of(spec: str | None, name: str | None = None, formats: str | None = None, reask: str | None = None) -> Any:

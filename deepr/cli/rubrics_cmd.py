@@ -58,12 +58,12 @@ def synthesize_rubrics_command(
             return
         model, _, prof, _ = D.models(llm, None, base_url, api_key, no_cache, timeout, concurrency, gen, deadline,
                                     (profile, formats, reask))
-        tally = _run_synth(todo, model, cfg, trees, out, rejects, plan, t0, prof)
+        tally = _run_synth(todo, model, cfg, trees, out, rejects, plan, t0, prof, deadline)
     finish(D.outcome(tally, [model], allow_fallback or fallback == "extractive"))
 
 
 def _run_synth(todo: list[Any], model: Any, cfg: Any, trees: Path, out: Path, rejects: Path,
-               plan: dict[str, int], t0: float, profile: Any = None) -> Any:
+               plan: dict[str, int], t0: float, profile: Any = None, deadline: float | None = None) -> Any:
     from deepr.io import JsonlAppender, read_jsonl, write_meta
     from deepr.records import QRPair, Reject
     from deepr.data.outcomes import StageTally
@@ -80,7 +80,7 @@ def _run_synth(todo: list[Any], model: Any, cfg: Any, trees: Path, out: Path, re
                 tally.add(r)
 
             D.drive(lambda cb: asynthesize_rubrics(todo, model, cfg, embed=embed, on_result=cb, profile=profile),
-                   len(todo), "synthesising rubrics", write)
+                   len(todo), "synthesize-rubrics", write, unit="pairs", deadline=deadline)
     finally:
         pairs = list(read_jsonl(out, QRPair, tolerate_torn_tail=True)) if out.exists() else []
         stats = pair_summary(pairs)

@@ -1,7 +1,10 @@
 """``deepr run``: the research agent on one query, or on a file of queries (resumable by id).
 
 Inputs: a question (or ``--queries FILE``: JSONL with ``id`` and ``question`` / ``query`` /
-``prompt``, or a text file with one question per line), a corpus and an LLM backend.
+``prompt`` (BrowseComp-Plus's ``query_id`` and ResearchRubrics' ``sample_id`` name the id; their
+``{criterion, weight, axis}`` rubrics are read), a ``.tsv`` of id TAB question, or a text file
+with one question per line), a corpus and an LLM backend. ``--answer short`` ends dag, decor and
+tools runs with BrowseComp's Explanation / Exact Answer / Confidence.
 Outputs: ``report.md``, the ``report.json`` audit sidecar, ``report.html`` with ``--html``,
 ``report.md.meta.json``; ``--record`` appends the run as a training trajectory. With
 ``--queries``, ``--out`` is a folder holding ``<id>.md`` / ``<id>.json`` per query and a
@@ -21,18 +24,19 @@ from typing import Any
 
 import typer
 from rich.markup import escape
-from rich.text import Text
 
 from deepr.cli import flags as F
-from deepr.cli.app import app, console, finish, summary_table, user_errors
+from deepr.cli.app import app, console, finish, interrupted_run, summary_table, user_errors
 from deepr.cli.exit_codes import exit_code
 from deepr.cli.search_opts import ALLOW_OPT, CACHE_OPT, SEARCH_OPT, fetch_limit_options
 
 MODES = ("dag", "warp", "decor", "tools")
 _FLAGS = {"k": "-k", "search_rounds": "--search-rounds", "max_cycles": "--max-cycles", "mode": "--mode",
           "force_expand": "--force-expand", "decor_steps": "--steps", "memory_limit": "--memory-limit",
-          "max_reasks": "--max-reasks", "temperature": "--temperature", "max_tokens": "--max-tokens"}
+          "max_reasks": "--max-reasks", "temperature": "--temperature", "max_tokens": "--max-tokens",
+          "answer": "--answer"}
 QUERY_FIELDS = ("question", "query", "prompt")
+ID_FIELDS = ("id", "query_id", "sample_id")  # deepr, BrowseComp-Plus, ResearchRubrics
 
 
 def _config(**kw: Any) -> Any:
@@ -51,10 +55,16 @@ def _rubrics_of(rec: dict[str, Any], path: Path, n: int) -> None:
     from pydantic import ValidationError
 
     from deepr.io import RecordError
-    from deepr.records import RubricItem
+    from deepr.records import RubricItem, criteria_rubrics, is_criteria
 
     raw = rec.get("rubrics")
     if raw is None:
+        return
+    if is_criteria(raw):  # ResearchRubrics' {criterion, weight, axis}
+        try:
+            rec["rubrics"] = criteria_rubrics(raw)
+        except ValueError as e:
+            raise RecordError(path, n, str(e), field="rubrics") from None
         return
     if not isinstance(raw, list):
         raise RecordError(path, n, f"expected a list of rubric items, got {type(raw).__name__}", field="rubrics")
@@ -86,6 +96,8 @@ def load_queries(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such queries file")
     lines = path.read_text(encoding="utf-8").splitlines()
+    if path.suffix == ".tsv":  # BrowseComp-Plus topics: id <TAB> query
+        return _tsv_queries(lines, path)
     if path.suffix not in (".jsonl", ".json"):
         return [{"id": f"q{n}", "query": ln.strip()} for n, ln in enumerate(lines, 1) if ln.strip()]
     out, seen = [], set()
@@ -97,12 +109,30 @@ def load_queries(path: Path) -> list[dict[str, Any]]:
         if text is None:
             raise RecordError(path, n, "needs a non-empty question text", field="question")
         _rubrics_of(rec, path, n)
-        if "id" not in rec or not str(rec["id"]).strip():
+        qid = next((rec[f] for f in ID_FIELDS if rec.get(f) is not None and str(rec[f]).strip()), None)
+        if qid is None:
             raise RecordError(path, n, "needs an id (resuming skips finished ids)", field="id")
-        if str(rec["id"]) in seen:
-            raise RecordError(path, n, f"id {rec['id']!r} appears twice; ids must be unique", field="id")
-        seen.add(str(rec["id"]))
-        out.append({**rec, "id": str(rec["id"]), "query": text})
+        if str(qid) in seen:
+            raise RecordError(path, n, f"id {qid!r} appears twice; ids must be unique", field="id")
+        seen.add(str(qid))
+        out.append({**rec, "id": str(qid), "query": text})
+    return out
+
+
+def _tsv_queries(lines: list[str], path: Path) -> list[dict[str, Any]]:
+    from deepr.io import RecordError
+
+    out, seen = [], set()
+    for n, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        qid, _, text = raw.partition("\t")
+        if not qid.strip() or not text.strip():
+            raise RecordError(path, n, "expected 'id<TAB>question'", field="query")
+        if qid.strip() in seen:
+            raise RecordError(path, n, f"id {qid.strip()!r} appears twice; ids must be unique", field="id")
+        seen.add(qid.strip())
+        out.append({"id": qid.strip(), "query": text.strip()})
     return out
 
 
@@ -142,12 +172,23 @@ def _stats(result: Any) -> list[tuple[str, Any]]:
 
 
 def _run_one(query: str, tools: Any, llm: Any, config: Any, *, html: bool, query_id: str | None = None,
-             rubrics: Any = (), label: str = "", profile: Any = None) -> Any:
+             rubrics: Any = (), profile: Any = None, deadline: float | None = None) -> Any:
     import deepr
+    from deepr.cli.live import LiveView
 
-    with console.status(escape(f"{label}{config.mode}: starting")) as status:
+    with LiveView(f"run {config.mode}", deadline=deadline) as view:
+        view.phase("starting")
         return deepr.run(query, tools=tools, llm=llm, config=config, query_id=query_id, rubrics=rubrics,
-                         html=html, profile=profile, on_phase=lambda p: status.update(Text(f"{label}{config.mode}: {p}")))
+                         html=html, profile=profile, on_phase=view.phase)
+
+
+def _reason_rows(res: Any) -> list[tuple[str, Any]]:
+    """The run's commonest failure reasons with the next step: its recorded failures, else its failed calls."""
+    from deepr.data.outcomes import failure_rows
+
+    tr = res.trace
+    return failure_rows((tr.model_extra or {}).get("failures") or [
+        {"where": c.role, "reason": c.error or "failed"} for c in tr.calls if not c.ok])
 
 
 def _unique(record: Path, base: str) -> str:
@@ -161,9 +202,11 @@ def _unique(record: Path, base: str) -> str:
 
 
 def _batch(items: list[dict[str, Any]], out: Path, tools: Any, llm: Any, config: Any, *, html: bool,
-           record: Path | None, limit: int | None = None, parallel: int = 1, profile: Any = None) -> dict[str, Any]:
+           record: Path | None, limit: int | None = None, parallel: int = 1, profile: Any = None,
+           deadline: float | None = None) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """Run every query not yet in ``out/reports.jsonl``, ``parallel`` at a time; returns counts for
-    the summary. Each finished query is written at once, so a stopped batch resumes where it was."""
+    the summary and its top failure reasons. Each finished query is written at once, so a stopped
+    batch resumes where it was."""
     from deepr.io import JsonlAppender, done_ids, rejects_path, versions
     from deepr.llm.base import run_sync
 
@@ -177,10 +220,12 @@ def _batch(items: list[dict[str, Any]], out: Path, tools: Any, llm: Any, config:
               "rejected": 0, "degraded": 0, "seconds": 0.0}
     batch = _Batch(out, tools, llm, config, html, record, counts, done_ids(record) if record else set())
     batch.profile = profile
+    from deepr.cli.live import LiveView
+
     with JsonlAppender(index) as batch.sink, JsonlAppender(rejects_path(index)) as batch.rejects, \
-            console.status(f"{config.mode}: starting") as batch.status:
+            LiveView(f"run {config.mode}", total=len(todo), unit="questions", deadline=deadline) as batch.status:
         run_sync(batch.run_all(todo, parallel))
-    return counts
+    return counts, batch.tally.reason_rows(3)
 
 
 class _Batch:
@@ -195,6 +240,9 @@ class _Batch:
         self.rejects: Any = None
         self.status: Any = None
         self.profile: Any = None
+        from deepr.data.outcomes import StageTally
+
+        self.tally = StageTally("run")  # the reasons of rejected questions and of failed turns
 
     async def run_all(self, todo: list[dict[str, Any]], parallel: int) -> None:
         import asyncio
@@ -203,7 +251,7 @@ class _Batch:
 
         async def one(n: int, it: dict[str, Any]) -> None:
             async with gate:
-                await self.run_one(it, f"[{n}/{len(todo)}] {it['id']} ")
+                await self.run_one(it, f"{it['id']}: ")
 
         await asyncio.gather(*(one(n, it) for n, it in enumerate(todo, 1)))
 
@@ -216,18 +264,21 @@ class _Batch:
         try:
             rubrics = [RubricItem.model_validate(r) for r in it.get("rubrics", [])]
             before = search_summary(self.tools.retriever)
-            # the phase line is a Text: rich parses no markup in it, once per phase per question
             res = await arun_agent(it["query"], tools=self.tools.fresh(), llm=self.llm, config=self.config,
                                    query_id=it["id"], rubrics=rubrics, html=self.html, profile=self.profile,
-                                   on_phase=lambda p: self.status.update(Text(f"{label}{self.config.mode}: {p}")))
+                                   on_phase=lambda p: self.status.phase(f"{label}{p}"))
             attach(res, self.tools.retriever, before)
             if self.llm.unreachable:  # every turn fell back without reaching the model: not a report
                 raise LLMError(f"{self.llm.unreachable}; no report written")
         except (ValueError, LLMError, RuntimeError) as e:
             self.rejects.write(Reject(id=it["id"], stage="run", reason=str(e), record={"query": it["query"]}))
             self.counts["rejected"] += 1
+            self.tally.add_failures([{"where": "question", "reason": str(e)}])
+            self.status.advance()
             return
+        self.tally.add_failures(res.trace.model_extra.get("failures", []))
         self.write(it, res)
+        self.status.advance()
 
     def write(self, it: dict[str, Any], res: Any) -> None:
         from deepr.agent import write_report
@@ -265,8 +316,7 @@ def run_command(
     retriever: str = typer.Option("hybrid", "--retriever", "-r", help="dense, bm25 or hybrid ranking."),
     cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Index cache (default $DEEPR_CACHE or "
                                           "~/.cache/deepr)."),
-    llm: str = typer.Option("extractive", "--llm", envvar="DEEPR_LLM", help="extractive (no LLM), "
-                            "openai:<model>, hf:<path>[,adapter=<role>:<path>] or replay:<file>."),
+    llm: str = typer.Option("extractive", "--llm", envvar="DEEPR_LLM", help=F.LLM_HELP),
     base_url: str | None = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint URL."),
     api_key: str | None = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="API key for --base-url."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not use the LLM response cache."),
@@ -289,8 +339,12 @@ def run_command(
     steps: int = typer.Option(4, "--steps", help="decor: most planner/filter steps (T_max)."),
     memory_limit: int = typer.Option(4096, "--memory-limit", help="decor: memory tokens before condensing."),
     max_reasks: int = typer.Option(2, "--max-reasks", help="Re-asks per model turn after an unusable reply."),
+    answer: str = typer.Option("report", "--answer", help="report (a long cited report) or short: a "
+                               "fact-seeking question's Explanation / Exact Answer / Confidence 0-100, as "
+                               "BrowseComp-Plus grades it (dag, decor or tools)."),
     queries: Path | None = typer.Option(None, "--queries", help="Run every query of this file (JSONL with id "
-                                        "and question, or one question per line); resumable by id."),
+                                        "and question, BrowseComp-Plus or ResearchRubrics JSONL, id<TAB>question "
+                                        ".tsv, or one question per line); resumable by id."),
     parallel: int = typer.Option(1, "--parallel", help="With --queries: queries in flight at once. Their model "
                                  "calls overlap (an hf model decodes waiting calls as one batch; a server "
                                  "batches them itself). Not with web search: its per-run counts would mix."),
@@ -318,7 +372,7 @@ def run_command(
         _check_parallel(parallel, queries, search)
         config = _config(mode=mode, k=k, search_rounds=search_rounds, rubric_scaffold=rubric_scaffold,
                          max_cycles=max_cycles, force_expand=force_expand, decor_steps=steps,
-                         memory_limit=memory_limit, max_reasks=max_reasks)
+                         memory_limit=memory_limit, max_reasks=max_reasks, answer=answer)
         _guard_run(query, queries, out, corpus, record, html)
         from deepr.io import require_records
 
@@ -346,17 +400,21 @@ def run_command(
         if queries:
             out.mkdir(parents=True, exist_ok=True)
             with search_errors(source):
-                counts = _batch(items, out, tools, model, config, html=html, record=record, limit=limit,
-                                parallel=parallel, profile=prof)
+                counts, reasons = _batch(items, out, tools, model, config, html=html, record=record, limit=limit,
+                                         parallel=parallel, profile=prof, deadline=deadline)
             _finish_batch(out, queries, {**config.model_dump(), "profile": prof.describe()}, counts,
-                          time.perf_counter() - t0)
+                          time.perf_counter() - t0, reasons)
             finish(exit_code(counts["run now"] - counts["degraded"], counts["degraded"], counts["rejected"],
                              allow_fallback=allow_fallback, auth=model.auth_failed))
             return
         from deepr.agent import write_report
 
         with search_errors(source):
-            res = _run_one(query, tools, model, config, html=html, profile=prof)
+            try:
+                res = _run_one(query, tools, model, config, html=html, profile=prof, deadline=deadline)
+            except KeyboardInterrupt:
+                console.print(f"[yellow]{escape(interrupted_run(model))}[/]", highlight=False, soft_wrap=True)
+                raise typer.Exit(130) from None
             _check_reached(model)
             check_usable(source, res)
             attach(res, source)
@@ -366,7 +424,8 @@ def run_command(
 
             with JsonlAppender(record) as sink:
                 sink.write(res.trajectory.model_copy(update={"id": _unique(record, res.trajectory.id)}))
-    summary_table(f"deepr run — {out}", _stats(res) + [(f"wrote {k}", str(p)) for k, p in paths.items()])
+    summary_table(f"deepr run — {out}", _stats(res) + _reason_rows(res)
+                  + [(f"wrote {k}", str(p)) for k, p in paths.items()])
     ok, bad = _turn_counts(res, model)
     # one run's units are its turns: with none working, nothing succeeded (unless fallback is accepted)
     finish(exit_code(ok, bad if ok or allow_fallback else 0, 0 if ok or allow_fallback else bad,
@@ -417,11 +476,12 @@ def _guard_batch(items: list[dict[str, Any]], queries: Path, out: Path, corpus: 
                  ("--record", record)], [], [("--out", out, names)])
 
 
-def _finish_batch(out: Path, queries: Path, config: Any, counts: dict[str, Any], seconds: float) -> None:
+def _finish_batch(out: Path, queries: Path, config: Any, counts: dict[str, Any], seconds: float,
+                  reasons: list[tuple[str, str]] = ()) -> None:
     from deepr.io import write_meta
 
     write_meta(out / "reports.jsonl", stage="run", config=config, inputs=[queries],
                counts={k: v for k, v in counts.items() if k != "seconds"},
                timings={"run_seconds": round(counts["seconds"], 3), "total_seconds": round(seconds, 3)})
     counts["seconds"] = round(counts["seconds"], 1)
-    summary_table(f"deepr run — {out}", list(counts.items()))
+    summary_table(f"deepr run — {out}", [*counts.items(), *reasons])

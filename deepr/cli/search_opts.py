@@ -28,10 +28,6 @@ SEARCH_HELP = (
     "value); DEEPR_SEARCH_TTL_HOURS (168) sets the cache lifetime.")
 
 
-def _types(v: str) -> tuple[str, ...]:
-    return tuple(t.strip().lower() for t in v.split(",") if t.strip())
-
-
 # flag -> (SearchConfig field, environment variable, type, built-in default shown in --help, help)
 LIMIT_FLAGS: dict[str, tuple[str, str, Any, str, str]] = {
     "--fetch-timeout": ("timeout", "DEEPR_FETCH_TIMEOUT", float, "15",
@@ -49,25 +45,8 @@ LIMIT_FLAGS: dict[str, tuple[str, str, Any, str, str]] = {
                       "Most request starts per second, all hosts together (a 429's Retry-After pauses its "
                       "host on top of this)."),
 }
-LIMIT_ENV = {env: (field, _types if field == "content_types" else conv)
-             for field, env, conv, _, _ in LIMIT_FLAGS.values()}
-LIMIT_ENV["DEEPR_SEARCH_TTL_HOURS"] = ("ttl_hours", float)
 _FIELD_FLAG = {field: flag for flag, (field, *_rest) in LIMIT_FLAGS.items()}
 _cli_limits: dict[str, Any] = {}  # flag values of the command now running (set by fetch_limit_options)
-
-
-def _limits() -> dict[str, Any]:
-    """Fetch limits: a command's flags first, then the environment variables named in --help."""
-    out: dict[str, Any] = {}
-    for env, (field, conv) in LIMIT_ENV.items():
-        raw = os.environ.get(env, "").strip()
-        if raw:
-            try:
-                out[field] = conv(raw)
-            except ValueError:
-                raise ValueError(f"{env}={raw!r}: not a valid value") from None
-    out.update(_cli_limits)
-    return out
 
 
 def _limit_error(err: dict[str, Any]) -> str | None:
@@ -105,7 +84,9 @@ def fetch_limit_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         given = {p.name.removeprefix("limit_"): kwargs[p.name] for p in extra if kwargs.get(p.name) is not None}
         kwargs = {k: v for k, v in kwargs.items() if k not in {p.name for p in extra}}
         if "content_types" in given:
-            given["content_types"] = _types(given["content_types"])
+            from deepr.search.config import LIMIT_ENV  # not at import: `deepr --help` stays light
+
+            given["content_types"] = LIMIT_ENV["DEEPR_FETCH_TYPES"][1](given["content_types"])
         saved = dict(_cli_limits)
         _cli_limits.clear()
         _cli_limits.update(given)
@@ -163,12 +144,10 @@ def search_config(search: str, allow_host: list[str] | None, search_cache: str, 
     """The validated SearchConfig; a bad flag value raises ValueError naming the flag."""
     from pydantic import ValidationError
 
-    from deepr.search import SearchConfig
+    from deepr.search.config import search_config as build
 
     try:
-        return SearchConfig(spec=search, allow_hosts=list(allow_host or []), cache=search_cache,
-                            cache_dir=cache_dir, reader=os.environ.get("DEEPR_READER") or "trafilatura",
-                            **_limits())
+        return build(search, allow_host or (), search_cache, cache_dir, **_cli_limits)
     except ValidationError as e:
         err = e.errors()[0]
         if err["loc"] and err["loc"][0] == "reader":

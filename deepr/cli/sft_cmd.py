@@ -82,7 +82,7 @@ def prune_trajectories_cmd(
                                     "(default 0); also sent with every judge call when given."),
     no_prune: bool = typer.Option(False, "--no-prune", help="Keep warp trajectories whole (no best-draft cut)."),
     judge_llm: str = typer.Option("extractive", "--judge-llm", help="Judge scoring warp drafts against "
-                                  "their rubrics: extractive (no LLM), openai:<model>, hf:<path>."),
+                                  "their rubrics: " + F.LLM_HELP),
     base_url: str | None = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint for the judge."),
     api_key: str | None = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="Key for the judge."),
     timeout: float = F.TIMEOUT, deadline: float | None = F.DEADLINE,
@@ -98,7 +98,11 @@ def prune_trajectories_cmd(
     from deepr.train.trajectories import STAGE, PruneConfig, judge_scorer, prune_trajectories
 
     t0 = time.perf_counter()
-    with user_errors({"": "--target-ratios"}):
+    # only an openai: judge's replies are cached (deepr.llm.get_llm), so only they outlive a Ctrl-C
+    kept = ("the judge's replies received so far stay in the reply cache, so a re-run asks only for the rest"
+            if judge_llm.startswith("openai:") else "a re-run starts over")
+    with user_errors({"": "--target-ratios"}, interrupted="interrupted: nothing was written (prune-trajectories "
+                     f"writes its outputs at the end); {kept}."):
         F.check_budget(timeout, deadline, None, limit)
         gen = F.gen_defaults(max_tokens, temperature, top_p, seed)
         config = PruneConfig(target_ratios=target_ratios, max_upsample=max_upsample, total=total,
@@ -111,7 +115,13 @@ def prune_trajectories_cmd(
         if rubrics is not None:
             attach_rubrics(trajs, rubrics)
         scorer = judge_scorer(_judge_factory(judge_llm, base_url, api_key, timeout, gen, deadline))
-        examples, rejects, stats = prune_trajectories(trajs, config, scorer)
+        if judge_llm == "extractive":
+            examples, rejects, stats = prune_trajectories(trajs, config, scorer)
+        else:  # a model judges the drafts: calls worth watching
+            from deepr.cli.live import LiveView
+
+            with LiveView("prune-trajectories", deadline=deadline):
+                examples, rejects, stats = prune_trajectories(trajs, config, scorer)
     rows = [("trajectories read", stats["trajectories"]), ("kept", stats["kept"])]
     rows += [(f"dropped: {code}", n) for code, n in stats["dropped"].items()]
     rows += [("warp trajectories cut at best draft", stats["trajectories_cut"]),

@@ -118,7 +118,7 @@ def build_trees_command(
 
         with search_errors(retriever_obj):
             tally = _run_trees(todo, retriever_obj, model, judge, cfg, out, rejects, plan, t0, inputs=inputs,
-                                corpus=corpus, spare=spare, profiles=(prof, judge_prof))
+                                corpus=corpus, spare=spare, profiles=(prof, judge_prof), deadline=deadline)
     accept = allow_fallback or fallback == "extractive"
     finish(spare.outcome(tally, [model, judge], accept) if spare.used else D.outcome(tally, [model, judge], accept))
 
@@ -168,7 +168,7 @@ class _Spares:
 
 def _run_trees(todo: list[Any], retriever: Any, model: Any, judge: Any, cfg: Any, out: Path, rejects: Path,
                plan: dict[str, int], t0: float, *, inputs: list[Path], corpus: str, spare: "_Spares",
-               profiles: tuple[Any, Any] = (None, None)) -> Any:
+               profiles: tuple[Any, Any] = (None, None), deadline: float | None = None) -> Any:
     from deepr.io import JsonlAppender, read_jsonl, write_meta
     from deepr.records import Reject, Tree
     from deepr.data.outcomes import StageTally
@@ -193,7 +193,7 @@ def _run_trees(todo: list[Any], retriever: Any, model: Any, judge: Any, cfg: Any
                 D.drive(lambda cb, b=batch: build_trees(corpus=retriever, topics=b, llm=model, judge=judge,
                                                        config=cfg, on_result=cb, profile=profiles[0],
                                                        judge_profile=profiles[1]),
-                       len(batch), "building trees", write)
+                       len(batch), "build-trees", write, unit="trees", deadline=deadline)
                 batch = spare.next(built)
     finally:
         trees = list(read_jsonl(out, Tree, tolerate_torn_tail=True)) if out.exists() else []

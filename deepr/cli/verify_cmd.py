@@ -19,9 +19,13 @@ from deepr.cli.app import app, finish, summary_table, user_errors
 
 
 def dropped_path(out: Path) -> Path:
-    """``verified.jsonl`` → ``dropped.jsonl`` beside it; any other name gets ``<stem>.dropped.jsonl``."""
+    """``<stem>.dropped.jsonl`` beside ``--out``: every side file is named after its output
+    (``<stem>.rejects.jsonl``, ``<out>.meta.json``; docs/artefacts.md)."""
     stem = out.name[: -len(".jsonl")] if out.name.endswith(".jsonl") else out.name
-    return out.with_name("dropped.jsonl" if stem == "verified" else f"{stem}.dropped.jsonl")
+    return out.with_name(f"{stem}.dropped.jsonl")
+
+
+_KIND_NAMES = {"verified": "kept or revised", "dropped": "dropped", "reject": "audit failed (rejects file)"}
 
 
 @app.command("verify", epilog=F.EXIT_HELP)
@@ -29,7 +33,7 @@ def verify_command(
     pairs: Path = typer.Argument(..., help="pairs.jsonl written by synthesize-rubrics."),
     out: Path = typer.Option(..., "--out", "-o", help="Output verified.jsonl (KEEP and REVISE; appended, resumable)."),
     dropped: Path | None = typer.Option(None, "--dropped",
-                                        help="Where DROP decisions go (default: dropped.jsonl beside --out)."),
+                                        help="Where DROP decisions go (default: <out stem>.dropped.jsonl beside --out)."),
     trees: Path | None = typer.Option(None, "--trees",
                                       help="trees.jsonl, only for pairs that do not carry their selected leaves."),
     llm: str = D.llm_opt(), judge_llm: str | None = D.judge_opt("the audit (usually a stronger model)"),
@@ -64,14 +68,15 @@ def verify_command(
             return
         _, judge, _, judge_prof = D.models(llm, judge_llm or llm, base_url, api_key, no_cache, timeout, concurrency,
                                           gen, deadline, (profile, formats, reask))
-        tally = _run_verify(todo, judge, cfg, tree_map, pairs, out, drop_to, rejects, plan, t0, judge_prof)
+        tally = _run_verify(todo, judge, cfg, tree_map, pairs, out, drop_to, rejects, plan, t0, judge_prof, deadline)
     finish(D.outcome(tally, [judge], allow_fallback or fallback == "extractive"))
 
 
 def _run_verify(todo: list[Any], judge: Any, cfg: Any, tree_map: Any, pairs: Path, out: Path, drop_to: Path,
-                rejects: Path, plan: dict[str, int], t0: float, profile: Any = None) -> Any:
+                rejects: Path, plan: dict[str, int], t0: float, profile: Any = None,
+                deadline: float | None = None) -> Any:
     from deepr.io import JsonlAppender, read_jsonl, write_meta
-    from deepr.records import QRPair
+    from deepr.records import QRPair, Reject
     from deepr.data.outcomes import StageTally
     from deepr.data.verify import Verdict, averify, verify_summary
 
@@ -87,18 +92,23 @@ def _run_verify(todo: list[Any], judge: Any, cfg: Any, tree_map: Any, pairs: Pat
 
             D.drive(lambda cb: averify(todo, judge, cfg, embed=D.embed_fn(), trees=tree_map, on_result=cb,
                                       profile=profile),
-                   len(todo), "verifying pairs", write)
-    finally:  # rates and tags over everything audited so far, resumed runs included
+                   len(todo), "verify", write, unit="pairs", deadline=deadline)
+    finally:  # rates and tags over everything audited so far, resumed runs and failed audits included
         seen = [Verdict(kind, r) for kind, path in (("verified", out), ("dropped", drop_to))
                 if path.exists() for r in read_jsonl(path, QRPair, tolerate_torn_tail=True)]
+        seen += [Verdict("reject", r) for r in read_jsonl(rejects, Reject, tolerate_torn_tail=True)] \
+            if rejects.exists() else []
         rates, tags = verify_summary(seen)
         write_meta(out, stage="verify", config=cfg, inputs=[pairs],
                    counts={**plan, **counts, **rates, **tally.counts()}, timings={"seconds": round(time.perf_counter() - t0, 2)},
                    extra={"judge": judge.describe(), "profile": D.described(profile), "usage": judge.usage.as_dict(),
                           "dropped_file": str(drop_to),
                           "error_tags": tags})
-    summary_table(f"verify → {out}", [*plan.items(), *counts.items(), *rates.items(),
-                                     ("dropped file", str(drop_to))])
+    # this run's counts, then the rates over every pair in the output files (earlier runs too)
+    now = [(f"this run: {_KIND_NAMES[k]}", counts[k]) for k in _KIND_NAMES]
+    summary_table(f"verify → {out}", [*plan.items(), *now, *((f"{k} (all runs)", v) for k, v in rates.items()),
+                                     ("dropped file", str(drop_to)),
+                                     ("rejects file", str(rejects) if counts["reject"] else "-")])
     summary_table("error tags (all audited pairs)", list(tags.items()) or [("none", 0)])
-    summary_table("verify: records", tally.rows())
+    summary_table("verify: this run's records", tally.rows())
     return tally

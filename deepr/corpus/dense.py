@@ -4,8 +4,8 @@ Input: unit-length float32 passage vectors; output: a faiss index written to ``d
 Below ``ANN_THRESHOLD`` passages the index is exact (``IndexFlatIP``); above it, an inverted
 file (``IndexIVFFlat``: k-means cells, each query scans ``nprobe`` of them), which is read back
 memory-mapped so a corpus of millions of passages does not have to fit in RAM twice.
-The threshold and ``nprobe`` come from bench/scaling.py (recall against exact search on the
-wiki and on 200k synthetic passages; results in bench/results/scaling.json).
+The threshold and ``nprobe`` come from recall against exact search on the wiki and on 200k
+synthetic passages (docs/experiments.md).
 
 Example::
 
@@ -24,7 +24,7 @@ import numpy as np
 DenseKind = Literal["auto", "flat", "ivf"]
 DENSE_KINDS = ("auto", "flat", "ivf")
 # exact search over 250k x 384 floats is ~40 ms a query on one core and 384 MB of RAM: past
-# that, IVF's ~1-2 % recall cost (bench/results/scaling.json) buys a flat query time
+# that, IVF's ~1-2 % recall cost (docs/experiments.md) buys a flat query time
 ANN_THRESHOLD = 250_000
 NPROBE = 32
 TRAIN_PER_LIST = 64  # k-means training points per cell (faiss warns below 39)

@@ -35,6 +35,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from deepr.activity import note
 from deepr.corpus.chunking import ChunkConfig, chunk_documents
 from deepr.corpus.dense import DenseKind, build_dense, describe_dense, read_dense, resolve_kind, write_dense
 from deepr.corpus.embcache import EmbeddingCache, text_key
@@ -55,7 +56,7 @@ _WORD = re.compile(r"\w+")
 class FusionConfig(BaseModel):
     """How dense and BM25 rankings are combined in ``hybrid`` mode.
 
-    Defaults come from bench/retrieval.py (full wiki, query = an article's description, grid
+    Defaults come from the retrieval benchmark (docs/benchmarks.md; full wiki, query = an article's description, grid
     tuned on a dev half, reported on the test half): with the classic k=60 and equal weights
     the fused ranking lost recall@1 to BM25 alone; k=5 with the dense vote at 0.75 beat both
     single retrievers on recall@1/5/10 and MRR@10. Tune both for a corpus of your own.
@@ -411,6 +412,7 @@ class Retriever:
         out: list[list[Hit]] = [[] for _ in queries]
         if not live:
             return out
+        note("search", len(live))
         texts = [queries[i].strip() for i in live]
         depth = max(k, self.fusion.depth) if mode == "hybrid" else k
         dense = self._dense_ranks(texts, depth) if mode != "bm25" else None

@@ -3,7 +3,8 @@
 Inputs (the spec):
 - ``wiki`` (default): the offline Wikipedia summaries of the optional ``wiki`` extra
   (10,033 articles, 12 topics);
-- a ``.jsonl`` file (fields ``id``, ``title``, ``text``, ``url`` optional);
+- a ``.jsonl`` file (fields ``id``, ``title``, ``text``, ``url`` optional; the aliases below
+  are mapped, e.g. BrowseComp-Plus's ``docid``);
 - a ``.parquet`` file with the same columns (common aliases such as ``content`` are mapped);
 - a folder of ``.md`` / ``.txt`` files (id = relative path, title = first heading or stem);
 - ``hf:<dataset>[:<config>]``: split ``train`` through ``datasets.load_dataset``.
@@ -157,9 +158,12 @@ def spread_over_topics(docs: list[Document], limit: int) -> list[Document]:
 
 
 def load_jsonl(path: Path, limit: int | None = None) -> list[Document]:
+    """Rows with ``id`` / ``text`` (or the aliases of a published corpus: BrowseComp-Plus's
+    ``docid``, whose value stays the document id, so its qrels and run files match)."""
     docs: list[Document] = []
     first_line: dict[str, int] = {}
-    for lineno, doc in _numbered(read_jsonl(path, Document), path):
+    for lineno, row in _numbered(read_jsonl(path), path):
+        doc = _jsonl_document(row, path, lineno)
         _check_unique(doc.id, first_line, path, lineno)
         docs.append(doc)
         if limit is not None and len(docs) >= limit:
@@ -167,7 +171,27 @@ def load_jsonl(path: Path, limit: int | None = None) -> list[Document]:
     return docs
 
 
-def _numbered(records: Iterable[Document], path: Path) -> Iterable[tuple[int, Document]]:
+def _aliased(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with ``id`` / ``text`` / ``title`` / ``url`` taken from an alias column when absent."""
+    out = dict(row)
+    for key, names in (("id", ID_FIELDS), ("text", TEXT_FIELDS), ("title", TITLE_FIELDS), ("url", URL_FIELDS)):
+        if out.get(key) in (None, ""):
+            alias = next((n for n in names if row.get(n) not in (None, "")), None)
+            if alias is not None:
+                out[key] = str(row[alias]) if key == "id" and isinstance(row[alias], int) else row[alias]
+    return out
+
+
+def _jsonl_document(row: dict[str, Any], path: Path, lineno: int) -> Document:
+    try:
+        return Document.model_validate(_aliased(row))
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise RecordError(path, lineno, first.get("msg", str(e)),
+                          ".".join(map(str, first.get("loc", ()))) or None) from None
+
+
+def _numbered(records: Iterable[Any], path: Path) -> Iterable[tuple[int, Any]]:
     """Pair each record with its line number (blank lines are skipped by read_jsonl)."""
     with path.open("r", encoding="utf-8") as f:  # same line splitting as read_jsonl
         lines = [i for i, raw in enumerate(f, start=1) if raw.strip()]

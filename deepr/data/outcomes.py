@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from deepr.activity import note
 from deepr.records import Reject
 
 Fallback = Literal["none", "extractive"]
@@ -38,18 +39,42 @@ _REASON_CHARS = 120
 
 def reason_key(reason: str) -> str:
     """A failure reason with its particulars (quoted text, numbers) blanked, so that the same
-    failure on different records counts as one reason."""
+    failure on different records counts as one reason. Only a grouping key: what a user reads
+    is one record's reason in its own words and numbers (:func:`brief_reason`)."""
     text = _NUMBER.sub("N", _QUOTED.sub("'…'", _SPACE.sub(" ", str(reason)).strip()))
     return text if len(text) <= _REASON_CHARS else text[:_REASON_CHARS - 1].rstrip() + "…"
 
 
 def brief_reason(reason: str) -> str:
-    """A reason as a person reads it in a table: its own words and numbers, without the trailing
-    parenthesised details (they stay in the rejects file), cut to one line."""
+    """A reason as a person reads it in a table: its own words and numbers (addresses, ports,
+    limits and HTTP statuses as they were), without a trailing parenthesised list of details
+    (it stays in the rejects file), cut to one line."""
     text = _SPACE.sub(" ", str(reason)).strip()
-    head = text.split(" (", 1)[0] if len(text) > _REASON_CHARS // 2 else text
-    head = head or text
-    return head if len(head) <= _REASON_CHARS else head[:_REASON_CHARS - 1].rstrip() + "…"
+    head, sep, tail = text.partition(" (")
+    if sep and head and "; " in tail and len(text) > _REASON_CHARS // 2:
+        text = head
+    return text if len(text) <= _REASON_CHARS else text[:_REASON_CHARS - 1].rstrip() + "…"
+
+
+# What a user can do about a reason, first match wins (a reply cut short is the cause even when
+# the reason starts "gave up after 3 attempts").
+_NEXT_STEPS = [
+    (re.compile(r"cut at max_tokens|finish_reason\W+length", re.I), "raise --max-tokens"),
+    (re.compile(r"maximum context|context length|model's context", re.I),
+     "the prompt does not fit the model's context: lower --max-tokens or use a longer-context model"),
+    (re.compile(r"deadline of .* reached", re.I), "--deadline reached: raise --deadline or do less (--limit)"),
+    (re.compile(r"credentials|HTTP 40[13]\b", re.I), "check --api-key / OPENAI_API_KEY"),
+    (re.compile(r"timed out|timeout", re.I), "raise --timeout or lower --concurrency"),
+    (re.compile(r"refused the connection|connection refused|could not connect|unreachable", re.I),
+     "check --base-url: is the server running?"),
+    (re.compile(r"JSON|not accepted|constraint violation|gave up after|no usable reply", re.I),
+     "the replies failed their checks: try --profile small or a stronger --llm"),
+]
+
+
+def next_step(reason: str) -> str | None:
+    """The next step for a failure reason ("raise --max-tokens"), or None when none is known."""
+    return next((step for pattern, step in _NEXT_STEPS if pattern.search(str(reason))), None)
 
 
 def _failures(record: Any) -> list[dict[str, Any]]:
@@ -62,6 +87,7 @@ def _failures(record: Any) -> list[dict[str, Any]]:
 
 def mark_fallback(record: Any, reason: str, model_failures: Sequence[dict[str, Any]] = ()) -> Any:
     """Record on ``record`` that the extractive engine rebuilt it after the model path failed."""
+    note("fallback")
     setattr(record, "fallback", {"engine": "extractive", "reason": reason,
                                  "model_failures": [dict(f) for f in model_failures]})
     return record
@@ -93,6 +119,10 @@ class StageTally:
             self.ok += 1
         self._reasons(_failures(result))
 
+    def add_failures(self, failures: Iterable[dict[str, Any]]) -> None:
+        """Group recorded failures (``{"where", "reason"}``) without counting a record."""
+        self._reasons(failures)
+
     def _reasons(self, failures: Iterable[dict[str, Any]]) -> None:
         for f in failures:
             where = f.get("where") or "record"
@@ -115,15 +145,23 @@ class StageTally:
     def counts(self) -> dict[str, Any]:
         """For the provenance sidecar: record counts and the top reasons."""
         return {"ok": self.ok, "fallback": self.fallback, "failed": self.failed,
-                "top_failure_reasons": [{"reason": r, "count": c, "example": self.examples.get(r, r)}
+                "top_failure_reasons": [{"reason": self.examples.get(r, r), "count": c,
+                                         **({"next_step": n} if (n := next_step(self.examples.get(r, r))) else {})}
                                         for r, c in self.top(5)]}
 
     def rows(self, n: int = 3) -> list[tuple[str, Any]]:
         """Summary-table rows: counts, then the ``n`` commonest failure reasons."""
         rows: list[tuple[str, Any]] = [("records ok", self.ok), ("rebuilt by the extractive fallback", self.fallback),
                                        ("records failed", self.failed)]
-        rows += [(f"top failure {i}", f"{c}× {self.examples.get(r, r)}" + (" (and alike)" if c > 1 else ""))
-                 for i, (r, c) in enumerate(self.top(n), start=1)]
+        return rows + self.reason_rows(n)
+
+    def reason_rows(self, n: int = 3) -> list[tuple[str, str]]:
+        """The ``n`` commonest reasons, each as one record gave it, with its count and next step."""
+        rows = []
+        for i, (r, c) in enumerate(self.top(n), start=1):
+            step = next_step(self.examples.get(r, r))
+            rows.append((f"top failure {i}", f"{c}× {self.examples.get(r, r)}" + (" (and alike)" if c > 1 else "")
+                         + (f" → {step}" if step else "")))
         return rows
 
     def verdict(self) -> str | None:
@@ -131,6 +169,13 @@ class StageTally:
         if not self.every_failed:
             return None
         top = self.top(1)
-        why = f"; the commonest reason ({top[0][1]}×): {top[0][0]}" if top else ""
+        why = f"; the commonest reason ({top[0][1]}×): {self.examples.get(top[0][0], top[0][0])}" if top else ""
         return (f"{self.stage}: all {self.failed} record(s) failed{why}. "
                 "Try --fallback extractive, a stronger --llm, or see the rejects file.")
+
+
+def failure_rows(failures: Iterable[dict[str, Any]], n: int = 3) -> list[tuple[str, str]]:
+    """Summary rows of the ``n`` commonest of some recorded failures (``{"where", "reason"}``)."""
+    tally = StageTally("failures")
+    tally.add_failures(failures)
+    return tally.reason_rows(n)

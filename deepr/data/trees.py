@@ -124,7 +124,7 @@ class SearchBatcher:
     Each node of a level searches for its children's queries right after its decompose
     reply; one at a time on the CPU worker, those searches queued behind each other and the
     last node's children started late (a full tree took 1.33x its critical path against a
-    fixed-latency endpoint, bench/tree_concurrency.py). Batched, a level's searches cost
+    fixed-latency endpoint, docs/experiments.md). Batched, a level's searches cost
     about one call: the query vectors are encoded together and faiss/BM25 run once.
     The first request goes out at once, so a lone search waits for nothing.
     """

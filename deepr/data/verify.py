@@ -3,7 +3,7 @@
 
 Input: ``pairs.jsonl`` (:class:`deepr.records.QRPair`, as written by synthesize-rubrics).
 Outputs: ``verified.jsonl`` (KEEP as is, REVISE with the repair applied and the original
-kept under ``original``), ``dropped.jsonl`` (DROP, with ``drop_reason``), and rejects
+kept under ``original``), ``verified.dropped.jsonl`` (DROP, with ``drop_reason``), and rejects
 for pairs whose audit itself failed (e.g. the judge never replied with valid JSON).
 
     deepr verify pairs.jsonl --out verified.jsonl --judge-llm openai:gpt-4.1

@@ -26,6 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
+from deepr.eval.benchmarks import recall_scores, searched_docids
 from deepr.records import Record, RunTrace, Score
 from deepr.rewards.answer_reward import score_answer
 from deepr.rewards.decor import exact_match, f1_score, llm_judge, r_team
@@ -37,7 +38,7 @@ from deepr.rewards import rubric_reward as rr
 from deepr.text import Embed, report_prose, squad_normalize
 
 METRICS = ("rubric", "citation", "format", "search", "composite", "plan_reward", "answer_reward",
-           "em", "f1", "lj", "team", "structure", "race", "fact", "support")
+           "em", "f1", "lj", "team", "structure", "race", "fact", "support", "recall")
 JUDGED = {"rubric", "citation", "composite", "answer_reward", "lj", "team", "race", "fact", "support"}
 OVERLAP_ONLY = {"support"}  # with the extractive judge these need no embedder
 EMBEDDED = {"plan_reward", "answer_reward"}
@@ -88,6 +89,8 @@ class EvalItem:
     # Fields the input actually carried: an absent field is a failure, an empty one is scored
     # (an empty prediction or report scores 0, so saying nothing cannot raise a mean).
     present: frozenset[str] = frozenset()
+    searched: list[str] | None = None  # document ids the run's searches returned (recall)
+    query_id: str | None = None  # the benchmark's question id (qrels are keyed by it)
     raw_report: str = ""  # before reference lists are dropped (FACT reads DRB's numbered URL list)
     from_run: bool = False  # a deepr run sidecar: the run owed an answer, so none is an empty one
 
@@ -108,6 +111,8 @@ def missing_inputs(metrics: Sequence[str], items: Sequence["EvalItem"], ctx: "Ev
     if want and not (ctx.gold[0] or any(it.answers for it in items)):
         problems.append(f"--metric {','.join(want)} compares with gold answers, and there are none: no item "
                         "carries 'answers' and --gold was not given (pass --gold gold.jsonl)")
+    if "recall" in metrics and ctx.qrels is None:
+        problems.append("--metric recall compares with relevance judgements: pass --qrels FILE (TREC qrels)")
     if "race" in metrics and ctx.race_tasks is None:
         problems.append("--metric race needs DeepResearch Bench's criteria and reference reports: "
                         "pass --race-criteria and --race-reference")
@@ -162,7 +167,8 @@ def item_from_record(rec: dict, where: str) -> EvalItem:
         node_outputs=rec.get("node_outputs"), answer=rec.get("answer") if "answer" in rec else None,
         rubrics=rec.get("rubrics"), citations=rec.get("citations") or {},
         tool_calls=rec.get("tool_calls") if isinstance(rec.get("tool_calls"), int) else None,
-        present=frozenset(present))
+        searched=[str(d) for d in rec["retrieved_docids"]] if isinstance(rec.get("retrieved_docids"), list) else None,
+        query_id=str(rec["query_id"]) if rec.get("query_id") is not None else None, present=frozenset(present))
 
 
 def item_from_trace(trace: RunTrace, item_id: str, md_text: str = "", where: str = "") -> EvalItem:
@@ -176,7 +182,8 @@ def item_from_trace(trace: RunTrace, item_id: str, md_text: str = "", where: str
                     node_outputs=outs if isinstance(outs, dict) else None,
                     citations={k: c.model_dump() for k, c in trace.citations.items()},
                     tool_calls=sum(1 for t in trace.tools if not t.get("error") and t.get("ok", True)), where=where,
-                    from_run=True,
+                    from_run=True, searched=searched_docids(trace.model_dump()),
+                    query_id=str(extra["query_id"]) if extra.get("query_id") is not None else None,
                     present=frozenset({"report", "answer"} | ({"plan"} if graphs else set())
                                       | ({"node_outputs"} if isinstance(outs, dict) else set())))
 
@@ -188,6 +195,7 @@ class EvalContext:
     rubrics: tuple[dict, dict] = ({}, {})
     gold: tuple[dict, dict] = ({}, {})
     race_tasks: dict[str, RaceTask] | None = None
+    qrels: dict[str, dict[str, int]] | None = None  # TREC qrels: {query id: {doc id: relevance}}
     pages: Any = None  # deepr.search page reader for FACT on reports that cite URLs
     # R_plan of the chunk being scored, computed in one call (keyed by id() of the item)
     plan_batch: dict[int, PlanReward] = field(default_factory=dict)
@@ -410,10 +418,19 @@ async def _support(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
             "support_unsupported_claims": d["unsupported_claims"]}
 
 
+async def _recall(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
+    if ctx.qrels is None:
+        raise MetricFailure("recall needs --qrels")
+    try:
+        return recall_scores(ctx.qrels, item.query_id or item.id, item.citations, item.report, item.searched)
+    except LookupError as e:
+        raise MetricFailure(str(e)) from None
+
+
 METRIC_FUNCS = {"rubric": _rubric, "citation": _citation, "format": _format, "search": _search,
                 "composite": _composite, "plan_reward": _plan_reward, "answer_reward": _answer_reward,
                 "em": _em, "f1": _f1, "lj": _lj, "team": _team, "structure": _structure, "race": _race,
-                "fact": _fact, "support": _support}
+                "fact": _fact, "support": _support, "recall": _recall}
 
 
 async def score_item(item: EvalItem, metrics: Sequence[str], ctx: EvalContext) -> Score:
@@ -454,7 +471,7 @@ async def evaluate(items: Sequence[EvalItem], metrics: Sequence[str], ctx: EvalC
 def _batch_plan_rewards(chunk: Sequence[EvalItem], ctx: EvalContext) -> dict[int, PlanReward]:
     """R_plan of a chunk's items in ONE embed call: a plan's few new texts alone cannot fill a
     forward pass, so one call per plan ran at 2.4x the uncached speed against 4x for a batch
-    (bench/rewards.py, docs/scaling.md). Items that lack a plan or rubrics are left to the
+    (docs/benchmarks.md, docs/scaling.md). Items that lack a plan or rubrics are left to the
     per-item path, which reports what is missing; so is the whole chunk if one item's rubrics
     are unusable (plan_rewards raises for the batch, the per-item path names the item)."""
     pairs = []

@@ -9,11 +9,13 @@ from typing import Any
 
 
 def load_items(path: Path) -> list[Any]:
-    """Items from a JSONL file, one run sidecar (.json), or a folder of sidecars."""
+    """Items from a JSONL file, one run sidecar (.json), or a folder of sidecars or of
+    BrowseComp-Plus run files."""
     import json
 
     from pydantic import ValidationError
 
+    from deepr.eval.benchmarks import browsecomp_item_fields, is_browsecomp_run
     from deepr.eval.evaluate import EvalRecord, item_from_record, item_from_trace
     from deepr.io import RecordError, read_jsonl
     from deepr.records import RunTrace
@@ -28,7 +30,11 @@ def load_items(path: Path) -> list[Any]:
         items = []
         for p in files:
             try:
-                trace = RunTrace.model_validate(json.loads(p.read_text(encoding="utf-8")))
+                data = json.loads(p.read_text(encoding="utf-8"))
+                if is_browsecomp_run(data):  # a BrowseComp-Plus run file, deepr's export or another agent's
+                    items.append(item_from_record(browsecomp_item_fields(data), str(p)))
+                    continue
+                trace = RunTrace.model_validate(data)
             except (json.JSONDecodeError, ValidationError) as e:
                 raise ValueError(f"{p}: not a deepr run sidecar: {str(e).splitlines()[0]}") from None
             md = p.with_suffix(".md")
@@ -53,8 +59,8 @@ def load_references(path: Path, kind: str) -> tuple[dict, dict]:
     from deepr.text import squad_normalize
 
     by_id, by_q = {}, {}
-    for n, rec in enumerate(read_jsonl(path, EvalRecord), start=1):
-        row = rec.model_dump()
+    for n, raw in enumerate(read_jsonl(path), start=1):
+        row = _with_id(raw, path, n, EvalRecord)
         if kind == "rubrics":
             try:
                 coerce_rubrics(row.get("rubrics"), where=f"rubrics of {row['id']}")
@@ -63,7 +69,23 @@ def load_references(path: Path, kind: str) -> tuple[dict, dict]:
         elif not (row.get("answers") or row.get("answer")):
             raise RecordError(path, n, "a gold row needs 'answers' (a list) or 'answer'", field="answers")
         by_id[row["id"]] = row
-        q = row.get("question") or row.get("query")
+        q = row.get("question") or row.get("query") or row.get("prompt")
         if isinstance(q, str) and q.strip():
             by_q[squad_normalize(q)] = row
     return by_id, by_q
+
+
+def _with_id(raw: dict, path: Path, n: int, model: Any) -> dict:
+    """A reference row validated with its id, taken from a benchmark's own id field when it has
+    no ``id`` (BrowseComp-Plus ``query_id``, ResearchRubrics ``sample_id``)."""
+    from pydantic import ValidationError
+
+    from deepr.io import RecordError
+
+    alias = next((k for k in ("id", "query_id", "sample_id") if raw.get(k) is not None), None)
+    row = {**raw, "id": raw[alias]} if alias else raw
+    try:
+        return model.model_validate(row).model_dump()
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise RecordError(path, n, err.get("msg", str(e)), ".".join(map(str, err.get("loc", ()))) or None) from None

@@ -26,6 +26,7 @@ SUMMARY_FIELDS = {
              "race_readability"],
     "fact": ["fact_accuracy", "fact_supported", "fact_unsupported"],
     "support": ["support", "support_unsupported", "support_partial", "support_claims"],
+    "recall": ["recall_cited", "recall_searched"],
 }
 
 # What each summary field means, printed under the table for the fields it shows (the
@@ -52,6 +53,8 @@ LEGEND = {
     "race": "RACE score against the reference report (DeepResearch Bench)",
     "fact_accuracy": "FACT: share of judged citations whose page supports the claim",
     "support": "share of cited claims the cited text backs",
+    "recall_cited": "share of the qrels' relevant documents that the report cites",
+    "recall_searched": "share of the qrels' relevant documents that the run's searches returned",
 }
 
 

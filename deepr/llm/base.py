@@ -17,6 +17,8 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
+from deepr.activity import note
+
 Message = dict[str, str]  # {"role": "system"|"user"|"assistant", "content": str}
 T = TypeVar("T")
 
@@ -136,6 +138,9 @@ class LLM(ABC):
     auth_failed: bool = False
     unreachable: str | None = None  # why the endpoint could not be reached (a refused connection)
     _deadline: tuple[float, float] | None = None  # (monotonic end, the budget in seconds)
+    # Calls count in deepr.activity (the live view); a wrapper that hands each call to another
+    # backend says False, so the inner one counts it once.
+    counted: bool = True
 
     def __init__(self, max_concurrency: int = 8, gen: GenDefaults | None = None):
         self.max_concurrency = max_concurrency
@@ -163,13 +168,24 @@ class LLM(ABC):
         temperature = g.temperature if g.temperature is not None and temperature is None else temperature
         top_p = g.top_p if top_p is None else top_p
         seed = g.seed if seed is None else seed
+        try:
+            out = await self._call(list(messages), role=role, temperature=temperature, max_tokens=max_tokens,
+                                   stop=stop, top_p=top_p, seed=seed, fmt=fmt)
+        except BaseException:
+            if self.counted:
+                note("call failed")
+            raise
+        if self.counted:
+            note("call ok")
+        return out if isinstance(out, Reply) else Reply(out)
+
+    async def _call(self, messages: list[Message], **kw: Any) -> str | Reply:
         if self.stopped:
             raise LLMError(self.stopped)
         left = self._left()
-        call = self._bounded(list(messages), role=role, temperature=temperature, max_tokens=max_tokens,
-                             stop=stop, top_p=top_p, seed=seed, fmt=fmt)
+        call = self._bounded(messages, **kw)
         try:
-            out = await (call if self._deadline is None else asyncio.wait_for(call, left))
+            return await (call if self._deadline is None else asyncio.wait_for(call, left))
         except TimeoutError:
             if self._deadline is None or time.monotonic() < self._deadline[0]:
                 raise
@@ -182,11 +198,16 @@ class LLM(ABC):
                 self.unreachable = str(e)
                 self.stopped = f"stopped: {e}"
             raise
-        return out if isinstance(out, Reply) else Reply(out)
 
     async def _bounded(self, messages: list[Message], **kw: Any) -> str | Reply:
         async with self._sem():
-            return await self._achat(messages, **kw)
+            if not self.counted:
+                return await self._achat(messages, **kw)
+            note("sent")
+            try:
+                return await self._achat(messages, **kw)
+            finally:
+                note("returned")
 
     def set_deadline(self, seconds: float | None) -> None:
         """Give every later call a shared wall-clock budget (``--deadline``); None: no budget."""

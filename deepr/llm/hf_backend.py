@@ -65,7 +65,7 @@ class HFConfig(BaseModel):
                             "when it is installed (otherwise replies are unconstrained and flagged so).")
     threads: int | None = Field(None, ge=1, description="torch CPU threads while generating; None: 1 on CPU for "
                                 "models under 500M parameters (thread syncs cost more than they save on such "
-                                "small matmuls: 20x faster on a loaded 2-core machine, bench/llm_speed.py), "
+                                "small matmuls: 10x the tokens/s on a loaded 2-core machine, docs/experiments.md), "
                                 "else torch's default.")
     repetition_penalty: float | None = Field(None, gt=0, description="Penalty (> 1 discourages) on recent "
                                              "tokens (see repetition_window). None: off. The smollm2 and gguf: "
@@ -89,7 +89,7 @@ class HFConfig(BaseModel):
     min_p: float | None = Field(0.05, gt=0, lt=1, description="Sampled calls drop tokens less likely than this "
                                 "share of the likeliest one; None: off (see top_k).")
     kv_cache: str | None = Field(None, description="transformers cache_implementation for generate, e.g. "
-                                 "'static'; None keeps the dynamic cache (see bench/llm_speed.py).")
+                                 "'static'; None keeps the dynamic cache (see docs/experiments.md).")
     prefix_cache: bool = Field(True, description="Keep the last call's KV cache and reuse the part the next "
                                "prompt shares with it (a tools-mode conversation re-sends everything before "
                                "its newest turn), as llama.cpp's server does. Only with the dynamic cache.")
@@ -99,7 +99,7 @@ class HFConfig(BaseModel):
     batch_max_prompt: int = Field(1024, ge=1, description="Longest prompt (tokens) a call may have to join a "
                                   "batch. A padded batch's prefill cannot use the causal attention kernel, so "
                                   "long prompts gain nothing from batching on CPU (four 1.8k-2.5k-token "
-                                  "prompts: 1.03x the one-by-one wall time, bench/hf_batch.py).")
+                                  "prompts: 1.03x the one-by-one wall time, docs/experiments.md).")
 
 
 def _check_folder(path: str, what: str, marker: str) -> Path:
@@ -330,7 +330,7 @@ class HFLLM(LLM):
         """A call's repetition settings: each one the spec (or the backend's profile) set, else the
         constrained format's (``OutputFormat.decoding``), else off. Only a format that constrains
         the reply brings its own: without its grammar, the penalties pushed SmolLM2 off the evidence
-        ids it was copying and it cited ids it was never shown (bench/results/answer_probe.json)."""
+        ids it was copying and it cited ids it was never shown (docs/learning.md)."""
         own = {k: getattr(self.config, k) for k in REPETITION}
         extra = fmt.decoding if fmt is not None and fmt.decoding else {}
         return {k: own[k] if k in self.config.model_fields_set else extra.get(k, own[k]) for k in REPETITION}

@@ -3,7 +3,7 @@
 On a CPU a 135M model spends most of each decoding step on per-token overhead, not on the
 matrix products, so rows added to a step cost little. A padded batch's prefill, though, cannot
 use the causal attention kernel, so long prompts run alone (``batch_max_prompt``); measured in
-``bench/hf_batch.py``. ``deepr run --queries ... --parallel N`` keeps N questions in flight, so
+docs/experiments.md. ``deepr run --queries ... --parallel N`` keeps N questions in flight, so
 their calls meet here.
 
 Only calls that decode the same way share a batch: greedy (a sampled call keeps its own seed and

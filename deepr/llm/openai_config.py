@@ -38,11 +38,8 @@ class OpenAIConfig(BaseModel):
     model: str = Field(min_length=1, description="Model name the endpoint serves, e.g. 'Qwen/Qwen3-8B'.")
     base_url: str | None = Field(None, description="Endpoint URL ending in /v1; None means api.openai.com.")
     timeout: float = Field(60.0, gt=0, description="Seconds one call may take before it counts as a timeout.")
-    max_retries: int = Field(3, ge=0, le=20, description="Retries after the first try; only for 429, 5xx, "
-                             "timeouts and connection errors.")
-    backoff_base: float = Field(0.5, ge=0, description="First backoff delay in seconds; doubles per retry, "
-                                "with full jitter.")
-    backoff_max: float = Field(30.0, ge=0, description="Upper bound of one backoff delay in seconds.")
+    max_retries: int = Field(3, ge=0, le=20, description="The SDK's retries after the first try (408, 409, "
+                             "429, 5xx, timeouts, connection errors), with its own backoff.")
     max_concurrency: int = Field(8, ge=1, description="Most requests in flight at once from this backend.")
     seed: int | None = Field(None, description="Sampling seed sent to the endpoint (and part of the cache key).")
     max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = Field(
@@ -52,14 +49,14 @@ class OpenAIConfig(BaseModel):
                                        "every request (e.g. vLLM's top_k).")
     default_max_tokens: int = Field(1024, ge=1, description="max_tokens sent when a call gives none: a server "
                                     "without a limit may generate until its context is full.")
-    context_length: int | None = Field(None, ge=1, description="The served model's context in tokens; when set, "
-                                       "a prompt that cannot fit with its max_tokens fails before it is sent.")
+    context_length: int | None = Field(None, ge=1, description="The served model's context in tokens, where the "
+                                       "server does not say it (vLLM's /v1/models and llama.cpp's /props do).")
     structured_outputs: bool = Field(True, description="Send response_format for JSON-schema formats (turned "
                                      "off for the rest of the run if the server refuses it).")
     strict_schema: bool = Field(True, description="The json_schema 'strict' flag sent with response_format.")
     http_client: Literal["auto", "aiohttp", "httpx"] = Field(
         "auto", description="HTTP transport of the SDK: aiohttp (the SDK's DefaultAioHttpClient, about half "
-        "the client CPU per call: bench/tree_concurrency.py) or httpx; auto = aiohttp where installed.")
+        "the client CPU per call: docs/experiments.md) or httpx; auto = aiohttp where installed.")
 
 
 @functools.lru_cache(maxsize=64)  # every request names its endpoint in its cache key

@@ -1,49 +1,19 @@
-"""Reading an OpenAI-compatible reply: what counts as a usable chat completion, and why not.
+"""Reading an OpenAI-compatible reply, and deepr's policy on the ways a request fails.
 
-Used by openai_backend.py. A 200 reply can still be unusable (HTML from a proxy, JSON that is
-not a completion, no choices, no text); each case becomes a :class:`_BadReply` with its reason
-and whether a retry can help. :func:`failure_of` says the same of every error a request can
-end in (timeouts, refused connections, HTTP statuses, a format the server refused).
+Used by openai_backend.py. A 200 reply can still be unusable (HTML from a proxy, JSON that is not a
+completion, no choices, no text); each case is a :class:`_BadReply` with its reason. Two of them
+may pass on a retry (a body cut short, an upstream error passed on with status 200): the response
+hook :func:`check_response` raises those as a broken protocol, so the SDK's own retries resend them.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from typing import Any
 
-from deepr.llm.base import OutputFormat
-
-
-@dataclass
-class _Result:
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
-    finish_reason: str | None
-    format_sent: bool
-    style: str | None = None  # the format style the request went out with
-
-
-class _BadReply(Exception):
-    """A 200 reply that is not a usable chat completion; ``retryable`` per case."""
-
-    def __init__(self, reason: str, retryable: bool = False):
-        super().__init__(reason)
-        self.retryable = retryable
-
-
-@dataclass
-class _Failure:
-    reason: str
-    status: int | None
-    retryable: bool
-    retry_after: float | None = None
-    format_refused: bool = False
-    unreachable: bool = False
-    style: str | None = None  # the format style this request went out with
-
+import httpx2
+import openai
 
 # JSON-schema styles, tried in order: OpenAI's response_format (vLLM, SGLang, llama-server,
 # Ollama), a GBNF "grammar" converted on the client (llama-cpp-python's server), then
@@ -56,27 +26,35 @@ _REGEX_STYLES = ("gbnf", "vllm")
 # Words in a 400/422 body that mean "this server does not do structured outputs".
 _FORMAT_REFUSAL = re.compile(r"response_format|json_schema|structured|grammar|not supported|unsupported",
                              re.IGNORECASE)
+# llama-cpp-python's server answers an unknown response_format type with a 500 naming it.
+_FORMAT_500 = re.compile(r"response_format|json_schema")
 
 
-def _fmt_dict(fmt: OutputFormat | None) -> dict[str, Any] | None:
-    if fmt is None:
-        return None
-    return {"name": fmt.name, "json_schema": fmt.json_schema} if fmt.json_schema is not None else {
-        "name": fmt.name, "regex": fmt.regex}
+class _BadReply(Exception):
+    """A 200 reply that is not a usable chat completion; ``retryable`` per case."""
+
+    def __init__(self, reason: str, retryable: bool = False):
+        super().__init__(reason)
+        self.retryable = retryable
 
 
-def _read_completion(resp: Any) -> tuple[str, str | None]:
-    """(text, finish_reason) of a chat completion as decoded JSON, or :class:`_BadReply` saying
-    what is wrong. The SDK hands back bodies it did not read as JSON (a JSON content type) as
-    text: a JSON object there is still read, anything else is not a completion."""
-    if isinstance(resp, (str, bytes)):
-        try:
-            resp = json.loads(resp)
-        except ValueError:
-            head = " ".join(str(resp)[:80].split())
-            raise _BadReply(f"HTTP 200 with a body that is not JSON ({head!r}); is --base-url the API root "
-                            "(ending in /v1)?") from None
-    body = resp if isinstance(resp, dict) else {}
+class _Unusable(httpx2.RemoteProtocolError):
+    """A 200 whose body a retry may fix: raised from the response hook, so the SDK retries it."""
+
+
+def read_completion(text: str, content_type: str = "application/json") -> tuple[str, str | None, Any]:
+    """(text, finish_reason, decoded body) of a chat completion, or :class:`_BadReply` saying what is
+    wrong. A body that is not JSON is not a completion, unless a JSON body was promised (then it
+    was cut short: retryable). Control characters inside strings are read, not refused."""
+    try:
+        body = json.loads(text, strict=False)
+    except ValueError as e:
+        if "json" in content_type:
+            raise _BadReply(f"the reply body is not complete JSON ({e})", retryable=True) from None
+        head = " ".join(text[:80].split())
+        raise _BadReply(f"HTTP 200 with a body that is not JSON ({head!r}); is --base-url the API root "
+                        "(ending in /v1)?") from None
+    body = body if isinstance(body, dict) else {}
     choices = body.get("choices")
     if choices is None:
         err = body.get("error")
@@ -93,63 +71,70 @@ def _read_completion(resp: Any) -> tuple[str, str | None]:
     if isinstance(message, dict) and content is None and (message.get("tool_calls") or finish == "tool_calls"):
         # Tool calls instead of text (deepr's protocols are text): an empty reply, which the
         # role's parse rejects and the executor re-asks within --max-reasks, not a failed turn.
-        return "", finish
+        return "", finish, body
     if not isinstance(content, str):
         why = "no message" if message is None else "no message text"
         raise _BadReply(f"the endpoint returned {why} (finish_reason={finish})")
-    return content, finish
+    return content, finish, body
 
 
-def _usage(resp: Any) -> tuple[int, int]:
+def usage_of(body: Any) -> tuple[int, int]:
     """(prompt, completion) tokens a completion reports (0 where it reports none or no number)."""
-    usage = resp.get("usage") if isinstance(resp, dict) else None
+    usage = body.get("usage") if isinstance(body, dict) else None
     usage = usage if isinstance(usage, dict) else {}
     return tuple(n if isinstance(n := usage.get(k), int) else 0 for k in ("prompt_tokens", "completion_tokens"))
 
 
-def failure_of(e: BaseException, fmt: dict[str, Any] | None, styles: tuple[str | None, str | None], *,
-               timeout: float, where: str | None) -> _Failure | None:
-    """Why a request failed, as a value (None: an error this module does not know; the caller
-    re-raises it). Turning errors into values keeps no exception holding the HTTP request (and
-    its Authorization header) alive past the attempt."""
-    import openai
+async def check_response(response: Any) -> None:
+    """httpx response hook on every chat call. A 200 a retry may fix is raised as a broken
+    protocol (the SDK retries those); a 500 that names response_format is a server refusing the
+    field, which no retry changes: marked ``x-should-retry: false``, the header the SDK obeys."""
+    if response.status_code == 200:
+        await response.aread()
+        try:
+            read_completion(response.text, response.headers.get("content-type", ""))
+        except _BadReply as e:
+            if e.retryable:
+                raise _Unusable(str(e), request=response.request) from None
+    elif response.status_code >= 500:
+        await response.aread()
+        if _FORMAT_500.search(response.text):
+            response.headers["x-should-retry"] = "false"
 
-    refused_msg = (f"connection refused: nothing is listening at {where} "
-                   "(is the server running, and is --base-url right?)")
-    if isinstance(e, openai.APIConnectionError):  # timeouts too; a body cut short: the server may recover
-        if _refused(e):  # the SDK may call it a timeout; retrying an empty port only wastes time
-            return _Failure(refused_msg, None, False, unreachable=True)
-        if isinstance(e, openai.APITimeoutError):
-            return _Failure(f"timed out after {timeout:g}s", None, True)
-        return _Failure(f"connection error ({type(e).__name__}: {e})", None, True)
-    if isinstance(e, TimeoutError):
-        return _Failure(f"timed out after {timeout:g}s", None, True)
+
+def refuses_format(e: openai.APIStatusError) -> bool:
+    """Does this error say the server will not take a structured-output field?"""
+    text = f"{e.message} {json.dumps(e.body, default=str)}"
+    return (e.status_code in (400, 422) and bool(_FORMAT_REFUSAL.search(text))) or (
+        e.status_code >= 500 and bool(_FORMAT_500.search(text)))
+
+
+def reason_of(e: BaseException, timeout: float) -> tuple[str, int | None]:
+    """One line on why a request failed, and the HTTP status (None: no response)."""
+    if isinstance(e, openai.APITimeoutError):
+        return f"timed out after {timeout:g}s", None
+    if isinstance(e, openai.APIConnectionError):
+        cause = e.__cause__
+        if isinstance(cause, _Unusable):
+            return str(cause), 200
+        return f"connection error ({type(e).__name__}: {e}{f'; {cause}' if cause else ''})", None
     if isinstance(e, openai.APIStatusError):
-        return _status_failure(e, fmt, styles)
-    if isinstance(e, openai.APIError):  # a reply the client cannot read: retrying will not fix it
-        return _Failure(f"unreadable reply ({type(e).__name__}: {e})", None, False)
-    if isinstance(e, ValueError):  # JSON cut short with a correct length: a server that died mid-reply
-        return _Failure(f"the reply body is not complete JSON ({e})", 200, True)
-    if isinstance(e, _BadReply):
-        return _Failure(str(e), 200, e.retryable)
-    return None
+        message = str(e.message)
+        if e.body is not None and str(e.body) not in message:  # e.g. FastAPI's 422 {"detail": [...]}
+            message = f"{message} {json.dumps(e.body, default=str)[:300]}"
+        return f"HTTP {e.status_code}: {message}", e.status_code
+    return f"unreadable reply ({type(e).__name__}: {e})", None
 
 
-def _status_failure(e: Any, fmt: dict[str, Any] | None, styles: tuple[str | None, str | None]) -> _Failure:
-    retryable = e.status_code == 429 or e.status_code >= 500
-    message = str(e.message)
-    if e.body is not None and str(e.body) not in message:  # e.g. FastAPI's 422 {"detail": [...]}
-        message = f"{message} {json.dumps(e.body, default=str)[:300]}"
-    style = styles[1] if (fmt or {}).get("regex") else styles[0]
-    # llama-cpp-python's server answers an unknown response_format type with a 500.
-    refused = fmt is not None and style is not None and (
-        (e.status_code in (400, 422) and bool(_FORMAT_REFUSAL.search(message)))
-        or (e.status_code >= 500 and bool(re.search(r"response_format|json_schema", message))))
-    return _Failure(f"HTTP {e.status_code}: {message}", e.status_code, retryable, _retry_after(e),
-                    format_refused=refused, style=style)
+def sdk_retried(e: BaseException) -> bool:
+    """Whether the SDK spent its retries on this error before raising it (its own rule)."""
+    if isinstance(e, openai.APIConnectionError):
+        return True
+    return isinstance(e, openai.APIStatusError) and (e.status_code in (408, 409, 429) or e.status_code >= 500) \
+        and e.response.headers.get("x-should-retry") != "false"
 
 
-def _refused(e: BaseException) -> bool:
+def refused_connection(e: BaseException) -> bool:
     """Whether a connection error was a refused connection (somewhere down its cause chain)."""
     seen: set[int] = set()
     x: BaseException | None = e
@@ -159,11 +144,3 @@ def _refused(e: BaseException) -> bool:
         seen.add(id(x))
         x = x.__cause__ or x.__context__
     return False
-
-
-def _retry_after(e: Any) -> float | None:
-    try:
-        value = e.response.headers.get("retry-after")
-        return float(value) if value is not None else None
-    except (AttributeError, TypeError, ValueError):
-        return None

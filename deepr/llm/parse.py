@@ -42,7 +42,7 @@ def strip_thinking(text: str) -> str:
 
 
 def _decode_from(text: str, kinds: tuple[type, ...]) -> Any:
-    decoder = json.JSONDecoder()
+    decoder = json.JSONDecoder(strict=False)  # a raw newline or tab inside a string is still the model's JSON
     for i, ch in enumerate(text):
         if ch not in "{[":
             continue

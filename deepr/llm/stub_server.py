@@ -17,6 +17,11 @@ after ``cut_at`` bytes), to play a misbehaving endpoint. ``finish_reason`` sets 
 stub reports. While a request waits (latency or hang) the stub watches its socket:
 ``srv.disconnects`` lists the requests whose client closed the connection first.
 
+``GET /v1/models`` lists the one model, with ``model_info`` merged into its entry (vLLM's
+``{"max_model_len": 8192}``); ``GET /props`` answers ``props`` (llama.cpp's ``{"total_slots": 1,
+"default_generation_settings": {"n_ctx": 8192}}``), or 404 when it is None, as other servers do.
+Every other path is a 404, as on llama-cpp-python's server.
+
 Only the presence of an ``Authorization`` header is recorded (``srv.auth_seen``), never
 its value, so nothing a test captures can leak a key.
 """
@@ -58,8 +63,10 @@ class StubServer:
 
     def __init__(self, reply: Reply = "ok", *, latency: float = 0.0, fail_first: int = 0,
                  fail_status: int | Literal["hang"] = 500, hang_s: float = 30.0,
-                 model: str = "stub", finish_reason: str = "stop"):
+                 model: str = "stub", finish_reason: str = "stop", model_info: dict[str, Any] | None = None,
+                 props: dict[str, Any] | None = None):
         self.reply, self.latency, self.model, self.finish_reason = reply, latency, model, finish_reason
+        self.model_info, self.props = model_info or {}, props
         self.fail_first, self.fail_status, self.hang_s = fail_first, fail_status, hang_s
         self.requests: list[dict[str, Any]] = []
         self.auth_seen: list[bool] = []
@@ -201,10 +208,20 @@ class _Handler(BaseHTTPRequestHandler):
                 stub._stop.wait(min(left, 0.05))  # bytes of a pipelined request: keep waiting
         return False
 
+    def do_GET(self) -> None:  # noqa: N802
+        stub, path = self.stub, self.path.rstrip("/")
+        if path == "/v1/models":
+            entry = {"id": stub.model, "object": "model", "owned_by": "stub", **stub.model_info}
+            self._send(200, {"object": "list", "data": [entry]})
+        elif path == "/props" and stub.props is not None:
+            self._send(200, stub.props)
+        else:
+            self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+
     def do_POST(self) -> None:  # noqa: N802
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
-        if not self.path.rstrip("/").endswith("/chat/completions"):
+        if self.path.rstrip("/") != "/v1/chat/completions":
             self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
             return
         try:

@@ -39,7 +39,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from deepr.llm.base import LLM
-from deepr.records import RubricItem
+from deepr.records import RubricItem, criteria_rubrics, is_criteria
 from deepr.roles import JSONReply, Recorder, Role, engine_label, perform
 from deepr.text import Embed, Vectors, coverage, split_sentences, strip_citations, tok
 
@@ -53,6 +53,11 @@ def coerce_rubrics(raw: Sequence[Any] | None, *, where: str = "rubrics") -> list
     if not raw:
         raise RewardInputError(f"{where}: no rubric items; give at least one item with a weight "
                                "(join rubrics with --rubrics verified.jsonl)")
+    if is_criteria(raw):  # ResearchRubrics' {criterion, weight, axis}
+        try:
+            raw = criteria_rubrics(list(raw), where)
+        except ValueError as e:
+            raise RewardInputError(str(e)) from None
     items = []
     for i, r in enumerate(raw, start=1):
         if isinstance(r, RubricItem):

@@ -7,7 +7,7 @@ with :func:`plan_rewards`) is embedded in one ``embed`` call.
     deepr eval plans.jsonl --metric plan_reward --out plan_scores.jsonl
 
 Definitions this module fixes where the paper leaves room:
-- fields(n) are the non-empty query, need and each key point of node n;
+- fields(n) are the non-empty query, key points and need of node n, in that order;
 - the node text of an aggregate answer-parent (for d_par) is its fields joined by spaces
   (:func:`node_text`), embedded as one string (the embedder caches by text);
 - rubric weights enter C_rub and C_search as |w| (a plan should make room to check a
@@ -70,8 +70,9 @@ class PlanReward:
 
 
 def node_fields(node: PlanNode) -> list[str]:
-    """fields(n): the node's non-empty query, need and each key point."""
-    out = [node.query or "", node.need or "", *node.key_points]
+    """fields(n): the node's non-empty query, key points and need, in DecomposeR's order (App. A.5),
+    so d_par's joined node text reads the same as the paper's."""
+    out = [node.query or "", *node.key_points, node.need or ""]
     return [t.strip() for t in out if t and t.strip()]
 
 

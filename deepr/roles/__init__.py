@@ -31,6 +31,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, TypeAdapter
 
+from deepr import activity
 from deepr.llm.base import LLM, LLMError, Message, OutputFormat, Reply
 from deepr.llm.context import CHARS_PER_TOKEN, context_length, prompt_tokens, trim_evidence  # noqa: F401
 from deepr.llm.parse import parse_reply, strip_thinking
@@ -63,7 +64,7 @@ def body_of(reply: str, tag: str | None) -> str:
 @functools.cache
 def _json_schema(model: type[BaseModel]) -> str:
     """pydantic rebuilds a schema on every call (~6 ms): once per model class instead, since one
-    evidence tree makes ~370 calls on the event loop thread (bench/tree_concurrency.py)."""
+    evidence tree makes ~370 calls on the event loop thread (docs/experiments.md)."""
     return json.dumps(strict_schema(model.model_json_schema()))
 
 
@@ -226,6 +227,8 @@ def _estimate_tokens(text: str) -> int:
 
 class _RecordedLLM(LLM):
     """Delegates to the real backend and appends a ModelCall per call to the recorder."""
+
+    counted = False  # the real backend counts the call
 
     def __init__(self, inner: LLM, rec: Recorder, role: str, action: str):
         super().__init__(max_concurrency=1 << 16)  # the inner backend bounds concurrency
@@ -418,6 +421,8 @@ async def _ask(role: Role, inp: Any, messages: list[Message], llm: LLM, rec: Rec
             out.error = f"{out.error}; a re-ask would not fit the model's context of {limit} tokens"
             break
         out.attempts += 1
+        if n:
+            activity.note("reask")
         temp = temperature if n == 0 else max(temperature or 0.0, REASK_TEMPERATURE)
         # a resampled re-ask sends the same prompt: only a new seed makes its sample differ
         seed = (llm.gen.seed or 0) + earlier + n if (n or earlier) and resample else None
@@ -488,6 +493,7 @@ async def perform(role: Role[I, T], inp: I, *, llm: LLM, rec: Recorder, max_reas
     note = role.on_fail.format(role=role.name, action=role.action, **extra)
     rec.decide(note, reason=error, **({"fallback": role.parts(inp)} if role.parts else {}))
     rec.engines["fallback"] += 1
+    activity.note("fallback")
     return Outcome(role.result(inp, value), "fallback", error, got.attempts, last)
 
 

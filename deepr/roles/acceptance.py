@@ -55,7 +55,7 @@ def _norm(text: str) -> str:
 
 # A run's prompts repeat: one system prompt per role, and a request is checked against every reply
 # and re-ask it gets. Normalising them once per text, not once per check, was a tenth of deepr's
-# CPU per model call at --parallel 32 (bench/throughput.py --profile).
+# CPU per model call at --parallel 32 (the throughput benchmark, --profile).
 _norm_prompt = functools.lru_cache(maxsize=512)(_norm)
 
 

@@ -10,8 +10,11 @@ Example::
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -143,3 +146,37 @@ class SearchConfig(BaseModel):
     def public(self) -> dict:
         """The settings for provenance (no secrets live here: keys are read from env at call time)."""
         return self.model_dump(mode="json")
+
+
+def _types(v: str) -> tuple[str, ...]:
+    return tuple(t.strip().lower() for t in v.split(",") if t.strip())
+
+
+# Environment variables that set fetch limits (a command's own flags win over them): name → field, parser.
+LIMIT_ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "DEEPR_FETCH_TIMEOUT": ("timeout", float), "DEEPR_FETCH_MAX_BYTES": ("max_bytes", int),
+    "DEEPR_FETCH_TYPES": ("content_types", _types), "DEEPR_FETCH_PER_HOST": ("per_host", int),
+    "DEEPR_FETCH_CONCURRENCY": ("concurrency", int), "DEEPR_SEARCH_RATE": ("rate", float),
+    "DEEPR_SEARCH_TTL_HOURS": ("ttl_hours", float)}
+
+
+def env_limits() -> dict[str, Any]:
+    """The fetch limits set in the environment, as SearchConfig fields; a value that does not parse
+    raises ValueError naming the variable."""
+    out: dict[str, Any] = {}
+    for env, (field, conv) in LIMIT_ENV.items():
+        raw = os.environ.get(env, "").strip()
+        if raw:
+            try:
+                out[field] = conv(raw)
+            except ValueError:
+                raise ValueError(f"{env}={raw!r}: not a valid value") from None
+    return out
+
+
+def search_config(spec: str = "corpus", allow_hosts: Sequence[str] = (), cache: str = "use",
+                  cache_dir: Path | None = None, **limits: Any) -> SearchConfig:
+    """A SearchConfig whose limits come from ``limits`` first, then the environment (``LIMIT_ENV``,
+    and ``DEEPR_READER`` for the page reader); raises pydantic's ValidationError on a bad value."""
+    return SearchConfig(spec=spec, allow_hosts=list(allow_hosts), cache=cache, cache_dir=cache_dir,
+                        reader=os.environ.get("DEEPR_READER") or "trafilatura", **{**env_limits(), **limits})

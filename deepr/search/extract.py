@@ -15,7 +15,7 @@ ends a block must end its sentence too, or a heading opens the next paragraph's 
 - code blocks are kept verbatim, line for line, and never given full stops.
 
 Settings: ``favor_recall=True``, tables on, comments off. On the saved real pages of
-``tests/pages`` (``bench/pages.py``) precision mode dropped footnotes, definition lists and
+``tests/pages`` (docs/benchmarks.md: page reading) precision mode dropped footnotes, definition lists and
 list items that carry the page's facts (96.9 % of the known main-text snippets kept), the
 default 99.0 %, recall mode all of them, and all three leaked the same 1 of 64 known
 boilerplate snippets (a licence line inside a blog's article column). A lost fact cannot be
@@ -24,7 +24,7 @@ relevance ranking before anyone sees it.
 
 libxml2 and trafilatura are not safe to run in several threads at once (native crashes,
 SIGSEGV or SIGABRT, under concurrent page reads): every extraction holds :data:`LOCK`. The
-bench compares this with a process pool; the lock costs less on pages of ordinary size.
+page-reading benchmark compares this with a process pool; the lock costs less on pages of ordinary size.
 
 Example::
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from deepr.activity import note
 from deepr.records import Document, Hit
 from deepr.search.cache import CacheMiss, DiskCache
 from deepr.search.config import SearchConfig, parse_spec
@@ -165,6 +166,7 @@ class SourceRetriever:
         if not isinstance(query, str) or not query.strip():
             return []
         query = query.strip()
+        note("search")
         per_source = await asyncio.gather(*(self._provider(kind, arg, query, k) for kind, arg in self.sources))
         merged, seen = [], set()
         for rank in range(max((len(h) for h in per_source), default=0)):

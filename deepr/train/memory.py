@@ -1,9 +1,8 @@
 """Memory of CPU training: settings that keep a small model's SFT / GRPO step within a few GB.
 
 Used by :mod:`deepr.train.sft` and :mod:`deepr.train.grpo` around ``trainer.train()``; nothing
-here changes what is computed, only where and in which pieces. Measured in bench/sft_memory.py:
-
-    python bench/sft_memory.py --model /tmp/smollm2-hf --label before --code /tmp/before --label after --code .
+here changes what is computed, only where and in which pieces. Peak memory and seconds per step
+are measured by the SFT memory benchmark (docs/benchmarks.md).
 """
 
 from __future__ import annotations

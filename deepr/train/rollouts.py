@@ -61,7 +61,7 @@ def rendered_once(rollout_func: Callable[[list[Any], Any], dict]) -> Callable[[l
     """``rollout_func`` rendering each distinct chat prompt once per call: a group's rollouts share
     their first prompt, and TRL's placeholder rows repeat it, so without this every prompt was
     rendered and tokenised 2 x num_generations times a step (the largest cost outside the model
-    in bench/grpo_overhead.py). Same token ids; nothing is kept between calls."""
+    in docs/benchmarks.md: training step phases). Same token ids; nothing is kept between calls."""
 
     def rollout(prompts: list[Any], trainer: Any) -> dict:
         token = _RENDERED.set({})

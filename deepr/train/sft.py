@@ -188,7 +188,7 @@ def _trl_args(config: SftConfig, on_gpu: bool, bf16_ok: bool) -> Any:
         optim=config.optim or ("adamw_torch_fused" if on_gpu else "adamw_torch"),
         bf16=bf16_ok if config.bf16 is None else config.bf16,
         # Stored activations filled memory on CPU (SmolLM2-135M at ~3.5k tokens peaked at 11.4 GB without
-        # checkpointing, see bench/sft_memory.py); recomputing them costs ~30 % more time.
+        # checkpointing, see docs/benchmarks.md); recomputing them costs ~30 % more time.
         **checkpointing_args(SFTConfig, config.gradient_checkpointing is not False),
         max_length=config.max_length, completion_only_loss=config.loss == "completion",
         assistant_only_loss=config.loss == "assistant", save_strategy="steps", save_steps=config.save_steps,

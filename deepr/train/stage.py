@@ -95,7 +95,7 @@ class StageConfig(BaseModel):
     bf16: bool | None = Field(None, description="bf16; None: on when the GPU supports it.")
     gradient_checkpointing: bool | None = Field(None, description="Recompute activations in the backward pass; "
                                                 "None: on (turn 2 of a planner rollout is ~3k tokens; storing them "
-                                                "took a 135M model's step past 12 GB on CPU, bench/sft_memory.py).")
+                                                "took a 135M model's step past 12 GB on CPU, docs/benchmarks.md).")
     seed: int = Field(0, ge=0, lt=2**32, description="Seed of sampling, data order and LoRA initialisation.")
     resume: bool = Field(False, description="Continue from the last checkpoint in --out.")
     corpus: str = Field("wiki", description="Corpus the environment searches (as `deepr run --corpus`).")
