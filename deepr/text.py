@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
+from deepr.lang import HAS_UNSPACED, function_word, segment
+
 Embed = Callable[[list[str]], np.ndarray]
 
 # A compact English function-word list: enough that tok() keeps the words that carry content.
@@ -80,13 +82,27 @@ def strip_citations(text: str) -> str:
 
 
 def words(text: str) -> list[str]:
-    """Lower-cased word tokens (letters/digits runs), punctuation dropped."""
+    """Lower-cased word tokens (letters/digits runs), punctuation dropped; in a script without
+    spaces, its words as deepr.lang.segment cuts them (jieba for Chinese, else bigrams)."""
+    if text and not text.isascii() and HAS_UNSPACED.search(text):
+        return segment(text)
     return _WORD.findall((text or "").lower())
+
+
+def word_count(text: str) -> int:
+    """Words in ``text``: its whitespace-separated parts, or, in a script without spaces, the
+    words deepr.lang.segment cuts it into (a Chinese sentence is one "part")."""
+    if text and not text.isascii() and HAS_UNSPACED.search(text):
+        return len(segment(text))
+    return len((text or "").split())
 
 
 def tok(text: str) -> set[str]:
     """Normalised content tokens of ``text`` after citation stripping (the rewards' tok)."""
-    return {w for w in words(strip_citations(text)) if w not in STOP_WORDS}
+    found = words(strip_citations(text))
+    if not text or text.isascii():  # tok runs on every text a reward scores: English takes the short way
+        return {w for w in found if w not in STOP_WORDS}
+    return {w for w in found if w not in STOP_WORDS and not function_word(w)}
 
 
 def coverage(part: str, whole: str | set[str]) -> float | None:
@@ -118,6 +134,8 @@ _ABBREV = frozenset("e.g i.e etc vs dr mr mrs ms st no fig al approx cf jr sr in
 _END = re.compile(r"[.!?]+[\"'”’)\]]*\s+")
 _HEADING = re.compile(r"^\s{0,3}(#{1,6}\s|[-*_]{3,}\s*$|\|)")
 _BULLET = re.compile(r"^\s*(?:[-*+•]|\d+[.)])\s+")
+_CJK_CHARS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_CJK_STOP = re.compile(f"[。！？；]|[{_CJK_CHARS}](?:…|\\.\\.\\.)")
 
 
 def _is_abbrev(before: str) -> bool:
@@ -128,22 +146,62 @@ def _is_abbrev(before: str) -> bool:
     return w in _ABBREV or (len(w) == 1 and w.isalpha())
 
 
-def _split_line(line: str) -> list[str]:
-    out, start = [], 0
+# Where a sentence ends in a script without spaces: 。！？； (and an ellipsis after such a
+# character), then closing quotes or brackets, then citation markers, which in these languages
+# may follow the full stop and still belong to its sentence. No space or capital follows.
+_CJK_END = re.compile(rf"(?:[。！？；]+|(?<=[{_CJK_CHARS}])(?:…+|\.{{3,}}))[」』”’）)\]】》]*"
+                      rf"(?:\s*\[[^\[\]\n]*\d[^\[\]\n]*\](?!\())*")
+
+
+def _ends(line: str) -> list[int]:
+    """Offsets where the line's sentences end, in order."""
+    ends, start = [], 0
+    cjk = [m.end() for m in _CJK_END.finditer(line)] if _CJK_STOP.search(line) else []
     for m in _END.finditer(line):
         nxt = line[m.end():m.end() + 1]
         if not nxt or not (nxt.isupper() or nxt.isdigit() or nxt in "\"'“‘<[(*"):
             continue
+        if cjk:  # the sentence before this full stop starts after any earlier CJK end
+            start = max([start, *(c for c in cjk if c <= m.start())])
         if m.group(0).startswith(".") and _is_abbrev(line[start:m.start() + 1]):
             continue
-        out.append(line[start:m.end()].strip())
+        ends.append(m.end())
         start = m.end()
+    return sorted(set(ends + cjk)) if cjk else ends
+
+
+def _split_line(line: str) -> list[str]:
+    out, start = [], 0
+    for end in _ends(line):
+        out.append(line[start:end].strip())
+        start = end
     out.append(line[start:].strip())
     return [s for s in out if s]
 
 
-def split_sentences(text: str, *, drop_headings: bool = True) -> list[str]:
-    """Sentences of prose or markdown; headings, rules and table rows are not sentences."""
+_WIDE_END = re.compile(rf"[{_CJK_CHARS}\u3000-\u303f\uff01-\uff0f\uff1a-\uff20](?:\s*\[[^\[\]\n]*\])*\s*$")
+
+
+def join_sentences(sentences: Iterable[str]) -> str:
+    """Sentences as one paragraph: a space after each, except after a sentence in a script
+    written without spaces (…边界[N1-R1]。印刷术…), which the next one follows directly."""
+    out = ""
+    for s in sentences:
+        s = s.strip()
+        if s:
+            out += s if not out or _WIDE_END.search(out) else f" {s}"
+    return out
+
+
+def split_sentences(text: str, *, drop_headings: bool = True, paragraphs: bool = False) -> list[str]:
+    """Sentences of prose or markdown; headings, rules and table rows are not sentences.
+
+    ``paragraphs``: every character is kept and only a blank line breaks a sentence besides its
+    end punctuation (the chunker: a line break inside a paragraph is wrapping, and a heading
+    or list marker is part of the passage's text)."""
+    if paragraphs:
+        blocks = re.split(r"\n\s*\n", text or "")
+        return [s for b in blocks if b.strip() for s in _split_line(" ".join(b.split("\n")))]
     out: list[str] = []
     for line in (text or "").splitlines():
         if not line.strip() or (drop_headings and _HEADING.match(line)):
@@ -207,7 +265,9 @@ def diminishing(k: int) -> float:
 
 # Sections a deepr report writes by code, not claims: the question, the plan table and its
 # waves, the tool-call log and the reference list (deepr.agent.runner / render).
-_SCAFFOLD = frozenset({"question", "research plan", "tool calls", "references"})
+# Their Chinese and Japanese headings are deepr/agent/phrases.py's.
+_SCAFFOLD = frozenset({"question", "research plan", "tool calls", "references", "问题", "研究计划", "工具调用",
+                       "参考文献", "質問", "調査計画", "ツール呼び出し"})
 _HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*$")
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 
 from deepr.agent.plan import answer_node
+from deepr.lang import ask_in_language
 from deepr.records import Plan, PlanNode
 from deepr.roles.acceptance import FREE_TEXT
 from deepr.extractive import answerer as ex
@@ -124,9 +125,9 @@ def _wave_messages(a: WaveAsk) -> list[dict[str, str]]:
     by_id = {n.id: n for n in a.plan.nodes}
     example = ", ".join(f'"{nid}": "..."' for nid in a.wave)
     blocks = "\n\n".join(_node_block(a.ctx, a.plan, by_id[nid], a.shown[nid], a.outputs) for nid in a.wave)
-    return [{"role": "system", "content": ANSWER_SYSTEM},
-            {"role": "user", "content": WAVE_USER.format(query=a.query, rubric=rubric_block(a.rubric),
-                                                         nodes=blocks, example=example)}]
+    return ask_in_language([{"role": "system", "content": ANSWER_SYSTEM},
+                            {"role": "user", "content": WAVE_USER.format(query=a.query, rubric=rubric_block(a.rubric),
+                                                                         nodes=blocks, example=example)}], a.query)
 
 
 def _wave_shape(a: WaveAsk) -> dict[str, Any]:
@@ -182,10 +183,10 @@ def _final_messages(a: FinalAsk) -> list[dict[str, str]]:
     ans = a.node
     branches = "\n\n".join(f"### {s}: {by_id[s].need}\n{a.outputs.get(s, '')}" for s in ans.inputs)
     points = ("Key points:\n" + "\n".join(f"- {p}" for p in ans.key_points)) if ans.key_points else ""
-    return [{"role": "system", "content": ANSWER_SYSTEM},
-            {"role": "user", "content": FINAL_USER.format(
-                query=a.query, rubric=rubric_block(a.rubric), nid=ans.id, need=ans.need, points=points,
-                branches=branches, evidence=a.ctx.catalog.evidence(a.ids) or "(none)")}]
+    return ask_in_language([{"role": "system", "content": ANSWER_SYSTEM},
+                            {"role": "user", "content": FINAL_USER.format(
+                                query=a.query, rubric=rubric_block(a.rubric), nid=ans.id, need=ans.need, points=points,
+                                branches=branches, evidence=a.ctx.catalog.evidence(a.ids) or "(none)")}], a.query)
 
 
 FINAL = Role(

@@ -34,6 +34,10 @@ _LATEX_CITE = re.compile(r"\\cite[pt]?\{([^{}]*)\}")
 _CITE_TAG = re.compile(r"<cite\s+id=[\"']([^\"']+)[\"']\s*/?>(.*?)(?:</cite>|(?=<cite)|$)", re.S | re.I)
 _WIDE = str.maketrans({"【": "[", "】": "]", "［": "[", "］": "]", "，": ","})
 _WIDE_CHARS = "".join(map(chr, _WIDE))
+_WIDE_BRACKETS = str.maketrans({k: v for k, v in _WIDE.items() if chr(k) != "，"})
+_ID_LIST = re.compile(r"\[[^\[\]\n]*，[^\[\]\n]*\]")
+REFERENCE_WORDS = {"passage": "passage", "page_passage": "page passage",
+                   "search_result": "search result", "accessed": "accessed"}
 _NUMERIC = re.compile(r"^\s*\^?\d+(?:\s*[,;\-–]\s*\^?\d+)*\s*$")
 # In a prompt, square brackets hold evidence ids and nothing else. A source's own brackets (an
 # editor's insertion in a quote: "jazz based music ... [with a] heavy beat") would read as a
@@ -72,7 +76,8 @@ def normalize(text: str) -> str:
     # Each rewrite runs only where its marker occurs: this runs on every answer a run checks, and
     # str.translate looking up every character of a long non-ASCII answer was 5 % of a dag batch's CPU.
     if not text.isascii() and any(c in text for c in _WIDE_CHARS):
-        text = text.translate(_WIDE)
+        # brackets everywhere; a full-width comma only between ids, never in the prose
+        text = _ID_LIST.sub(lambda m: m.group(0).replace("，", ","), text.translate(_WIDE_BRACKETS))
     if "\\cite" in text:
         text = _LATEX_CITE.sub(lambda m: "[" + ", ".join(p.strip() for p in m.group(1).split(",")) + "]", text)
     if "<" in text:
@@ -324,8 +329,10 @@ class Catalog:
     def citations(self, ids: Iterable[str]) -> dict[str, Citation]:
         return {cid: self.entries[cid].citation() for cid in ids}
 
-    def references(self, ids: Sequence[str]) -> str:
-        """Markdown reference list for ``ids`` (callers pass exactly the cited ids)."""
+    def references(self, ids: Sequence[str], words: dict[str, str] | None = None) -> str:
+        """Markdown reference list for ``ids`` (callers pass exactly the cited ids); ``words``:
+        its labels in the report's language (deepr/agent/phrases.py; English by default)."""
+        w = {**REFERENCE_WORDS, **(words or {})}
         lines, pages = [], {}
         for cid in ids:  # web sources: one line per URL with every cited snippet and passage of it
             e = self.entries[cid]
@@ -345,19 +352,19 @@ class Catalog:
                     same = passages[e.passage_id]
                     where = f" <{e.url}>" if e.url else ""
                     lines.append(f"- [{', '.join(same)}] {e.title or e.doc_id}{where}: “{_excerpt(e.text)}” "
-                                 f"(passage `{e.passage_id}`)")
+                                 f"({w['passage']} `{e.passage_id}`)")
                 continue
             group = pages.get(e.url or "\0")
             if group and len(group) > 1:
                 if e.url not in done:
                     done.add(e.url)
-                    kinds = ", ".join(f"{x.id} {'page passage' if x.kind == 'fetch' else 'search result'}"
+                    kinds = ", ".join(f"{x.id} {w['page_passage'] if x.kind == 'fetch' else w['search_result']}"
                                       for x in group)
                     lines.append(f"- [{', '.join(x.id for x in group)}] {e.title or e.doc_id} <{e.url}>, "
-                                 f"accessed {min(x.accessed for x in group)[:10]} ({kinds})")
+                                 f"{w['accessed']} {min(x.accessed for x in group)[:10]} ({kinds})")
                 continue
             where = f" <{e.url}>" if e.url else ""
-            where += f", accessed {e.accessed[:10]}" if e.accessed else ""
-            kind = "page passage" if e.kind == "fetch" else "search result"
+            where += f", {w['accessed']} {e.accessed[:10]}" if e.accessed else ""
+            kind = w["page_passage"] if e.kind == "fetch" else w["search_result"]
             lines.append(f"- [{cid}] {e.title or e.doc_id}{where}: “{_excerpt(e.text)}” ({kind})")
         return "\n".join(lines)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from deepr.roles.acceptance import FREE_TEXT, query_words
 from deepr.extractive import decor as ex
+from deepr.lang import ask_in_language
 from deepr.roles import JSONReply, Role, TaggedReply
 
 from deepr.agent.citations import cited_ids, normalize
@@ -99,25 +100,26 @@ class DecorAsk:
 def _planner_messages(a: DecorAsk) -> list[dict[str, str]]:
     user = (f"Question: {a.query}\nFacts so far:\n{memory_text(a.memory)}\nSearches made: "
             f"{'; '.join(a.past) or '(none)'}")
-    return [{"role": "system", "content": PLANNER_SYSTEM}, {"role": "user", "content": user}]
+    return ask_in_language([{"role": "system", "content": PLANNER_SYSTEM}, {"role": "user", "content": user}], a.query)
 
 
 def _filter_messages(a: DecorAsk) -> list[dict[str, str]]:
     results = a.ctx.catalog.evidence(a.ids) or "(none)"
     # The question keeps the filter on topic when the planner's query drifts ("the question about …").
     asked = f"Question: {a.question}\n" if a.question else ""
-    return [{"role": "system", "content": FILTER_SYSTEM},
-            {"role": "user", "content": f"{asked}Search query: {a.query}\nResults:\n{results}"}]
+    return ask_in_language([{"role": "system", "content": FILTER_SYSTEM},
+                            {"role": "user", "content": f"{asked}Search query: {a.query}\nResults:\n{results}"}],
+                           a.question or a.query)
 
 
 def _condense_messages(a: DecorAsk) -> list[dict[str, str]]:
-    return [{"role": "system", "content": CONDENSE_SYSTEM},
-            {"role": "user", "content": f"Question: {a.query}\nMemory:\n{memory_text(a.memory)}"}]
+    user = f"Question: {a.query}\nMemory:\n{memory_text(a.memory)}"
+    return ask_in_language([{"role": "system", "content": CONDENSE_SYSTEM}, {"role": "user", "content": user}], a.query)
 
 
 def _answer_messages(a: DecorAsk) -> list[dict[str, str]]:
-    return [{"role": "system", "content": ANSWER_SYSTEM},
-            {"role": "user", "content": f"Question: {a.query}\nFacts:\n{memory_text(a.memory)}"}]
+    user = f"Question: {a.query}\nFacts:\n{memory_text(a.memory)}"
+    return ask_in_language([{"role": "system", "content": ANSWER_SYSTEM}, {"role": "user", "content": user}], a.query)
 
 
 def _planned(a: DecorAsk, body: str) -> str | None:

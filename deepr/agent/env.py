@@ -9,15 +9,18 @@ and logged in the trace with the ids they produced.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from deepr.lang import HAS_UNSPACED
 from deepr.llm.base import LLM
 from deepr.records import Document, Hit
 from deepr.roles import Outcome, Role, perform
+from deepr.text import tok
 
 from deepr.agent.citations import Catalog
 from deepr.agent.extract import split_sentences
@@ -77,6 +80,19 @@ class RunConfig(BaseModel):
         return self
 
 
+def shares_words(texts: Sequence[str], targets: Sequence[str], *, fallback: bool = True) -> list[bool] | None:
+    """For targets written without spaces (Chinese, Japanese, Thai): which texts share a content
+    word with them; None for other targets, or (``fallback``) when no text shares one, so a
+    sparse corpus still yields material to explore. An English encoder such as MiniLM scores
+    every Chinese passage about alike, so there a topic needs a word of the question as well
+    as the cosine."""
+    if not any(HAS_UNSPACED.search(t or "") for t in targets):
+        return None
+    want = set().union(*(tok(t) for t in targets))
+    shared = [bool(want & tok(t)) for t in texts]
+    return shared if any(shared) or not fallback else None
+
+
 @dataclass
 class Ctx:
     """Everything a role needs: model, tools, catalog, trace and settings.
@@ -123,7 +139,9 @@ class Ctx:
             return []
         sims = self.encode(list(texts)) @ self.encode([query])[0]
         cut = max(floor, rel * float(sims.max()))
-        return [i < keep or bool(sims[i] >= cut) for i in range(len(texts))]
+        ok = [i < keep or bool(sims[i] >= cut) for i in range(len(texts))]
+        shared = shares_words(texts, [query])
+        return ok if shared is None else [o and s for o, s in zip(ok, shared)]
 
     def relevant(self, hits: list[Hit], query: str, **kw: Any) -> list[Hit]:
         return [h for h, ok in zip(hits, self.on_topic([h.text for h in hits], query, **kw)) if ok]

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from deepr.text import STOP_WORDS, split_sentences, words
+from deepr.lang import HAS_UNSPACED, function_word
+from deepr.text import STOP_WORDS, split_sentences, word_count, words
 
 __all__ = ["split_sentences", "content_terms", "sub_questions", "distinctive_terms", "cluster",
            "mmr", "shorten", "approx_tokens", "focus_query", "anchored_query", "FRAMING"]
@@ -24,6 +25,7 @@ idea ideas main role roles impact effects effect way ways kind kinds type types 
 significance give list please cover need want write report short long make makes made famous""".split())
 _ENTITY = re.compile(r"(?<![.!?]\s)(?<!^)\b[A-Z][\w'’-]+(?:\s+[A-Z][\w'’-]+)*")
 
+CHARS_PER_WORD = 1.6  # a Chinese word is one to three characters, most often two or one
 _LIST_ITEM = re.compile(r"^\s*(?:[-*+•]|\(?\d{1,2}[.)]|\(?[a-hA-H][.)])\s+")
 _QUESTION_END = re.compile(r"(?<=[?？])\s*")
 
@@ -32,13 +34,18 @@ def content_terms(text: str) -> list[str]:
     """Content words in first-seen order (lower-cased, stop-words and 1-letter words dropped)."""
     seen: dict[str, None] = {}
     for w in words(text):
-        if (len(w) > 1 or not w.isascii()) and w not in STOP_WORDS:
+        if (len(w) > 1 or not w.isascii()) and w not in STOP_WORDS and (w.isascii() or not function_word(w)):
             seen.setdefault(w, None)
     return list(seen)
 
 
 def shorten(text: str, max_words: int) -> str:
-    """First ``max_words`` words of ``text`` on one line (an ellipsis marks a cut)."""
+    """First ``max_words`` words of ``text`` on one line (an ellipsis marks a cut); in a script
+    without spaces, where one "part" can be a whole paragraph, about as many words' characters."""
+    if HAS_UNSPACED.search(text) and word_count(text) > max_words:
+        flat = "".join(text.split()) if not re.search(r"[A-Za-z0-9] [A-Za-z0-9]", text) else " ".join(text.split())
+        n = int(max_words * CHARS_PER_WORD)
+        return flat if len(flat) <= n else flat[:n].rstrip() + "…"
     parts = " ".join(text.split()).split(" ")
     return " ".join(parts[:max_words]) + (" …" if len(parts) > max_words else "")
 
@@ -72,7 +79,7 @@ def focus_query(query: str, max_words: int = 48) -> str:
     Dense encoders truncate long inputs silently; a focused query keeps the topic words.
     """
     text = " ".join(query.split())
-    if len(text.split()) <= max_words:
+    if word_count(text) <= max_words:
         return text
     first = next((s for s in split_sentences(text) if s.endswith(("?", "？"))), None)
     return shorten(first or text, max_words).rstrip(" …")

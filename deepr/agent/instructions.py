@@ -84,6 +84,7 @@ def _screen(text: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     # Cached: the questions of one batch retrieve many of the same passages, and each screening
     # runs every pattern over the whole passage.
     from deepr.corpus.chunking import split_sentences
+    from deepr.text import join_sentences
 
     if not text or not any(p.search(text) for _, p in _PATTERNS):
         return text, ()
@@ -94,4 +95,4 @@ def _screen(text: str) -> tuple[str, tuple[tuple[str, str], ...]]:
             removed.append((sentence[:300], why))
         else:
             kept.append(sentence)
-    return " ".join(kept), tuple(removed)
+    return join_sentences(kept), tuple(removed)

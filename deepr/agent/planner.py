@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from deepr.roles.acceptance import FREE_TEXT, query_words
 from deepr.agent.plan import validate_plan
+from deepr.lang import ask_in_language
 from deepr.records import Plan
 from deepr.roles import JSONReply, Role
 
@@ -67,8 +68,8 @@ def plan_json(plan: Plan) -> str:
 
 
 def initial_messages(query: str) -> list[dict[str, str]]:
-    return [{"role": "system", "content": PLANNER_SYSTEM},
-            {"role": "user", "content": INITIAL_USER.format(query=query)}]
+    return ask_in_language([{"role": "system", "content": PLANNER_SYSTEM},
+                            {"role": "user", "content": INITIAL_USER.format(query=query)}], query)
 
 
 def criteria_lines(items: Sequence[dict[str, Any]]) -> str:
@@ -93,7 +94,7 @@ def revision_messages(ctx: Ctx, query: str, plan: Plan, results: dict[str, list[
                      "nodes:\n" + criteria_lines(gaps) + "\n")
     user = REVISION_USER.format(query=query, plan=plan_json(plan), results="\n\n".join(blocks), gaps=gap_text,
                                 fetch_limit=ctx.config.fetch_limit)
-    return [{"role": "system", "content": PLANNER_SYSTEM}, {"role": "user", "content": user}]
+    return ask_in_language([{"role": "system", "content": PLANNER_SYSTEM}, {"role": "user", "content": user}], query)
 
 
 def _plan_check(value: Any) -> list[str]:

@@ -13,14 +13,11 @@ from __future__ import annotations
 import html
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from deepr.records import Citation, Plan
 
 from deepr.agent.citations import Catalog, cite_before_stop, clean_brackets, cited_ids, strip_ids
-
-EXTRACTIVE_NOTE = ("Written without a language model: every sentence below is extracted from the cited "
-                   "sources by the extractive backend (retrieval + sentence embeddings).")
-
 
 @dataclass
 class GNode:
@@ -48,6 +45,8 @@ class ReportDoc:
     sections: list[Section]
     notes: list[str] = field(default_factory=list)
     graph: Graph | None = None
+    # the code's own words in the report's language (deepr/agent/phrases.py); None: English
+    words: dict[str, Any] | None = None
 
 
 def plan_graph(plan: Plan) -> Graph:
@@ -68,7 +67,9 @@ def render_markdown(doc: ReportDoc, catalog: Catalog) -> tuple[str, dict[str, Ci
         if s.heading:
             parts.append(f"{'#' * s.level} {clean_brackets(s.heading, ())}")
         parts.append(clean_brackets(body, ids).strip())
-    parts += ["## References", clean_brackets(catalog.references(ids), ids) if ids else "(no sources were cited)"]
+    w = doc.words or {}
+    refs = clean_brackets(catalog.references(ids, w.get("reference_words")), ids) if ids else None
+    parts += [f"## {w.get('references', 'References')}", refs or w.get("no_sources", "(no sources were cited)")]
     md = "\n\n".join(p for p in parts if p) + "\n"
     citations = catalog.citations(ids)
     missing = [c for c in cited_ids(md) if c not in citations]

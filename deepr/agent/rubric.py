@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from deepr.lang import ask_in_language
 from deepr.records import Plan
 
 from deepr.roles.acceptance import FREE_TEXT, query_words
@@ -88,8 +89,8 @@ class RubricAsk:
 
 
 def _persistent_messages(a: RubricAsk) -> list[dict[str, str]]:
-    return [{"role": "system", "content": RUBRIC_SYSTEM},
-            {"role": "user", "content": PERSISTENT_USER.format(query=a.query, plan=_plan_lines(a.plan))}]
+    user = PERSISTENT_USER.format(query=a.query, plan=_plan_lines(a.plan))
+    return ask_in_language([{"role": "system", "content": RUBRIC_SYSTEM}, {"role": "user", "content": user}], a.query)
 
 
 def _ephemeral_messages(a: RubricAsk) -> list[dict[str, str]]:
@@ -97,9 +98,9 @@ def _ephemeral_messages(a: RubricAsk) -> list[dict[str, str]]:
     blocks = [f"### {n.id}: {n.query}\n" + (ctx.catalog.evidence(a.results.get(n.id, []), max_chars=200) or "(none)")
               for n in a.plan.nodes if n.type == "search"]
     criteria = "\n".join(f"- {c['name']}: {c.get('guidance') or c['description']}" for c in a.persistent)
-    return [{"role": "system", "content": RUBRIC_SYSTEM},
-            {"role": "user", "content": EPHEMERAL_USER.format(query=a.query, criteria=criteria,
-                                                              evidence="\n\n".join(blocks))}]
+    return ask_in_language([{"role": "system", "content": RUBRIC_SYSTEM},
+                            {"role": "user", "content": EPHEMERAL_USER.format(query=a.query, criteria=criteria,
+                                                                              evidence="\n\n".join(blocks))}], a.query)
 
 
 PERSISTENT = Role(

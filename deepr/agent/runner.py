@@ -21,14 +21,14 @@ from typing import Any
 from deepr.io import write_json, write_meta, write_text
 from deepr.llm.base import LLM, run_sync
 from deepr.records import RubricItem, RunTrace, Trajectory
-from deepr.text import strip_citations
+from deepr.text import join_sentences, strip_citations
 
 from deepr.agent.decor import DecorOutcome, run_decor
 from deepr.agent.dag import DagOutcome, run_dag
 from deepr.agent.env import Ctx, RunConfig
 from deepr.agent.extract import shorten
-from deepr.agent.render import (EXTRACTIVE_NOTE, GNode, Graph, ReportDoc, Section, plan_graph, render_html,
-                                render_markdown)
+from deepr.agent.phrases import need_topics, phrases
+from deepr.agent.render import GNode, Graph, ReportDoc, Section, plan_graph, render_html, render_markdown
 from deepr.agent.support import check_support
 from deepr.agent.trace import Tracer
 from deepr.agent.writer import cited_sentences
@@ -64,14 +64,7 @@ def _fallback_note(tracer: Tracer) -> list[str]:
     parts = list(dict.fromkeys(p for d in tracer.decisions for p in d.get("fallback", [])))
     if not parts:
         return []
-    return [f"Written by the extractive writer because the model's replies failed their checks: "
-            f"{', '.join(parts)} (the reasons are under failures in the .json trace beside this report, "
-            "and in its .meta.json sidecar)."]
-
-
-# The extractive planner's aggregate need (agent/planner.py, extractive_plan): its topic list is
-# the heading a reader wants, not the instruction the writer was given.
-_TEMPLATE_NEED = re.compile(r"^What the evidence on (?P<topics>.+) establishes for the question$")
+    return [phrases(tracer.query)["fallback_note"].format(parts=", ".join(parts))]
 
 
 def _same(a: str, b: str) -> bool:
@@ -79,11 +72,9 @@ def _same(a: str, b: str) -> bool:
 
 
 def _topic(need: str) -> str:
-    m = _TEMPLATE_NEED.match(need.strip())
-    if not m:
-        return need
-    topics = [t for t in m.group("topics").split(" and ") if t != "the question"]
-    return " and ".join(topics) or "The question as asked"
+    # the extractive planner's aggregate need (deepr/extractive/planner.py): its topic list is
+    # the heading a reader wants, not the instruction the writer was given
+    return need_topics(need) or need
 
 
 def _heading(nid: str, need: str) -> str:
@@ -106,7 +97,7 @@ def _unseen(text: str, seen: set[str]) -> str:
         else:
             sentences = [x for x in cited_sentences(para) if _sentence_key(x) not in seen]
             seen.update(_sentence_key(x) for x in sentences)
-            kept = " ".join(sentences)
+            kept = join_sentences(sentences)
         if kept.strip():
             paragraphs.append(kept)
     return "\n\n".join(paragraphs)
@@ -117,17 +108,18 @@ def _dag_doc(out: DagOutcome, query: str) -> tuple[str, list[Section], Graph]:
     seen = {_sentence_key(x) for x in cited_sentences(out.answer)}
     findings = [Section(_heading(nid, by_id[nid].need or nid), body, 3) for w in out.waves for nid in w
                 if (body := _unseen(out.outputs.get(nid, ""), seen))]
-    sections = [Section("Answer", out.answer)]
+    words = phrases(query)
+    sections = [Section(words["answer"], out.answer)]
     if findings:  # what the answer left out; the answer's own sentences are not repeated
-        sections += [Section("More findings by research step", ""), *findings]
-    rows = ["| node | type | query / need | inputs |", "|---|---|---|---|"]
+        sections += [Section(words["more_findings"], ""), *findings]
+    rows = [words["plan_header"], "|---|---|---|---|"]
     for n in out.plan.nodes:
         text = n.query or n.need or ""
-        text = "(the question)" if _same(text, query) else text.replace("|", "/")
-        rows.append(f"| {n.id} | {n.type} | {text} | {', '.join(n.inputs)} |")
+        text = words["question_cell"] if _same(text, query) else text.replace("|", "/")
+        rows.append(f"| {n.id} | {words['types'].get(n.type, n.type)} | {text} | {', '.join(n.inputs)} |")
     waves = " → ".join(", ".join(w) for w in out.waves)
-    sections.append(Section("Research plan", "\n".join(rows) + (
-        f"\n\nAnswered in waves (nodes of one wave run side by side): {waves}" if waves else "")))
+    sections.append(Section(words["research_plan"], "\n".join(rows) + (
+        "\n\n" + words["waves"].format(waves=waves) if waves else "")))
     graph = plan_graph(out.plan)
     for g in graph.nodes:  # the drawing names each aggregate's topic, as its heading does
         g.label = _topic(g.label) if g.kind == "aggregate" else g.label
@@ -144,13 +136,14 @@ def _warp_doc(out: WarpOutcome) -> tuple[str, list[Section], Graph]:
     return body, [Section(None, body)], g
 
 
-def _decor_doc(out: DecorOutcome) -> tuple[str, list[Section], Graph]:
+def _decor_doc(out: DecorOutcome, query: str) -> tuple[str, list[Section], Graph]:
+    words = phrases(query)
     # a query a model ended with a colon keeps one colon before its evidence
-    mem = "\n".join(f"- **{m.query.rstrip(': ')}**: {m.evidence}" for m in out.memory) or "(no evidence was kept)"
+    mem = "\n".join(f"- **{m.query.rstrip(': ')}**: {m.evidence}" for m in out.memory) or words["no_memory"]
     g = Graph([GNode(f"S{i}", q, "step") for i, q in enumerate(out.queries, 1)] + [GNode("answer", "answer", "answer")])
     chain = [n.id for n in g.nodes]
     g.edges = list(zip(chain, chain[1:]))
-    return out.answer, [Section("Answer", out.answer), Section("Evidence gathered", mem)], g
+    return out.answer, [Section(words["answer"], out.answer), Section(words["evidence_gathered"], mem)], g
 
 
 async def arun_agent(query: str, *, tools: Any, llm: LLM, config: RunConfig, query_id: str | None = None,
@@ -169,20 +162,22 @@ async def arun_agent(query: str, *, tools: Any, llm: LLM, config: RunConfig, que
     elif config.mode == "tools":
         from deepr.agent.tools_agent import run_tools, tools_doc
 
-        answer, sections, graph = tools_doc(await run_tools(ctx, query))
+        answer, sections, graph = tools_doc(await run_tools(ctx, query), phrases(query))
     else:
-        answer, sections, graph = _decor_doc(await run_decor(ctx, query))
+        answer, sections, graph = _decor_doc(await run_decor(ctx, query), query)
     if config.answer == "short":  # the mode's answer is the draft the short response is made from
         from deepr.agent.short_answer import short_answer, short_text
 
         with tracer.phase("short answer"):
             short = await short_answer(ctx, query, answer)
-        answer, sections = short["exact_answer"], [Section("Response", short_text(short)), *sections[1:]]
+        response = Section(phrases(query)["response"], short_text(short))
+        answer, sections = short["exact_answer"], [response, *sections[1:]]
     # The note follows what happened: every role was performed by the non-LLM engine.
-    notes = ([EXTRACTIVE_NOTE] if set(tracer.engines) == {"extractive"} else []) + _fallback_note(tracer)
+    words = phrases(query)  # the report's own words, in the question's language
+    notes = ([words["extractive_note"]] if set(tracer.engines) == {"extractive"} else []) + _fallback_note(tracer)
     title = shorten(next(ln for ln in query.splitlines() if ln.strip()).strip(), 16)
-    asked = [] if _same(title, query) else [Section("Question", _question(query))]  # the title says it all
-    doc = ReportDoc(title, asked + sections, notes, graph)
+    asked = [] if _same(title, query) else [Section(words["question"], _question(query))]  # the title says it all
+    doc = ReportDoc(title, asked + sections, notes, graph, words=words)
     with tracer.phase("render"):
         md, citations, dropped = render_markdown(doc, ctx.catalog)
         if dropped:

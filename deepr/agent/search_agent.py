@@ -22,6 +22,7 @@ from deepr.records import Hit, PlanNode
 
 from deepr.roles.acceptance import FREE_TEXT, query_words
 from deepr.extractive import search as ex
+from deepr.lang import in_question_language
 from deepr.roles import JSONReply, Role
 
 from deepr.agent.env import Ctx
@@ -66,6 +67,7 @@ class SearchAsk:
     guidance: Sequence[dict[str, Any]] = ()  # rubric criteria and gaps of the current planning cycle
 
 
+@in_question_language(lambda a: a.ctx.tracer.query)  # its queries must match the corpus's language
 def _messages(a: SearchAsk) -> list[dict[str, str]]:
     node = a.node
     found = "\n".join(f"- {h.title}: {shorten(h.text, 40)}" for h in a.hits) or "(nothing)"

@@ -30,6 +30,7 @@ from deepr.agent.citations import cited_ids, normalize, strip_ids
 from deepr.agent.env import Ctx
 from deepr.agent.extract import shorten, sub_questions
 from deepr.extractive.tools import ExtractivePolicy, cite_tags, step_reply
+from deepr.lang import ask_in_language
 from deepr.agent.render import GNode, Graph, Section
 from deepr.llm.base import OutputFormat
 from deepr.roles.acceptance import FREE_TEXT, no_babble, no_placeholder, query_words
@@ -111,7 +112,8 @@ def system_prompt(max_turns: int = RUN_TURNS) -> str:
 
 
 def first_messages(query: str, max_turns: int = RUN_TURNS) -> list[dict[str, str]]:
-    return [{"role": "system", "content": system_prompt(max_turns)}, {"role": "user", "content": query.strip()}]
+    return ask_in_language([{"role": "system", "content": system_prompt(max_turns)},
+                            {"role": "user", "content": query.strip()}], query)
 
 
 def parse_step(text: str) -> Step:
@@ -357,8 +359,10 @@ def _salvage(ctx: Ctx, query: str, step: Step, session: ToolSession) -> str:
                                      ctx.config.answer_sentences))
 
 
-def tools_doc(out: ToolsOutcome) -> tuple[str, list[Section], Graph]:
-    """The report pieces for the runner: the answer, the tool-call log, a chain graph."""
+def tools_doc(out: ToolsOutcome, words: dict[str, Any] | None = None) -> tuple[str, list[Section], Graph]:
+    """The report pieces for the runner: the answer, the tool-call log, a chain graph; headings
+    from ``words`` (deepr/agent/phrases.py, the question's language), else English."""
+    w = words or {}
     # the calls executed (the summary's count), not the transcript's: a re-ask drops turns from
     # it and the fallback's searches never were in it
     calls = out.log or [_TOOL.findall(m["content"])[0] for m in out.transcript
@@ -368,4 +372,5 @@ def tools_doc(out: ToolsOutcome) -> tuple[str, list[Section], Graph]:
               + [GNode("answer", "answer", "answer")])
     chain = [n.id for n in g.nodes]
     g.edges = list(zip(chain, chain[1:]))
-    return out.answer, [Section("Answer", out.answer), Section("Tool calls", "\n".join(lines) or "(none)")], g
+    return out.answer, [Section(w.get("answer", "Answer"), out.answer),
+                        Section(w.get("tool_calls", "Tool calls"), "\n".join(lines) or "(none)")], g

@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 
 from deepr.roles.acceptance import FREE_TEXT, query_words
 from deepr.extractive import warp as ex
+from deepr.lang import in_question_language
 from deepr.roles import JSONReply, Role, TaggedReply
 
 from deepr.agent.citations import normalize
@@ -132,6 +133,7 @@ class WarpAsk:
     forced: bool = False
 
 
+@in_question_language(lambda a: a.run.query)
 def _search_messages(a: WarpAsk) -> list[dict[str, str]]:
     return [{"role": "system", "content": WARP_SYSTEM},
             {"role": "user", "content": SEARCH_USER.format(query=a.run.query, outline=a.run.outline.listing(),
@@ -139,12 +141,14 @@ def _search_messages(a: WarpAsk) -> list[dict[str, str]]:
                                                            instruction=a.instruction)}]
 
 
+@in_question_language(lambda a: a.run.query)
 def _init_messages(a: WarpAsk) -> list[dict[str, str]]:
     evidence = a.run.ctx.catalog.evidence(a.ids, 300) or "(none)"
     return [{"role": "system", "content": WARP_SYSTEM},
             {"role": "user", "content": INIT_USER.format(query=a.run.query, evidence=evidence)}]
 
 
+@in_question_language(lambda a: a.run.query)
 def _write_messages(a: WarpAsk) -> list[dict[str, str]]:
     sec, run = a.sec, a.run
     return [{"role": "system", "content": WARP_SYSTEM},
@@ -155,6 +159,7 @@ def _write_messages(a: WarpAsk) -> list[dict[str, str]]:
                 example=sec.ids[0] if sec.ids else "S1-R1")}]
 
 
+@in_question_language(lambda a: a.run.query)
 def _deepen_messages(a: WarpAsk) -> list[dict[str, str]]:
     run = a.run
     can = run.outline.expandable(run.ctx.config.max_levels)

@@ -12,25 +12,33 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from deepr.text import strip_citations
+from deepr.lang import HAS_UNSPACED
+from deepr.text import join_sentences, strip_citations
 
 from deepr.agent.citations import cited_ids
-from deepr.agent.env import Ctx
+from deepr.agent.env import Ctx, shares_words
 from deepr.agent.extract import mmr, split_sentences
+from deepr.agent.phrases import phrases
 
-NO_EVIDENCE = "No evidence was retrieved for this part."
 MIN_RELEVANCE = 0.25  # below this a sentence is off-topic filler, better left out
 RELATIVE_FLOOR = 0.6  # ... and so is one far below the best match
-_END = re.compile(r"([.!?。！？][\"'”’)]*)\s*$")
+# An ellipsis ends a sentence only after a non-ASCII character, so English ones ("wait…") stay as before.
+_END = re.compile(r"((?:[.!?。！？；]|(?<=[^\x00-\x7f])…+)[\"'”’)」』）]*)\s*$")
 
 
 def cite(sentence: str, cid: str) -> str:
-    """Attach ``[cid]`` before the sentence's final punctuation."""
+    """Attach ``[cid]`` before the sentence's final punctuation, after a space in a language
+    that separates words (``… plates [N1-R1].``), directly in one that does not (``…边界[N1-R1]。``)."""
     sentence = sentence.strip()
     m = _END.search(sentence)
-    if m:
-        return f"{sentence[:m.start()].rstrip()} [{cid}]{m.group(1)}"
-    return f"{sentence} [{cid}]"
+    body, end = (sentence[:m.start()].rstrip(), m.group(1)) if m else (sentence, "")
+    gap = "" if body and HAS_UNSPACED.match(body[-1]) else " "
+    return f"{body}{gap}[{cid}]{end}"
+
+
+def no_evidence(ctx: Ctx) -> str:
+    """The note for a part with no evidence, in the run's question's language."""
+    return phrases(ctx.tracer.query)["no_evidence"]
 
 
 _LEADING_CITE = re.compile(r"^((?:\s*\[[^\[\]]+\])+)\s*")
@@ -50,6 +58,12 @@ def cited_sentences(text: str) -> list[str]:
     return out
 
 
+def _long_enough(plain: str) -> bool:
+    """A sentence, not a fragment: over 20 characters (about four English words), or over 8 in
+    a script without spaces, where each character carries about a word's worth."""
+    return len(plain) > (8 if HAS_UNSPACED.search(plain) else 20)
+
+
 def candidates(ctx: Ctx, ids: Sequence[str], cited_texts: Iterable[str] = (),
                avoid: Iterable[str] = ()) -> list[tuple[str, str]]:
     """(plain sentence, cited sentence) pairs from sources ``ids`` and already-cited texts.
@@ -62,12 +76,12 @@ def candidates(ctx: Ctx, ids: Sequence[str], cited_texts: Iterable[str] = (),
     for text in cited_texts:
         for s in cited_sentences(text):
             plain = " ".join(strip_citations(s).split())
-            if cited_ids(s) and len(plain) > 20 and plain not in skip:
+            if cited_ids(s) and _long_enough(plain) and plain not in skip:
                 out.setdefault(plain, s.strip())
     for cid in ids:
         for s in ctx.sentences(cid):
             plain = " ".join(s.split())
-            if len(plain) > 20 and plain not in skip:
+            if _long_enough(plain) and plain not in skip:
                 out.setdefault(plain, cite(plain, cid))
     return list(out.items())
 
@@ -80,6 +94,11 @@ def select(ctx: Ctx, cands: Sequence[tuple[str, str]], targets: Sequence[str], k
         return []
     svec = ctx.encode([c[0] for c in cands])
     sim = np.clip(svec @ ctx.encode(list(targets)).T, 0.0, 1.0)
+    # a question written without spaces: a sentence sharing none of its words is off-topic (the
+    # question's words, not a node's key points, which are evidence sentences of any topic)
+    shared = shares_words([c[0] for c in cands], [ctx.tracer.query], fallback=False)
+    if shared is not None:
+        sim[~np.asarray(shared)] = 0.0
     relevance = 0.5 * sim[:, 0] + 0.5 * sim.max(axis=1)
     picked = list(chosen)
     out: list[int] = []
@@ -99,7 +118,7 @@ def write(ctx: Ctx, targets: Sequence[str], ids: Sequence[str], k: int, *,
     """One extractive paragraph answering ``targets[0]`` and covering ``targets[1:]``."""
     cands = candidates(ctx, ids, cited_texts, avoid)
     picked = select(ctx, cands, targets, k)
-    return " ".join(cands[i][1] for i in picked) if picked else NO_EVIDENCE
+    return join_sentences(cands[i][1] for i in picked) if picked else no_evidence(ctx)
 
 
 def write_by_parts(ctx: Ctx, question: str, parts: Sequence[str], ids: Sequence[str], k: int, *,
@@ -114,6 +133,6 @@ def write_by_parts(ctx: Ctx, question: str, parts: Sequence[str], ids: Sequence[
     for part in parts:
         picked = select(ctx, cands, [part, question], per, chosen=used)
         used += picked
-        body = " ".join(cands[i][1] for i in picked) if picked else NO_EVIDENCE
+        body = join_sentences(cands[i][1] for i in picked) if picked else no_evidence(ctx)
         paragraphs.append(f"**{part.strip()}** {body}")
     return "\n\n".join(paragraphs)

@@ -32,18 +32,20 @@ SHARD_HELP = ("Embed only shard K of N (1 <= K <= N; passages hash-partitioned b
               "shard-K-of-N.npz; run `--merge` after all N.")
 MERGE_HELP = "Build the index from the shard files of `--shard` runs, embedding nothing."
 SHARD_DIR_HELP = "Folder of shard files (default: <cache>/shards/<index key>/)."
+LANGUAGE_HELP = ("How BM25 cuts the corpus and queries into words: auto (detected from the text), en (words "
+                 "separated by spaces), zh (jieba), ja, th, lo, km, my (character bigrams). Part of the index key.")
 PRECISION_HELP = ("Passage vectors: auto (int8), fp32 or int8; queries are fp32. Each precision has its own "
                   "index, so --precision fp32 finds an fp32 index again.")
 
 
 def _open(corpus: str, retriever: str, cache_dir: Path | None, limit: int | None, embedder: str | None,
-          precision: str, max_words: int, overlap: int, dense: str = "auto"):
+          precision: str, max_words: int, overlap: int, dense: str = "auto", language: str = "auto"):
     from deepr.corpus import ChunkConfig, get_embedder, open_retriever
 
     return open_retriever(corpus, retriever=retriever, cache_dir=cache_dir, limit=limit,
                           embedder=get_embedder(embedder, precision=precision, use="index"),
                           chunking=ChunkConfig(max_words=max_words, overlap=overlap), progress=True,
-                          dense=dense)
+                          dense=dense, language=language)
 
 
 def _shard(corpus: str, shard: str, cache_dir: Path | None, limit: int | None, embedder: str | None,
@@ -81,6 +83,7 @@ def index_command(
     shard: str | None = typer.Option(None, "--shard", help=SHARD_HELP),
     merge: bool = typer.Option(False, "--merge", help=MERGE_HELP),
     shard_dir: Path | None = typer.Option(None, "--shard-dir", help=SHARD_DIR_HELP),
+    language: str = typer.Option("auto", "--language", help=LANGUAGE_HELP),
 ) -> None:
     """Build the dense + BM25 index of a corpus once and cache it (re-runs reuse the cache;
     an interrupted build resumes; after a corpus edit only new or changed passages are embedded)."""
@@ -99,12 +102,13 @@ def index_command(
                              chunking=ChunkConfig(max_words=max_words, overlap=overlap), limit=limit,
                              shard_dir=shard_dir, dense=dense, retriever=retriever)
         else:
-            r = _open(corpus, retriever, cache_dir, limit, embedder, precision, max_words, overlap, dense)
+            r = _open(corpus, retriever, cache_dir, limit, embedder, precision, max_words, overlap, dense, language)
     info = r.describe()
     summary_table(f"deepr index — {r.corpus_name}", [
         ("documents", info["documents"]), ("passages", info["passages"]),
         ("documents without text (not indexed)", info["documents_without_text"]),
-        ("embedder", info["embedder"]), ("index", "built now" if r.built else "reused from cache"),
+        ("embedder", info["embedder"]), ("language (BM25)", info["language"]),
+        ("index", "built now" if r.built else "reused from cache"),
         ("dense index", info["dense_index"]["kind"] if info["dense_index"] else "none (--retriever bm25)"),
         ("build seconds", round(r.build_seconds, 2)), ("total seconds", round(time.perf_counter() - t0, 2)),
         ("cache path", info["index"]),
@@ -127,6 +131,7 @@ def search_command(
     overlap: int = typer.Option(20, "--overlap", help="Passage overlap in words (must match the index)."),
     search: str = SEARCH_OPT, allow_host: list[str] | None = ALLOW_OPT, search_cache: str = CACHE_OPT,
     dense: str = typer.Option("auto", "--dense", help=DENSE_HELP + " Must match the index."),
+    language: str = typer.Option("auto", "--language", help=LANGUAGE_HELP),
 ) -> None:
     """Print ranked snippets for a query, each with its stable id (builds the index if needed)."""
     from deepr.cli.search_opts import check_usable, open_search, search_errors
@@ -134,7 +139,7 @@ def search_command(
     with user_errors():
         r = open_search(search, allow_host, search_cache, cache_dir,
                         lambda: _open(corpus, retriever, cache_dir, limit, embedder, precision, max_words, overlap,
-                                     dense))
+                                     dense, language))
         with search_errors(r):
             hits = r.search(query, k=k)
             check_usable(r)

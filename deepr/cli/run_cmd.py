@@ -314,6 +314,10 @@ def run_command(
     corpus: str = typer.Option("wiki", "--corpus", "-c", help="Corpus: wiki, a .jsonl/.parquet file, a folder "
                                "of .md/.txt, or hf:<dataset>[:<config>]."),
     retriever: str = typer.Option("hybrid", "--retriever", "-r", help="dense, bm25 or hybrid ranking."),
+    embedder: str | None = typer.Option(None, "--embedder", help="Sentence-transformers model for the index and "
+                                        "the extractive engine (default all-MiniLM-L6-v2; docs/models.md)."),
+    language: str = typer.Option("auto", "--language", help="The corpus's language for BM25: auto, en, zh, ja, "
+                                 "th, lo, km, my (docs/languages.md)."),
     cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Index cache (default $DEEPR_CACHE or "
                                           "~/.cache/deepr)."),
     llm: str = typer.Option("extractive", "--llm", envvar="DEEPR_LLM", help=F.LLM_HELP),
@@ -389,7 +393,8 @@ def run_command(
 
         t0 = time.perf_counter()
         source = open_search(search, allow_host, search_cache, cache_dir,
-                             lambda: open_retriever(corpus, retriever=retriever, cache_dir=cache_dir, progress=True))
+                             lambda: open_retriever(corpus, retriever=retriever, cache_dir=cache_dir, progress=True,
+                                                    embedder=embedder, language=language))
         tools = ResearchTools(source, k=k)
         model = llm_from_flags(llm, base_url, api_key, no_cache, timeout, concurrency, gen=gen,
                                decoding=dict(prof.decoding))

@@ -4,6 +4,10 @@ Passages are word windows of at most ``max_words`` that end on sentence boundari
 possible; consecutive passages of one document share up to ``overlap`` words (whole trailing
 sentences when they fit) so a fact cut at a boundary is still found whole in one passage.
 A sentence longer than a window is split into word windows with the same overlap.
+Sentences are deepr.text.split_sentences' (one splitter for every stage). In a document
+written in a script without spaces (Chinese, Japanese, Thai: deepr.lang), a "word" is one
+character, whitespace aside — about one model token, as an English word is about 1.3 — and
+sentences join with no space between them.
 
 Inputs: ``list[Document]``; output: ``list[Passage]`` (blank documents yield none).
 
@@ -15,16 +19,13 @@ print(len(chunk_documents(load_documents('wiki', limit=100))))"
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from deepr.lang import HAS_UNSPACED, UNSPACED, detect_language
 from deepr.records import Document, Passage
-
-# End punctuation (optionally closed by a quote/bracket) followed by space and a capital,
-# digit or opening quote; or a blank line. Abbreviations like "e.g. the" stay joined.
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]?\s+(?=[\"'(\[]?[A-Z0-9])|\n\s*\n")
+from deepr.text import split_sentences as _split
 
 
 class ChunkConfig(BaseModel):
@@ -44,15 +45,37 @@ class ChunkConfig(BaseModel):
 
 
 def split_sentences(text: str) -> list[str]:
-    return [s.strip() for s in _SENTENCE_END.split(text) if s and s.strip()]
+    """Sentences of a passage's text: a blank line or end punctuation ends one; every
+    character is kept (deepr.text.split_sentences in paragraph mode)."""
+    return _split(text, paragraphs=True)
 
 
-def _units(text: str, cfg: ChunkConfig) -> list[list[str]]:
+def unspaced(text: str) -> bool:
+    """Whether ``text`` is written in a script without spaces between words."""
+    return bool(HAS_UNSPACED.search(text[:4000])) and detect_language(text) in UNSPACED
+
+
+def _pieces(sentence: str, by_char: bool) -> list[str]:
+    if not by_char:
+        return sentence.split()
+    # characters, each keeping the whitespace before it, so joining them restores the sentence
+    out: list[str] = []
+    pending = ""
+    for ch in sentence:
+        if ch.isspace():
+            pending = " "
+        else:
+            out.append(pending + ch if out else ch)
+            pending = ""
+    return out
+
+
+def _units(text: str, cfg: ChunkConfig, by_char: bool = False) -> list[list[str]]:
     """Sentences as word lists; an over-long sentence becomes several overlapping windows."""
     out: list[list[str]] = []
     step = cfg.max_words - cfg.overlap
     for sentence in split_sentences(text):
-        words = sentence.split()
+        words = _pieces(sentence, by_char)
         if len(words) <= cfg.max_words:
             out.append(words)
             continue
@@ -76,13 +99,15 @@ def _tail(chunk: list[list[str]], budget: int) -> list[list[str]]:
 
 
 def chunk_text(text: str, cfg: ChunkConfig | None = None) -> list[str]:
-    """Pack sentences into windows of at most ``max_words`` words, of balanced length.
+    """Pack sentences into windows of at most ``max_words`` words (characters where words are not
+    space-separated), of balanced length.
 
     Balancing avoids a 120-word passage followed by a stub of overlap plus a few new
     words: a 130-word text becomes two passages of about 75 words, not 120 + 30.
     """
     cfg = cfg or ChunkConfig()
-    units = _units(text, cfg)
+    by_char = unspaced(text)
+    units = _units(text, cfg, by_char)
     total = sum(map(len, units))
     step = cfg.max_words - cfg.overlap
     n = max(1, -(-max(0, total - cfg.overlap) // step))
@@ -103,6 +128,8 @@ def chunk_text(text: str, cfg: ChunkConfig | None = None) -> list[str]:
         fresh += 1
     if fresh:
         chunks.append(current)
+    if by_char:  # a window may start inside a sentence: the space it kept goes
+        return ["".join(p for unit in chunk for p in unit).strip() for chunk in chunks]
     return [" ".join(w for unit in chunk for w in unit) for chunk in chunks]
 
 

@@ -29,7 +29,7 @@ Precision (``get_embedder(..., use=...)``):
 
 The index key and the embedding cache are keyed by ``Embedder.name``, which names the precision
 (``all-MiniLM-L6-v2+int8-ort``; fp32 has no suffix). The one place a model-specific text prefix
-(e.g. a query or passage prompt) would go is ``Embedder._encode_model``.
+(a query or passage prompt, ``model_prompts``) is added is ``Embedder._encode_model``.
 
 Example::
 
@@ -39,6 +39,7 @@ print(e.name, e.dim, e.cos(['a cat'], ['a kitten', 'a tax form']))"
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -54,6 +55,10 @@ BATCH = 16  # length-sorted batches of 16 padded less and ran faster than 64 (be
 SMALL_BATCH = 16
 Precision = Literal["auto", "fp32", "int8"]
 Use = Literal["rewards", "index"]
+# Query/passage prompts (sentence-transformers' ``prompts``) of model families trained with them,
+# for folders whose config names none: multilingual-e5 / e5 want "query: " and "passage: "
+# (on both sides, or their vectors drift); bge-m3 and MiniLM want none (docs/models.md).
+FAMILY_PROMPTS = {"e5": {"query": "query: ", "passage": "passage: "}}
 
 
 def default_model_path() -> str:
@@ -97,6 +102,7 @@ class Embedder:
         self._tok: Any = None
         self._sessions: dict[str, Any] = {}
         self._pool: Any = None
+        self.prompts = model_prompts(self.model_ref)  # {"query": ..., "passage": ...} or {}
         self._cache: dict[str, np.ndarray] = {}
         self._lock = threading.RLock()
         self._run_lock = threading.Lock()  # one batch at a time: onnxruntime already uses every core
@@ -113,6 +119,8 @@ class Embedder:
             parts.append("int8-ort")  # onnxruntime's quantiser: other vectors than any earlier int8
         if self._max_seq:
             parts.append(f"seq{self._max_seq}")
+        if self.prompts:  # other prompts, other vectors
+            parts.append("prompts-" + hashlib.sha1(json.dumps(self.prompts, sort_keys=True).encode()).hexdigest()[:8])
         return "+".join(parts)
 
     @property
@@ -191,6 +199,10 @@ class Embedder:
         """Length-sorted batches, at most ``batch_size`` texts and at least one per core, each
         run on one onnxruntime thread, the batches of a call side by side on the cores."""
         session = self._session(self.precision if passages else "fp32")
+        # An index's passages get the passage prompt; queries and every other text the query one,
+        # prepended as sentence-transformers feeds a prompt to the model.
+        prompt = self.prompts.get("passage" if passages else "query")
+        texts = [prompt + t for t in texts] if prompt else texts
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         size = max(1, min(self.batch_size, -(-len(texts) // usable_cores())))
         batches = [order[s:s + size] for s in range(0, len(order), size)]
@@ -258,6 +270,31 @@ class Embedder:
 def normalise(vecs: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(vecs, axis=1, keepdims=True)
     return vecs / np.maximum(norms, 1e-12)
+
+
+def model_prompts(ref: str) -> dict[str, str]:
+    """The query and passage prompts of model ``ref``: those its sentence-transformers config
+    names ("query", and "passage" or "document"), else its family's (FAMILY_PROMPTS), else none."""
+    if ref == DEFAULT_MODEL:
+        return {}
+    path = Path(ref).expanduser() / "config_sentence_transformers.json"
+    if not path.is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            found = try_to_load_from_cache(ref, "config_sentence_transformers.json")
+            path = Path(found) if isinstance(found, str) else path
+        except (ImportError, ValueError):
+            pass
+    try:
+        own = json.loads(path.read_text(encoding="utf-8")).get("prompts") or {}
+    except (OSError, ValueError, AttributeError):
+        own = {}
+    prompts = {"query": own.get("query", ""), "passage": own.get("passage", own.get("document", ""))}
+    if any(prompts.values()):
+        return {k: v for k, v in prompts.items() if v}
+    name = _short_ref(ref).lower().rsplit("/", 1)[-1]
+    return dict(FAMILY_PROMPTS["e5"]) if name.startswith(("multilingual-e5", "e5-")) else {}
 
 
 def _resolve_ref(ref: str) -> str:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import threading
 import time
@@ -42,6 +41,8 @@ from deepr.corpus.embcache import EmbeddingCache, text_key
 from deepr.corpus.embed import SMALL_BATCH, Embedder, get_embedder
 from deepr.corpus.sources import corpus_name as spec_name
 from deepr.corpus.sources import load_documents, slugify
+from deepr.corpus.tokens import tokenize
+from deepr.lang import resolve as resolve_language
 from deepr.records import Document, Hit, Passage
 
 Mode = Literal["dense", "bm25", "hybrid"]
@@ -50,7 +51,6 @@ INDEX_FORMAT = 1  # bump when the on-disk layout changes, so old caches are rebu
 SHARD = 1024  # passages embedded between two saves to the embedding cache (resume granularity)
 Progress = Callable[[int, int], None]
 _FAISS_THREADS = threading.Lock()
-_WORD = re.compile(r"\w+")
 
 
 class FusionConfig(BaseModel):
@@ -90,11 +90,13 @@ def passages_hash(passages: Sequence[Passage]) -> str:
 
 
 def index_key(name: str, passages: Sequence[Passage], embedder_name: str, chunking: ChunkConfig,
-              dense: str = "flat") -> str:
+              dense: str = "flat", language: str = "en") -> str:
     fields = {"format": INDEX_FORMAT, "passages": passages_hash(passages),
               "embedder": embedder_name, "chunking": chunking.model_dump()}
     if dense != "flat":  # flat keys stay as before, so existing caches remain valid
         fields["dense"] = dense
+    if language != "en":  # the BM25 tokenizer (deepr/corpus/tokens.py); English keys as before
+        fields["language"] = language
     ident = json.dumps(fields, sort_keys=True)
     return f"{slugify(name)[:40] or 'corpus'}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
 
@@ -115,14 +117,6 @@ def rrf_fuse(rankings: Sequence[Sequence[int]], weights: Sequence[float],
     return sorted(scores.items(), key=lambda kv: (-kv[1], best[kv[0]], kv[0]))
 
 
-def tokenize(texts: Sequence[str]) -> list[list[str]]:
-    """BM25 tokens: lower-cased words without English stop words (digits count: '0', '1')."""
-    from bm25s.stopwords import STOPWORDS_EN
-
-    stop = frozenset(STOPWORDS_EN)
-    return [[w for w in _WORD.findall(t.lower()) if w not in stop] for t in texts]
-
-
 def _bm25s() -> Any:
     """bm25s, imported with its logger quiet: it sets that logger to DEBUG, so any root handler
     printed "Building index from tokens" on every build.
@@ -140,11 +134,11 @@ def _bm25s() -> Any:
     return bm25s
 
 
-def _build_bm25(texts: Sequence[str], folder: Path) -> None:
+def _build_bm25(texts: Sequence[str], folder: Path, language: str = "en") -> None:
     bm25s = _bm25s()
 
     bm25 = bm25s.BM25()
-    bm25.index(tokenize(texts), show_progress=False)
+    bm25.index(tokenize(texts, language), show_progress=False)
     bm25.save(str(folder), show_progress=False)
 
 
@@ -191,7 +185,7 @@ def embed_passages(passages: Sequence[Passage], embedder: Embedder, cache: Embed
 
 def build_index(passages: Sequence[Passage], embedder: Embedder, target: Path,
                 progress: Progress | None = None, meta: dict[str, Any] | None = None, *,
-                dense: DenseKind | None = "auto", require_cached: bool = False) -> float:
+                dense: DenseKind | None = "auto", require_cached: bool = False, language: str = "en") -> float:
     """Build dense + BM25 indexes into ``target`` atomically; returns the seconds spent.
 
     Vectors come from (and go to) the embedding cache under ``target``'s cache root.
@@ -210,7 +204,7 @@ def build_index(passages: Sequence[Passage], embedder: Embedder, target: Path,
             cache.close()
         index = build_dense(vecs, kind=dense)
         write_dense(index, work / "dense.faiss")
-    _build_bm25([embed_text(p) for p in passages], work / "bm25")
+    _build_bm25([embed_text(p) for p in passages], work / "bm25", language)
     (work / "ids.json").write_text(json.dumps([p.id for p in passages]), encoding="utf-8")
     seconds = time.perf_counter() - t0
     meta = dict(meta or {})
@@ -258,27 +252,31 @@ def open_retriever(corpus: str | Sequence[Document] = "wiki", *, retriever: Mode
                    cache_dir: str | Path | None = None, embedder: Embedder | str | None = None,
                    chunking: ChunkConfig | None = None, limit: int | None = None,
                    progress: bool | Progress = True, fusion: FusionConfig | None = None,
-                   dense: DenseKind = "auto", require_cached: bool = False) -> Retriever:
+                   dense: DenseKind = "auto", require_cached: bool = False,
+                   language: str | None = "auto") -> Retriever:
     """Load a corpus, build its index if no cached one matches, and return a Retriever.
 
     ``dense``: exact ("flat"), approximate ("ivf") or by corpus size ("auto", see
     deepr/corpus/dense.py). ``require_cached``: fail instead of embedding (``index --merge``).
+    ``language``: how BM25 tokenizes (deepr/corpus/tokens.py); ``auto`` detects it from the text.
     """
     if retriever not in MODES:
         raise ValueError(f"--retriever {retriever!r}: expected one of {', '.join(MODES)}")
     chunking = chunking or ChunkConfig()
     emb = embedder if isinstance(embedder, Embedder) else get_embedder(embedder, use="index")
     name, docs, passages = load_corpus(corpus, chunking, limit)
+    lang = resolve_language(language, (p.text for p in passages))
     kind = resolve_kind(len(passages), dense)
-    target = cache_root(cache_dir) / "index" / index_key(name, passages, emb.name, chunking, kind)
+    target = cache_root(cache_dir) / "index" / index_key(name, passages, emb.name, chunking, kind, lang)
     built, seconds = False, 0.0
     need_dense = retriever != "bm25"
     with _build_lock(target):  # a second process waits, then finds the index built
         if not _usable(target, passages, dense=need_dense):
             built, seconds = _build(corpus, name, docs, passages, emb, chunking, limit, target, progress,
-                                    dense=kind if need_dense else None, require_cached=require_cached)
+                                    dense=kind if need_dense else None, require_cached=require_cached,
+                                    language=lang)
     r = Retriever.load(target, name=name, documents=docs, passages=passages, embedder=emb,
-                       mode=retriever, fusion=fusion or FusionConfig())
+                       mode=retriever, fusion=fusion or FusionConfig(), language=lang)
     r.built, r.build_seconds = built, seconds
     return r
 
@@ -303,14 +301,16 @@ def _build_lock(target: Path) -> Iterator[None]:
 
 def _build(corpus: Any, name: str, docs: Sequence[Document], passages: Sequence[Passage], emb: Embedder,
            chunking: ChunkConfig, limit: int | None, target: Path, progress: bool | Progress, *,
-           dense: DenseKind | None = "auto", require_cached: bool = False) -> tuple[bool, float]:
+           dense: DenseKind | None = "auto", require_cached: bool = False,
+           language: str = "en") -> tuple[bool, float]:
     shutil.rmtree(target, ignore_errors=True)
-    meta = {"config": {"corpus": name, "limit": limit, "chunking": chunking.model_dump()},
+    meta = {"config": {"corpus": name, "limit": limit, "chunking": chunking.model_dump(), "language": language},
             "counts": {"documents": len(docs), "documents_without_text":
                        len(docs) - len({p.doc_id for p in passages})}, "inputs": _input_files(corpus)}
     bar = _progress_fn(progress, name)
     try:
-        seconds = build_index(passages, emb, target, bar, meta, dense=dense, require_cached=require_cached)
+        seconds = build_index(passages, emb, target, bar, meta, dense=dense, require_cached=require_cached,
+                              language=language)
     finally:
         getattr(bar, "close", lambda: None)()
     return True, seconds
@@ -379,10 +379,11 @@ class Retriever:
 
     def __init__(self, *, name: str, documents: Sequence[Document], passages: Sequence[Passage],
                  embedder: Embedder, dense: Any, bm25: Any, mode: Mode = "hybrid",
-                 fusion: FusionConfig | None = None, path: Path | None = None):
+                 fusion: FusionConfig | None = None, path: Path | None = None, language: str = "en"):
         if mode not in MODES:
             raise ValueError(f"retriever mode {mode!r}: expected one of {', '.join(MODES)}")
         self.corpus_name, self.embedder, self.mode, self.path = name, embedder, mode, path
+        self.language = language  # how BM25 tokenized the passages, and so tokenizes queries
         self.documents, self.passages = list(documents), list(passages)
         self.fusion = fusion or FusionConfig()
         self._dense, self._bm25 = dense, bm25
@@ -450,7 +451,7 @@ class Retriever:
         return [[(int(i), float(s)) for i, s in zip(row_i, row_s) if i >= 0] for row_i, row_s in zip(idx, scores)]
 
     def _bm25_ranks(self, texts: list[str], depth: int) -> list[list[tuple[int, float]]]:
-        tokens = tokenize(texts)
+        tokens = tokenize(texts, self.language)
         out: list[list[tuple[int, float]]] = [[] for _ in texts]
         asked = [j for j, t in enumerate(tokens) if t]  # a query of stop words only matches nothing
         if asked:
@@ -480,6 +481,7 @@ class Retriever:
 
     def describe(self) -> dict[str, Any]:
         return {"corpus": self.corpus_name, "mode": self.mode, "embedder": self.embedder.name,
+                "language": self.language,
                 "documents": len(self.documents), "passages": len(self.passages),
                 "documents_without_text": len(self.documents) - len({p.doc_id for p in self.passages}),
                 "index": str(self.path) if self.path else None, "built_now": self.built,

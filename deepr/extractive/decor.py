@@ -21,7 +21,7 @@ from deepr.agent import writer
 from deepr.agent.citations import cited_ids
 from deepr.agent.env import Ctx
 from deepr.agent.extract import FRAMING, anchored_query, approx_tokens, content_terms, focus_query, sub_questions
-from deepr.text import strip_citations
+from deepr.text import join_sentences, strip_citations
 
 
 def plan_reply(a: Any) -> str:
@@ -95,7 +95,7 @@ def filter_evidence(ctx: Ctx, q: str, ids: list[str], memory: list[Any] = (), k:
         if taken.get(cid, 0) < per_source:
             taken[cid] = taken.get(cid, 0) + 1
             out.append(writer.cite(s, cid))
-    return " ".join(out)
+    return join_sentences(out)
 
 
 def condense_facts(ctx: Ctx, query: str, memory: list[Any], budget: int) -> list[str]:
@@ -132,7 +132,7 @@ def short_answer(ctx: Ctx, query: str, memory: list[Any]) -> str:
     gain = [(len(missing & set(content_terms(c[0]))), -i) for i, c in enumerate(cands) if i not in picked]
     if missing and gain and max(gain)[0] > 0:
         picked.append(-max(gain)[1])
-    return " ".join(_with_subject(ctx, cands[i][1]) for i in picked)
+    return join_sentences(_with_subject(ctx, cands[i][1]) for i in picked)
 
 
 def _with_subject(ctx: Ctx, sentence: str) -> str:

@@ -23,6 +23,7 @@ import numpy as np
 from deepr.agent.env import Ctx
 from deepr.agent.extract import (FRAMING, anchored_query, cluster, content_terms, distinctive_terms,
                                  focus_query, shorten, split_sentences, sub_questions)
+from deepr.agent.phrases import phrases
 from deepr.agent.plan import validate_plan
 from deepr.extractive import rubric
 from deepr.records import Hit, Plan, PlanNode
@@ -78,7 +79,7 @@ def _search_specs(ctx: Ctx, query: str) -> list[dict[str, Any]]:
             specs.append({"query": focus_query(p, 24), "label": shorten(p, 8),
                           "key_points": [shorten(p, 25)] + _best_sentences(ctx, near, pvec, 1)})
     else:
-        specs.append({"query": focus_query(query, 24), "label": "the question",
+        specs.append({"query": focus_query(query, 24), "label": phrases(query)["question_label"],
                       "key_points": _best_sentences(ctx, hits, qvec, 2)})
     if not hits:  # nothing retrieved: plan from the question alone (still needs vectors for pairing)
         return _dedupe(ctx, specs)
@@ -128,11 +129,12 @@ def extractive_plan(ctx: Ctx, query: str) -> Plan:
     nodes = [PlanNode(id=f"N{i}", type="search", query=s["query"], key_points=s["key_points"])
              for i, s in enumerate(specs, start=1)]
     vecs = np.stack([s["vec"] for s in specs])
+    words = phrases(query)  # the plan's own words, in the question's language
     aggs: list[PlanNode] = []
     for g in _pairs(vecs):
-        labels = " and ".join(specs[i]["label"] for i in g)
+        labels = words["label_join"].join(specs[i]["label"] for i in g)
         aggs.append(PlanNode(id=f"N{len(nodes) + len(aggs) + 1}", type="aggregate",
-                             need=f"What the evidence on {labels} establishes for the question",
+                             need=words["need"].format(labels=labels),
                              key_points=[specs[i]["key_points"][0] for i in g if specs[i]["key_points"]],
                              inputs=[nodes[i].id for i in g]))
     top = [a.id for a in aggs]
@@ -140,7 +142,7 @@ def extractive_plan(ctx: Ctx, query: str) -> Plan:
         avec = ctx.encode([a.need for a in aggs])
         a, b = _pairs(avec)[0]
         aggs.append(PlanNode(id=f"N{len(nodes) + len(aggs) + 1}", type="aggregate",
-                             need=f"How the findings of {aggs[a].id} and {aggs[b].id} connect",
+                             need=words["connect"].format(a=aggs[a].id, b=aggs[b].id),
                              key_points=[shorten(aggs[a].need, 20), shorten(aggs[b].need, 20)],
                              inputs=[aggs[a].id, aggs[b].id]))
         top = [x for x in top if x not in (aggs[a].id, aggs[b].id)] + [aggs[-1].id]
@@ -171,10 +173,13 @@ def _new_queries(ctx: Ctx, query: str, plan: Plan, results: dict[str, list[str]]
                 for g in gaps if g.get("query") or g.get("name")]
     seen = {w for ids in results.values() for cid in ids for w in content_terms(ctx.catalog[cid].text)}
     terms = content_terms(focus_query(query))[:12]
-    uncovered = [t for t in terms if t not in seen and t not in FRAMING and len(t) >= 4 and not t.isdigit()]
+    uncovered = [t for t in terms if t not in seen and t not in FRAMING and not t.isdigit()
+                 and (len(t) >= 4 or (len(t) >= 2 and not t.isascii()))]  # a Chinese word: 2+ characters
     if len(uncovered) < 2:
         return []
-    return [(anchored_query(query, uncovered[:4]), f"evidence on {', '.join(uncovered[:4])}")]
+    words = phrases(query)
+    return [(anchored_query(query, uncovered[:4]),
+             words["evidence_on"].format(terms=words["term_join"].join(uncovered[:4])))]
 
 
 def extractive_revision(ctx: Ctx, query: str, plan: Plan, results: dict[str, list[str]],

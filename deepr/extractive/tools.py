@@ -49,12 +49,12 @@ class ExtractivePolicy:
         if session.calls < min(len(self.queries), self.max_turns):
             q = self.queries[session.calls]
             return (f"<think>Search for: {q}</think>\n<tool_call>"
-                    f"{json.dumps({'name': 'search', 'arguments': {'query': q}})}</tool_call>")
+                    f"{json.dumps({'name': 'search', 'arguments': {'query': q}}, ensure_ascii=False)}</tool_call>")
         if not self.browsed and session.shown and session.calls < self.max_turns:
             self.browsed = True
             top = self.ctx.catalog[session.shown[0]].doc_id
             return (f"<think>Read the most relevant page in full.</think>\n<tool_call>"
-                    f"{json.dumps({'name': 'browse', 'arguments': {'doc_id': top}})}</tool_call>")
+                    f"{json.dumps({'name': 'browse', 'arguments': {'doc_id': top}}, ensure_ascii=False)}</tool_call>")
         from deepr.agent.writer import write_by_parts
 
         text = write_by_parts(self.ctx, self.query, self.parts, session.shown, self.ctx.config.answer_sentences)

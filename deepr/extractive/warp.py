@@ -19,9 +19,10 @@ from typing import Any
 
 from deepr.agent import writer
 from deepr.agent.citations import cited_ids
-from deepr.agent.env import Ctx
+from deepr.agent.env import Ctx, shares_words
 from deepr.agent.extract import cluster, content_terms, distinctive_terms, focus_query, shorten, sub_questions
 from deepr.agent.outline import Outline
+from deepr.agent.phrases import phrases
 
 
 def search_reply(a: Any) -> dict[str, Any]:
@@ -61,15 +62,17 @@ def _cluster_items(ctx: Ctx, titles: list[str], texts: list[str], n: int, taken:
     if not texts:
         return []
     groups = cluster(ctx.encode(list(texts)), n, order=range(len(texts)))
+    words = phrases(ctx.tracer.query)
     items = []
     for g in groups:
         title = titles[g[0]]
         terms = distinctive_terms([texts[i] for i in g], texts, 4, exclude=content_terms(title))
         if _norm(title) in taken and rename and terms:
-            title = f"{title}: {', '.join(terms[:2])}"
+            title = title + words["colon"] + words["term_join"].join(terms[:2])
         if _norm(title) in taken:
             continue
-        plan = f"What the sources say about {title}" + (f": {', '.join(terms)}" if terms else "")
+        plan = words["sources_on"].format(title=title)
+        plan += words["colon"] + words["term_join"].join(terms) if terms else ""
         items.append({"title": title, "plan": plan})
         taken.add(_norm(title))
     return items
@@ -86,8 +89,9 @@ def initial_outline(ctx: Ctx, query: str, ids: list[str]) -> tuple[str, list[dic
     n = min(4, max(2, len(entries) // 3))
     items += _cluster_items(ctx, [e.title or e.doc_id for e in entries], [e.text for e in entries], n, taken)
     if len(items) < 2:  # too little material to cluster: an overview plus the question itself
-        items = [{"title": "Overview", "plan": f"Background needed for: {focus_query(query, 20)}"},
-                 {"title": "Answer", "plan": focus_query(query, 40)}]
+        words = phrases(query)
+        items = [{"title": words["overview"], "plan": words["background"].format(q=focus_query(query, 20))},
+                 {"title": words["answer"], "plan": focus_query(query, 40)}]
     return shorten(focus_query(query, 16), 16).rstrip(" …"), items[:MAX_SECTIONS]
 
 
@@ -101,7 +105,8 @@ def _candidate(ctx: Ctx, query: str, sec: Any, cited_docs: set[str], titles: set
         vec = ctx.encode([h.text for h in fresh])
         floors = (FORCED_RELEVANT, FORCED_RELEVANT) if forced else (SECTION_RELEVANT, QUESTION_RELEVANT)
         ok = (vec @ ctx.encode([q])[0] >= floors[0]) & (vec @ ctx.encode([focus_query(query)])[0] >= floors[1])
-        fresh = [h for h, good in zip(fresh, ok) if good]
+        shared = shares_words([h.text for h in fresh], [query], fallback=False)  # without spaces: its words too
+        fresh = [h for i, (h, good) in enumerate(zip(fresh, ok)) if good and (shared is None or shared[i])]
     pool = fresh if (fresh or not forced) else hits  # a forced step may re-cut material already cited
     items = _cluster_items(ctx, [h.title or h.doc_id for h in pool], [h.text for h in pool],
                            min(3, max(2, len(pool) // 2)), set(titles), rename=forced)

@@ -16,11 +16,12 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from deepr.lang import HAS_UNSPACED
 from deepr.llm.base import LLM, Message
+from deepr.text import split_sentences, words
 
 NOTE = "no language model is used: every role runs a deterministic extractive algorithm"
 
-_SENT = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])|\n+")
 _WORD = re.compile(r"[a-z0-9]+")
 _STOP = frozenset("""a an and are as at be been but by can could did do does for from had has have
 how i if in into is it its may me more most my no not of on or our should so such than that the
@@ -30,8 +31,9 @@ between after before during through""".split())
 
 
 def sentences(text: str) -> list[str]:
-    """Split prose into sentences (end punctuation followed by a capital, or a line break)."""
-    return [s.strip() for s in _SENT.split(text) if s and s.strip()]
+    """Split prose into sentences (deepr.text's splitter: a line break or a sentence end, in any
+    language; headings and list items count as sentences here)."""
+    return split_sentences(text, drop_headings=False)
 
 
 def _stem(word: str) -> str:
@@ -40,6 +42,8 @@ def _stem(word: str) -> str:
 
 
 def content_words(text: str) -> set[str]:
+    if HAS_UNSPACED.search(text):  # Chinese, Japanese, Thai: segmented words (deepr.lang)
+        return {w for w in words(text) if len(w) > 1 and w not in _STOP}
     return {_stem(w) for w in _WORD.findall(text.lower()) if len(w) > 1 and w not in _STOP}
 
 

@@ -31,7 +31,7 @@ from pydantic import BaseModel, field_validator
 
 from deepr.extractive.support import invented
 from deepr.rewards.judges import Judge, Verdict, coerce_rubrics
-from deepr.text import find_markers, split_sentences, strip_citations, tok
+from deepr.text import find_markers, split_sentences, strip_citations, tok, word_count
 
 W_RUBRIC, W_FORMAT, W_CITE, W_SEARCH = 0.5, 0.2, 0.2, 0.1
 TOOL_NAMES = ("search", "browse", "scholar")
@@ -74,7 +74,7 @@ def _sentence_claims(segment: str, offset: int, known: Collection[str]) -> list[
         for start, end, _ in reversed(marks):
             sent = sent[:start] + sent[end:]
         text = strip_citations(sent)
-        if ids or (len(text.split()) >= 3 and tok(text)):
+        if ids or (word_count(text) >= 3 and tok(text)):
             out.append(Claim(text, list(dict.fromkeys(ids)), offset + at))
     return out
 

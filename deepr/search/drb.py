@@ -23,14 +23,15 @@ from typing import Any
 
 import numpy as np
 
+from deepr.text import words
+
 _URL = re.compile(r"https?://[^\s<>\"'\]）)，。]+")
 _REF_LINE = re.compile(r"^\s*(?:[-*•]\s*)?(?:\[\^?(\d{1,4})\]|\^?(\d{1,4})[.):：])\s*:?\s*(.*)$")
 _MARKER = re.compile(r"\[\^?(\d{1,4}(?:\s*[,;，、–-]\s*\^?\d{1,4})*)\]")
 _LEAD = re.compile(r"^\s*((?:\[\^?\d[^\]\n]{0,40}\]\s*)+)")
-_SENT_END = re.compile(r"(?<=[.!?。！？])\s+|(?<=[。！？])")
-_AFTER_STOP = re.compile(r"([.!?。！？])((?:\[\^?\d[^\]\n]{0,40}\])+)")
+_SENT_END = re.compile(r"(?<=[.!?。！？；])\s+|(?<=[。！？；])")
+_AFTER_STOP = re.compile(r"([.!?。！？；])((?:\[\^?\d[^\]\n]{0,40}\])+)")
 _HEADING = re.compile(r"^\s*(#{1,6}\s|\*\*[^*]{1,60}\*\*\s*:?\s*$)")
-_WORDS = re.compile(r"[^\W_]+", re.U)
 
 
 def _numbers(inner: str) -> list[int]:
@@ -88,13 +89,13 @@ def cited_statements(body: str) -> list[tuple[str, list[int]]]:
     result = []
     for sent, nums in out:
         clean = re.sub(r"\s+([.,;:!?。])", r"\1", re.sub(r"\s{2,}", " ", _MARKER.sub("", sent))).strip()
-        if nums and len(_WORDS.findall(clean)) >= 3:
+        if nums and len(words(clean)) >= 3:  # words: a Chinese sentence's, not its \w runs
             result.append((clean, list(dict.fromkeys(nums))))
     return result
 
 
 def _jaccard(a: str, b: str) -> float:
-    x, y = set(_WORDS.findall(a.lower())), set(_WORDS.findall(b.lower()))
+    x, y = set(words(a)), set(words(b))
     return len(x & y) / len(x | y) if x | y else 1.0
 
 
@@ -151,8 +152,10 @@ def article_from_report(markdown: str, citations: dict[str, Any]) -> str:
     """A deepr report rewritten with ``[n]`` markers and a numbered ``## References`` list of URLs
     (sources without a URL keep their title and doc id)."""
     from deepr.agent.citations import cited_ids
+    from deepr.agent.phrases import TABLES, phrases
 
-    body = re.split(r"^## References\s*$", markdown, maxsplit=1, flags=re.M)[0].rstrip()
+    heads = "|".join(re.escape(t["references"]) for t in TABLES.values())  # a report in any language
+    body = re.split(rf"^## (?:{heads})\s*$", markdown, maxsplit=1, flags=re.M)[0].rstrip()
     order = [c for c in cited_ids(body) if c in citations]
     number: dict[str, int] = {}
     lines = []
@@ -173,7 +176,8 @@ def article_from_report(markdown: str, citations: dict[str, Any]) -> str:
     text = re.sub(r"\[([^\[\]\n]{1,400})\](?!\()", renumber, body)
     refs = [f"[{n}] {c.get('title') or c.get('doc_id')}. {c.get('url') or 'doc ' + str(c.get('doc_id'))}"
             for n, c in lines]
-    return text + ("\n\n## References\n\n" + "\n".join(refs) if refs else "") + "\n"
+    heading = phrases(text)["references"]  # the article's language: 参考文献 under a Chinese report
+    return text + (f"\n\n## {heading}\n\n" + "\n".join(refs) if refs else "") + "\n"
 
 
 def to_submission(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

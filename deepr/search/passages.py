@@ -36,8 +36,10 @@ def rank_chunks(chunks: list[str], need: str, mode: str = "bm25", embedder: Any 
     if len(chunks) <= 1:
         return [(i, 1.0) for i in range(len(chunks))]
     from deepr.corpus.index import tokenize
+    from deepr.lang import corpus_language
 
-    scores = bm25_scores(tokenize([need])[0], tokenize(chunks))
+    lang = corpus_language(chunks)  # a Chinese page: jieba words, not one "word" per clause
+    scores = bm25_scores(tokenize([need], lang)[0], tokenize(chunks, lang))
     sparse = sorted((i for i in range(len(chunks)) if scores[i] > 0), key=lambda i: (-scores[i], i))
     ranked = [(i, scores[i]) for i in sparse]
     if mode in ("dense", "hybrid") and callable(getattr(embedder, "encode", None)) and need.strip():
