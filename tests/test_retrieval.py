@@ -286,145 +286,70 @@ def test_cli_help_explains_every_flag() -> None:
             assert len(line.split(flag, 1)[1].strip(" │")) > 20, f"{cmd} {flag} has no help text"
 
 
-# --- cold start: the numpy query encoder ---------------------------------------------------
+# --- the embedder: a library-exported ONNX model on onnxruntime ------------------------------
 
 
-def test_numpy_encoder_gives_sentence_transformers_vectors(mini_corpus: Path) -> None:
-    """Queries skip torch by running BERT in numpy; the vectors must be the same."""
+def test_embedder_gives_sentence_transformers_vectors(mini_corpus: Path) -> None:
+    """Queries and rewards get fp32 vectors within cosine 0.999 of sentence-transformers' own
+    (a text past the 256-token limit included); the index's int8 passage vectors stay close."""
     import numpy as np
     from sentence_transformers import SentenceTransformer
 
-    from deepr.corpus import ChunkConfig
-    from deepr.corpus.embed import default_model_path
-    from deepr.corpus.index import embed_text, load_corpus
-    from deepr.corpus.npbert import NumpyBert
+    from deepr.corpus.embed import Embedder, default_model_path
 
-    _, _, passages = load_corpus(str(mini_corpus), ChunkConfig())
-    # 48 passages (and a text past the 256-token limit) keep this quick on a shared 2-core
-    # machine; bench/cold_start.py checks 1,000
-    texts = [embed_text(p) for p in passages[:48]] + ["a cat", "Who designed the Eiffel Tower?", "x " * 400]
-    ours = NumpyBert.load(default_model_path()).encode(texts)
+    # 48 passages keep this quick on a shared 2-core machine; bench/cold_start.py checks 1,000
+    texts = _sample_texts(mini_corpus, 48) + ["  leading spaces", "ÜNÏCÖDÉ and UPPER case"]
     ref = SentenceTransformer(default_model_path(), device="cpu").encode(texts, normalize_embeddings=True)
-    cos = (ours * ref).sum(1)
-    assert ours.dtype == np.float32 and ours.shape == ref.shape
+    fp32 = Embedder(precision="fp32").encode(texts, cache=False)
+    int8 = Embedder(precision="int8").encode_passages(texts)
+    assert fp32.dtype == np.float32 and fp32.shape == ref.shape == int8.shape
+    cos = (fp32 * ref).sum(1)
     assert float(cos.min()) >= 0.999, f"lowest cosine {cos.min():.5f} at text {int(cos.argmin())}"
+    assert float((int8 * ref).sum(1).min()) >= 0.98
+    assert np.allclose((int8 * int8).sum(1), 1.0, atol=1e-4)
 
 
-def test_numpy_encoder_packs_texts_and_keeps_each_vector(monkeypatch) -> None:
-    """Texts of very different lengths share one pass with no padding; a pass never holds more
-    than MAX_ROWS tokens; and a text's vector depends neither on its call-mates nor on how
-    the call was cut into passes."""
-    import numpy as np
-
-    from deepr.corpus import npbert
-    from deepr.corpus.embed import default_model_path
-
-    assert npbert._parts([300] * 8, 1) == [[0, 1, 2], [3, 4, 5], [6, 7]]  # 1024 rows a pass at most
-    assert npbert._parts([5, 3], 1) == [[0, 1]]
-    bert = npbert.NumpyBert.load(default_model_path())
-    texts = ["volcano", "A volcano is a rupture in the crust of a planetary-mass object, such as Earth, "
-             "that allows hot lava, volcanic ash, and gases to escape from a magma chamber below the surface.",
-             "Mount Etna eruption", "lava", ""]
-    together = bert.encode(texts)
-    alone = np.vstack([bert.encode([t]) for t in texts])
-    assert np.abs(together - alone).max() < 1e-5
-    monkeypatch.setattr(npbert, "MAX_ROWS", 8)  # every text a pass of its own
-    assert np.abs(bert.encode(texts) - together).max() < 1e-5
-    assert bert.encode([]).shape == (0, bert.dim)
-
-
-def test_numpy_encoder_calls_from_several_threads_keep_their_vectors() -> None:
-    """Each worker thread has its own scratch arrays: calls made at once from several threads
-    (eval scores items concurrently) get the vectors they get one at a time."""
+def test_a_texts_vector_does_not_depend_on_its_call(embedder) -> None:
+    """Texts of very different lengths share a padded batch; each keeps its place and its vector,
+    whether encoded alone, together, or from several threads at once (eval scores concurrently)."""
     from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
 
-    from deepr.corpus.embed import default_model_path
-    from deepr.corpus.npbert import NumpyBert
-
-    bert = NumpyBert.load(default_model_path())
+    texts = ["volcano", "A volcano is a rupture in the crust of a planetary-mass object, such as Earth, "
+             "that allows hot lava, volcanic ash, and gases to escape from a magma chamber below the surface.",
+             "Mount Etna eruption", "lava", ""]
+    together = embedder.encode(texts, cache=False)
+    alone = np.vstack([embedder.encode([t], cache=False) for t in texts])
+    assert np.abs(together - alone).max() < 1e-5
+    assert np.allclose((together * together).sum(1), 1.0, atol=1e-5)
     calls = [[f"question {i} about volcanoes and {w}" for w in ("ash", "lava flows in Iceland", "Etna")]
              for i in range(8)]
-    alone = [bert.encode(c, workers=2) for c in calls]
+    one_by_one = [embedder.encode(c, cache=False) for c in calls]
     with ThreadPoolExecutor(4) as pool:
-        at_once = list(pool.map(lambda c: bert.encode(c, workers=2), calls))
-    assert max(float(np.abs(a - b).max()) for a, b in zip(alone, at_once)) < 1e-6
+        at_once = list(pool.map(lambda c: embedder.encode(c, cache=False), calls))
+    assert max(float(np.abs(a - b).max()) for a, b in zip(one_by_one, at_once)) < 1e-5
+    assert embedder.encode_passages([]).shape == (0, embedder.dim)
 
 
-def test_numpy_encoder_pins_only_numpys_blas_to_one_thread() -> None:
-    """The encoder's threads run whole passes, so numpy's BLAS gets one thread for good (no
-    per-call limit to undo); faiss's own BLAS keeps its threads for searches and k-means."""
-    threadpoolctl = pytest.importorskip("threadpoolctl")
-    import faiss  # noqa: F401  loads faiss's own BLAS
-    import numpy as np
+def test_the_export_is_made_once_and_found_by_the_models_files(tmp_path: Path, monkeypatch) -> None:
+    """A second process finds the exported files instead of exporting again; a changed model
+    file is another model and gets its own export folder."""
+    import shutil
 
+    from deepr.corpus import embed_export
     from deepr.corpus.embed import default_model_path
-    from deepr.corpus.npbert import NumpyBert, usable_cores
 
-    if usable_cores() < 2:
-        pytest.skip("one core: nothing to pin")
-    NumpyBert.load(default_model_path()).encode(["a", "b"], workers=2)
-    numpy_dir = Path(np.__file__).resolve().parent
-    libs = [(Path(i["filepath"]).resolve(), i["num_threads"]) for i in threadpoolctl.threadpool_info()
-            if i["user_api"] == "blas"]
-    mine = [n for f, n in libs if f.parent in (numpy_dir, numpy_dir.with_name("numpy.libs"))]
-    assert mine and set(mine) == {1}
-    assert all(n > 1 for f, n in libs if "faiss" in str(f))
-
-
-def test_fp32_calls_of_any_size_skip_a_loaded_torch_model_on_a_cpu() -> None:
-    """GRPO and eval may have torch loaded; on a CPU every fp32 call but an index's passages
-    still runs in numpy (faster there at every size, and the same vectors as in a process
-    without torch). bf16 keeps torch's autocast for calls of NUMPY_MAX_TEXTS texts or more."""
-    import numpy as np
-
-    from deepr.corpus.embed import NUMPY_MAX_TEXTS, Embedder
-
-    class Torch:  # stands in for the loaded SentenceTransformer
-        def __init__(self) -> None:
-            self.calls: list[int] = []
-
-        def get_embedding_dimension(self) -> int:
-            return 384
-
-        def encode(self, texts, **kw):
-            self.calls.append(len(texts))
-            return np.ones((len(texts), 384), dtype=np.float32)
-
-    fresh, loaded = Embedder(precision="fp32"), Embedder(precision="fp32")
-    loaded._model = Torch()
-    texts = [f"reward text number {i}" for i in range(3 * NUMPY_MAX_TEXTS)]
-    assert np.abs(loaded.encode(texts) - fresh.encode(texts)).max() < 1e-5
-    assert loaded._model.calls == []
-    loaded.encode_passages(texts[:NUMPY_MAX_TEXTS])  # an fp32 index build stays on torch
-    assert loaded._model.calls == [NUMPY_MAX_TEXTS]
-    bf16 = Embedder(precision="bf16")
-    bf16._model = Torch()
-    bf16.encode(texts[:NUMPY_MAX_TEXTS - 1])
-    assert bf16._model.calls == []
-    bf16.encode(texts, cache=False)
-    assert bf16._model.calls == [len(texts)]
-
-
-def test_numpy_encoder_shares_a_few_texts_among_the_cores_without_changing_them() -> None:
-    """A cached reward call embeds a handful of new texts: they are shared out by tokens so a
-    second core works on them. Every text keeps its place and its vector."""
-    import numpy as np
-
-    from deepr.corpus.embed import default_model_path
-    from deepr.corpus.npbert import NumpyBert, _parts
-
-    lengths = [60, 55, 50, 45, 40]  # tokens: longest first to the least loaded share
-    assert _parts(lengths, 2) == [[0, 3, 4], [1, 2]]  # 145 against 105 tokens
-    assert _parts([5, 5], 4) == [[0], [1]]  # no more shares than texts
-    assert _parts(lengths, 1) == [[0, 1, 2, 3, 4]]
-    bert = NumpyBert.load(default_model_path())
-    texts = ["tectonic plates", "Mount Etna is an active stratovolcano on the east coast of Sicily.",
-             "lava", "Volcanic ash consists of fragments of rock and volcanic glass.", "Pompeii"]
-    one, two = bert.encode(texts, workers=1), bert.encode(texts, workers=2)
-    assert np.abs(one - two).max() < 1e-5
-    assert np.allclose((two * two).sum(1), 1.0, atol=1e-5)
+    monkeypatch.setenv("DEEPR_EMBEDDER_CACHE", str(tmp_path / "exports"))
+    model = tmp_path / "model"
+    shutil.copytree(default_model_path(), model)
+    first = embed_export.ensure_exported(str(model), None)
+    assert sorted(p.name for p in first.iterdir()) == ["meta.json", "model.onnx", "model_int8.onnx", "tokenizer.json"]
+    monkeypatch.setattr(embed_export, "_export", lambda *a: pytest.fail("exported twice"))
+    assert embed_export.ensure_exported(str(model), None) == first
+    (model / "config.json").write_text((model / "config.json").read_text() + " ", encoding="utf-8")
+    assert embed_export.export_dir(str(model), None) != first
+    assert list((tmp_path / "exports").iterdir()) == [first]  # no temporary folder left behind
 
 
 def test_bm25_retriever_embeds_nothing_and_needs_no_faiss(tiny_corpus: Path, tmp_path: Path) -> None:
@@ -582,7 +507,7 @@ def test_dense_index_turns_approximate_above_the_threshold(mini_corpus: Path, tm
     assert open_retriever(str(mini_corpus), cache_dir=tmp_path, progress=False).path == exact.path
 
 
-# --- index build encoder: the BERT graph on onnxruntime -------------------------------------
+# --- index precision ------------------------------------------------------------------------
 
 
 def _sample_texts(mini_corpus: Path, n: int) -> list[str]:
@@ -593,109 +518,58 @@ def _sample_texts(mini_corpus: Path, n: int) -> list[str]:
     return [embed_text(p) for p in passages[:n]] + ["a cat", "Who designed the Eiffel Tower?", "x " * 400]
 
 
-def test_onnx_graph_gives_sentence_transformers_vectors(mini_corpus: Path) -> None:
-    """deepr/corpus/onnxbert.py builds the encoder graph from the model's weights: float32 must
-    give sentence-transformers' vectors; int8 (the fast index build) stays close to them."""
-    pytest.importorskip("onnxruntime")
-    import numpy as np
-    from sentence_transformers import SentenceTransformer
-
-    from deepr.corpus.embed import default_model_path
-    from deepr.corpus.onnxbert import OnnxBert
-
-    texts = _sample_texts(mini_corpus, 40)
-    ref = SentenceTransformer(default_model_path(), device="cpu").encode(texts, normalize_embeddings=True)
-    fp32 = OnnxBert.load(default_model_path()).encode(texts, batch_size=16)
-    int8 = OnnxBert.load(default_model_path(), quantize=True).encode(texts, batch_size=16)
-    assert fp32.dtype == np.float32 and fp32.shape == ref.shape
-    assert float((fp32 * ref).sum(1).min()) >= 0.999
-    assert float((int8 * ref).sum(1).min()) >= 0.98
-    assert np.allclose((int8 * int8).sum(1), 1.0, atol=1e-4)
-
-
-def test_onnx_worker_threads_give_the_vectors_of_one_thread(mini_corpus: Path) -> None:
-    """The index build runs 16-text batches on one thread per core (issue 16): the worker
-    threads must give every text the vector one thread gives it, in input order."""
-    pytest.importorskip("onnxruntime")
-    import numpy as np
-
-    from deepr.corpus.embed import default_model_path
-    from deepr.corpus.npbert import NumpyBert
-    from deepr.corpus.onnxbert import OnnxBert
-
-    texts = _sample_texts(mini_corpus, 60)
-    bert = NumpyBert.load(default_model_path())
-    one = OnnxBert(bert, quantize=True, threads=1).encode(texts, batch_size=4)
-    many = OnnxBert(bert, quantize=True, threads=3).encode(texts, batch_size=4)
-    assert np.array_equal(one, many)
-    # fp32: the same vectors whatever the batching (input order kept), as the numpy encoder gives
-    ref = bert.encode(texts)
-    for enc in (OnnxBert(bert, threads=2), OnnxBert(bert, threads=2, split_ops=True)):
-        got = enc.encode(texts, batch_size=5)
-        assert float((got * ref).sum(1).min()) >= 0.9999
-
-
-def test_int8_index_build_runs_without_torch(tiny_corpus: Path, tmp_path: Path) -> None:
-    """With the onnx extra, `deepr index --precision int8` embeds on onnxruntime: no torch import,
-    an index key of its own, and fp32 query vectors that still find the right passage."""
-    pytest.importorskip("onnxruntime")
+def test_int8_index_build_runs_without_torch(tiny_corpus: Path, tmp_path: Path, embedder) -> None:
+    """Once the model is exported, `deepr index --precision int8` embeds on onnxruntime with no
+    torch import, under an index key of its own, and fp32 queries still find the right passage."""
     import subprocess
     import sys
 
+    assert embedder.dim == 384  # the export exists (this session's DEEPR_CACHE, which the child shares)
     code = ("import sys; from deepr.corpus import open_retriever, get_embedder; "
-            "from deepr.corpus.embed import NUMPY_MAX_TEXTS; "
             "e = get_embedder(precision='int8'); "
             f"r = open_retriever({str(tiny_corpus)!r}, cache_dir={str(tmp_path)!r}, embedder=e, progress=False); "
-            "v = e.encode_passages([f'passage number {i}' for i in range(NUMPY_MAX_TEXTS)]); "
+            "v = e.encode_passages([f'passage number {i}' for i in range(40)]); "
             "h = r.search('planet with rings', k=1, mode='dense'); "
             "print(e.name, h[0].doc_id, v.shape[0], 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.returncode == 0, out.stderr
     name, doc, rows, torch_loaded = out.stdout.split()
-    assert name.endswith("+int8-onnx") and doc == "saturn" and rows == "64" and torch_loaded == "False"
+    assert name == "all-MiniLM-L6-v2+int8-ort" and doc == "saturn" and rows == "40" and torch_loaded == "False"
 
 
-def test_precision_auto_per_use_and_onnx_switch(monkeypatch) -> None:
-    """``auto``: rewards are fp32 on every machine (their numbers must not follow the index
-    default); an index is int8 on onnxruntime where it runs, else bf16 with AMX, else fp32."""
+def test_precision_auto_per_use() -> None:
+    """``auto``: rewards are fp32 (their numbers must not follow the index default); an index's
+    passages are int8. An explicit choice wins; anything else is a clear error."""
     from deepr.corpus import embed
 
-    for flags in ("flags : avx512f avx512_bf16", "flags : avx512_bf16 amx_bf16 amx_tile"):
-        monkeypatch.setattr(embed, "_cpu_flags", lambda f=flags: f)
-        assert embed.resolve_precision("auto", "cpu") == "fp32"
-        assert embed.get_embedder().name == "all-MiniLM-L6-v2"
-    assert embed.resolve_precision("auto", "cuda", "index") == "fp32"
-    assert embed.resolve_precision("bf16", "cpu", "rewards") == "bf16"  # an explicit choice wins
+    assert embed.resolve_precision("auto") == "fp32" and embed.get_embedder().name == "all-MiniLM-L6-v2"
+    assert embed.resolve_precision("auto", "index") == "int8"
+    assert embed.resolve_precision("fp32", "index") == "fp32"
     with pytest.raises(ValueError, match="use 'train'"):
-        embed.resolve_precision("auto", "cpu", "train")
-    monkeypatch.setenv("DEEPR_ONNX", "0")  # the torch fallback, also what runs without the extra
-    monkeypatch.setattr(embed, "_cpu_flags", lambda: "flags : avx512f avx512_bf16")
-    assert embed.resolve_precision("auto", "cpu", "index") == "fp32"  # bf16 without AMX measured slower
-    monkeypatch.setattr(embed, "_cpu_flags", lambda: "flags : avx512_bf16 amx_bf16 amx_tile")
-    assert embed.resolve_precision("auto", "cpu", "index") == "bf16"
-    assert embed.Embedder(precision="int8").name == "all-MiniLM-L6-v2+int8"
+        embed.resolve_precision("auto", "train")
+    with pytest.raises(ValueError, match="precision 'bf16'"):
+        embed.Embedder(precision="bf16")  # type: ignore[arg-type]
+    assert embed.Embedder(precision="int8").name == "all-MiniLM-L6-v2+int8-ort"
+    assert embed.Embedder(max_seq_length=128).name == "all-MiniLM-L6-v2+seq128"
 
 
-def test_index_default_is_int8_onnx_and_fp32_indexes_stay_valid(tiny_corpus: Path, tmp_path: Path) -> None:
-    """With the onnx extra an index is built from int8 passage vectors by default, under a key of
-    its own: an fp32 index is still found when asked for. Queries stay fp32 at any batch size,
-    so a search does not depend on which searches shared its batch."""
-    pytest.importorskip("onnxruntime")
+def test_index_default_is_int8_and_fp32_indexes_stay_valid(tiny_corpus: Path, tmp_path: Path) -> None:
+    """An index is built from int8 passage vectors by default, under a key of its own: an fp32
+    index is still found when asked for. Queries stay fp32 at any batch size, so a search does
+    not depend on which searches shared its batch."""
     import numpy as np
-
-    from deepr.corpus.embed import NUMPY_MAX_TEXTS
 
     old = open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False,
                          embedder=get_embedder(precision="fp32", use="index"))
     r = open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False)
-    assert r.embedder.name == "all-MiniLM-L6-v2+int8-onnx" and r.embedder is get_embedder(use="index")
+    assert r.embedder.name == "all-MiniLM-L6-v2+int8-ort" and r.embedder is get_embedder(use="index")
     assert r.built and r.path != old.path
     again = open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False,
                            embedder=get_embedder(precision="fp32"))
     assert not again.built and again.path == old.path
     assert r.search("planet with rings", k=1, mode="dense")[0].doc_id == "saturn"
-    queries = [f"question {i} about a planet with rings" for i in range(NUMPY_MAX_TEXTS + 6)]
+    queries = [f"question {i} about a planet with rings" for i in range(70)]
     rewards = get_embedder()  # fp32, the rewards' embedder
     assert rewards.name == "all-MiniLM-L6-v2"
     ref = rewards.encode(queries[:3], cache=False)

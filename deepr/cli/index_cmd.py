@@ -40,9 +40,8 @@ MERGE_HELP = "Build the index from the shard files of `--shard` runs, embedding 
 SHARD_DIR_HELP = "Folder of shard files (default: <cache>/shards/<index key>/)."
 LANGUAGE_HELP = ("How BM25 cuts the corpus and queries into words: auto (detected from the text), en (words "
                  "separated by spaces), zh (jieba), ja, th, lo, km, my (character bigrams). Part of the index key.")
-PRECISION_HELP = ("Passage vectors: auto (int8 on onnxruntime with the onnx extra on a CPU, else bf16 with AMX, "
-                  "else fp32), fp32, bf16 or int8; queries are fp32. Each precision has its own index, "
-                  "so --precision fp32 still finds an index built before int8 was the default.")
+PRECISION_HELP = ("Passage vectors: auto (int8), fp32 or int8; queries are fp32. Each precision has its own "
+                  "index, so --precision fp32 finds an fp32 index again.")
 
 
 def _open(corpus: str, retriever: str, cache_dir: Path | None, limit: int | None, embedder: str | None,

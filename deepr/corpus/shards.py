@@ -5,15 +5,15 @@ Inputs: a corpus spec, ``K/N`` (this worker's shard, 1 <= K <= N); outputs: one
 in ``<cache>/shards/<index key>/`` or ``--shard-dir``; ``merge`` then loads every shard into
 the embedding cache and builds the ordinary index from it without embedding anything, so a
 merged index equals a single-machine build (tests/test_retrieval.py checks it; with int8, the
-default with the onnx extra, within cosine 0.99: onnxruntime scales int8 activations per
+index default, within cosine 0.99: onnxruntime scales int8 activations per
 batch, so a passage's batch-mates move its vector slightly).
 
 A passage belongs to shard ``sha1(passage id) mod N`` (deepr.io.in_shard, the split that
 build-trees and the other stages use): stable across runs and machines, and balanced
 whatever the corpus order. Every worker reads the whole corpus (to chunk it and to
 agree on the index key) but embeds only its part; all workers must use the same embedder
-name, so pass ``--precision`` explicitly when the machines differ (``auto`` is int8 only where
-the onnx extra is installed; see deepr/corpus/embed.py).
+name, so pass the same ``--embedder`` and ``--precision`` to every worker (see
+deepr/corpus/embed.py).
 
 Example (4 workers, e.g. a SLURM array ``--array=1-4``, then one merge)::
 
