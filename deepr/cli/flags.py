@@ -202,10 +202,8 @@ def setting_options(table: dict[str, tuple[str, Any, str]]) -> Any:
             pairs = kwargs.pop("set_pairs")
             try:
                 settings = parse_assignments(pairs)
-            except ValueError as e:
-                from deepr.cli.app import fail
-
-                raise fail(str(e)) from None
+            except ValueError as e:  # click prints it as a usage error naming --set, exit 2
+                raise typer.BadParameter(str(e), param_hint="--set") from None
             settings.update({k: v for k, v in given.items() if v is not None})
             return fn(*args, settings=settings, **kwargs)
 

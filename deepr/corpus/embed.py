@@ -22,7 +22,7 @@ Precision (``get_embedder(..., use=...)``):
 
 - ``use="index"`` (``open_retriever``, ``deepr index``): ``auto`` is ``int8`` for the index's
   passages (``encode_passages``): about half the CPU of fp32, vectors within cosine ~0.99 of
-  fp32, hybrid recall measured by bench/retrieval.py. Queries, and every other text this
+  fp32, hybrid recall measured in docs/benchmarks.md. Queries, and every other text this
   embedder encodes, get fp32 vectors, so a search's hits do not depend on its batch-mates.
 - ``use="rewards"`` (the default: R_plan, J_rub, dedup, eval metrics): always ``fp32``, so reward
   numbers are the same on every machine and do not move with the index default.
@@ -50,7 +50,7 @@ from typing import Any, Literal
 import numpy as np
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
-BATCH = 16  # length-sorted batches of 16 padded less and ran faster than 64 (bench/index_build.py)
+BATCH = 16  # length-sorted batches of 16 padded less and ran faster than 64 (docs/benchmarks.md)
 # Calls under this many texts are a search's queries: deepr/corpus/index.py keeps faiss on one thread
 SMALL_BATCH = 16
 Precision = Literal["auto", "fp32", "int8"]
