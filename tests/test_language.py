@@ -10,7 +10,7 @@ import pytest
 from deepr.corpus import open_retriever
 from deepr.corpus.chunking import ChunkConfig, chunk_text
 from deepr.corpus.tokens import tokenize
-from deepr.lang import detect_language, write_in
+from deepr.text.lang import detect_language, write_in
 from deepr.text import split_sentences, tok
 from lang_corpora import JA_DOCS, JA_QUESTIONS, ZH_DOCS, ZH_QUESTIONS, documents
 

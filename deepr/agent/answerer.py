@@ -17,7 +17,7 @@ from typing import Any
 
 
 from deepr.agent.plan import answer_node
-from deepr.lang import ask_in_language
+from deepr.text.lang import ask_in_language
 from deepr.records import Plan, PlanNode
 from deepr.roles.acceptance import FREE_TEXT
 from deepr.extractive import answerer as ex

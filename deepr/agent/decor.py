@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from deepr.roles.acceptance import FREE_TEXT, query_words
 from deepr.extractive import decor as ex
-from deepr.lang import ask_in_language
+from deepr.text.lang import ask_in_language
 from deepr.roles import JSONReply, Role, TaggedReply
 
 from deepr.agent.citations import cited_ids, normalize

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from deepr.lang import HAS_UNSPACED
+from deepr.text.lang import HAS_UNSPACED
 from deepr.llm.base import LLM
 from deepr.records import Document, Hit
 from deepr.roles import Outcome, Role, perform

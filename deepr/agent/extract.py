@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from deepr.lang import HAS_UNSPACED, function_word
+from deepr.text.lang import HAS_UNSPACED, function_word
 from deepr.text import STOP_WORDS, split_sentences, word_count, words
 
 __all__ = ["split_sentences", "content_terms", "sub_questions", "distinctive_terms", "cluster",

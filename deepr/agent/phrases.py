@@ -2,7 +2,7 @@
 
 A report is written in its question's language: the extractive engine's plan needs, the
 headings, the plan table and the notes come from the table of the question's language
-(deepr.lang.detect_language), never a mix. Languages without a table here use English.
+(deepr.text.lang.detect_language), never a mix. Languages without a table here use English.
 
 Example::
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from deepr.lang import detect_language
+from deepr.text.lang import detect_language
 
 EN: dict[str, Any] = {
     "question": "Question", "answer": "Answer", "more_findings": "More findings by research step",

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from deepr.roles.acceptance import FREE_TEXT, query_words
 from deepr.agent.plan import validate_plan
-from deepr.lang import ask_in_language
+from deepr.text.lang import ask_in_language
 from deepr.records import Plan
 from deepr.roles import JSONReply, Role
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from deepr.lang import ask_in_language
+from deepr.text.lang import ask_in_language
 from deepr.records import Plan
 
 from deepr.roles.acceptance import FREE_TEXT, query_words

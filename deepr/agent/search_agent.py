@@ -22,7 +22,7 @@ from deepr.records import Hit, PlanNode
 
 from deepr.roles.acceptance import FREE_TEXT, query_words
 from deepr.extractive import search as ex
-from deepr.lang import in_question_language
+from deepr.text.lang import in_question_language
 from deepr.roles import JSONReply, Role
 
 from deepr.agent.env import Ctx

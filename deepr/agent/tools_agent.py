@@ -30,7 +30,7 @@ from deepr.agent.citations import cited_ids, normalize, strip_ids
 from deepr.agent.env import Ctx
 from deepr.agent.extract import shorten, sub_questions
 from deepr.extractive.tools import ExtractivePolicy, cite_tags, step_reply
-from deepr.lang import ask_in_language
+from deepr.text.lang import ask_in_language
 from deepr.agent.render import GNode, Graph, Section
 from deepr.llm.base import OutputFormat
 from deepr.roles.acceptance import FREE_TEXT, no_babble, no_placeholder, query_words

@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 
 from deepr.roles.acceptance import FREE_TEXT, query_words
 from deepr.extractive import warp as ex
-from deepr.lang import in_question_language
+from deepr.text.lang import in_question_language
 from deepr.roles import JSONReply, Role, TaggedReply
 
 from deepr.agent.citations import normalize

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from deepr.lang import HAS_UNSPACED
+from deepr.text.lang import HAS_UNSPACED
 from deepr.text import join_sentences, strip_citations
 
 from deepr.agent.citations import cited_ids

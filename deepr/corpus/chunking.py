@@ -5,7 +5,7 @@ possible; consecutive passages of one document share up to ``overlap`` words (wh
 sentences when they fit) so a fact cut at a boundary is still found whole in one passage.
 A sentence longer than a window is split into word windows with the same overlap.
 Sentences are deepr.text.split_sentences' (one splitter for every stage). In a document
-written in a script without spaces (Chinese, Japanese, Thai: deepr.lang), a "word" is one
+written in a script without spaces (Chinese, Japanese, Thai: deepr.text.lang), a "word" is one
 character, whitespace aside — about one model token, as an English word is about 1.3 — and
 sentences join with no space between them.
 
@@ -23,7 +23,7 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from deepr.lang import HAS_UNSPACED, UNSPACED, detect_language
+from deepr.text.lang import HAS_UNSPACED, UNSPACED, detect_language
 from deepr.records import Document, Passage
 from deepr.text import split_sentences as _split
 

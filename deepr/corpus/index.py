@@ -42,7 +42,7 @@ from deepr.corpus.embed import SMALL_BATCH, Embedder, get_embedder
 from deepr.corpus.sources import corpus_name as spec_name
 from deepr.corpus.sources import load_documents, slugify
 from deepr.corpus.tokens import tokenize
-from deepr.lang import resolve as resolve_language
+from deepr.text.lang import resolve as resolve_language
 from deepr.records import Document, Hit, Passage
 
 Mode = Literal["dense", "bm25", "hybrid"]

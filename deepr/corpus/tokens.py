@@ -2,9 +2,9 @@
 
 ``en`` (every language that separates words with spaces) keeps the tokens deepr always used:
 lower-cased ``\\w+`` runs without English stop words, so English indexes and their rankings
-are unchanged. Chinese is segmented by jieba and loses its function words (deepr.lang.ZH_STOP);
+are unchanged. Chinese is segmented by jieba and loses its function words (deepr.text.lang.ZH_STOP);
 Japanese, Thai and the other scripts without spaces become character bigrams
-(deepr/lang.py). The language is part of the index key (deepr/corpus/index.py).
+(deepr/text/lang.py). The language is part of the index key (deepr/corpus/index.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from deepr.lang import UNSPACED, ZH_STOP, segment
+from deepr.text.lang import UNSPACED, ZH_STOP, segment
 
 _WORD = re.compile(r"\w+")
 

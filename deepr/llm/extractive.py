@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from deepr.lang import HAS_UNSPACED
+from deepr.text.lang import HAS_UNSPACED
 from deepr.llm.base import LLM, Message
 from deepr.text import split_sentences, words
 
@@ -42,7 +42,7 @@ def _stem(word: str) -> str:
 
 
 def content_words(text: str) -> set[str]:
-    if HAS_UNSPACED.search(text):  # Chinese, Japanese, Thai: segmented words (deepr.lang)
+    if HAS_UNSPACED.search(text):  # Chinese, Japanese, Thai: segmented words (deepr.text.lang)
         return {w for w in words(text) if len(w) > 1 and w not in _STOP}
     return {_stem(w) for w in _WORD.findall(text.lower()) if len(w) > 1 and w not in _STOP}
 

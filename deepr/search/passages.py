@@ -36,7 +36,7 @@ def rank_chunks(chunks: list[str], need: str, mode: str = "bm25", embedder: Any 
     if len(chunks) <= 1:
         return [(i, 1.0) for i in range(len(chunks))]
     from deepr.corpus.index import tokenize
-    from deepr.lang import corpus_language
+    from deepr.text.lang import corpus_language
 
     lang = corpus_language(chunks)  # a Chinese page: jieba words, not one "word" per clause
     scores = bm25_scores(tokenize([need], lang)[0], tokenize(chunks, lang))

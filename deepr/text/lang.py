@@ -13,7 +13,7 @@ letters or digits inside them as one word.
 
 Example::
 
-    python -c "from deepr.lang import detect_language, segment; \
+    python -c "from deepr.text.lang import detect_language, segment; \
 print(detect_language('火山为什么会喷发'), segment('火山为什么会喷发'))"
 """
 

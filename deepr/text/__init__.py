@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from deepr.lang import HAS_UNSPACED, function_word, segment
+from deepr.text.lang import HAS_UNSPACED, function_word, segment
 
 Embed = Callable[[list[str]], np.ndarray]
 
@@ -83,7 +83,7 @@ def strip_citations(text: str) -> str:
 
 def words(text: str) -> list[str]:
     """Lower-cased word tokens (letters/digits runs), punctuation dropped; in a script without
-    spaces, its words as deepr.lang.segment cuts them (jieba for Chinese, else bigrams)."""
+    spaces, its words as deepr.text.lang.segment cuts them (jieba for Chinese, else bigrams)."""
     if text and not text.isascii() and HAS_UNSPACED.search(text):
         return segment(text)
     return _WORD.findall((text or "").lower())
@@ -91,7 +91,7 @@ def words(text: str) -> list[str]:
 
 def word_count(text: str) -> int:
     """Words in ``text``: its whitespace-separated parts, or, in a script without spaces, the
-    words deepr.lang.segment cuts it into (a Chinese sentence is one "part")."""
+    words deepr.text.lang.segment cuts it into (a Chinese sentence is one "part")."""
     if text and not text.isascii() and HAS_UNSPACED.search(text):
         return len(segment(text))
     return len((text or "").split())
