@@ -95,6 +95,16 @@ def index_key(name: str, passages: Sequence[Passage], embedder_name: str, chunki
     return f"{slugify(name)[:40] or 'corpus'}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
 
 
+def mode_ranking(mode: str, dense: Any, sparse: Any, fusion: FusionConfig) -> list:
+    """What a retriever mode ranks by: the dense ranking, the BM25 one, or both fused (weighted RRF)."""
+    if mode == "dense":
+        return dense
+    if mode == "bm25":
+        return sparse
+    return rrf_fuse([[p for p, _ in dense], [p for p, _ in sparse]], [fusion.dense_weight, fusion.bm25_weight],
+                    fusion.rrf_k)
+
+
 def rrf_fuse(rankings: Sequence[Sequence[int]], weights: Sequence[float],
              k: float) -> list[tuple[int, float]]:
     """Reciprocal-rank fusion: score(d) = sum_r w_r / (k + rank_r(d)), ranks counted from 1.
@@ -414,14 +424,7 @@ class Retriever:
         dense = self._dense_ranks(texts, depth) if mode != "bm25" else None
         sparse = self._bm25_ranks(texts, depth) if mode != "dense" else None
         for j, i in enumerate(live):
-            if mode == "dense":
-                ranked = dense[j]
-            elif mode == "bm25":
-                ranked = sparse[j]
-            else:
-                f = self.fusion
-                ranked = rrf_fuse([[p for p, _ in dense[j]], [p for p, _ in sparse[j]]],
-                                  [f.dense_weight, f.bm25_weight], f.rrf_k)
+            ranked = mode_ranking(mode, dense and dense[j], sparse and sparse[j], self.fusion)
             out[i] = [self._hit(p, s, r) for r, (p, s) in enumerate(ranked[:k], start=1)]
         return out
 
