@@ -11,7 +11,8 @@ built or searched, so importing this package is cheap.
 
 from deepr.corpus.chunking import ChunkConfig, chunk_documents, chunk_text
 from deepr.corpus.embed import Embedder, get_embedder
-from deepr.corpus.index import FusionConfig, Retriever, UnknownIdError, open_retriever, rrf_fuse
+from deepr.corpus.backends import open_retriever
+from deepr.corpus.index import FusionConfig, Retriever, UnknownIdError, rrf_fuse
 from deepr.corpus.sources import load_documents
 from deepr.corpus.tools import BrowseRefused, ResearchTools
 

@@ -1,12 +1,26 @@
 """Corpora searched outside this process: ``--corpus http://HOST:PORT`` (a ``deepr serve-index``
 server, deepr/corpus/remote.py) and ``--corpus milvus:...`` (a Milvus collection,
-deepr/corpus/milvus.py). :func:`deepr.corpus.index.open_retriever` sends those specs here, so
-every command that opens a corpus takes them.
+deepr/corpus/milvus.py). :func:`open_retriever` (what ``deepr.corpus`` exports) sends those specs
+there and any other corpus to the local index, so every command that opens a corpus takes them.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+
+def open_retriever(corpus: Any = "wiki", *, retriever: str = "hybrid", **kw: Any) -> Any:
+    """Any corpus deepr can open: ``http://HOST:PORT`` (a ``deepr serve-index`` server),
+    ``milvus:...`` (a Milvus collection), else the local index (:func:`deepr.corpus.index.open_retriever`,
+    which takes the same keywords)."""
+    if isinstance(corpus, str) and corpus.strip().lower().startswith(("http://", "https://", "milvus:")):
+        if retriever not in ("dense", "bm25", "hybrid"):
+            raise ValueError(f"--retriever {retriever!r}: expected one of dense, bm25, hybrid")
+        return open_backend(corpus, retriever, embedder=kw.get("embedder"), fusion=kw.get("fusion"),
+                            limit=kw.get("limit"))
+    from deepr.corpus.index import open_retriever as open_local
+
+    return open_local(corpus, retriever=retriever, **kw)
 
 
 def open_backend(spec: str, mode: str, *, embedder: Any = None, fusion: Any = None, limit: int | None = None) -> Any:

@@ -15,6 +15,7 @@ print(len(c))"
 from __future__ import annotations
 
 import hashlib
+import os
 import sqlite3
 import threading
 from collections.abc import Sequence
@@ -23,6 +24,13 @@ from pathlib import Path
 import numpy as np
 
 from deepr.corpus.sources import slugify
+
+
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """Where deepr caches indexes, vectors and exported embedders (``DEEPR_CACHE``, else ~/.cache/deepr)."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    return Path(os.environ.get("DEEPR_CACHE") or "~/.cache/deepr").expanduser()
 
 LOOKUP_BATCH = 500  # SQLite allows 999 bound parameters per statement
 

@@ -38,7 +38,7 @@ def export_root() -> Path:
     env = os.environ.get("DEEPR_EMBEDDER_CACHE")
     if env:
         return Path(env).expanduser()
-    from deepr.corpus.index import cache_root
+    from deepr.corpus.embcache import cache_root
 
     return cache_root() / "embedders"
 

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from deepr.activity import note
 from deepr.corpus.chunking import ChunkConfig, chunk_documents
 from deepr.corpus.dense import DenseKind, build_dense, describe_dense, read_dense, resolve_kind, write_dense
-from deepr.corpus.embcache import EmbeddingCache, text_key
+from deepr.corpus.embcache import EmbeddingCache, cache_root, text_key
 from deepr.corpus.embed import SMALL_BATCH, Embedder, get_embedder
 from deepr.corpus.sources import corpus_name as spec_name
 from deepr.corpus.sources import load_documents, slugify
@@ -76,12 +76,6 @@ class UnknownIdError(KeyError):
         return str(self.args[0]) if self.args else "unknown id"
 
 
-def cache_root(cache_dir: str | Path | None = None) -> Path:
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    return Path(os.environ.get("DEEPR_CACHE") or "~/.cache/deepr").expanduser()
-
-
 def passages_hash(passages: Sequence[Passage]) -> str:
     h = hashlib.sha256()
     for p in passages:
@@ -99,6 +93,16 @@ def index_key(name: str, passages: Sequence[Passage], embedder_name: str, chunki
         fields["language"] = language
     ident = json.dumps(fields, sort_keys=True)
     return f"{slugify(name)[:40] or 'corpus'}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
+
+
+def mode_ranking(mode: str, dense: Any, sparse: Any, fusion: FusionConfig) -> list:
+    """What a retriever mode ranks by: the dense ranking, the BM25 one, or both fused (weighted RRF)."""
+    if mode == "dense":
+        return dense
+    if mode == "bm25":
+        return sparse
+    return rrf_fuse([[p for p, _ in dense], [p for p, _ in sparse]], [fusion.dense_weight, fusion.bm25_weight],
+                    fusion.rrf_k)
 
 
 def rrf_fuse(rankings: Sequence[Sequence[int]], weights: Sequence[float],
@@ -254,8 +258,8 @@ def open_retriever(corpus: str | Sequence[Document] = "wiki", *, retriever: Mode
                    progress: bool | Progress = True, fusion: FusionConfig | None = None,
                    dense: DenseKind = "auto", require_cached: bool = False,
                    language: str | None = "auto") -> Retriever:
-    """Load a corpus, build its index if no cached one matches, and return a Retriever
-    (``http://HOST:PORT``: a ``deepr serve-index`` server; ``milvus:...``: a Milvus collection).
+    """Load a corpus, build its index if no cached one matches, and return a Retriever (a server
+    or Milvus collection: :func:`deepr.corpus.backends.open_retriever`, what ``deepr.corpus`` exports).
 
     ``dense``: exact ("flat"), approximate ("ivf") or by corpus size ("auto", see
     deepr/corpus/dense.py). ``require_cached``: fail instead of embedding (``index --merge``).
@@ -263,10 +267,6 @@ def open_retriever(corpus: str | Sequence[Document] = "wiki", *, retriever: Mode
     """
     if retriever not in MODES:
         raise ValueError(f"--retriever {retriever!r}: expected one of {', '.join(MODES)}")
-    if isinstance(corpus, str) and corpus.strip().lower().startswith(("http://", "https://", "milvus:")):
-        from deepr.corpus.backends import open_backend  # a retrieval server or a Milvus collection
-
-        return open_backend(corpus, retriever, embedder=embedder, fusion=fusion, limit=limit)
     chunking = chunking or ChunkConfig()
     emb = embedder if isinstance(embedder, Embedder) else get_embedder(embedder, use="index")
     name, docs, passages = load_corpus(corpus, chunking, limit)
@@ -424,14 +424,7 @@ class Retriever:
         dense = self._dense_ranks(texts, depth) if mode != "bm25" else None
         sparse = self._bm25_ranks(texts, depth) if mode != "dense" else None
         for j, i in enumerate(live):
-            if mode == "dense":
-                ranked = dense[j]
-            elif mode == "bm25":
-                ranked = sparse[j]
-            else:
-                f = self.fusion
-                ranked = rrf_fuse([[p for p, _ in dense[j]], [p for p, _ in sparse[j]]],
-                                  [f.dense_weight, f.bm25_weight], f.rrf_k)
+            ranked = mode_ranking(mode, dense and dense[j], sparse and sparse[j], self.fusion)
             out[i] = [self._hit(p, s, r) for r, (p, s) in enumerate(ranked[:k], start=1)]
         return out
 

@@ -357,7 +357,7 @@ class MilvusRetriever:
         return self.search_many([query], k, mode)[0]
 
     def search_many(self, queries: Sequence[str], k: int = 5, mode: str | None = None) -> list[list[Hit]]:
-        from deepr.corpus.index import rrf_fuse, tokenize
+        from deepr.corpus.index import mode_ranking, tokenize
 
         mode = mode or self.mode
         if mode not in ("dense", "bm25", "hybrid"):
@@ -379,14 +379,7 @@ class MilvusRetriever:
             for j, ranked in zip(words, self._ranks([texts[j] for j in words], "sparse", depth, rows)):
                 sparse[j] = ranked
         for j, i in enumerate(live):
-            if mode == "dense":
-                ranked = dense[j]
-            elif mode == "bm25":
-                ranked = sparse[j]
-            else:
-                f = self.fusion
-                ranked = rrf_fuse([[p for p, _ in dense[j]], [p for p, _ in sparse[j]]],
-                                  [f.dense_weight, f.bm25_weight], f.rrf_k)
+            ranked = mode_ranking(mode, dense and dense[j], sparse and sparse[j], self.fusion)
             out[i] = [self._hit(rows[p], s, r) for r, (p, s) in enumerate(ranked[:k], start=1)]
         return out
 
