@@ -584,6 +584,19 @@ def test_both_http_transports_answer_time_out_and_disconnect(transport):
         assert srv.disconnects == [0, 1] and srv.statuses == ["dropped", "dropped"]
 
 
+@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+def test_a_server_that_hangs_up_is_named_as_such_not_as_a_timeout(transport):
+    """A server that dies mid-request closes the socket; the aiohttp transport calls that a connect
+    timeout. The error must say the connection was closed, and after the SDK's retries."""
+    with StubServer(reply=lambda body: Raw("", hang_up=True)) as srv:
+        llm = openai_llm(srv, timeout=30, max_retries=1, http_client=transport)
+        with pytest.raises(LLMStatusError) as err:
+            llm.chat(USER)
+        assert srv.n_requests == 2
+    assert "closed the connection without a reply" in str(err.value)
+    assert "timed out" not in str(err.value) and not err.value.unreachable
+
+
 def test_auto_transport_is_aiohttp_where_installed():
     from deepr.llm.openai_backend import has_aiohttp
 

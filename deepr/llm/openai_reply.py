@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import httpx2
@@ -111,6 +112,9 @@ def refuses_format(e: openai.APIStatusError) -> bool:
 
 def reason_of(e: BaseException, timeout: float) -> tuple[str, int | None]:
     """One line on why a request failed, and the HTTP status (None: no response)."""
+    if isinstance(e, openai.APIConnectionError) and hung_up(e):
+        # the SDK's aiohttp transport reports a dropped connection as a connect *timeout*: name it
+        return "connection error: the server closed the connection without a reply (did it crash or restart?)", None
     if isinstance(e, openai.APITimeoutError):
         return f"timed out after {timeout:g}s", None
     if isinstance(e, openai.APIConnectionError):
@@ -136,11 +140,24 @@ def sdk_retried(e: BaseException) -> bool:
 
 def refused_connection(e: BaseException) -> bool:
     """Whether a connection error was a refused connection (somewhere down its cause chain)."""
+    return any(isinstance(x, ConnectionRefusedError) for x in _causes(e))
+
+
+# what each transport raises when the server closes the connection before its reply is whole
+_HUNG_UP = ("ServerDisconnectedError", "RemoteProtocolError", "ClientPayloadError")
+
+
+def hung_up(e: BaseException) -> bool:
+    """Whether the server closed the connection before replying (somewhere down the cause chain)."""
+    return any(isinstance(x, (ConnectionResetError, BrokenPipeError)) or type(x).__name__ in _HUNG_UP
+               for x in _causes(e))
+
+
+def _causes(e: BaseException) -> Iterator[BaseException]:
+    """The exception and its causes, each once."""
     seen: set[int] = set()
     x: BaseException | None = e
     while x is not None and id(x) not in seen:
-        if isinstance(x, ConnectionRefusedError):
-            return True
+        yield x
         seen.add(id(x))
         x = x.__cause__ or x.__context__
-    return False

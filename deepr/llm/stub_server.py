@@ -43,12 +43,14 @@ from typing import Any, Literal
 @dataclass
 class Raw:
     """A body sent as is: ``cut_at`` sends only that many bytes of it (the declared
-    Content-Length stays the full size) and then closes the connection."""
+    Content-Length stays the full size) and then closes the connection; ``hang_up`` closes it
+    before a single byte, as a server that crashed mid-request does."""
 
     body: str | bytes
     content_type: str = "application/json"
     status: int = 200
     cut_at: int | None = None
+    hang_up: bool = False
 
 
 Reply = str | Sequence[str] | Callable[[dict[str, Any]], "str | dict[str, Any] | Raw"]
@@ -179,6 +181,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send_raw(self, raw: Raw) -> None:
         data = raw.body.encode() if isinstance(raw.body, str) else raw.body
+        if raw.hang_up:
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
         self.send_response(raw.status)
         self.send_header("Content-Type", raw.content_type)
         self.send_header("Content-Length", str(len(data)))
