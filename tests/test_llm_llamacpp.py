@@ -212,10 +212,27 @@ def llama_server(tmp_path_factory):
                 break
             assert proc.poll() is None, log.read_text()[-2000:]
             time.sleep(0.3)
+        _smoke(port, proc)
         yield SimpleNamespace(url=f"http://127.0.0.1:{port}/v1", proc=proc, log=log)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _smoke(port: int, proc: subprocess.Popen) -> None:
+    """One plain completion first, so a server that cannot generate at all fails here, named,
+    instead of as a dropped connection in whichever test runs first."""
+    import urllib.request
+
+    body = json.dumps({"messages": USER, "max_tokens": 2}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with contextlib.suppress(OSError):
+        urllib.request.urlopen(req, timeout=120).read()
+    time.sleep(0.2)
+    if proc.poll() is not None:
+        pytest.fail(f"llama-cpp-python's server died (exit {proc.returncode}) on a plain two-token completion: "
+                    "its native build crashes on AVX-512/AMX CPUs; build it portable (docs/models.md)")
 
 
 def _client(server):
