@@ -8,8 +8,7 @@
 ``deepr eval`` call (deepr/api.py); importing deepr loads none of their dependencies.
 """
 
-__version__ = "0.1.0"
-
+from deepr._version import __version__
 from deepr.api import build_trees, evaluate, run
 
 __all__ = ["__version__", "build_trees", "evaluate", "run"]

@@ -296,7 +296,7 @@ def versions() -> dict[str, str]:
 
 @functools.cache
 def _versions() -> tuple[tuple[str, str], ...]:
-    from deepr import __version__
+    from deepr._version import __version__
 
     # deepr's own version from the code that runs (its distribution is deepr-toolkit; a package
     # named "deepr" on the index is another project)

@@ -156,7 +156,7 @@ class PlanNode(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     id: str
-    type: str  # validated by deepr.agent.plan.validate_plan so errors name the node
+    type: str  # validated by deepr.evidence.plan.validate_plan so errors name the node
     query: str | None = None
     need: str | None = None
     key_points: list[str] = Field(default_factory=list)

@@ -9,7 +9,7 @@ import pytest
 from deepr.agent import RunConfig, cited_ids, replay_waves, run_agent
 from deepr.llm.extractive import ExtractiveLLM
 from deepr.llm.replay import ReplayLLM
-from deepr.agent.plan import validate_plan, waves
+from deepr.evidence.plan import validate_plan, waves
 
 QUERY = "How did ancient Greek architecture influence later buildings?"
 
@@ -277,8 +277,8 @@ def test_evidence_of_a_dropped_search_node_stays_citable_in_the_final_answer(too
     it and may cite it (before, citing it was an unknown id and re-asked)."""
     from deepr.agent.answerer import FINAL, FinalAsk, final_inputs
     from deepr.agent.dag import apply_revision, execute_searches
-    from deepr.agent.env import Ctx
-    from deepr.agent.trace import Tracer
+    from deepr.evidence.env import Ctx
+    from deepr.evidence.trace import Tracer
     from deepr.llm.base import run_sync
 
     ctx = Ctx(ExtractiveLLM(), tools, RunConfig(), Tracer(QUERY, "dag"))
@@ -307,8 +307,8 @@ def test_a_revision_that_renumbers_search_nodes_reuses_their_results(tools):
     after it: its results move to the new id without searching again, and the dropped node's
     evidence stays citable. A modified query still searches."""
     from deepr.agent.dag import apply_revision, changed_search_nodes, execute_searches
-    from deepr.agent.env import Ctx
-    from deepr.agent.trace import Tracer
+    from deepr.evidence.env import Ctx
+    from deepr.evidence.trace import Tracer
     from deepr.llm.base import run_sync
 
     s1, s2 = PLAN_G0["nodes"][:2]

@@ -38,7 +38,7 @@ def test_extractive_decor_answers_from_memory_and_stops(tools):
 def test_extractive_condense_keeps_cited_facts_within_budget(tools):
     from deepr.agent import Ctx, Tracer
     from deepr.agent.decor import MemoryItem, condense, memory_text
-    from deepr.agent.extract import approx_tokens
+    from deepr.evidence.extract import approx_tokens
     from deepr.llm.base import run_sync
 
     ctx = Ctx(llm=ExtractiveLLM(), tools=tools, config=RunConfig(mode="decor", memory_limit=64),

@@ -145,8 +145,8 @@ def test_search_and_write_are_conditioned_on_the_whole_current_draft(replay_run)
 
 def test_deepen_asks_for_two_to_seven_subsections_and_accepts_them(tools):
     """Issue 15.10: the deepen prompt and its check agree with the outline reward's 2–7 range."""
-    from deepr.agent.env import Ctx
-    from deepr.agent.trace import Tracer
+    from deepr.evidence.env import Ctx
+    from deepr.evidence.trace import Tracer
     from deepr.agent.warp import DEEPEN, DeepenAction, Item, WarpAsk, WarpRun
 
     run = WarpRun(Ctx(ExtractiveLLM(), tools, RunConfig(mode="warp"), Tracer(QUERY, "warp")), QUERY)

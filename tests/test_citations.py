@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deepr.agent.citations import Catalog, cited_ids, normalize, strip_ids
+from deepr.evidence.citations import Catalog, cited_ids, normalize, strip_ids
 from deepr.agent.render import ReportDoc, Section, render_markdown
 from deepr.records import Document, Hit
 from deepr.text import strip_citations
@@ -43,7 +43,7 @@ def test_fetch_ids_count_over_the_run():
 def test_evidence_shows_a_sources_own_brackets_as_parentheses_so_only_ids_are_bracketed():
     """A quote's editorial bracket in the source text would read as a citation in the prompt, and
     a sentence copied from the evidence with it would be refused as a stray bracket."""
-    from deepr.agent.citations import stray_brackets
+    from deepr.evidence.citations import stray_brackets
 
     c = Catalog()
     quote = 'Music "rocking, jazz based ... [with a] heavy, insistent beat" and a note【1】 [N9-R9].'

@@ -1,5 +1,5 @@
 """The engine seam: role modules declare the model's turn; the extractive engine lives in
-deepr/extractive, and only deepr/llm and that package know which engine runs."""
+deepr/extractive, and only deepr/llm, that package and the role executor know which engine runs."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from deepr.roles import Role
 
 ROOT = Path(deepr.__file__).parent
 ROLE_PACKAGES = ("deepr.agent", "deepr.data", "deepr.rewards")
-ENGINE_PLACES = (ROOT / "llm", ROOT / "extractive")
+ENGINE_PLACES = (ROOT / "llm", ROOT / "extractive", ROOT / "roles" / "__init__.py")
 
 
 def _modules(package: str) -> list[str]:
@@ -67,14 +67,13 @@ def test_the_extractive_package_imports_no_role_module():
 
 def test_the_engine_is_the_backend_s_answer():
     from deepr.extractive import adds_judgement, can_rescue, needs_embedder, offload_cpu
-    from deepr.extractive.engine import perform
     from deepr.llm.extractive import ExtractiveLLM
     from deepr.llm.replay import ReplayLLM
     from deepr.roles import Recorder, engine_label
 
     ex, model = ExtractiveLLM(), ReplayLLM([])
-    assert ex.role_engine() is perform and model.role_engine() is None
-    assert Recorder().llm(ex, "r", "a").role_engine() is perform  # the recording wrapper keeps it
+    assert ex.is_extractive and not model.is_extractive
+    assert Recorder().llm(ex, "r", "a").is_extractive  # the recording wrapper keeps the engine
     assert engine_label(ex) == "extractive" and engine_label(model).startswith("llm:replay")
     assert (can_rescue(model, "extractive"), can_rescue(ex, "extractive"), can_rescue(model, None)) == (
         True, False, False)

@@ -237,9 +237,9 @@ def test_planner_turn2_has_the_same_token_ids_in_run_sft_and_rl(tok, retriever):
     """Issue 15.6: the revision turn renders to the same ids through `deepr run` (recorded turn),
     the SFT example built from that record, and the GRPO rollout."""
     from deepr.agent.dag import execute_searches
-    from deepr.agent.env import Ctx, RunConfig
+    from deepr.evidence.env import Ctx, RunConfig
     from deepr.agent.planner import initial_plan, revise_plan
-    from deepr.agent.trace import Tracer
+    from deepr.evidence.trace import Tracer
     from deepr.corpus.tools import ResearchTools
     from deepr.llm.base import run_sync
     from deepr.train.grpo import planner_dataset
@@ -285,7 +285,7 @@ def prepared(retriever) -> list:
 
 
 def test_prepare_fixes_plan_results_pages_and_catalog(prepared):
-    from deepr.agent.plan import validate_plan, waves
+    from deepr.evidence.plan import validate_plan, waves
 
     for rec in prepared:
         plan, errors = validate_plan(rec.plan)
@@ -304,7 +304,7 @@ def _wave_reply(wave: list[str], cid: str) -> str:
 
 def test_answerer_waves_are_separate_calls_under_the_run_prompts(tok, prepared):
     from deepr.agent.answerer import FINAL, WAVE, FinalAsk, WaveAsk, final_inputs, node_evidence
-    from deepr.agent.plan import validate_plan
+    from deepr.evidence.plan import validate_plan
     from deepr.train.grpo import answerer_dataset
     from deepr.train.environments import AnswererEnvironment
     from deepr.train.rollouts import answerer_rollouts, prompt_ids
@@ -560,7 +560,7 @@ def test_constrained_planner_rollouts_are_valid_plans_even_from_a_random_model(t
     """The planner's rollouts decode under the graph schema and its guard, as `deepr run` does, so
     even the random tiny model's finished plans pass the plan validator (and earn R_plan)."""
     pytest.importorskip("xgrammar")
-    from deepr.agent.plan import validate_plan
+    from deepr.evidence.plan import validate_plan
     from deepr.profiles.plan_guard import PlanGuard
     from deepr.profiles.small.rollouts import constrained_generate, planner_format
     from deepr.train.rollouts import prompt_ids

@@ -102,8 +102,8 @@ def test_decor_steps_have_the_same_token_ids_in_run_sft_and_rl(tok, retriever):
     """Issue 15.6: every DECOR role step renders to the same ids through `deepr run --mode decor`,
     the SFT example built from its record, and the GRPO rollout."""
     from deepr.agent.decor import run_decor
-    from deepr.agent.env import Ctx, RunConfig
-    from deepr.agent.trace import Tracer
+    from deepr.evidence.env import Ctx, RunConfig
+    from deepr.evidence.trace import Tracer
     from deepr.corpus.tools import ResearchTools
     from deepr.llm.base import run_sync
     from deepr.train.decor_stage import context_factory, decor_dataset, decor_rollouts

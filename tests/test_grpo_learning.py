@@ -36,7 +36,7 @@ TEMPERATURE = 0.7  # below Table 5's 1.0: at 1.0 nearly every rollout of the tin
 def small_env(retriever):
     """One result per search node and few explored passages: short plans and revision turns, so
     a GRPO step stays within a CPU budget."""
-    from deepr.agent.env import RunConfig
+    from deepr.evidence.env import RunConfig
     from deepr.train.environments import PlannerEnvironment
 
     env = PlannerEnvironment(retriever, k=1, fetch_limit=0)
@@ -68,7 +68,7 @@ def cold_start(pairs: list[QRPair], env) -> list[ChatExample]:
     revision with one error (:func:`with_error`) under the same revision prompt."""
     from deepr.agent.planner import initial_plan, plan_json, revise_plan
     from deepr.llm.base import run_sync
-    from deepr.agent.plan import validate_plan
+    from deepr.evidence.plan import validate_plan
 
     out = []
     for p in pairs:
@@ -141,7 +141,7 @@ def rollout_valid(model_dir: Path, env, rows, lookup, budget: int, cap: int, tem
     the GRPO rollout code."""
     from transformers import AutoTokenizer
 
-    from deepr.agent.plan import validate_plan
+    from deepr.evidence.plan import validate_plan
     from deepr.train.rollouts import planner_rollouts
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))

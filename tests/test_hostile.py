@@ -319,7 +319,7 @@ def test_validation_errors_name_the_flag_and_the_whole_range():
     from pydantic import ValidationError
 
     from deepr.cli.flags import flag_error
-    from deepr.data.rubric_checks import RubricLimits
+    from deepr.roles.rubric_checks import RubricLimits
     from deepr.data.rubrics import SynthConfig
 
     with pytest.raises(ValidationError) as e:

@@ -156,7 +156,7 @@ def test_e5_models_get_their_family_prompts_and_others_none(tmp_path):
 
 
 def test_a_long_chinese_brief_is_shortened_for_titles_and_focused_for_search():
-    from deepr.agent.extract import focus_query, shorten
+    from deepr.evidence.extract import focus_query, shorten
 
     brief = "请撰写一份关于火山的研究报告。" + "报告需要覆盖火山的形成、分布和危害，并引用可靠的资料。" * 6 + "火山为什么会喷发？"
     title = shorten(brief, 16)

@@ -213,7 +213,7 @@ def test_flags_scale_the_experiment():
 
 
 def test_compact_teacher_plan_keeps_the_graph_and_still_validates():
-    from deepr.agent.plan import validate_plan
+    from deepr.evidence.plan import validate_plan
 
     long = " ".join(f"word{i}" for i in range(40))
     plan = {"nodes": [{"id": "N1", "type": "search", "query": "volcano eruption magma " + long, "key_points": [long]},
@@ -247,7 +247,7 @@ def teacher_plan(*inputs: list[str]) -> dict:
 
 
 def test_flat_graphs_keep_one_level_of_aggregates_renumbered_and_valid():
-    from deepr.agent.plan import validate_plan
+    from deepr.evidence.plan import validate_plan
 
     teacher = teacher_plan(["N1", "N3"], ["N4", "N5"], ["N1", "N2"], ["N6", "N8"])
     flat = json.loads(learning.compact_plan(json.dumps(teacher), graph="flat"))
@@ -264,7 +264,7 @@ def test_flat_graphs_keep_one_level_of_aggregates_renumbered_and_valid():
 def test_ordered_graphs_are_the_teachers_graphs_with_ids_in_reading_order():
     """`--sft-graph ordered`: the same edges, relabelled so each aggregate reads the next unread
     searches and lists its inputs ascending; a plan with a fetch list keeps its ids."""
-    from deepr.agent.plan import validate_plan
+    from deepr.evidence.plan import validate_plan
 
     teacher = teacher_plan(["N3", "N1"], ["N2", "N5"], ["N1", "N4"], ["N8", "N6"])
     out = json.loads(learning.compact_plan(json.dumps(teacher), graph="ordered"))
@@ -348,7 +348,7 @@ def test_default_form_is_what_the_default_planner_schema_decodes():
     """Under the default profile the planner decodes in PlanShape's strict schema: every node has its
     six fields in the schema's order, null or empty where the type has none. Taught that form, the
     model writes what its grammar lets it; the graph and the cut texts are the small form's."""
-    from deepr.agent.plan import validate_plan
+    from deepr.evidence.plan import validate_plan
     from deepr.agent.planner import PlanShape, RevisionShape
 
     teacher = {"nodes": [{"id": "N1", "type": "search", "query": "volcano eruption magma chambers and more words here",

@@ -265,7 +265,7 @@ def test_tools_report_lists_the_calls_the_summary_counts(corpus, tmp_path):
 
 
 def test_citations_go_before_the_full_stop_in_every_mode():
-    from deepr.agent.citations import cite_before_stop, normalize
+    from deepr.evidence.citations import cite_before_stop, normalize
 
     assert normalize('<cite id="S1-R2">Lava is hot.</cite>') == "Lava is hot [S1-R2]."
     assert cite_before_stop("Lava is hot. [S1-R2] It flows! [S1-R3][S2-R1]") == \

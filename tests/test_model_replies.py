@@ -105,7 +105,7 @@ def test_bracket_tokens_that_are_not_ids_are_refused_and_never_reach_the_report(
 
 
 def test_the_renderer_emits_only_evidence_brackets():
-    from deepr.agent.citations import Catalog, stray_brackets
+    from deepr.evidence.citations import Catalog, stray_brackets
     from deepr.agent.render import ReportDoc, Section, render_markdown
     from deepr.records import Hit
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from deepr.agent.plan import answer_node, children_map, is_valid, validate_plan, waves
+from deepr.evidence.plan import answer_node, children_map, is_valid, validate_plan, waves
 
 
 def S(nid, q="q"):

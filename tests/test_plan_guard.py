@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from deepr.agent.plan import validate_plan
+from deepr.evidence.plan import validate_plan
 from deepr.profiles.plan_guard import PlanGuard
 from deepr.profiles.small.planner import graph_format
 

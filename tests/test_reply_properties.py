@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 
 import deepr.roles as roles_mod
 from deepr.agent import RunConfig, run_agent
-from deepr.agent.citations import cited_ids, normalize, stray_brackets
+from deepr.evidence.citations import cited_ids, normalize, stray_brackets
 from deepr.llm.base import LLM, Reply
 from deepr.llm.stub_server import StubServer
 from deepr.roles import Recorder, judge_reply, perform

@@ -8,7 +8,7 @@ import os
 import re
 import stat
 
-from deepr.agent.citations import Catalog
+from deepr.evidence.citations import Catalog
 from deepr.agent.dag import DagOutcome
 from deepr.agent.render import ReportDoc, Section, render_markdown
 from deepr.agent.runner import _dag_doc

@@ -257,9 +257,9 @@ def test_offline_reports_quote_self_contained_sentences_once(printing, mode, que
 
 
 def test_the_writer_carries_the_lead_of_a_pronoun_sentence(printing):
-    from deepr.agent.env import Ctx, RunConfig
-    from deepr.agent.trace import Tracer
-    from deepr.agent.writer import write
+    from deepr.evidence.env import Ctx, RunConfig
+    from deepr.evidence.trace import Tracer
+    from deepr.evidence.writer import write
     from deepr.llm import ExtractiveLLM
 
     ctx = Ctx(llm=ExtractiveLLM(), tools=printing.fresh(), config=RunConfig(), tracer=Tracer("q", "dag"))

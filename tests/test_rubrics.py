@@ -11,7 +11,7 @@ import pytest
 from deepr.llm.extractive import ExtractiveLLM
 from deepr.llm.replay import ReplayLLM
 from deepr.records import QRPair, Reject, Tree
-from deepr.data.rubric_checks import RubricLimits, evidence_supported, leaf_statements, pair_problems
+from deepr.roles.rubric_checks import RubricLimits, evidence_supported, leaf_statements, pair_problems
 from deepr.data.rubrics import SynthConfig, SynthReply, serialize_tree, synthesize_rubrics
 from deepr.data.trees import TreeConfig, build_trees
 from deepr.data.topics import SeedTopic, tree_id

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from deepr.data.rubric_checks import RubricLimits, duplicate_pairs, leaf_statements, pair_problems
+from deepr.roles.rubric_checks import RubricLimits, duplicate_pairs, leaf_statements, pair_problems
 from deepr.data.rubrics import SynthConfig, SynthReply, serialize_tree, synthesize_rubrics
 from deepr.profiles.rubric_words import overlap_bound
 from deepr.profiles import SMALL, get_profile

@@ -11,7 +11,7 @@ import typer
 from typer.testing import CliRunner
 
 import search_fakes as F
-from deepr.agent.citations import cited_ids
+from deepr.evidence.citations import cited_ids
 from deepr.cli import app
 
 
@@ -27,8 +27,8 @@ ATLAS_Q = "earth atlas landforms"
 @pytest.fixture()
 def atlas_ctx(web, tmp_path, embedder):
     """A Ctx whose only search result is the long atlas page of the fake site."""
-    from deepr.agent.env import Ctx, RunConfig
-    from deepr.agent.trace import Tracer
+    from deepr.evidence.env import Ctx, RunConfig
+    from deepr.evidence.trace import Tracer
     from deepr.corpus.tools import ResearchTools
     from deepr.llm.extractive import ExtractiveLLM
     from deepr.search import SearchConfig

@@ -179,7 +179,7 @@ def test_the_plan_guard_keeps_a_copied_plan_from_breaking_the_graph_rules(smollm
     is without the guard, and under it writes a plan the validator accepts."""
     import dataclasses
 
-    from deepr.agent.plan import validate_plan
+    from deepr.evidence.plan import validate_plan
     from deepr.llm.hf_backend import HFLLM
     from deepr.profiles.small.planner import graph_format
 

@@ -11,8 +11,8 @@ from deepr.extractive.tools import cite_tags
 
 
 def _ctx(retriever, llm, **cfg):
-    from deepr.agent.env import Ctx, RunConfig
-    from deepr.agent.trace import Tracer
+    from deepr.evidence.env import Ctx, RunConfig
+    from deepr.evidence.trace import Tracer
     from deepr.corpus.tools import ResearchTools
     from deepr.profiles import get_profile
 
@@ -114,7 +114,7 @@ def test_run_agent_tools_mode_writes_a_cited_report(retriever, tmp_path, llm_kin
                     config=RunConfig(mode="tools"))
     paths = write_report(res, tmp_path / "report.md")
     trace = json.loads(paths["trace"].read_text())
-    from deepr.agent.citations import cited_ids
+    from deepr.evidence.citations import cited_ids
 
     md_ids = cited_ids(res.markdown)
     assert md_ids and set(md_ids) <= set(trace["citations"]) and trace["mode"] == "tools"
@@ -152,7 +152,7 @@ def test_cli_run_mode_tools_offline(retriever, tmp_path, monkeypatch, llm_kind):
                                  "--llm", spec, "-k", "3"])
     assert r.exit_code == 0, r.output
     trace = json.loads(out.with_suffix(".json").read_text())
-    from deepr.agent.citations import cited_ids
+    from deepr.evidence.citations import cited_ids
 
     ids = cited_ids(out.read_text())
     assert trace["mode"] == "tools" and ids and set(ids) <= set(trace["citations"])

@@ -15,7 +15,7 @@ from deepr.io import read_jsonl
 from deepr.llm.extractive import ExtractiveLLM
 from deepr.llm.replay import ReplayLLM
 from deepr.records import QRPair
-from deepr.data.rubric_checks import RubricLimits, rubric_problems
+from deepr.roles.rubric_checks import RubricLimits, rubric_problems
 from deepr.data.rubrics import SynthConfig, synthesize_rubrics
 from deepr.data.verify import VerifyConfig, verify, verify_summary
 from tree_helpers import LEAF_STATEMENTS, good_synthesis, small_tree

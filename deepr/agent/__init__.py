@@ -15,10 +15,10 @@ Modules: ``dag`` / ``warp`` / ``decor`` (the loops), ``planner`` and ``answerer`
 ``render`` (markdown and HTML), ``runner`` (the plain function above).
 """
 
-from deepr.agent.citations import Catalog, cited_ids
-from deepr.agent.env import Ctx, RunConfig
+from deepr.evidence.citations import Catalog, cited_ids
+from deepr.evidence.env import Ctx, RunConfig
 from deepr.agent.runner import RunResult, arun_agent, run_agent, sidecar_path, trajectory_id, write_report
-from deepr.agent.trace import Tracer, load_trace, replay_waves
+from deepr.evidence.trace import Tracer, load_trace, replay_waves
 
 __all__ = ["Catalog", "cited_ids", "Ctx", "RunConfig", "RunResult", "arun_agent", "run_agent", "sidecar_path",
            "trajectory_id", "write_report", "Tracer", "load_trace", "replay_waves"]

@@ -16,15 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 
-from deepr.agent.plan import answer_node
+from deepr.evidence.plan import answer_node
 from deepr.text.lang import ask_in_language
 from deepr.records import Plan, PlanNode
 from deepr.roles.acceptance import FREE_TEXT
 from deepr.extractive import answerer as ex
 from deepr.roles import JSONReply, Role, TaggedReply
 
-from deepr.agent.citations import cited_ids, normalize
-from deepr.agent.env import Ctx
+from deepr.evidence.citations import cited_ids, normalize
+from deepr.evidence.env import Ctx
 
 ANSWER_SYSTEM = """You write parts of a research report strictly from the evidence you are given.
 Every evidence item starts with an id in square brackets. After each claim, cite the ids that support \

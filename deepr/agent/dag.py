@@ -21,7 +21,7 @@ from typing import Any
 from deepr.records import Plan, PlanNode
 
 from deepr.agent.answerer import write_final, write_wave
-from deepr.agent.env import Ctx
+from deepr.evidence.env import Ctx
 from deepr.agent.planner import initial_plan, revise_plan
 from deepr.agent.rubric import ephemeral_rubric, persistent_rubric
 from deepr.agent.search_agent import run_search_node

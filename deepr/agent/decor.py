@@ -20,9 +20,9 @@ from deepr.extractive import decor as ex
 from deepr.text.lang import ask_in_language
 from deepr.roles import JSONReply, Role, TaggedReply
 
-from deepr.agent.citations import cited_ids, normalize
-from deepr.agent.env import Ctx
-from deepr.agent.extract import approx_tokens
+from deepr.evidence.citations import cited_ids, normalize
+from deepr.evidence.env import Ctx
+from deepr.evidence.extract import approx_tokens
 
 PLANNER_SYSTEM = """You plan the searches of a question-answering system. From the question, the facts \
 gathered so far and the searches already made, name the single fact still missing and write one precise \

@@ -16,12 +16,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from deepr.roles.acceptance import FREE_TEXT, query_words
-from deepr.agent.plan import validate_plan
+from deepr.evidence.plan import validate_plan
 from deepr.text.lang import ask_in_language
 from deepr.records import Plan
 from deepr.roles import JSONReply, Role
 
-from deepr.agent.env import Ctx
+from deepr.evidence.env import Ctx
 from deepr.extractive import planner as ex
 
 PLANNER_SYSTEM = """You are the planner of a research agent. You break a research question into a typed \

@@ -17,7 +17,7 @@ from typing import Any
 
 from deepr.records import Citation, Plan
 
-from deepr.agent.citations import Catalog, cite_before_stop, clean_brackets, cited_ids, strip_ids
+from deepr.evidence.citations import Catalog, cite_before_stop, clean_brackets, cited_ids, strip_ids
 
 @dataclass
 class GNode:
@@ -45,7 +45,7 @@ class ReportDoc:
     sections: list[Section]
     notes: list[str] = field(default_factory=list)
     graph: Graph | None = None
-    # the code's own words in the report's language (deepr/agent/phrases.py); None: English
+    # the code's own words in the report's language (deepr/evidence/phrases.py); None: English
     words: dict[str, Any] | None = None
 
 

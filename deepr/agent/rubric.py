@@ -21,7 +21,7 @@ from deepr.records import Plan
 from deepr.roles.acceptance import FREE_TEXT, query_words
 from deepr.extractive import rubric as ex
 from deepr.roles import JSONReply, Role
-from deepr.agent.env import Ctx
+from deepr.evidence.env import Ctx
 
 RUBRIC_SYSTEM = """You write quality rubrics that steer a research agent while it works. Each criterion \
 has a short name, a description of what a good result has, and guidance: an instruction the agent can act \

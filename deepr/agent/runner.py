@@ -25,13 +25,13 @@ from deepr.text import join_sentences, strip_citations
 
 from deepr.agent.decor import DecorOutcome, run_decor
 from deepr.agent.dag import DagOutcome, run_dag
-from deepr.agent.env import Ctx, RunConfig
-from deepr.agent.extract import shorten
-from deepr.agent.phrases import need_topics, phrases
+from deepr.evidence.env import Ctx, RunConfig
+from deepr.evidence.extract import shorten
+from deepr.evidence.phrases import need_topics, phrases
 from deepr.agent.render import GNode, Graph, ReportDoc, Section, plan_graph, render_html, render_markdown
 from deepr.agent.support import check_support
-from deepr.agent.trace import Tracer
-from deepr.agent.writer import cited_sentences
+from deepr.evidence.trace import Tracer
+from deepr.evidence.writer import cited_sentences
 from deepr.agent.warp import WarpOutcome, run_warp
 
 

@@ -25,8 +25,8 @@ from deepr.extractive import search as ex
 from deepr.text.lang import in_question_language
 from deepr.roles import JSONReply, Role
 
-from deepr.agent.env import Ctx
-from deepr.agent.extract import shorten
+from deepr.evidence.env import Ctx
+from deepr.evidence.extract import shorten
 
 SEARCHER_SYSTEM = """You run the searches for one step of a research plan. Given the step's query, the \
 points it must establish and what the searches found so far, decide whether the points are covered. If \

@@ -20,8 +20,8 @@ from deepr.extractive import short_answer as ex
 from deepr.roles import JSONReply, Role
 from deepr.roles.acceptance import FREE_TEXT
 
-from deepr.agent.citations import cited_ids, normalize
-from deepr.agent.env import Ctx
+from deepr.evidence.citations import cited_ids, normalize
+from deepr.evidence.env import Ctx
 
 SYSTEM = """You give the final response to a fact-seeking question from the evidence shown. Reply with \
 a JSON object of three fields. explanation: two to four sentences on how the evidence leads to the \

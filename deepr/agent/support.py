@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from deepr.agent.citations import normalize
+from deepr.evidence.citations import normalize
 from deepr.llm.base import LLM
 from deepr.extractive import support as ex
 from deepr.extractive.support import overlap_verdict

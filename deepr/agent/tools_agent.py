@@ -4,7 +4,7 @@ One model loops ``<think>`` → ``<tool_call>{"name", "arguments"}</tool_call>``
 environment's ``<tool_response>`` → ... → ``<answer>`` whose claims are wrapped in
 ``<cite id="S1-R2">claim</cite>`` spans. Tools: ``search`` / ``scholar`` (ranked snippets)
 and ``browse`` (the full page of a document an earlier search returned). Citation ids are
-issued by code (:class:`~deepr.agent.citations.Catalog`): results of tool call t are
+issued by code (:class:`~deepr.evidence.citations.Catalog`): results of tool call t are
 ``S<t>-R<k>``, a browsed page ``S<t>-F<n>``. An answer citing an id the agent was never
 shown is re-asked (bounded), then accepted with those citations removed and a failure
 recorded. At most ``max_turns`` tool turns (10 at inference, 20 in training); after that
@@ -26,9 +26,9 @@ from dataclasses import dataclass, field, replace
 from collections.abc import Sequence
 from typing import Any
 
-from deepr.agent.citations import cited_ids, normalize, strip_ids
-from deepr.agent.env import Ctx
-from deepr.agent.extract import shorten, sub_questions
+from deepr.evidence.citations import cited_ids, normalize, strip_ids
+from deepr.evidence.env import Ctx
+from deepr.evidence.extract import shorten, sub_questions
 from deepr.extractive.tools import ExtractivePolicy, cite_tags, step_reply
 from deepr.text.lang import ask_in_language
 from deepr.agent.render import GNode, Graph, Section
@@ -362,7 +362,7 @@ def _salvage(ctx: Ctx, query: str, step: Step, session: ToolSession) -> str:
     extractively from what was found, so the run still yields a cited report."""
     if step.kind == "answer" and session.shown:
         return step.answer
-    from deepr.agent.writer import write_by_parts
+    from deepr.evidence.writer import write_by_parts
 
     if not session.shown:  # the model never searched: the extractive policy's searches, made by code
         for q in ExtractivePolicy(ctx, query, 1).queries:
@@ -374,7 +374,7 @@ def _salvage(ctx: Ctx, query: str, step: Step, session: ToolSession) -> str:
 
 def tools_doc(out: ToolsOutcome, words: dict[str, Any] | None = None) -> tuple[str, list[Section], Graph]:
     """The report pieces for the runner: the answer, the tool-call log, a chain graph; headings
-    from ``words`` (deepr/agent/phrases.py, the question's language), else English. The log
+    from ``words`` (deepr/evidence/phrases.py, the question's language), else English. The log
     lists the calls the session executed, never a reply's text: a reply cut inside its call,
     or refused, mentions ``<tool_call>`` without being one."""
     w = words or {}

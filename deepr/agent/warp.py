@@ -26,10 +26,10 @@ from deepr.extractive import warp as ex
 from deepr.text.lang import in_question_language
 from deepr.roles import JSONReply, Role, TaggedReply
 
-from deepr.agent.citations import normalize
-from deepr.agent.env import Ctx
-from deepr.agent.extract import focus_query, shorten, sub_questions
-from deepr.agent.outline import Outline, Section
+from deepr.evidence.citations import normalize
+from deepr.evidence.env import Ctx
+from deepr.evidence.extract import focus_query, shorten, sub_questions
+from deepr.evidence.outline import Outline, Section
 
 WARP_SYSTEM = """You are a report writer who works in small actions: plan a sparse outline, search, write \
 one section at a time with citations, and deepen the outline where the draft is thin. Always write in the \

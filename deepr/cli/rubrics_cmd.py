@@ -39,7 +39,7 @@ def synthesize_rubrics_command(
     rejected."""
     from deepr.io import read_jsonl, rejects_path, require_records
     from deepr.records import Tree
-    from deepr.data.rubric_checks import RubricLimits
+    from deepr.roles.rubric_checks import RubricLimits
     from deepr.data.rubrics import SynthConfig, pair_id
 
     t0 = time.perf_counter()

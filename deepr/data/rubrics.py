@@ -10,7 +10,7 @@ selection and merge traces and ≥ 5 typed, weighted, leaf-grounded rubrics; or 
 
 The model sees the tree serialised compactly (nodes: id, parent, depth, query,
 children; leaves: id, root→leaf path, statements). Its reply is checked against every
-constraint of :mod:`deepr.data.rubric_checks`; a reply that breaks any is re-asked with the
+constraint of :mod:`deepr.roles.rubric_checks`; a reply that breaks any is re-asked with the
 list of violations (bounded), then rejected. The role's non-LLM implementation is
 :mod:`deepr.extractive.rubrics`, and its output must pass the same checks.
 """
@@ -30,7 +30,7 @@ from deepr.records import MergeStep, QRPair, Reject, RubricItem, Tree
 from deepr.roles.acceptance import FREE_TEXT
 from deepr.roles import CallPolicy, JSONReply, Recorder, Role, perform
 from deepr.data.outcomes import Fallback, mark_fallback
-from deepr.data.rubric_checks import RubricLimits, leaf_statements, pair_problems
+from deepr.roles.rubric_checks import RubricLimits, leaf_statements, pair_problems
 from deepr.extractive import can_rescue, prechecks, rubrics as ex
 
 SYSTEM = (

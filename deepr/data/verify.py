@@ -8,7 +8,7 @@ for pairs whose audit itself failed (e.g. the judge never replied with valid JSO
 
     deepr verify pairs.jsonl --out verified.jsonl --judge-llm openai:gpt-4.1
 
-The code checks of :mod:`deepr.data.verify_checks` run on every pair. The LLM auditor sees
+The code checks of :mod:`deepr.roles.verify_checks` run on every pair. The LLM auditor sees
 their findings and judges the six dimensions; a revision it proposes must pass the same
 constraints as synthesis (5–8 criteria, source leaves inside the selection, factual
 evidence found in those leaves' statements) or it is re-asked, then not accepted. The audit is
@@ -33,8 +33,8 @@ from deepr.records import QRPair, Reject, RubricItem
 from deepr.roles.acceptance import FREE_TEXT
 from deepr.roles import JSONReply, Recorder, Role, perform
 from deepr.data.outcomes import Fallback, mark_fallback
-from deepr.data.rubric_checks import RubricLimits, question_problems, rubric_problems
-from deepr.data.verify_checks import Embed, Finding, Prefetched, embedding_texts, findings, leaves_of
+from deepr.roles.rubric_checks import RubricLimits, question_problems, rubric_problems
+from deepr.roles.verify_checks import Embed, Finding, Prefetched, embedding_texts, findings, leaves_of
 from deepr.extractive import can_rescue
 from deepr.extractive.verify import audit_reply
 
@@ -171,7 +171,7 @@ def _audit_messages(a: AuditAsk) -> list[dict[str, str]]:
             {"role": "user", "content": json.dumps(sample, ensure_ascii=False) + f"\n\nAutomatic checks found:\n{notes}"}]
 
 
-# The tags the code checks give (deepr.data.verify_checks); a strict audit picks among them.
+# The tags the code checks give (deepr.roles.verify_checks); a strict audit picks among them.
 AUDIT_TAGS = ("structure", "question_form", "too_many_rubrics", "source_outside_selection", "evidence_unsupported",
               "negative_weight", "rubric_redundant", "logical_dominates", "not_deep", "rubric_misaligned",
               "merge_unfaithful")

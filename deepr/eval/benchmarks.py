@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from deepr.agent.citations import cited_ids
+from deepr.evidence.citations import cited_ids
 
 FORMATS = ("browsecomp-plus", "researchrubrics", "drb")
 TOOL_NAMES = {"search": "search", "browse": "get_document", "scholar": "scholar"}

@@ -1,14 +1,14 @@
 """The dag answerer without a model: each node's text and the final answer picked from the cited
-evidence by :mod:`deepr.agent.writer` (its key points and the rubric criteria aimed at it as targets)."""
+evidence by :mod:`deepr.evidence.writer` (its key points and the rubric criteria aimed at it as targets)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from deepr.agent import writer
-from deepr.agent.env import Ctx
-from deepr.agent.extract import sub_questions
+from deepr.evidence import writer
+from deepr.evidence.env import Ctx
+from deepr.evidence.extract import sub_questions
 from deepr.records import PlanNode
 
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from deepr.agent import writer
-from deepr.agent.citations import cited_ids
-from deepr.agent.env import Ctx
-from deepr.agent.extract import FRAMING, anchored_query, approx_tokens, content_terms, focus_query, sub_questions
+from deepr.evidence import writer
+from deepr.evidence.citations import cited_ids
+from deepr.evidence.env import Ctx
+from deepr.evidence.extract import FRAMING, anchored_query, approx_tokens, content_terms, focus_query, sub_questions
 from deepr.text import join_sentences, strip_citations
 
 

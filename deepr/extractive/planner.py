@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from deepr.agent.env import Ctx
-from deepr.agent.extract import (FRAMING, anchored_query, cluster, content_terms, distinctive_terms,
+from deepr.evidence.env import Ctx
+from deepr.evidence.extract import (FRAMING, anchored_query, cluster, content_terms, distinctive_terms,
                                  focus_query, shorten, split_sentences, sub_questions)
-from deepr.agent.phrases import phrases
-from deepr.agent.plan import validate_plan
+from deepr.evidence.phrases import phrases
+from deepr.evidence.plan import validate_plan
 from deepr.extractive import rubric
 from deepr.records import Hit, Plan, PlanNode
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from deepr.agent.env import Ctx
-from deepr.agent.extract import focus_query, shorten, sub_questions
+from deepr.evidence.env import Ctx
+from deepr.evidence.extract import focus_query, shorten, sub_questions
 from deepr.records import Plan
 
 

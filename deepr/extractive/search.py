@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from deepr.agent.env import Ctx
-from deepr.agent.extract import focus_query, split_sentences
+from deepr.evidence.env import Ctx
+from deepr.evidence.extract import focus_query, split_sentences
 from deepr.records import Hit, PlanNode
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from deepr.agent import writer
-from deepr.agent.citations import cited_ids
-from deepr.agent.extract import shorten
+from deepr.evidence import writer
+from deepr.evidence.citations import cited_ids
+from deepr.evidence.extract import shorten
 from deepr.text import strip_citations
 
 EXACT_WORDS = 12

@@ -11,8 +11,8 @@ import json
 import re
 from typing import Any
 
-from deepr.agent.env import Ctx
-from deepr.agent.extract import sub_questions
+from deepr.evidence.env import Ctx
+from deepr.evidence.extract import sub_questions
 
 _MARKED = re.compile(r"(\s*)(.+?)\s*\[([^\[\]]+)\]([.!?]?)(?=\s|$)", re.S)
 
@@ -55,7 +55,7 @@ class ExtractivePolicy:
             top = self.ctx.catalog[session.shown[0]].doc_id
             return (f"<think>Read the most relevant page in full.</think>\n<tool_call>"
                     f"{json.dumps({'name': 'browse', 'arguments': {'doc_id': top}}, ensure_ascii=False)}</tool_call>")
-        from deepr.agent.writer import write_by_parts
+        from deepr.evidence.writer import write_by_parts
 
         text = write_by_parts(self.ctx, self.query, self.parts, session.shown, self.ctx.config.answer_sentences)
         return f"<think>Answer from the cited evidence.</think>\n<answer>{cite_tags(text)}</answer>"

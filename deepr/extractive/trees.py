@@ -118,8 +118,8 @@ def _self_contained(sentence: str, title: str) -> str:
 def extract(query: str, hit: Hit, embed: Embed, *, max_statements: int = 3,
             min_sim: float = 0.2, margin: float = 0.15) -> list[str]:
     """The 1–3 sentences of the passage closest to the query (at least the closest one); a
-    sentence addressed to the reading model is never a statement (deepr.agent.instructions)."""
-    from deepr.agent.instructions import instructs_reader
+    sentence addressed to the reading model is never a statement (deepr.evidence.instructions)."""
+    from deepr.evidence.instructions import instructs_reader
 
     sents = [s for s in split_sentences(hit.text) if len(s.split()) >= 4 and not instructs_reader(s)]
     if not sents:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from deepr.data.rubric_checks import rubric_problems
-from deepr.data.verify_checks import repair
+from deepr.roles.rubric_checks import rubric_problems
+from deepr.roles.verify_checks import repair
 
 
 def audit_reply(a: Any) -> dict[str, Any]:

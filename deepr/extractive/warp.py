@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from deepr.agent import writer
-from deepr.agent.citations import cited_ids
-from deepr.agent.env import Ctx, shares_words
-from deepr.agent.extract import cluster, content_terms, distinctive_terms, focus_query, shorten, sub_questions
-from deepr.agent.outline import Outline
-from deepr.agent.phrases import phrases
+from deepr.evidence import writer
+from deepr.evidence.citations import cited_ids
+from deepr.evidence.env import Ctx, shares_words
+from deepr.evidence.extract import cluster, content_terms, distinctive_terms, focus_query, shorten, sub_questions
+from deepr.evidence.outline import Outline
+from deepr.evidence.phrases import phrases
 
 
 def search_reply(a: Any) -> dict[str, Any]:

@@ -71,7 +71,7 @@ def replay_ask(turn: dict[str, Any]) -> Any:
     run lets the answer cite)."""
     from types import SimpleNamespace
 
-    from deepr.agent.citations import Catalog, Entry
+    from deepr.evidence.citations import Catalog, Entry
 
     catalog = Catalog()
     for cid in turn["ids"]:

@@ -232,7 +232,7 @@ def compact_answer(reply: str, *, words: int = 90) -> str | None:
         if sum(len(x.split()) for x in kept) + len(sentence.split()) > words:
             break
         kept.append(sentence)
-    from deepr.agent.citations import cited_ids
+    from deepr.evidence.citations import cited_ids
 
     if not any(cited_ids(x) for x in kept):
         return None

@@ -2,9 +2,8 @@
 
 Roles never import an SDK. They receive an :class:`LLM` and call ``await llm.achat(...)``
 (or ``abatch`` for many independent prompts); backends bound concurrency themselves, so
-gathering hundreds of calls is safe. A backend with an engine of its own (``llm.role_engine()``:
-the extractive backend) performs roles without prompting; only :mod:`deepr.extractive` asks
-``llm.is_extractive``.
+gathering hundreds of calls is safe. ``llm.is_extractive`` marks the engine without a model:
+the role executor (:func:`deepr.roles.perform`) then runs each role's own implementation.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import asyncio
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
@@ -243,11 +242,6 @@ class LLM(ABC):
     def describe(self) -> dict[str, Any]:
         """What goes into sidecars: backend and model, never credentials."""
         return {"backend": self.name}
-
-    def role_engine(self) -> Callable[..., Any] | None:
-        """What performs a role instead of prompting this backend: None, the role asks the model.
-        The extractive backend returns :func:`deepr.extractive.engine.perform`."""
-        return None
 
     def label(self) -> str:
         """How records name who answered: "llm:<backend>[:model]"."""

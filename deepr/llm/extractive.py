@@ -1,7 +1,7 @@
 """``extractive``: the backend with NO language model.
 
 Roles run their own deterministic algorithms over retrieval and embeddings instead of
-prompting (:meth:`ExtractiveLLM.role_engine`, the :mod:`deepr.extractive` package). For a generic prompt this backend still
+prompting (:func:`deepr.roles.perform` runs ``role.extractive``, from :mod:`deepr.extractive`). For a generic prompt this backend still
 answers something real and repeatable: the few sentences of the prompt's material
 (system and user messages) that share the most informative words with the last user
 message, in their original order. When the whole prompt is one user message, its last
@@ -105,11 +105,6 @@ class ExtractiveLLM(LLM):
         prompt_words = sum(len(str(m.get("content", "")).split()) for m in messages)
         self.usage.add(role=role, prompt_tokens=prompt_words, completion_tokens=len(text.split()))
         return text
-
-    def role_engine(self) -> Any:
-        from deepr.extractive.engine import perform
-
-        return perform
 
     def label(self) -> str:
         return "extractive"

@@ -1,7 +1,7 @@
 """The plan validator's graph rules as decoding constraints (``--formats schema``).
 
 After SFT, SmolLM2 wrote plans whose every field had the right shape and still failed
-:func:`deepr.agent.plan.validate_plan` on wiring alone: an aggregate nothing read, a search node
+:func:`deepr.evidence.plan.validate_plan` on wiring alone: an aggregate nothing read, a search node
 cut off from the answer, an input listed twice, no answer node (sixth learning run: all 3 refused
 first plans of 33). Two layers rule those out while the model decodes:
 

@@ -1,6 +1,6 @@
 """Distinct criterion descriptions by construction, for synthesize-rubrics' strict format.
 
-The duplicate check (:func:`deepr.data.rubric_checks.duplicate_pairs`) rejects two criteria whose
+The duplicate check (:func:`deepr.roles.rubric_checks.duplicate_pairs`) rejects two criteria whose
 content words overlap (Jaccard) at 0.8 or more. SmolLM2 under the strict format kept writing one
 description for two slots. Seen on a Chronology leaf: R3's evidence opened "Chronology is the
 science", R4's "It is also the"; R4 then repeated R3's words, and all 3 attempts failed the check.

@@ -1,7 +1,7 @@
 """Strict synthesis for small models: code fixes the structure, the model writes the words.
 
 ``synthesize-rubrics`` asks for one JSON reply that must meet every constraint of
-:mod:`deepr.data.rubric_checks` at once. A 135M model given only the pair's schema wrote to its
+:mod:`deepr.roles.rubric_checks` at once. A 135M model given only the pair's schema wrote to its
 4,096-token limit without closing the JSON (issue 14). Under ``--formats strict`` (the default for
 ``--llm smollm2``) the reply is decoded against a format built from the tree instead:
 
@@ -17,7 +17,7 @@
   criterion can write, so two criteria cannot read the same (:mod:`deepr.profiles.rubric_words`);
   one logical criterion cites one or two of the selected leaves.
 
-Every reply is still checked by :func:`deepr.data.rubric_checks.pair_problems` (the question's
+Every reply is still checked by :func:`deepr.roles.rubric_checks.pair_problems` (the question's
 wording is not expressible in a format).
 
     deepr synthesize-rubrics trees.jsonl --llm smollm2 --out pairs.jsonl   (strict by default)
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deepr.profiles.formats import PHRASE, text
-from deepr.data.rubric_checks import RubricLimits
+from deepr.roles.rubric_checks import RubricLimits
 from deepr.profiles.rubric_words import exclusive_tokens, factual_pattern, logical_pattern, question_pattern
 from deepr.llm.base import OutputFormat
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from deepr.agent.plan import answer_node, nodes_of, validate_plan
+from deepr.evidence.plan import answer_node, nodes_of, validate_plan
 from deepr.records import Plan, PlanNode
 from deepr.rewards.judges import Judge, coerce_rubrics
 from deepr.text import Embed, Vectors, coverage, split_sentences, strip_citations, tok

@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from deepr.agent.plan import answer_node, children_map, nodes_of, parents_of, validate_plan
+from deepr.evidence.plan import answer_node, children_map, nodes_of, parents_of, validate_plan
 from deepr.records import Plan, PlanNode, RubricItem
 from deepr.rewards.judges import coerce_rubrics
 from deepr.text import Embed, Vectors, diminishing, mean_pairwise
@@ -166,7 +166,7 @@ def plan_reward(plan: Any, rubrics: Any, embed: Embed, *,
 
 def plan_structure(plan: Any) -> dict[str, Any]:
     """Plan statistics for `deepr eval --metric structure` (defined for invalid plans too)."""
-    from deepr.agent.plan import waves
+    from deepr.evidence.plan import waves
 
     p, errors = validate_plan(plan)
     if p is None:

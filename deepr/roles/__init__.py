@@ -8,9 +8,9 @@ or :class:`TaggedReply` for ``<tag>text</tag>`` replies; both give the backend a
 checks, its default generation limits, and its non-LLM implementation (``extractive(inp)``,
 which returns the reply a model should have given, already parsed).
 
-:func:`perform` runs a role. A backend with an engine of its own (``llm.role_engine()``: the
-extractive backend, :mod:`deepr.extractive.engine`) performs it there; otherwise model call → parse → checks → bounded re-asks (sampled, so a greedy model does not
-repeat itself) → recorded fallback. A :class:`CallPolicy` (a profile, :mod:`deepr.profiles`) may
+:func:`perform` runs a role. On the extractive engine (``llm.is_extractive``) it records the
+role's own ``extractive(inp)`` as the turn; otherwise model call → parse → checks → bounded
+re-asks (sampled, so a greedy model does not repeat itself) → recorded fallback. A :class:`CallPolicy` (a profile, :mod:`deepr.profiles`) may
 replace a call's decoding format or prompt and chooses how a refused reply is asked again; it
 travels with the call, so role modules never see it. Every outcome is written to a :class:`Recorder` as one
 :class:`~deepr.records.Turn` (prompt + accepted completion), and every model call as a
@@ -233,10 +233,7 @@ class _RecordedLLM(LLM):
     def __init__(self, inner: LLM, rec: Recorder, role: str, action: str):
         super().__init__(max_concurrency=1 << 16)  # the inner backend bounds concurrency
         self.inner, self.rec, self.role, self.action = inner, rec, role, action
-        self.name, self.usage = inner.name, inner.usage
-
-    def role_engine(self) -> Callable[..., Any] | None:
-        return self.inner.role_engine()
+        self.name, self.usage, self.is_extractive = inner.name, inner.usage, inner.is_extractive
 
     def label(self) -> str:
         return self.inner.label()
@@ -462,9 +459,8 @@ async def perform(role: Role[I, T], inp: I, *, llm: LLM, rec: Recorder, max_reas
     its conversation), so a resampled attempt draws a seed none of them used. ``profile``: the
     model's profile (None: the role's own formats, refused replies corrected).
     """
-    engine = llm.role_engine()  # the backend says who performs roles: the extractive one has its own engine
-    if engine is not None:
-        return engine(role, inp, rec, extra)
+    if llm.is_extractive:  # the engine is chosen here, in the open: no model, the role's own implementation
+        return _perform_extractive(role, inp, rec, extra)
     fit = fit_context(role, inp, llm, max_tokens or role.max_tokens, rec, profile)
     messages = fit.messages
     skip = fit.error or (profile.precheck(role, fit.inp) if profile is not None else None)
@@ -495,6 +491,22 @@ async def perform(role: Role[I, T], inp: I, *, llm: LLM, rec: Recorder, max_reas
     rec.engines["fallback"] += 1
     activity.note("fallback")
     return Outcome(role.result(inp, value), "fallback", error, got.attempts, last)
+
+
+def _perform_extractive(role: Role, inp: Any, rec: Recorder, extra: dict[str, Any]) -> Outcome:
+    """``role.extractive(inp)`` recorded as the role's turn: the messages a model would have been
+    sent and the reply it should have given, so every stage yields trajectories the same way."""
+    messages = role.messages(inp)
+    try:
+        value = role.extractive(inp)
+    except RoleFailed as e:
+        rec.turn(role.name, role.action, messages, "", ok=False, attempts=0, extractive=True, error=str(e), **extra)
+        return failed(role, rec, str(e), 0, None, extra)
+    action = role.turn_action(value) if role.turn_action else role.action
+    shown = json.dumps(value, default=str) if role.direct else role.output.render(value)
+    rec.turn(role.name, action, messages, shown, ok=True, attempts=1, extractive=True, **extra)
+    rec.engines["extractive"] += 1
+    return Outcome(value if role.direct else role.result(inp, value), "extractive", attempts=0)
 
 
 def failed(role: Role, rec: Recorder, error: str, attempts: int, reply: str | None, extra: dict[str, Any],

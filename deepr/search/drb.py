@@ -151,8 +151,8 @@ def _drb_id(value: Any) -> Any:
 def article_from_report(markdown: str, citations: dict[str, Any]) -> str:
     """A deepr report rewritten with ``[n]`` markers and a numbered ``## References`` list of URLs
     (sources without a URL keep their title and doc id)."""
-    from deepr.agent.citations import cited_ids
-    from deepr.agent.phrases import TABLES, phrases
+    from deepr.evidence.citations import cited_ids
+    from deepr.evidence.phrases import TABLES, phrases
 
     heads = "|".join(re.escape(t["references"]) for t in TABLES.values())  # a report in any language
     body = re.split(rf"^## (?:{heads})\s*$", markdown, maxsplit=1, flags=re.M)[0].rstrip()

@@ -265,7 +265,7 @@ def diminishing(k: int) -> float:
 
 # Sections a deepr report writes by code, not claims: the question, the plan table and its
 # waves, the tool-call log and the reference list (deepr.agent.runner / render).
-# Their Chinese and Japanese headings are deepr/agent/phrases.py's.
+# Their Chinese and Japanese headings are deepr/evidence/phrases.py's.
 _SCAFFOLD = frozenset({"question", "research plan", "tool calls", "references", "问题", "研究计划", "工具调用",
                        "参考文献", "質問", "調査計画", "ツール呼び出し"})
 _HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*$")

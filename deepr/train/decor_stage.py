@@ -147,8 +147,8 @@ class TeamDriver:
 
     def play(self) -> Generator[list[dict[str, str]], str, None]:
         from deepr.extractive import decor as ex
-        from deepr.agent.citations import normalize
-        from deepr.agent.extract import approx_tokens
+        from deepr.evidence.citations import normalize
+        from deepr.evidence.extract import approx_tokens
 
         ep, question = self.ep, self.ep.rec.question
         for t in range(1, self.steps + 1):
@@ -343,8 +343,8 @@ def _decor_trainer_cls(dynamic_sampling: int = 0) -> type:
 
 
 def context_factory(retriever: Any, k: int = 5) -> Callable[[str], Any]:
-    from deepr.agent.env import Ctx, RunConfig
-    from deepr.agent.trace import Tracer
+    from deepr.evidence.env import Ctx, RunConfig
+    from deepr.evidence.trace import Tracer
     from deepr.corpus.tools import ResearchTools
     from deepr.llm.extractive import ExtractiveLLM
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 from typing import Any, Literal, Protocol
 
 from deepr.agent.answerer import FINAL, WAVE, FinalAsk, WaveAsk, final_inputs, node_evidence
-from deepr.agent.citations import Catalog, Entry, normalize
-from deepr.agent.env import Ctx, RunConfig
-from deepr.agent.plan import validate_plan, waves
+from deepr.evidence.citations import Catalog, Entry, normalize
+from deepr.evidence.env import Ctx, RunConfig
+from deepr.evidence.plan import validate_plan, waves
 from deepr.agent.planner import INITIAL, REVISE, PlanAsk, initial_messages
-from deepr.agent.trace import Tracer
+from deepr.evidence.trace import Tracer
 from deepr.rewards.trl_adapters import json_objects
 from deepr.roles import judge_reply
 
@@ -38,7 +38,7 @@ class PlannerEnvironment:
     is not a valid plan has no search nodes to run, so the episode ends there with reward 0.
 
     ``validity`` is Valid(G): ``"paper"`` (default) — the reply holds a JSON plan that keeps the
-    typed-DAG rules (:func:`deepr.agent.plan.validate_plan`); ``"run"`` — what ``deepr run``
+    typed-DAG rules (:func:`deepr.evidence.plan.validate_plan`); ``"run"`` — what ``deepr run``
     accepts (:func:`deepr.roles.judge_reply`: the role's reply format plus its acceptance checks,
     such as placeholders, echoes, short queries, looped words and fetch lists), a departure from
     the paper that is off unless chosen."""
@@ -93,7 +93,7 @@ class PlannerEnvironment:
 
 def paper_valid(text: str) -> tuple[dict[str, Any] | None, str | None]:
     """Valid(G) of DecomposeR Eq. 17: the reply's JSON object with a ``nodes`` list (a thinking
-    block or prose around it is ignored) is a typed DAG (:func:`deepr.agent.plan.validate_plan`).
+    block or prose around it is ignored) is a typed DAG (:func:`deepr.evidence.plan.validate_plan`).
     A revision's ``fetch`` list stays in the value; it is no part of the graph."""
     found = next((o for o in json_objects(text) if isinstance(o.get("nodes"), list)), None)
     if found is None:

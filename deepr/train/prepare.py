@@ -80,11 +80,11 @@ def catalog_dump(catalog: Any) -> dict[str, dict[str, Any]]:
 async def prepare_one(pair: QRPair, llm: Any, retriever: Any, config: PrepareConfig) -> Prepared:
     """Plan, search, revise, re-search and fetch for one query (the dag planning phase)."""
     from deepr.agent.dag import apply_revision, execute_searches
-    from deepr.agent.env import Ctx, RunConfig
+    from deepr.evidence.env import Ctx, RunConfig
     from deepr.agent.planner import initial_plan, plan_json, revise_plan
-    from deepr.agent.trace import Tracer
+    from deepr.evidence.trace import Tracer
     from deepr.corpus.tools import ResearchTools
-    from deepr.agent.plan import waves
+    from deepr.evidence.plan import waves
 
     run = RunConfig(k=config.k, fetch_limit=config.fetch_limit, max_reasks=config.max_reasks,
                     temperature=config.temperature, max_tokens=config.max_tokens)

@@ -66,9 +66,9 @@ def rubric_dataset(pairs: Sequence[QRPair], tool_turns: int = 20) -> tuple[list[
 
 def session_factory(retriever: Any, *, k: int = 5, scholar: Any = None) -> Callable[[str], Any]:
     """A fresh :class:`~deepr.agent.tools_agent.ToolSession` per rollout (its own citation catalog)."""
-    from deepr.agent.env import Ctx, RunConfig
+    from deepr.evidence.env import Ctx, RunConfig
     from deepr.agent.tools_agent import ToolSession
-    from deepr.agent.trace import Tracer
+    from deepr.evidence.trace import Tracer
     from deepr.corpus.tools import ResearchTools
     from deepr.llm.extractive import ExtractiveLLM
 

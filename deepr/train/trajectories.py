@@ -5,7 +5,7 @@ warp mode). Output: :class:`~deepr.records.ChatExample` records split by query i
 set and a held-out RL set, plus rejects (one per dropped trajectory, with its reason) and
 counts for the summary table. Four steps, in order:
 
-1. validity: every planner plan passes :func:`deepr.agent.plan.validate_plan`, every answerer turn
+1. validity: every planner plan passes :func:`deepr.evidence.plan.validate_plan`, every answerer turn
    parses, no turn failed; otherwise the whole trajectory is dropped (DecomposeR §3.4.1);
 2. best-draft pruning (warp): score drafts D_1..D_N (rubric reward, or the judge's report
    quality when the query has no rubrics), cut at the best one and relabel the deepening
@@ -30,7 +30,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from deepr.llm.parse import JSONExtractError, extract_json
-from deepr.agent.plan import nodes_of, validate_plan, waves
+from deepr.evidence.plan import nodes_of, validate_plan, waves
 from deepr.records import ChatExample, Plan, Reject, Trajectory, Turn
 
 STAGE = "prune-trajectories"
@@ -271,7 +271,7 @@ def terminate_turn(traj: Trajectory, decisions: Sequence[tuple[int, int]], best:
     """A TERMINATE decision on the last draft, which the run never asked for (it stopped at its
     expansion limit). Its prompt is the latest deepening prompt with that draft and the expandable
     list it would have shown; None when the prompt cannot be rebuilt or nothing could be expanded."""
-    from deepr.agent.env import RunConfig
+    from deepr.evidence.env import RunConfig
 
     ti, d = max(decisions, key=lambda p: p[1])
     src = unforce(traj.turns[ti])

@@ -250,8 +250,8 @@ def policy_llm(generate: Any, tokenizer: Any, cap: int, tracer: Any = None) -> A
 def play_episode(query: str, generate: Any, tokenizer: Any, retriever: Any, config: WarpReportConfig
                  ) -> tuple[list[Any], str, bool]:
     """One ``deepr run --mode warp`` episode written by the policy: (calls, report, policy_failed)."""
-    from deepr.agent.env import Ctx, RunConfig
-    from deepr.agent.trace import Tracer
+    from deepr.evidence.env import Ctx, RunConfig
+    from deepr.evidence.trace import Tracer
     from deepr.agent.warp import run_warp
     from deepr.corpus.tools import ResearchTools
     from deepr.llm.base import run_sync

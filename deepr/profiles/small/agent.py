@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, RootModel
 
-from deepr.agent import writer
+from deepr.evidence import writer
 from deepr.agent.decor import DecorAsk, _memory_ids
 from deepr.agent.tools_agent import StepAsk, ToolSession, _searched
 from deepr.agent.warp import WarpAsk

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from deepr.agent.extract import shorten
+from deepr.evidence.extract import shorten
 
 _POS = re.compile(r"^(?:section[-\s_]*)?(\d+(?:\.\d+)*)$", re.I)
 

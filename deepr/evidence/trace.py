@@ -90,7 +90,7 @@ def load_trace(path: str | Path) -> RunTrace:
 
 def replay_waves(trace: RunTrace) -> list[list[str]]:
     """Recompute the answerer's waves from the final plan stored in the trace."""
-    from deepr.agent.plan import validate_plan, waves
+    from deepr.evidence.plan import validate_plan, waves
 
     if not trace.plans:
         raise ValueError("the trace holds no plan (only dag runs record plan graphs)")

@@ -15,10 +15,10 @@ import numpy as np
 from deepr.text.lang import HAS_UNSPACED
 from deepr.text import join_sentences, strip_citations
 
-from deepr.agent.citations import cited_ids
-from deepr.agent.env import Ctx, shares_words
-from deepr.agent.extract import mmr, split_sentences
-from deepr.agent.phrases import phrases
+from deepr.evidence.citations import cited_ids
+from deepr.evidence.env import Ctx, shares_words
+from deepr.evidence.extract import mmr, split_sentences
+from deepr.evidence.phrases import phrases
 
 MIN_RELEVANCE = 0.25  # below this a sentence is off-topic filler, better left out
 RELATIVE_FLOOR = 0.6  # ... and so is one far below the best match

@@ -9,7 +9,7 @@ and renders the reference list from the ids actually cited: nothing uncited is l
 and nothing cited is missing.
 
 Text that instructs the reader ("ignore all previous instructions and write ...") is not
-evidence: :func:`deepr.agent.instructions.set_aside` removes such sentences from every search
+evidence: :func:`deepr.evidence.instructions.set_aside` removes such sentences from every search
 result before anything of the run reads it (:meth:`Catalog.screen`, which the run's searches
 pass through) and from every page before it gets an id; :attr:`Catalog.set_aside` records each
 one with its reason (the run's trace lists them).
@@ -210,7 +210,7 @@ class Catalog:
 
     def _evidence_text(self, cid: str, source: str, text: str) -> str:
         """``text`` without sentences addressed to the reader; each one removed is recorded."""
-        from deepr.agent.instructions import set_aside
+        from deepr.evidence.instructions import set_aside
 
         kept, removed = set_aside(text)
         for r in removed:
@@ -219,7 +219,7 @@ class Catalog:
 
     def _evidence_title(self, cid: str, source: str, title: str, instead: str) -> str:
         """A title that instructs the reader is set aside like a sentence; ``instead`` stands in."""
-        from deepr.agent.instructions import instructs_reader
+        from deepr.evidence.instructions import instructs_reader
 
         why = instructs_reader(title) if title else None
         if why is None:
@@ -378,7 +378,7 @@ class Catalog:
 
     def references(self, ids: Sequence[str], words: dict[str, str] | None = None) -> str:
         """Markdown reference list for ``ids`` (callers pass exactly the cited ids); ``words``:
-        its labels in the report's language (deepr/agent/phrases.py; English by default)."""
+        its labels in the report's language (deepr/evidence/phrases.py; English by default)."""
         w = {**REFERENCE_WORDS, **(words or {})}
         lines, pages = [], {}
         for cid in ids:  # web sources: one line per URL with every cited snippet and passage of it

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import numpy as np
 
 from deepr.records import QRPair, RubricItem
-from deepr.data.rubric_checks import (RubricLimits, duplicate_pairs, evidence_supported, question_problems,
+from deepr.roles.rubric_checks import (RubricLimits, duplicate_pairs, evidence_supported, question_problems,
                                  selection_problems, trace_problems)
 
 Embed = Callable[[list[str]], np.ndarray]

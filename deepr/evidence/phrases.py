@@ -6,7 +6,7 @@ headings, the plan table and the notes come from the table of the question's lan
 
 Example::
 
-    python -c "from deepr.agent.phrases import phrases; print(phrases('火山为什么会喷发')['answer'])"
+    python -c "from deepr.evidence.phrases import phrases; print(phrases('火山为什么会喷发')['answer'])"
 """
 
 from __future__ import annotations

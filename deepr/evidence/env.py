@@ -22,9 +22,9 @@ from deepr.records import Document, Hit
 from deepr.roles import Outcome, Role, perform
 from deepr.text import tok
 
-from deepr.agent.citations import Catalog
-from deepr.agent.extract import split_sentences
-from deepr.agent.trace import Tracer
+from deepr.evidence.citations import Catalog
+from deepr.evidence.extract import split_sentences
+from deepr.evidence.trace import Tracer
 
 Mode = Literal["dag", "warp", "decor", "tools"]
 
