@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # types only: nothing heavy is imported by `import deepr`
     from deepr.profiles import Profile
     from deepr.records import Reject, Score, Tree
 
-__all__ = ["run", "build_trees", "evaluate"]
+__all__ = ["run", "arun", "build_trees", "evaluate"]
 
 
 def _profile(profile: str | Profile | None, llm: str | LLM | None) -> Profile:
@@ -73,7 +73,21 @@ def run(question: str, *, llm: str | LLM = "extractive", corpus: str | Any = "wi
     take prepared objects instead of ``corpus``/``search`` and ``mode``/``options``. ``profile``:
     ``"default"``, ``"small"`` or a Profile (None: the one ``llm`` selects, see deepr.profiles).
     """
-    from deepr.agent import RunConfig, run_agent, write_report
+    from deepr.llm.base import run_sync
+
+    return run_sync(arun(question, llm=llm, corpus=corpus, search=search, mode=mode, out=out, html=html, k=k,
+                         cache_dir=cache_dir, tools=tools, config=config, query_id=query_id, rubrics=rubrics,
+                         profile=profile, on_phase=on_phase, **options))
+
+
+async def arun(question: str, *, llm: str | LLM = "extractive", corpus: str | Any = "wiki", search: str = "corpus",
+               mode: str = "dag", out: str | Path | None = None, html: bool = False, k: int = 5,
+               cache_dir: str | Path | None = None, tools: Any = None, config: Any = None,
+               query_id: str | None = None, rubrics: Sequence[Any] = (), profile: str | Profile | None = None,
+               on_phase: Callable[[str], None] | None = None, **options: Any) -> RunResult:
+    """:func:`run` on a running event loop: ``deepr run --queries`` awaits many at once."""
+    from deepr.agent import RunConfig, write_report
+    from deepr.agent.runner import arun_agent
 
     if tools is None:
         from deepr.corpus import ResearchTools
@@ -81,9 +95,9 @@ def run(question: str, *, llm: str | LLM = "extractive", corpus: str | Any = "wi
         tools = ResearchTools(_retriever(corpus, search, cache_dir), k=k)
     config = config or RunConfig(mode=mode, **options)
     prof = _profile(profile, llm)
-    result = run_agent(question, tools=tools, llm=_llm(llm, prof), config=config, query_id=query_id, rubrics=rubrics,
-                       html=html or out is not None and Path(out).suffix == ".html", on_phase=on_phase,
-                       profile=prof)
+    result = await arun_agent(question, tools=tools, llm=_llm(llm, prof), config=config, query_id=query_id,
+                              rubrics=rubrics, html=html or out is not None and Path(out).suffix == ".html",
+                              on_phase=on_phase, profile=prof)
     if out is not None:
         write_report(result, Path(out))
     return result

@@ -69,7 +69,7 @@ def memory_text(memory: list[MemoryItem]) -> str:
     return "\n".join(f"- ({m.query}) {m.evidence}" for m in memory) or "(empty)"
 
 
-def _memory_ids(memory: list[MemoryItem]) -> list[str]:
+def memory_ids(memory: list[MemoryItem]) -> list[str]:
     return list(dict.fromkeys(c for m in memory for c in cited_ids(m.evidence)))
 
 
@@ -80,7 +80,7 @@ def _norm(q: str) -> str:
 def _plan_check(body: str, past: list[str], memory: list[MemoryItem] = ()) -> list[str]:
     if _STOP.match(body):
         # with no facts gathered, STOP would leave the answer nothing to cite
-        return [] if _memory_ids(list(memory)) else ["no facts were gathered yet, so STOP is not possible; write a "
+        return [] if memory_ids(list(memory)) else ["no facts were gathered yet, so STOP is not possible; write a "
                                                      "search query for the question"]
     if _norm(body) in {_norm(p) for p in past}:
         return [f"the search {body!r} was already made; write a different query or STOP"]
@@ -145,7 +145,7 @@ FILTER = Role(
 CONDENSE = Role(
     name="condenser", action="condense", messages=_condense_messages, output=JSONReply(Facts),
     accept=FREE_TEXT,
-    check=lambda a, v: [e for f in v["facts"] for e in a.ctx.catalog.check(normalize(f), _memory_ids(a.memory))],
+    check=lambda a, v: [e for f in v["facts"] for e in a.ctx.catalog.check(normalize(f), memory_ids(a.memory))],
     extractive=ex.condense_reply,
     result=lambda a, v: [normalize(f) for f in v["facts"]], max_tokens=1024, parts=lambda a: ["condensed memory"],
     on_fail="memory condensed extractively after the model failed")
@@ -160,7 +160,7 @@ ANSWER = Role(
 
 
 def _answer_check(a: DecorAsk, body: str) -> list[str]:
-    ids = _memory_ids(a.memory)
+    ids = memory_ids(a.memory)
     if not ids:  # an answer from no evidence cites nothing: refused, the recorded fallback says so
         return ["no evidence was gathered, so the answer has nothing to cite"]
     return a.ctx.catalog.check(normalize(body), ids, require=True)

@@ -244,7 +244,7 @@ class StepAsk:
 REPEATED = "was already made"
 
 
-def _searched(messages: Sequence[dict[str, str]]) -> set[str]:
+def searched_queries(messages: Sequence[dict[str, str]]) -> set[str]:
     """The search queries of the conversation's earlier turns (accepted or not), normalized."""
     return {" ".join(str(p.arguments.get("query", "")).lower().split())
             for m in messages if m.get("role") == "assistant"
@@ -267,7 +267,7 @@ def _step_accept(reply: str, messages: Sequence[dict[str, str]], sent: Sequence[
         return [p for accept in FREE_TEXT for p in accept(body, messages, again)]
     if step.kind == "tool" and step.name in ("search", "scholar"):
         query = str(step.arguments.get("query", ""))
-        if " ".join(query.lower().split()) in _searched(messages):  # a weak model repeats one search
+        if " ".join(query.lower().split()) in searched_queries(messages):  # a weak model repeats one search
             return [f"the search {query!r} {REPEATED}; search for something not yet covered, or answer"]
         return (no_placeholder(query, messages, sent) or no_babble(query, messages, sent)
                 or query_words(lambda q: [q])(query, messages, sent))

@@ -260,7 +260,7 @@ class _Batch:
         await asyncio.gather(*(one(n, it) for n, it in enumerate(todo, 1)))
 
     async def run_one(self, it: dict[str, Any], label: str) -> None:
-        from deepr.agent.runner import arun_agent
+        from deepr.api import arun
         from deepr.cli.search_opts import attach, search_summary
         from deepr.llm.base import LLMError
         from deepr.records import Reject, RubricItem
@@ -268,9 +268,9 @@ class _Batch:
         try:
             rubrics = [RubricItem.model_validate(r) for r in it.get("rubrics", [])]
             before = search_summary(self.tools.retriever)
-            res = await arun_agent(it["query"], tools=self.tools.fresh(), llm=self.llm, config=self.config,
-                                   query_id=it["id"], rubrics=rubrics, html=self.html, profile=self.profile,
-                                   on_phase=lambda p: self.status.phase(f"{label}{p}"))
+            res = await arun(it["query"], tools=self.tools.fresh(), llm=self.llm, config=self.config,
+                             query_id=it["id"], rubrics=rubrics, html=self.html, profile=self.profile,
+                             on_phase=lambda p: self.status.phase(f"{label}{p}"))
             attach(res, self.tools.retriever, before)
             if self.llm.unreachable:  # every turn fell back without reaching the model: not a report
                 raise LLMError(f"{self.llm.unreachable}; no report written")

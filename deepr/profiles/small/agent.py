@@ -11,8 +11,8 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field, RootModel
 
 from deepr.evidence import writer
-from deepr.agent.decor import DecorAsk, _memory_ids
-from deepr.agent.tools_agent import StepAsk, ToolSession, _searched
+from deepr.agent.decor import DecorAsk, memory_ids
+from deepr.agent.tools_agent import StepAsk, ToolSession, searched_queries
 from deepr.agent.warp import WarpAsk
 from deepr.extractive.decor import memory_sentences as _memory_sentences
 from deepr.llm.base import OutputFormat
@@ -84,7 +84,7 @@ def _decor_plan(a: DecorAsk) -> OutputFormat:
 
 
 def _condense(a: DecorAsk) -> OutputFormat | None:
-    ids = _memory_ids(a.memory)
+    ids = memory_ids(a.memory)
     return OutputFormat("facts", json_schema={
         "type": "object", "required": ["facts"], "additionalProperties": False, "properties": {"facts": {
             "type": "array", "minItems": 1, "maxItems": 8,
@@ -92,7 +92,7 @@ def _condense(a: DecorAsk) -> OutputFormat | None:
 
 
 def _decor_answer(a: DecorAsk) -> OutputFormat | None:
-    ids = _memory_ids(a.memory)
+    ids = memory_ids(a.memory)
     return tagged("answer", cited_prose(ids, sentences=(4, 5), words=(10, 25))) if ids else None
 
 
@@ -130,7 +130,7 @@ def _step_format(a: StepAsk, *, may_call: bool) -> OutputFormat | None:
             return OutputFormat("step", regex=rf'(?:<tool_call>\{{"name": "browse", "arguments": \{{"doc_id": '
                                 rf'"{id_choice(openable)}"\}}\}}</tool_call>)|(?:{answer})')
         return OutputFormat("step", regex=answer)
-    searched = _searched(a.convo)
+    searched = searched_queries(a.convo)
     question = a.convo[1]["content"] if len(a.convo) > 1 else ""
     terms = new_terms(question, a.session, searched) if searched else None
     if searched and not terms and not shown:
