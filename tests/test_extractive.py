@@ -14,7 +14,7 @@ from deepr.roles import Role
 
 ROOT = Path(deepr.__file__).parent
 ROLE_PACKAGES = ("deepr.agent", "deepr.data", "deepr.rewards")
-ENGINE_PLACES = (ROOT / "llm", ROOT / "extractive", ROOT / "roles" / "__init__.py")
+ENGINE_PLACES = (ROOT / "llm", ROOT / "extractive", ROOT / "roles")
 
 
 def _modules(package: str) -> list[str]:
