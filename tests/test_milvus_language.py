@@ -61,7 +61,7 @@ def test_a_collection_refuses_a_search_or_load_in_another_language(zh, embedder,
     with pytest.raises(ValueError, match=r"loaded as Chinese \(zh, BM25 analyzer jieba\).*searched as English"):
         open_retriever(zh, retriever="bm25", embedder=embedder, language="en")
     assert open_retriever(zh, retriever="bm25", embedder=embedder, language="zh").language == "zh"
-    r = CliRunner().invoke(app, ["search", "火山为什么会喷发", "--corpus", zh, "--retriever", "bm25", "--language", "ja"])
+    r = CliRunner().invoke(app, ["search", "火山为什么会喷发", "--corpus", zh, "-r", "bm25", "--language", "ja"])
     assert r.exit_code == 2 and "cannot be searched as Japanese" in r.output, r.output
     spec, _ = _load(ZH_DOCS, tmp_path, embedder, "forced", language="zh")
     corpus = write_jsonl(tmp_path / "more.jsonl", ZH_DOCS)
@@ -75,7 +75,7 @@ def test_english_collections_keep_their_analyzer_and_meta():
     from deepr.corpus.milvus import analyzer, bm25_body, collection_language
 
     # the analyzer every English collection was created with before languages were recorded
-    assert analyzer("en") == ("standard", {"tokenizer": "standard",
-                                           "filter": ["lowercase", {"type": "stop", "stop_words": sorted(STOPWORDS_EN)}]})
+    stop = {"type": "stop", "stop_words": sorted(STOPWORDS_EN)}
+    assert analyzer("en") == ("standard", {"tokenizer": "standard", "filter": ["lowercase", stop]})
     assert bm25_body("Volcanoes erupt.", "en") == "Volcanoes erupt." and collection_language({"format": 1}) == "en"
     assert bm25_body("火山が噴火", "ja") == "x706bx5c71 x5674x706b"  # one ASCII word per bigram

@@ -164,7 +164,8 @@ def analyzer(language: str) -> tuple[str, dict[str, Any]]:
                          "filter": ["lowercase", {"type": "stop", "stop_words": stop}]}
     if language in UNSPACED:
         return "deepr", {"tokenizer": "standard"}
-    return "standard", {"tokenizer": "standard", "filter": ["lowercase", {"type": "stop", "stop_words": sorted(english)}]}
+    return "standard", {"tokenizer": "standard",
+                        "filter": ["lowercase", {"type": "stop", "stop_words": sorted(english)}]}
 
 
 def bm25_body(text: str, language: str) -> str:
@@ -400,7 +401,8 @@ def open_milvus(spec: str, mode: str, *, embedder: Any = None, fusion: Any = Non
     if (language or "auto").strip().lower() != "auto" and resolve(language) != have:
         raise ValueError(f"--corpus {spec}: collection {name!r} was loaded as {language_name(have)} ({have}, BM25 "
                          f"analyzer {analyzer(have)[0]}); it cannot be searched as {language_name(resolve(language))}: "
-                         f"pass --language {have} (or auto), or load the corpus again with --language {resolve(language)}")
+                         f"pass --language {have} (or auto), or load the corpus again with "
+                         f"--language {resolve(language)}")
     emb = embedder if isinstance(embedder, Embedder) else get_embedder(embedder, use="index")
     if mode != "bm25" and emb.name != meta["embedder"]:
         raise ValueError(f"--corpus {spec}: loaded with embedder {meta['embedder']!r}, this search uses {emb.name!r}; "
