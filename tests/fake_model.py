@@ -421,7 +421,7 @@ ROLES.update({"root_query_write": _root_query, "gate_judge": _gate, "decompose_s
 
 
 def _synthesize(p: Prompt) -> dict[str, Any]:
-    tree = json.loads(p.user)
+    tree, _ = json.JSONDecoder().raw_decode(p.user)  # a prompt may close with a line after the tree (its language)
     chosen, bags = [], []
     for lf in tree.get("leaves", []):  # leaves whose statements say different things
         for st in lf.get("statements") or []:

@@ -76,7 +76,8 @@ def _shard(corpus: str, shard: str, cache_dir: Path | None, limit: int | None, e
 
 
 def _to_milvus(corpus: str, to: str, shard: str | None, cache_dir: Path | None, limit: int | None,
-               embedder: str | None, precision: str, max_words: int, overlap: int, dense: str) -> None:
+               embedder: str | None, precision: str, max_words: int, overlap: int, dense: str,
+               language: str = "auto") -> None:
     from deepr.corpus import ChunkConfig, get_embedder
     from deepr.corpus.index import RichProgress
     from deepr.corpus.milvus import load_to_milvus, parse_spec
@@ -89,7 +90,8 @@ def _to_milvus(corpus: str, to: str, shard: str | None, cache_dir: Path | None, 
     bar = RichProgress(f"loading into {to}" + (f" (shard {shard})" if shard else ""))
     try:
         counts = load_to_milvus(corpus, to, embedder=emb, chunking=ChunkConfig(max_words=max_words, overlap=overlap),
-                                cache_dir=cache_dir, limit=limit, shard=part, progress=bar, dense=dense)
+                                cache_dir=cache_dir, limit=limit, shard=part, progress=bar, dense=dense,
+                                language=language)
     finally:
         bar.close()
     summary_table(f"deepr index — {to}" + (f" shard {shard}" if shard else ""), [
@@ -97,6 +99,7 @@ def _to_milvus(corpus: str, to: str, shard: str | None, cache_dir: Path | None, 
         ("passages written (others already there)", counts["passages_written"]),
         ("documents", counts["documents"]), ("documents written", counts["documents_written"]),
         ("stale passages deleted", counts["stale_deleted"]), ("embedder", emb.name),
+        ("language (BM25)", f"{counts['language']} (Milvus analyzer {counts['analyzer']})"),
         ("seconds", round(time.perf_counter() - t0, 2)),
     ])
 
@@ -127,7 +130,7 @@ def index_command(
         if to is not None:
             if merge:
                 raise ValueError("--to and --merge: a Milvus load needs no merge; run --to with --shard K/N per worker")
-            _to_milvus(corpus, to, shard, cache_dir, limit, embedder, precision, max_words, overlap, dense)
+            _to_milvus(corpus, to, shard, cache_dir, limit, embedder, precision, max_words, overlap, dense, language)
             return
         if shard is not None:
             _shard(corpus, shard, cache_dir, limit, embedder, precision, max_words, overlap, shard_dir)

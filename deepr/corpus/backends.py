@@ -17,15 +17,17 @@ def open_retriever(corpus: Any = "wiki", *, retriever: str = "hybrid", **kw: Any
         if retriever not in ("dense", "bm25", "hybrid"):
             raise ValueError(f"--retriever {retriever!r}: expected one of dense, bm25, hybrid")
         return open_backend(corpus, retriever, embedder=kw.get("embedder"), fusion=kw.get("fusion"),
-                            limit=kw.get("limit"))
+                            limit=kw.get("limit"), language=kw.get("language"))
     from deepr.corpus.index import open_retriever as open_local
 
     return open_local(corpus, retriever=retriever, **kw)
 
 
-def open_backend(spec: str, mode: str, *, embedder: Any = None, fusion: Any = None, limit: int | None = None) -> Any:
+def open_backend(spec: str, mode: str, *, embedder: Any = None, fusion: Any = None, limit: int | None = None,
+                 language: str | None = None) -> Any:
     """The retriever for a server URL or a Milvus spec; a server or collection that cannot be
-    opened is a ValueError with one line (exit 2: nothing was run)."""
+    opened is a ValueError with one line (exit 2: nothing was run). ``language`` is checked
+    against a Milvus collection's (a server tokenizes queries as its own index does)."""
     spec = spec.strip()
     if limit is not None:
         raise ValueError(f"--limit applies to a corpus loaded here, not to {spec}; index a smaller corpus instead")
@@ -38,4 +40,4 @@ def open_backend(spec: str, mode: str, *, embedder: Any = None, fusion: Any = No
             raise ValueError(f"--corpus {spec}: {e}") from None
     from deepr.corpus.milvus import open_milvus
 
-    return open_milvus(spec, mode, embedder=embedder, fusion=fusion)
+    return open_milvus(spec, mode, embedder=embedder, fusion=fusion, language=language)

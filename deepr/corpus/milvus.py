@@ -19,6 +19,13 @@ rather than Milvus's ``RRFRanker``, which has no per-ranking weights. BM25 token
 deepr's own (Milvus's standard analyzer with deepr's English stop words, k1 1.5, b 0.75), so
 rankings are close to, not identical with, the local index's.
 
+The BM25 analyzer follows the corpus's language (``--language``, detected by default;
+:func:`analyzer`): standard for languages written with spaces, Milvus's jieba for Chinese. Milvus
+Lite knows no analyzer for Japanese, Thai and the other scripts without spaces (it has standard
+and jieba only; a server's lindera and icu it refuses), so for those deepr cuts the text into its
+own BM25 bigrams itself. The collection records its language, and a search that asks for
+another is refused.
+
 Example::
 
     deepr index --corpus wiki --to milvus:wiki.db && deepr search "Mona Lisa" --corpus milvus:wiki.db
@@ -134,13 +141,52 @@ def dense_index(n: int, kind: str = "auto") -> dict[str, Any]:
     return {"index_type": "IVF_FLAT", "params": {"nlist": min(65536, ivf_lists(n))}, "search": {"nprobe": NPROBE}}
 
 
-def _schemas(client: Any, dim: int, dense: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+# Punctuation jieba emits as tokens of its own; Milvus Lite ignores the removepunct filter, so it goes
+# with the stop words, which both engines apply.
+_PUNCT = "，。！？；：、…—·～（）《》〈〉「」『』【】“”‘’,.!?;:()[]{}\"'-/"
+
+
+def analyzer(language: str) -> tuple[str, dict[str, Any]]:
+    """(name, Milvus ``analyzer_params``) of the BM25 field of a corpus in ``language``.
+
+    ``standard`` with deepr's English stop words for every language written with spaces (the
+    analyzer deepr always used); ``jieba`` (search mode) for Chinese, without deepr's Chinese and
+    English stop words and punctuation, as the local index; ``deepr`` for the other scripts
+    without spaces: Milvus Lite has no analyzer for them, so :func:`bm25_body` hands Milvus
+    deepr's own bigrams as ASCII words that the standard analyzer keeps whole."""
+    from deepr.corpus.index import _bm25s
+    from deepr.text.lang import UNSPACED, ZH_STOP
+
+    english = _bm25s().stopwords.STOPWORDS_EN
+    if language == "zh":
+        stop = sorted(set(english) | ZH_STOP | set(_PUNCT))
+        return "jieba", {"tokenizer": {"type": "jieba", "mode": "search", "hmm": True},
+                         "filter": ["lowercase", {"type": "stop", "stop_words": stop}]}
+    if language in UNSPACED:
+        return "deepr", {"tokenizer": "standard"}
+    return "standard", {"tokenizer": "standard",
+                        "filter": ["lowercase", {"type": "stop", "stop_words": sorted(english)}]}
+
+
+def bm25_body(text: str, language: str) -> str:
+    """What Milvus's analyzer reads of a passage or query: the text itself, or under the ``deepr``
+    analyzer deepr's BM25 tokens, each spelled ``x<hex>x<hex>…`` by code point: one word to Lite's
+    ``\\w+`` and to a server's Unicode word breaks, which would cut a bigram of Han into two."""
+    from deepr.corpus.tokens import tokenize
+
+    if analyzer(language)[0] != "deepr":
+        return text
+    return " ".join("".join(f"x{ord(c):x}" for c in w) for w in tokenize([text], language)[0])
+
+
+def collection_language(meta: dict[str, Any]) -> str:
+    return meta.get("language", "en")  # collections loaded before languages were recorded are English
+
+
+def _schemas(client: Any, dim: int, dense: dict[str, Any], language: str = "en") -> dict[str, tuple[Any, Any]]:
     """(schema, index params) of the passages, documents and meta collections."""
     from pymilvus import DataType, Function, FunctionType
 
-    from deepr.corpus.index import _bm25s
-
-    stop = sorted(_bm25s().stopwords.STOPWORDS_EN)
     p = client.create_schema(auto_id=False)
     p.add_field("pk", DataType.VARCHAR, is_primary=True, max_length=1024)
     for name in ("doc_id", "title", "url", "hash"):
@@ -148,7 +194,7 @@ def _schemas(client: Any, dim: int, dense: dict[str, Any]) -> dict[str, tuple[An
     p.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT)
     p.add_field("pos", DataType.INT64)
     p.add_field("body", DataType.VARCHAR, max_length=MAX_TEXT, enable_analyzer=True,
-                analyzer_params={"tokenizer": "standard", "filter": ["lowercase", {"type": "stop", "stop_words": stop}]})
+                analyzer_params=analyzer(language)[1])
     p.add_field("dense", DataType.FLOAT_VECTOR, dim=dim)
     p.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
     p.add_function(Function(name="bm25", function_type=FunctionType.BM25, input_field_names=["body"],
@@ -188,7 +234,7 @@ def collection_meta(client: Any, name: str) -> dict[str, Any] | None:
 def _ensure(client: Any, name: str, meta: dict[str, Any], dim: int) -> None:
     have = collection_meta(client, name)
     if have is None:
-        for suffix, (schema, index) in _schemas(client, dim, meta["dense_index"]).items():
+        for suffix, (schema, index) in _schemas(client, dim, meta["dense_index"], collection_language(meta)).items():
             if not client.has_collection(name + suffix):
                 client.create_collection(name + suffix, schema=schema, index_params=index)
         # the meta row last: a collection without it was never completely created
@@ -196,6 +242,10 @@ def _ensure(client: Any, name: str, meta: dict[str, Any], dim: int) -> None:
                                         "v": [0.0, 0.0]}])
         client.flush(f"{name}_meta")
         return
+    if collection_language(have) != collection_language(meta):
+        raise ValueError(f"Milvus collection {name!r} was loaded as {collection_language(have)}, this load is "
+                         f"{collection_language(meta)}; pass --language {collection_language(have)} or load into a new "
+                         "collection name")
     for key in ("embedder", "dim", "chunking"):
         if have.get(key) != meta.get(key):
             raise ValueError(f"Milvus collection {name!r} holds {key} {have.get(key)!r}, this load {meta.get(key)!r}; "
@@ -224,26 +274,33 @@ def _by_ids(client: Any, collection: str, key: str, ids: Sequence[str], fields: 
 
 def load_to_milvus(corpus: str, spec: str, *, embedder: Any, chunking: Any = None, cache_dir: Any = None,
                    limit: int | None = None, shard: tuple[int, int] | None = None,
-                   progress: Callable[[int, int], None] | None = None, dense: str = "auto") -> dict[str, Any]:
+                   progress: Callable[[int, int], None] | None = None, dense: str = "auto",
+                   language: str | None = "auto") -> dict[str, Any]:
     """Upsert this shard's passages and documents; returns counts of what was written and skipped.
-    ``dense`` picks the dense index of a new collection (:func:`dense_index`) from the whole corpus's size."""
+    ``dense`` picks the dense index of a new collection (:func:`dense_index`) from the whole corpus's size;
+    ``language`` its BM25 analyzer (:func:`analyzer`), ``auto`` detected from the whole corpus so every shard agrees."""
     from deepr.corpus.chunking import ChunkConfig
     from deepr.corpus.index import load_corpus
+    from deepr.text.lang import resolve
 
     chunking = chunking or ChunkConfig()
     cname, docs, passages = load_corpus(corpus, chunking, limit)
-    _check_sizes(docs, passages)
+    lang = resolve(language, (p.text for p in passages))
+    _check_sizes(docs, passages, lang)
     with unavailable(spec):
         return _load(spec, cname, docs, passages, embedder=embedder, chunking=chunking, cache_dir=cache_dir,
-                     shard=shard, progress=progress, dense=dense)
+                     shard=shard, progress=progress, dense=dense, language=lang)
 
 
-def _check_sizes(docs: Sequence[Document], passages: Sequence[Passage]) -> None:
+def _check_sizes(docs: Sequence[Document], passages: Sequence[Passage], language: str = "en") -> None:
     """Milvus text fields hold at most 65,535 bytes: refuse before writing anything, never truncate."""
     from deepr.corpus.index import embed_text
 
     for p in passages:
-        for field, value in (("title", p.title), ("text", embed_text(p)), ("url", p.url or "")):
+        fields = [("title", p.title), ("text", embed_text(p)), ("url", p.url or "")]
+        if analyzer(language)[0] == "deepr":  # its spelled-out bigrams are longer than the text
+            fields.append(("BM25 words", bm25_body(embed_text(p), language)))
+        for field, value in fields:
             if len(value.encode("utf-8")) > MAX_TEXT:
                 raise ValueError(f"passage {p.id!r}: its {field} is longer than Milvus's {MAX_TEXT}-byte text field; "
                                  "use a smaller --max-words")
@@ -254,7 +311,8 @@ def _check_sizes(docs: Sequence[Document], passages: Sequence[Passage]) -> None:
 
 
 def _load(spec: str, cname: str, docs: Sequence[Document], passages: Sequence[Passage], *, embedder: Any,
-          chunking: Any, cache_dir: Any, shard: tuple[int, int] | None, progress: Any, dense: str) -> dict[str, Any]:
+          chunking: Any, cache_dir: Any, shard: tuple[int, int] | None, progress: Any, dense: str,
+          language: str = "en") -> dict[str, Any]:
     from deepr.corpus.embcache import EmbeddingCache
     from deepr.corpus.index import cache_root, embed_passages, embed_text
     from deepr.io import in_shard
@@ -262,10 +320,12 @@ def _load(spec: str, cname: str, docs: Sequence[Document], passages: Sequence[Pa
     client, name = connect(spec)
     meta = {"format": FORMAT, "corpus": cname, "embedder": embedder.name, "dim": embedder.dim,
             "chunking": chunking.model_dump(), "dense_index": dense_index(len(passages), dense)}
+    if language != "en":  # English collections' meta as before, so collections loaded earlier still match
+        meta.update(language=language, analyzer=analyzer(language)[0])
     _ensure(client, name, meta, embedder.dim)
     mine = [(i, p) for i, p in enumerate(passages) if in_shard(p.id, shard)]
     counts = {"passages": len(mine), "passages_written": 0, "documents": 0, "documents_written": 0,
-              "stale_deleted": 0}
+              "stale_deleted": 0, "language": language, "analyzer": analyzer(language)[0]}
     cache = EmbeddingCache(cache_root(cache_dir), embedder.name)
     try:
         for s in range(0, len(mine), BLOCK):
@@ -277,7 +337,8 @@ def _load(spec: str, cname: str, docs: Sequence[Document], passages: Sequence[Pa
                 vecs = embed_passages([p for _, p in todo], embedder, cache)
                 client.upsert(name, [{"pk": p.id, "doc_id": p.doc_id, "title": p.title, "text": p.text,
                                       "url": p.url or "", "pos": i, "hash": _hash(bodies[p.id]),
-                                      "body": bodies[p.id], "dense": v.tolist()} for (i, p), v in zip(todo, vecs)])
+                                      "body": bm25_body(bodies[p.id], language), "dense": v.tolist()}
+                                     for (i, p), v in zip(todo, vecs)])
                 counts["passages_written"] += len(todo)
             if progress:
                 progress(min(s + BLOCK, len(mine)), len(mine))
@@ -323,15 +384,25 @@ def _delete_stale(client: Any, name: str, keep: set[str], shard: tuple[int, int]
 # --- searching -------------------------------------------------------------------------------
 
 
-def open_milvus(spec: str, mode: str, *, embedder: Any = None, fusion: Any = None) -> MilvusRetriever:
+def open_milvus(spec: str, mode: str, *, embedder: Any = None, fusion: Any = None,
+                language: str | None = None) -> MilvusRetriever:
+    """The retriever over collection ``spec``; ``language`` (None or ``auto``: the collection's own)
+    must be the one it was loaded as, since its BM25 analyzer cut the passages that way."""
     from deepr.corpus.embed import Embedder, get_embedder
     from deepr.corpus.index import FusionConfig
+    from deepr.text.lang import name as language_name, resolve
 
     client, name = connect(spec)
     with unavailable(spec):
         meta = collection_meta(client, name)
     if meta is None:
         raise ValueError(f"--corpus {spec}: no collection {name!r}; load it with `deepr index --corpus X --to {spec}`")
+    have = collection_language(meta)
+    if (language or "auto").strip().lower() != "auto" and resolve(language) != have:
+        raise ValueError(f"--corpus {spec}: collection {name!r} was loaded as {language_name(have)} ({have}, BM25 "
+                         f"analyzer {analyzer(have)[0]}); it cannot be searched as {language_name(resolve(language))}: "
+                         f"pass --language {have} (or auto), or load the corpus again with "
+                         f"--language {resolve(language)}")
     emb = embedder if isinstance(embedder, Embedder) else get_embedder(embedder, use="index")
     if mode != "bm25" and emb.name != meta["embedder"]:
         raise ValueError(f"--corpus {spec}: loaded with embedder {meta['embedder']!r}, this search uses {emb.name!r}; "
@@ -351,6 +422,7 @@ class MilvusRetriever:
         self._client, self.collection, self.spec, self.meta = client, name, spec, meta
         self.corpus_name, self.embedder, self.mode, self.fusion = meta.get("corpus") or name, embedder, mode, fusion
         self.path, self.built, self.build_seconds = None, False, 0.0
+        self.language = collection_language(meta)  # the analyzer's language, so queries are cut the same way
         self._documents: list[Document] | None = None
 
     def search(self, query: str, k: int = 5, mode: str | None = None) -> list[Hit]:
@@ -373,7 +445,7 @@ class MilvusRetriever:
         rows: dict[int, dict[str, Any]] = {}
         dense = self._ranks(texts, "dense", depth, rows) if mode != "bm25" else None
         # a query of stop words matches nothing, as in the local index
-        words = [j for j, t in enumerate(tokenize(texts)) if t]
+        words = [j for j, t in enumerate(tokenize(texts, self.language)) if t]
         sparse = [[] for _ in texts] if mode != "dense" else None
         if mode != "dense" and words:
             for j, ranked in zip(words, self._ranks([texts[j] for j in words], "sparse", depth, rows)):
@@ -385,7 +457,8 @@ class MilvusRetriever:
 
     def _ranks(self, texts: list[str], field: str, depth: int, rows: dict[int, dict[str, Any]]) -> list[list[tuple[int, float]]]:
         """(corpus position, score) per query, best first; BM25 distances come negated from Milvus."""
-        data = self.embedder.encode(texts).tolist() if field == "dense" else texts
+        data = self.embedder.encode(texts).tolist() if field == "dense" else \
+            [bm25_body(t, self.language) for t in texts]
         params = {"metric_type": "IP", "params": self.meta.get("dense_index", {}).get("search", {})} \
             if field == "dense" else {"metric_type": "BM25"}
         with unavailable(self.spec):
@@ -447,6 +520,7 @@ class MilvusRetriever:
     def describe(self) -> dict[str, Any]:
         docs = self._count(f"{self.collection}_docs")
         return {"corpus": self.corpus_name, "mode": self.mode, "embedder": self.meta.get("embedder"),
+                "language": self.language,
                 "documents": docs, "passages": self._count(self.collection), "documents_without_text": None,
                 "index": self.spec, "built_now": False,
                 "dense_index": {"kind": f"milvus {self.meta.get('dense_index', {}).get('index_type', 'FLAT')}/IP"},

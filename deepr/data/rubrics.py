@@ -32,6 +32,7 @@ from deepr.roles import CallPolicy, JSONReply, Recorder, Role, perform
 from deepr.data.outcomes import Fallback, mark_fallback
 from deepr.roles.rubric_checks import RubricLimits, leaf_statements, pair_problems
 from deepr.extractive import can_rescue, prechecks, rubrics as ex
+from deepr.text.lang import ask_in_language, corpus_language
 
 SYSTEM = (
     "You design one deep-research task from an evidence tree. The input is a compact JSON tree: \"nodes\" "
@@ -152,13 +153,20 @@ class SynthAsk:
     leaves: dict[str, list[str]]
     compact: dict[str, Any]
 
+    @property
+    def language(self) -> str:
+        """The tree's language: the one most of its topic and evidence statements are written in."""
+        return corpus_language([self.tree.topic, *(s for st in self.leaves.values() for s in st)])
+
     def problems(self, value: dict[str, Any]) -> list[str]:
         return _synth_check(self, value)
 
 
 def _synth_messages(a: SynthAsk) -> list[dict[str, str]]:
-    return [{"role": "system", "content": _system(a.cfg)},
-            {"role": "user", "content": json.dumps(a.compact, ensure_ascii=False, separators=(",", ":"))}]
+    # the question and criteria are written in the tree's language (English prompts unchanged)
+    tree = json.dumps(a.compact, ensure_ascii=False, separators=(",", ":"))
+    return ask_in_language([{"role": "system", "content": _system(a.cfg)}, {"role": "user", "content": tree}],
+                           language=a.language)
 
 
 def _synth_check(a: SynthAsk, value: dict[str, Any]) -> list[str]:

@@ -6,7 +6,9 @@ supporting document). Each is a :class:`deepr.roles.Role`: our prompt, a JSON re
 constraints checked in code and re-asked on violation, and its non-LLM implementation
 from :mod:`deepr.extractive.trees`; :func:`deepr.roles.perform` picks the engine. A role
 never raises on a bad reply: its :class:`~deepr.roles.Outcome` carries the reason, and the
-failure is recorded on the tree's :class:`~deepr.roles.Recorder`.
+failure is recorded on the tree's :class:`~deepr.roles.Recorder`. Every prompt asks for the
+corpus's language (deepr.text.lang.ask_in_language; English prompts unchanged), and the
+extractive engine's queries use that language's words (deepr.agent.phrases).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from deepr.records import Hit
 from deepr.roles.acceptance import FREE_TEXT, query_words
 from deepr.roles import CallPolicy, JSONReply, Outcome, Recorder, Role, perform
 from deepr.text import coverage
+from deepr.text.lang import detect_language, in_question_language
 from deepr.data.topics import SeedTopic
 from deepr.extractive.trees import NodeCtx, Proposal
 
@@ -119,6 +122,23 @@ class TreeAsk:
     note: str = ""
     hit: Hit | None = None
 
+    @property
+    def language(self) -> str:
+        """The corpus's language: the retriever's where it names one, else the language of what
+        this role reads (the seed, the node and its documents), so a tree speaks one language."""
+        return self.roles.language or detect_language(self._subject())
+
+    def _subject(self) -> str:
+        if self.seed is not None:
+            return f"{self.seed.title} {self.seed.description or ''}"
+        if self.ctx is not None:
+            return " ".join([self.ctx.root_topic, *self.ctx.path, self.ctx.query, *(h.text for h in self.ctx.hits)])
+        return " ".join([self.query, self.note, self.hit.text if self.hit else ""])
+
+
+# every tree role's prompt closes with the sentence that asks for the corpus's language
+_in_language = in_question_language(lambda a: "", lambda a: a.language)
+
 
 def _msgs(system: str, user: str) -> list[dict[str, str]]:
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
@@ -130,6 +150,7 @@ def _root_limit(a: TreeAsk) -> int:
     return a.roles.max_words + 5  # the root may be a little broader than its children
 
 
+@_in_language
 def _root_messages(a: TreeAsk) -> list[dict[str, str]]:
     seed = a.seed
     user = f"Seed topic: {seed.title}\nCategory: {seed.category or 'unknown'}\n" + (
@@ -150,6 +171,7 @@ ROOT_QUERY = Role(
 
 # -- gate -----------------------------------------------------------------------------
 
+@_in_language
 def _gate_messages(a: TreeAsk) -> list[dict[str, str]]:
     ctx, r = a.ctx, a.roles
     support = [ctx.hits[i] for i in ctx.support]
@@ -170,6 +192,7 @@ GATE = Role(
 
 # -- decompose ------------------------------------------------------------------------
 
+@_in_language
 def _decompose_messages(a: TreeAsk) -> list[dict[str, str]]:
     ctx, r = a.ctx, a.roles
     support = [ctx.hits[i] for i in ctx.support]
@@ -237,8 +260,8 @@ def _ground_check(a: TreeAsk, v: dict[str, Any]) -> list[str]:
 
 GROUND = Role(
     name="ground", action="judge", output=JSONReply(_Support), check=_ground_check,
-    messages=lambda a: _msgs(PROMPTS["ground"], f"Sub-query: {a.ctx.query}\nDocuments:\n"
-                             f"{_snippets(a.ctx.hits, a.roles.snippet_chars)}"),
+    messages=_in_language(lambda a: _msgs(PROMPTS["ground"], f"Sub-query: {a.ctx.query}\nDocuments:\n"
+                                          f"{_snippets(a.ctx.hits, a.roles.snippet_chars)}")),
     extractive=ex.ground_reply, fallback=lambda a: {"supporting": []}, max_tokens=256,
     result=lambda a, v: list(dict.fromkeys(k - 1 for k in v["supporting"]))[: a.roles.max_docs],
     on_fail="grounding failed on {query!r}: no supporting documents")
@@ -263,9 +286,9 @@ def _extract_check(a: TreeAsk, v: dict[str, Any]) -> list[str]:
 
 EXTRACT = Role(
     name="extract", action="quote", output=JSONReply(_Statements), check=_extract_check,
-    messages=lambda a: _msgs(PROMPTS["extract"].format(k=a.roles.max_statements),
-                             f"Goal of this research branch: {a.note}\nSub-query: {a.query}\n"
-                             f"Document: {a.hit.title}\n{a.hit.text}"),
+    messages=_in_language(lambda a: _msgs(PROMPTS["extract"].format(k=a.roles.max_statements),
+                                          f"Goal of this research branch: {a.note}\nSub-query: {a.query}\n"
+                                          f"Document: {a.hit.title}\n{a.hit.text}")),
     extractive=ex.extract_reply,
     result=lambda a, v: list(dict.fromkeys(s.strip() for s in v["statements"] if s.strip())),
     fallback=lambda a: {"statements": []}, max_tokens=768, accept=FREE_TEXT,
@@ -276,7 +299,8 @@ class TreeRoles:
     """The roles, bound to their models, embedder and limits.
 
     ``judge`` (default: ``llm``) answers the judging roles, gate and ground; ``llm`` the
-    writing ones. With ``min_leaves`` ≥ 2 the root is always expanded (its gate is not asked). ``embed`` maps texts to L2-normalised rows. Each method performs one
+    writing ones. With ``min_leaves`` ≥ 2 the root is always expanded (its gate is not asked).
+    ``language`` is the corpus's, which every prompt asks for (None: detected per role). ``embed`` maps texts to L2-normalised rows. Each method performs one
     role declared above and records it on ``rec``.
     """
 
@@ -284,7 +308,8 @@ class TreeRoles:
                  max_statements: int = 3, max_docs: int = 3, min_overlap: float = 0.5,
                  ground_threshold: float = 0.5, statement_support: float = 0.5, root_overlap: float = 0.66,
                  redundancy: float = 0.85, max_reasks: int = 2, snippet_chars: int = 700, min_leaves: int = 2,
-                 profile: CallPolicy | None = None, judge_profile: CallPolicy | None = None):
+                 profile: CallPolicy | None = None, judge_profile: CallPolicy | None = None,
+                 language: str | None = None):
         self.llm, self.judge, self.embed = llm, judge or llm, embed
         # each model with its own profile (deepr.profiles): a small writer may sit beside a capable judge
         self.profile, self.judge_profile = profile, judge_profile if judge is not None else profile
@@ -292,6 +317,7 @@ class TreeRoles:
         self.min_overlap, self.ground_threshold, self.root_overlap = min_overlap, ground_threshold, root_overlap
         self.statement_support, self.redundancy = statement_support, redundancy
         self.max_reasks, self.snippet_chars, self.min_leaves = max_reasks, snippet_chars, min_leaves
+        self.language = language  # the corpus's (its retriever's BM25 language); None: read from the text
 
     @property
     def backend(self) -> str:

@@ -330,13 +330,15 @@ def _ancestry(node: _Node | None) -> list[_Node]:
 
 
 def make_roles(llm: LLM, embed: Callable[[list[str]], Any], config: TreeConfig,
-               judge: LLM | None = None, profile: Any = None, judge_profile: Any = None) -> TreeRoles:
+               judge: LLM | None = None, profile: Any = None, judge_profile: Any = None,
+               language: str | None = None) -> TreeRoles:
     c = config
     return TreeRoles(llm, embed, judge=judge, max_words=c.max_query_words, max_statements=c.max_statements,
                      max_docs=c.max_support_docs, min_overlap=c.ground_min_overlap,
                      ground_threshold=c.ground_threshold, statement_support=c.statement_support,
                      root_overlap=c.ground_root_overlap, redundancy=c.redundancy_threshold,
-                     max_reasks=c.max_reasks, min_leaves=c.min_leaves, profile=profile, judge_profile=judge_profile)
+                     max_reasks=c.max_reasks, min_leaves=c.min_leaves, profile=profile, judge_profile=judge_profile,
+                     language=language)
 
 
 def _tally(counts: dict[str, int]) -> str:
@@ -352,7 +354,8 @@ async def abuild_trees(topics: Sequence[SeedTopic], retriever: Any, llm: LLM, co
     """Build trees concurrently (``config.concurrency`` at once); ``on_result`` sees each as it ends.
     ``profile`` / ``judge_profile``: each model's profile (:mod:`deepr.profiles`)."""
     embed = embed or _embedder_of(retriever).encode
-    roles = make_roles(llm, embed, config, judge, profile, judge_profile)
+    language = corpus_language_of(retriever)
+    roles = make_roles(llm, embed, config, judge, profile, judge_profile, language)
     # With a model, CPU work moves to one worker thread so round-trips overlap it; the
     # extractive backend is all CPU, so a thread would only add hand-offs.
     pool = None if not offload_cpu(llm) else ThreadPoolExecutor(max_workers=1, thread_name_prefix="deepr-cpu")
@@ -370,7 +373,7 @@ async def abuild_trees(topics: Sequence[SeedTopic], retriever: Any, llm: LLM, co
     if can_rescue(llm, config.fallback):
         from deepr.llm.extractive import ExtractiveLLM
 
-        backup = make_roles(ExtractiveLLM(), embed, config)
+        backup = make_roles(ExtractiveLLM(), embed, config, language=language)
 
     async def one(seed: SeedTopic) -> None:
         async with sem:
@@ -414,6 +417,15 @@ def build_trees(topics: Sequence[SeedTopic], retriever: Any, llm: LLM, config: T
                 ) -> list[Tree | Reject]:
     """Sync wrapper of :func:`abuild_trees` (records in, records out)."""
     return run_sync(abuild_trees(topics, retriever, llm, config, **kw))
+
+
+def corpus_language_of(retriever: Any) -> str | None:
+    """The language the retriever's BM25 reads its corpus in (the local index and Milvus say);
+    None for one that does not say, whose trees' roles read it from their text instead."""
+    from deepr.text.lang import NAMES
+
+    language = getattr(retriever, "language", None)
+    return language if language in NAMES else None
 
 
 def _embedder_of(retriever: Any) -> Any:

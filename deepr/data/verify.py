@@ -32,6 +32,7 @@ from deepr.llm.parse import parse_reply
 from deepr.records import QRPair, Reject, RubricItem
 from deepr.roles.acceptance import FREE_TEXT
 from deepr.roles import JSONReply, Recorder, Role, perform
+from deepr.text.lang import ask_in_language, corpus_language
 from deepr.data.outcomes import Fallback, mark_fallback
 from deepr.roles.rubric_checks import RubricLimits, question_problems, rubric_problems
 from deepr.roles.verify_checks import Embed, Finding, Prefetched, embedding_texts, findings, leaves_of
@@ -158,6 +159,11 @@ class AuditAsk:
     found: list[Finding]
     cfg: VerifyConfig
 
+    @property
+    def language(self) -> str:
+        """The pair's language: the one most of its question and evidence are written in."""
+        return corpus_language([self.pair.question, *(s for st in self.leaves.values() for s in st)])
+
 
 def _audit_messages(a: AuditAsk) -> list[dict[str, str]]:
     pair, leaves = a.pair, a.leaves
@@ -167,8 +173,10 @@ def _audit_messages(a: AuditAsk) -> list[dict[str, str]]:
               "merge_trace": [m.model_dump() for m in pair.merge_trace],
               "rubrics": [r.model_dump() for r in pair.rubrics]}
     notes = "\n".join(f"- {f.tag}: {f.detail}" for f in a.found) or "- none"
-    return [{"role": "system", "content": SYSTEM.format(lo=a.cfg.revise_min, hi=a.cfg.revise_max)},
-            {"role": "user", "content": json.dumps(sample, ensure_ascii=False) + f"\n\nAutomatic checks found:\n{notes}"}]
+    # a revised question and criteria are written in the pair's language (English prompts unchanged)
+    return ask_in_language([{"role": "system", "content": SYSTEM.format(lo=a.cfg.revise_min, hi=a.cfg.revise_max)},
+                            {"role": "user", "content": json.dumps(sample, ensure_ascii=False)
+                             + f"\n\nAutomatic checks found:\n{notes}"}], language=a.language)
 
 
 # The tags the code checks give (deepr.roles.verify_checks); a strict audit picks among them.

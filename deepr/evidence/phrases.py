@@ -3,6 +3,8 @@
 A report is written in its question's language: the extractive engine's plan needs, the
 headings, the plan table and the notes come from the table of the question's language
 (deepr.text.lang.detect_language), never a mix. Languages without a table here use English.
+The data stages' extractive engine takes its sub-queries, questions and criteria from the same
+table (the ``tree``/``pair`` keys), in its corpus's language.
 
 Example::
 
@@ -38,6 +40,20 @@ EN: dict[str, Any] = {
     "sources_on": "What the sources say about {title}", "colon": ": ",
     "reference_words": {"passage": "passage", "page_passage": "page passage", "search_result": "search result",
                         "accessed": "accessed"},
+    # the data stages' extractive sub-queries (deepr/extractive/trees.py) and pairs (deepr/extractive/rubrics.py)
+    "tree_facet": "{anchor}: {phrase}", "tree_compared": "{phrase} compared with {anchor}",
+    "pair_questions": (
+        "How do {topics} shape our understanding of {root}, and what does the evidence suggest "
+        "about how they connect, differ in importance and leave questions open?",
+        "What roles do {topics} play in {root}, and how should their causes, consequences and "
+        "relative significance be weighed against each other?",
+        "Drawing on {topics}, what explains the development and significance of {root}, and "
+        "where do these strands agree, conflict or remain uncertain?"),
+    "pair_connected": "How are {topic} connected within {root}?",
+    "pair_states": "The answer states that {statement}",
+    "pair_compares": "The answer compares {a} with {b} and says where they differ.",
+    "pair_bears_on": "The answer explains, with cited evidence, how {c} bears on {a}.",
+    "pair_concludes": "The answer ends with a conclusion on {root} that weighs {topics} against each other.",
 }
 
 ZH: dict[str, Any] = {
@@ -60,6 +76,16 @@ ZH: dict[str, Any] = {
     "sources_on": "来源中关于{title}的内容", "colon": "：",
     "reference_words": {"passage": "段落", "page_passage": "网页段落", "search_result": "检索结果",
                         "accessed": "访问于"},
+    "tree_facet": "{anchor}：{phrase}", "tree_compared": "{phrase}与{anchor}的比较",
+    "pair_questions": (
+        "{topics}如何影响我们对{root}的理解？证据表明它们之间有何联系、重要性有何不同、还有哪些问题悬而未决？",
+        "{topics}在{root}中各起什么作用？它们的成因、后果和相对重要性应当如何相互权衡？",
+        "结合{topics}，什么解释了{root}的发展与意义？这些线索在哪些方面一致、冲突或仍不确定？"),
+    "pair_connected": "{topic}在{root}中有何联系？",
+    "pair_states": "回答指出：{statement}",
+    "pair_compares": "回答比较{a}与{b}，并指出二者的不同之处。",
+    "pair_bears_on": "回答借助所引用的证据，说明{c}对{a}有何影响。",
+    "pair_concludes": "回答最后就{root}得出结论，并权衡{topics}各自的分量。",
 }
 
 JA: dict[str, Any] = {
@@ -82,6 +108,17 @@ JA: dict[str, Any] = {
     "sources_on": "{title}について情報源が述べること",
     "colon": "：",
     "reference_words": {"passage": "段落", "page_passage": "ページの段落", "search_result": "検索結果", "accessed": "閲覧日"},
+    "tree_facet": "{anchor}：{phrase}", "tree_compared": "{phrase}と{anchor}の比較",
+    "pair_questions": (
+        "{topics}は{root}の理解にどう関わり、証拠はそれらのつながり、重要度の違い、残された問いについて何を示しているか？",
+        "{root}において{topics}はそれぞれどんな役割を果たし、その原因、結果、相対的な重要性をどう比べるべきか？",
+        "{topics}をもとにすると、{root}の発展と意義は何によって説明され、これらの論点はどこで一致し、対立し、"
+        "あるいは不確かなままか？"),
+    "pair_connected": "{root}において{topic}はどうつながっているか？",
+    "pair_states": "回答は次のことを述べている：{statement}",
+    "pair_compares": "回答は{a}と{b}を比較し、どこが異なるかを述べている。",
+    "pair_bears_on": "回答は引用した証拠をもとに、{c}が{a}にどう関わるかを説明している。",
+    "pair_concludes": "回答は最後に{root}について結論を述べ、{topics}の重みを比べている。",
 }
 
 TABLES = {"en": EN, "zh": ZH, "ja": JA}
@@ -89,7 +126,19 @@ TABLES = {"en": EN, "zh": ZH, "ja": JA}
 
 def phrases(question: str) -> dict[str, Any]:
     """The table of ``question``'s language (English where there is none)."""
-    return TABLES.get(detect_language(question or ""), EN)
+    return phrases_in(detect_language(question or ""))
+
+
+def phrases_in(language: str | None) -> dict[str, Any]:
+    """The table of a language code (English where there is none), for callers that know it."""
+    return TABLES.get(language or "en", EN)
+
+
+def join_list(items: list[str] | tuple[str, ...], table: dict[str, Any]) -> str:
+    """``a, b and c`` in the table's words (``a、b与c``)."""
+    if len(items) == 1:
+        return items[0]
+    return table["term_join"].join(items[:-1]) + table["label_join"] + items[-1]
 
 
 def _need_pattern(table: dict[str, Any]) -> re.Pattern[str]:

@@ -8,39 +8,28 @@
   query, quoted as evidence) and logical criteria that ask the answer to compare the
   clusters and to weigh them in a conclusion.
 
-Every output says ``backend: extractive``; the question is templated, not written.
+Every output says ``backend: extractive``; the question is templated, not written, from the
+table of the tree's language (deepr.agent.phrases), so a Chinese tree's pair has no English words.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from deepr.agent.phrases import join_list, phrases_in
 from deepr.records import RubricItem, Tree, TreeNode
 from deepr.roles import RoleFailed
-from deepr.text import STOP_WORDS, tok
+from deepr.text import STOP_WORDS, tok, word_count
 
 Embed = Callable[[list[str]], np.ndarray]
-
-_QUESTIONS = (
-    "How do {topics} shape our understanding of {root}, and what does the evidence suggest "
-    "about how they connect, differ in importance and leave questions open?",
-    "What roles do {topics} play in {root}, and how should their causes, consequences and "
-    "relative significance be weighed against each other?",
-    "Drawing on {topics}, what explains the development and significance of {root}, and "
-    "where do these strands agree, conflict or remain uncertain?",
-)
 
 
 def _phrase(node: TreeNode) -> str:
     return str((node.model_extra or {}).get("phrase") or node.query)
-
-
-def _join(items: Sequence[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def _lower_first(s: str) -> str:
@@ -91,7 +80,7 @@ def _pick_leaves(usable: list[TreeNode], order: list[int], embed: Embed, k: int,
         if len(picked) == k:
             break
         n = usable[i]
-        fit = [s for s in dict.fromkeys(n.statements) if len(s.split()) <= max_words - 5]
+        fit = [s for s in dict.fromkeys(n.statements) if word_count(s) <= max_words - 5]
         vecs = embed([n.query, *fit])
         ranked = [fit[j] for j in np.argsort(-(vecs[1:] @ vecs[0]), kind="stable")]
         fresh = [s for s in ranked if all(_overlap(tok(s), u) < 0.8 for u in used)]
@@ -107,11 +96,13 @@ def _overlap(a: set[str], b: set[str]) -> float:
 
 
 def synthesize(tree: Tree, embed: Embed, *, n_select: int, lam: float, max_words: int,
-               min_rubrics: int, max_rubrics: int, min_relevance: float = 0.2
+               min_rubrics: int, max_rubrics: int, min_relevance: float = 0.2, table: dict[str, Any] | None = None
                ) -> tuple[dict[str, Any] | None, str | None]:
-    """A pair as a dict of the reply shape, or (None, reason)."""
+    """A pair as a dict of the reply shape, or (None, reason); its own words from ``table``
+    (a table of deepr.agent.phrases; English by default)."""
+    table = table or phrases_in("en")
     usable = [n for n in tree.nodes if not n.children and
-              any(len(s.split()) <= max_words - 5 for s in n.statements)]
+              any(word_count(s) <= max_words - 5 for s in n.statements)]
     if len(usable) < 2:
         return None, f"only {len(usable)} leaves carry a short enough statement; need at least 2"
     root = next(n for n in tree.nodes if n.id == tree.root_id)
@@ -128,14 +119,15 @@ def synthesize(tree: Tree, embed: Embed, *, n_select: int, lam: float, max_words
                       "statement of their own")
     leaves = [usable[i] for i in picked]
     groups = cluster(lv[picked] @ lv[picked].T, (len(leaves) + 1) // 2)
-    topics = [_join([_phrase(leaves[i]) for i in g]) for g in groups]
-    template = _QUESTIONS[int(hashlib.sha1(tree.id.encode()).hexdigest(), 16) % len(_QUESTIONS)]
-    question = template.format(topics=_join(topics), root=tree.topic)
+    topics = [join_list([_phrase(leaves[i]) for i in g], table) for g in groups]
+    templates = table["pair_questions"]
+    template = templates[int(hashlib.sha1(tree.id.encode()).hexdigest(), 16) % len(templates)]
+    question = template.format(topics=join_list(topics, table), root=tree.topic)
     selection = [{"leaf_id": n.id, "reason": f"relevance {float(rel[i]):.2f} to the root query and evidence; "
                   f"least similar to the leaves picked before it (MMR, lambda {lam})"}
                  for n, i in zip(leaves, picked)]
-    merge = _merge_trace(leaves, groups, topics, question, lv[picked], tree.topic)
-    rubrics = _rubrics(leaves, statements, groups, topics, question, embed, tree.topic, min_rubrics)
+    merge = _merge_trace(leaves, groups, topics, question, lv[picked], tree.topic, table)
+    rubrics = _rubrics(leaves, statements, groups, topics, question, embed, tree.topic, min_rubrics, table)
     if len(rubrics) < min_rubrics:
         return None, f"only {len(rubrics)} criteria could be grounded in the selected leaves; need {min_rubrics}"
     return {"question": question, "selected_leaf_ids": [n.id for n in leaves], "selection_trace": selection,
@@ -143,14 +135,14 @@ def synthesize(tree: Tree, embed: Embed, *, n_select: int, lam: float, max_words
 
 
 def _merge_trace(leaves: list[TreeNode], groups: list[list[int]], topics: list[str], question: str,
-                 vecs: np.ndarray, root: str) -> list[dict[str, Any]]:
+                 vecs: np.ndarray, root: str, table: dict[str, Any]) -> list[dict[str, Any]]:
     steps = []
     for k, (g, topic) in enumerate(zip(groups, topics), start=1):
         if len(g) == 1:
             out, why = leaves[g[0]].query, "a facet of its own: no other chosen leaf is close to it"
         else:
             sims = [float(vecs[i] @ vecs[j]) for i in g for j in g if i < j]
-            out = f"How are {topic} connected within {root}?"
+            out = table["pair_connected"].format(topic=topic, root=root)
             why = f"closest chosen leaves by embedding (mean cosine {np.mean(sims):.2f})"
         steps.append({"id": f"M{k}", "inputs": [leaves[i].id for i in g], "output": out, "rationale": why})
     steps.append({"id": f"M{len(groups) + 1}", "inputs": [s["id"] for s in steps], "output": question,
@@ -159,8 +151,8 @@ def _merge_trace(leaves: list[TreeNode], groups: list[list[int]], topics: list[s
 
 
 def _rubrics(leaves: list[TreeNode], statements: list[list[str]], groups: list[list[int]],
-             topics: list[str], question: str, embed: Embed, root: str, min_rubrics: int
-             ) -> list[dict[str, Any]]:
+             topics: list[str], question: str, embed: Embed, root: str, min_rubrics: int,
+             table: dict[str, Any]) -> list[dict[str, Any]]:
     """One factual criterion per leaf (its best own statement), then the logical ones."""
     out: list[dict[str, Any]] = []
     used: list[set[str]] = []
@@ -168,13 +160,13 @@ def _rubrics(leaves: list[TreeNode], statements: list[list[str]], groups: list[l
     def factual(n: TreeNode, s: str) -> None:
         q, v = embed([question, s])
         w = round(float(np.clip(0.5 + 0.5 * float(q @ v), 0.5, 1.0)), 2)
-        out.append({"type": "factual", "description": f"The answer states that {_lower_first(s)}",
+        out.append({"type": "factual", "description": table["pair_states"].format(statement=_lower_first(s)),
                     "weight": w, "source_leaf_ids": [n.id], "evidence": [s]})
         used.append(tok(s))
 
     for n, st in zip(leaves, statements):
         factual(n, st[0])
-    logical = _logical(leaves, groups, topics, root)
+    logical = _logical(leaves, groups, topics, root, table)
     for depth in range(1, 3):  # second-best statements only when criteria run short
         for n, st in zip(leaves, statements):
             if len(out) + len(logical) < min_rubrics and len(st) > depth:
@@ -183,7 +175,8 @@ def _rubrics(leaves: list[TreeNode], statements: list[list[str]], groups: list[l
     return [RubricItem(id=f"R{k}", **r).model_dump() for k, r in enumerate(out + logical, start=1)]
 
 
-def _logical(leaves: list[TreeNode], groups: list[list[int]], topics: list[str], root: str) -> list[dict[str, Any]]:
+def _logical(leaves: list[TreeNode], groups: list[list[int]], topics: list[str], root: str,
+             table: dict[str, Any]) -> list[dict[str, Any]]:
     """A comparison of the first two clusters, a link from a third, and a weighed conclusion.
 
     Each uses its own wording: templated twins would be one check counted twice.
@@ -195,15 +188,12 @@ def _logical(leaves: list[TreeNode], groups: list[list[int]], topics: list[str],
     out = []
     if topics[0] != topics[1]:
         out.append({"type": "logical", "weight": 0.5, "source_leaf_ids": ids(groups[0]) + ids(groups[1]),
-                    "evidence": [], "description": f"The answer compares {topics[0]} with {topics[1]} and "
-                    "says where they differ."})
+                    "evidence": [], "description": table["pair_compares"].format(a=topics[0], b=topics[1])})
     if len(groups) > 2:
         out.append({"type": "logical", "weight": 0.45, "source_leaf_ids": ids(groups[2]) + ids(groups[0]),
-                    "evidence": [], "description": f"The answer explains, with cited evidence, how {topics[2]} "
-                    f"bears on {topics[0]}."})
+                    "evidence": [], "description": table["pair_bears_on"].format(c=topics[2], a=topics[0])})
     out.append({"type": "logical", "weight": 0.4, "source_leaf_ids": [n.id for n in leaves], "evidence": [],
-                "description": f"The answer ends with a conclusion on {root} that weighs {_join(topics)} "
-                               "against each other."})
+                "description": table["pair_concludes"].format(root=root, topics=join_list(topics, table))})
     return out
 
 
@@ -214,7 +204,8 @@ def synth_reply(a: Any) -> dict[str, Any]:
     lim = a.cfg.limits
     value, error = synthesize(
         a.tree, a.embed, n_select=a.cfg.n_select, lam=a.cfg.mmr_lambda, max_words=lim.max_rubric_words,
-        min_rubrics=lim.min_rubrics, max_rubrics=lim.max_rubrics, min_relevance=a.cfg.min_relevance)
+        min_rubrics=lim.min_rubrics, max_rubrics=lim.max_rubrics, min_relevance=a.cfg.min_relevance,
+        table=phrases_in(a.language))
     if value is None:
         raise RoleFailed(error or "no pair")
     problems = a.problems(value)

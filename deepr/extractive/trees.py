@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from deepr.records import Hit
-from deepr.text import STOP_WORDS, split_sentences, tok
+from deepr.agent.phrases import phrases_in
+from deepr.text import STOP_WORDS, split_sentences, tok, word_count
 
 Embed = Callable[[list[str]], np.ndarray]
 
@@ -121,7 +122,8 @@ def extract(query: str, hit: Hit, embed: Embed, *, max_statements: int = 3,
     sentence addressed to the reading model is never a statement (deepr.evidence.instructions)."""
     from deepr.evidence.instructions import instructs_reader
 
-    sents = [s for s in split_sentences(hit.text) if len(s.split()) >= 4 and not instructs_reader(s)]
+    # four words as the sentence's language counts them: a Chinese sentence is one space-separated part
+    sents = [s for s in split_sentences(hit.text) if word_count(s) >= 4 and not instructs_reader(s)]
     if not sents:
         return []
     vecs = embed([query, *sents])
@@ -206,14 +208,15 @@ def _facet_of(sentence: str) -> str:
     return "related"
 
 
-def _shape(phrase: str, facet: str, anchor: str, max_words: int) -> str:
-    if facet == "comparison":
-        return cut_words(f"{phrase} compared with {anchor}", max_words)
-    return cut_words(f"{anchor}: {phrase}", max_words)
+def _shape(phrase: str, facet: str, anchor: str, max_words: int, table: dict[str, Any] | None = None) -> str:
+    # the query's own words in the corpus's language (deepr.agent.phrases), never English around Chinese
+    table = table or phrases_in("en")
+    shape = table["tree_compared"] if facet == "comparison" else table["tree_facet"]
+    return cut_words(shape.format(phrase=phrase, anchor=anchor), max_words)
 
 
 def decompose(ctx: NodeCtx, limit: int, embed: Embed, *, max_words: int,
-              redundancy: float) -> list[Proposal]:
+              redundancy: float, table: dict[str, Any] | None = None) -> list[Proposal]:
     """Up to 2×limit candidate children, facets interleaved, best first.
 
     The builder keeps the first ``limit`` that are grounded and non-redundant, so
@@ -231,7 +234,7 @@ def decompose(ctx: NodeCtx, limit: int, embed: Embed, *, max_words: int,
             return False
         seen.add(key)
         by_facet.setdefault(facet, []).append(
-            Proposal(_shape(phrase, facet, ctx.phrase, max_words), facet, phrase))
+            Proposal(_shape(phrase, facet, ctx.phrase, max_words, table), facet, phrase))
         return True
 
     node_words = tok(ctx.query) - TEMPLATE_WORDS
@@ -282,7 +285,8 @@ def gate_reply(a: Any) -> dict[str, Any]:
 
 def decompose_reply(a: Any) -> dict[str, Any]:
     r = a.roles
-    props = decompose(a.ctx, a.limit, r.embed, max_words=r.max_words, redundancy=r.redundancy)
+    props = decompose(a.ctx, a.limit, r.embed, max_words=r.max_words, redundancy=r.redundancy,
+                      table=phrases_in(a.language))
     return {"queries": [{"query": p.query, "facet": p.facet, "phrase": p.phrase} for p in props]}
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from deepr.records import RubricItem, Tree
-from deepr.text import coverage, tok
+from deepr.text import coverage, tok, word_count
 
 _RUBRIC_ID = re.compile(r"^R(\d+)$")
 _LISTS_RUBRICS = re.compile(r"\b(R\d+|(?i:rubrics?))\b")
@@ -124,7 +124,7 @@ def _one_rubric(r: RubricItem, k: int, chosen: set[str], leaves: Mapping[str, li
     m = _RUBRIC_ID.match(r.id)
     if not m or int(m.group(1)) != k:
         errs.append(f"ids must run R1, R2, ... in order; this one should be R{k}")
-    n_words = len(r.description.split())
+    n_words = word_count(r.description)  # a Chinese sentence is one space-separated "word"
     if n_words > limits.max_rubric_words:
         errs.append(f"description has {n_words} words; keep it atomic, at most {limits.max_rubric_words}")
     penalty = bool((r.model_extra or {}).get("penalty"))
@@ -153,7 +153,7 @@ def _one_rubric(r: RubricItem, k: int, chosen: set[str], leaves: Mapping[str, li
 def question_problems(question: str, rubrics: Sequence[RubricItem], leaf_ids: Sequence[str],
                       limits: RubricLimits) -> list[str]:
     errs = []
-    n = len(question.split())
+    n = word_count(question)  # words as its language has them, or every Chinese question is "1 word"
     if not limits.min_question_words <= n <= limits.max_question_words:
         errs.append(f"the question has {n} words; use {limits.min_question_words} to "
                     f"{limits.max_question_words}")

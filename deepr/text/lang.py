@@ -126,20 +126,22 @@ def segment(text: str, language: str | None = None) -> list[str]:
     return re.findall(r"[^\W_]+", text)
 
 
-def write_in(question: str) -> str:
+def write_in(question: str, language: str | None = None) -> str:
     """The sentence a prompt adds so the model writes in the question's language; empty for
-    English, whose prompts stay as they were."""
-    code = detect_language(question)
+    English, whose prompts stay as they were. ``language``: the code where the caller knows it
+    (a data stage knows its corpus's), else detected from ``question``."""
+    code = language or detect_language(question)
     if code == "en":
         return ""
     return (f"Write everything you produce in {name(code)}, the language of the question "
             f"(keep ids, citation markers and JSON keys as they are).")
 
 
-def ask_in_language(messages: list[dict[str, str]], question: str) -> list[dict[str, str]]:
+def ask_in_language(messages: list[dict[str, str]], question: str = "",
+                    language: str | None = None) -> list[dict[str, str]]:
     """``messages`` with :func:`write_in`'s sentence closing the last user message, so every
     role's prompt asks for the question's language the same way (English prompts unchanged)."""
-    note = write_in(question)
+    note = write_in(question, language)
     users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
     if not note or not users:
         return messages
@@ -148,12 +150,14 @@ def ask_in_language(messages: list[dict[str, str]], question: str) -> list[dict[
     return out
 
 
-def in_question_language(question_of: Callable[[Any], str]) -> Callable[[Callable[..., list]], Callable[..., list]]:
+def in_question_language(question_of: Callable[[Any], str],
+                         language_of: Callable[[Any], str | None] = lambda a: None
+                         ) -> Callable[[Callable[..., list]], Callable[..., list]]:
     """Decorate a role's message builder ``f(a)`` so its prompt asks for the language of
-    ``question_of(a)`` (:func:`ask_in_language`)."""
+    ``question_of(a)``, or ``language_of(a)`` where that names one (:func:`ask_in_language`)."""
     def wrap(build: Callable[..., list]) -> Callable[..., list]:
         @functools.wraps(build)
         def messages(a: Any) -> list:
-            return ask_in_language(build(a), question_of(a))
+            return ask_in_language(build(a), question_of(a), language_of(a))
         return messages
     return wrap
