@@ -99,3 +99,17 @@ def test_perform_on_the_extractive_backend_records_the_implementation_s_reply():
     out = asyncio.run(perform(role, {"ok": False}, llm=ExtractiveLLM(), rec=rec))
     assert (out.value, out.by, out.error) == (None, "failed", "nothing to say")
     assert rec.failures[-1]["reason"] == "nothing to say" and rec.engines["failed"] == 1
+
+
+def test_the_architecture_page_lists_every_role_under_its_module():
+    doc = (ROOT.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    listed = {}
+    for line in doc.splitlines():
+        if line.startswith("- `") and "`: " in line and line.split("`")[1].endswith(".py"):
+            module = "deepr." + line.split("`")[1].removesuffix(".py").replace("/", ".")
+            listed[module] = {r.strip() for r in line.split("`: ", 1)[1].split(",")}
+    declared: dict[str, set[str]] = {}
+    for name, _, role in _roles():
+        if role.messages.__module__ == name:  # declared here, not imported from another module
+            declared.setdefault(name, set()).add(f"{role.name}.{role.action}")
+    assert listed == declared
