@@ -122,7 +122,7 @@ def test_the_corpus_language_of_the_retriever_names_the_language_a_title_alone_w
 
 
 def test_extractive_sub_queries_and_pairs_take_their_words_from_the_language_table(tmp_path):
-    from deepr.agent.phrases import phrases_in
+    from deepr.evidence.phrases import phrases_in
     from deepr.extractive.trees import _shape
 
     assert _shape("板块构造", "comparison", "火山", 11, phrases_in("zh")) == "板块构造与火山的比较"

@@ -8,7 +8,7 @@ from :mod:`deepr.extractive.trees`; :func:`deepr.roles.perform` picks the engine
 never raises on a bad reply: its :class:`~deepr.roles.Outcome` carries the reason, and the
 failure is recorded on the tree's :class:`~deepr.roles.Recorder`. Every prompt asks for the
 corpus's language (deepr.text.lang.ask_in_language; English prompts unchanged), and the
-extractive engine's queries use that language's words (deepr.agent.phrases).
+extractive engine's queries use that language's words (deepr.evidence.phrases).
 """
 
 from __future__ import annotations

@@ -9,16 +9,15 @@ returns the reply a model should have given. One module per role family:
     decor       DECOR's planner, filter, condenser, answer  warp      WARP's search, outline, write, deepen
     tools       the tools agent's policy                   support   the overlap check of cited claims
     trees       the tree builder's five roles               rubrics   query-rubric synthesis
-    verify      the verify stage's audit                   engine    how the executor performs a role here
+    verify      the verify stage's audit
 
 The functions take the role's input object (duck-typed: ``a.ctx``, ``a.query``, ...) or plain
 arguments, and never import a role module.
 
-Where the engine is chosen. The executor (:func:`deepr.roles.perform`) does not ask which
-backend it runs on: it asks the backend (``llm.role_engine()``), and only the extractive
-backend answers, with :func:`deepr.extractive.engine.perform`. Everything else deepr needs to
-know about the engine is a decision named below, so no code outside :mod:`deepr.llm` and this
-package tests for the extractive backend.
+Where the engine is chosen. The executor (:func:`deepr.roles.perform`) reads
+``llm.is_extractive`` and then records the role's own ``extractive(inp)``. Everything else deepr
+needs to know about the engine is a decision named below, so no code outside :mod:`deepr.llm`,
+:mod:`deepr.roles` and this package tests for the extractive backend.
 """
 
 from __future__ import annotations

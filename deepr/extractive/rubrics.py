@@ -9,7 +9,7 @@
   clusters and to weigh them in a conclusion.
 
 Every output says ``backend: extractive``; the question is templated, not written, from the
-table of the tree's language (deepr.agent.phrases), so a Chinese tree's pair has no English words.
+table of the tree's language (deepr.evidence.phrases), so a Chinese tree's pair has no English words.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from deepr.agent.phrases import join_list, phrases_in
+from deepr.evidence.phrases import join_list, phrases_in
 from deepr.records import RubricItem, Tree, TreeNode
 from deepr.roles import RoleFailed
 from deepr.text import STOP_WORDS, tok, word_count
@@ -99,7 +99,7 @@ def synthesize(tree: Tree, embed: Embed, *, n_select: int, lam: float, max_words
                min_rubrics: int, max_rubrics: int, min_relevance: float = 0.2, table: dict[str, Any] | None = None
                ) -> tuple[dict[str, Any] | None, str | None]:
     """A pair as a dict of the reply shape, or (None, reason); its own words from ``table``
-    (a table of deepr.agent.phrases; English by default)."""
+    (a table of deepr.evidence.phrases; English by default)."""
     table = table or phrases_in("en")
     usable = [n for n in tree.nodes if not n.children and
               any(word_count(s) <= max_words - 5 for s in n.statements)]

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from deepr.records import Hit
-from deepr.agent.phrases import phrases_in
+from deepr.evidence.phrases import phrases_in
 from deepr.text import STOP_WORDS, split_sentences, tok, word_count
 
 Embed = Callable[[list[str]], np.ndarray]
@@ -209,7 +209,7 @@ def _facet_of(sentence: str) -> str:
 
 
 def _shape(phrase: str, facet: str, anchor: str, max_words: int, table: dict[str, Any] | None = None) -> str:
-    # the query's own words in the corpus's language (deepr.agent.phrases), never English around Chinese
+    # the query's own words in the corpus's language (deepr.evidence.phrases), never English around Chinese
     table = table or phrases_in("en")
     shape = table["tree_compared"] if facet == "comparison" else table["tree_facet"]
     return cut_words(shape.format(phrase=phrase, anchor=anchor), max_words)
