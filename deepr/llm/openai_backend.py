@@ -26,12 +26,13 @@ from typing import Any
 
 import httpx2
 import openai
+from pydantic import SecretStr
 
 from deepr.llm.base import LLM, LLMError, Message, OutputFormat, Reply
 from deepr.llm.cache import LLMCache
 from deepr.llm.context import prompt_tokens
 from deepr.llm.gbnf import LLAMACPP_EXTRA, regex_to_gbnf, schema_to_gbnf
-from deepr.llm.openai_config import _NO_KEY, OpenAIConfig, _Secret, resolve_endpoint, safe_url
+from deepr.llm.openai_config import _NO_KEY, OpenAIConfig, resolve_endpoint, safe_url
 from deepr.llm.openai_reply import (_REGEX_STYLES, _STYLES, _BadReply, check_response, read_completion, reason_of,
                                     refused_connection, refuses_format, sdk_retried, usage_of)
 
@@ -56,9 +57,8 @@ class OpenAIBackend(LLM):
     def __init__(self, config: OpenAIConfig, *, api_key: str | None = None, cache: LLMCache | None = None):
         super().__init__(max_concurrency=config.max_concurrency)
         base_url, key = resolve_endpoint(config.base_url, api_key)
-        self.config = config.model_copy(update={"base_url": base_url})
-        self.cache = cache
-        self._key = _Secret(key)  # used only to build clients and to scrub messages
+        self.config, self.cache, self.url = config.model_copy(update={"base_url": base_url}), cache, safe_url(base_url)
+        self._key = SecretStr(key)  # only to build clients and to scrub messages
         # One client per event loop: its connection pool belongs to the loop it runs on, and deepr's
         # callers come from many (each run_sync starts one). Closed as that loop shuts down.
         self._clients: dict[Any, tuple[Any, Any]] = {}
@@ -90,7 +90,7 @@ class OpenAIBackend(LLM):
             if self._probed:
                 return
             url, root = self.config.base_url, re.sub(r"/v1/?$", "", self.config.base_url or "")
-            with openai.OpenAI(api_key=self._key.reveal(), base_url=url, max_retries=0,
+            with openai.OpenAI(api_key=self._key.get_secret_value(), base_url=url, max_retries=0,
                                timeout=min(self.config.timeout, _PROBE_TIMEOUT)) as client:
                 models = self._ask(client.models.list)
                 props = self._ask(lambda: client.get(f"{root}/props", cast_to=object))
@@ -114,7 +114,7 @@ class OpenAIBackend(LLM):
             return question()
         except openai.APIConnectionError as e:
             if refused_connection(e) and self._down is None:
-                self._down = (f"connection refused: nothing is listening at {safe_url(self.config.base_url)} "
+                self._down = (f"connection refused: nothing is listening at {self.url} "
                               "(is the server running, and is --base-url right?)")
         except (openai.APIError, ValueError):  # no such route here: the server says nothing
             pass
@@ -125,7 +125,7 @@ class OpenAIBackend(LLM):
         loop = asyncio.get_running_loop()
         if loop not in self._clients:
             http = (openai.DefaultAioHttpClient if self.transport == "aiohttp" else openai.DefaultAsyncHttpxClient)
-            client = openai.AsyncOpenAI(api_key=self._key.reveal(), base_url=self.config.base_url,
+            client = openai.AsyncOpenAI(api_key=self._key.get_secret_value(), base_url=self.config.base_url,
                                         timeout=self.config.timeout, max_retries=self.config.max_retries,
                                         http_client=http(timeout=self.config.timeout, verify=_tls(),
                                                          event_hooks={"response": [check_response]}))
@@ -143,7 +143,7 @@ class OpenAIBackend(LLM):
             # their own default (llama-cpp-python: 0.8, which turned SmolLM2's plans into babble);
             # api.openai.com keeps its default (some of its models take no other temperature).
             temperature = 0.0
-        return {"backend": self.name, "model": self.config.model, "base_url": safe_url(self.config.base_url),
+        return {"backend": self.name, "model": self.config.model, "base_url": self.url,
                 "messages": messages, "temperature": temperature,
                 "max_tokens": max_tokens or self.config.default_max_tokens,
                 "stop": list(stop) if stop else None, "top_p": top_p,
@@ -292,8 +292,8 @@ class OpenAIBackend(LLM):
         reason, status = reason_of(e, self.config.timeout)
         if refused_connection(e) or status == 404:
             hint = "" if status != 404 or re.search(r"/v1/?$", self.config.base_url or "/v1") else "; is `/v1` missing?"
-            self._down = (f"connection refused: nothing is listening at {safe_url(self.config.base_url)}"
-                          if status is None else f"{safe_url(self.config.base_url)} answered a chat call with {reason}{hint}")
+            self._down = (f"connection refused: nothing is listening at {self.url}"
+                          if status is None else f"{self.url} answered a chat call with {reason}{hint}")
             return LLMStatusError(self._scrub(f"{self.config.model}: {self._down}"), status, unreachable=True)
         if not sdk_retried(e):
             what = "sent an unusable reply" if status == 200 else "refused the request"
@@ -308,21 +308,21 @@ class OpenAIBackend(LLM):
             log.warning("%s: %s", self._where(), self._scrub(message))
 
     def _scrub(self, text: str) -> str:
-        key = self._key.reveal()
+        key = self._key.get_secret_value()
         return text.replace(key, "***") if key != _NO_KEY else text
 
     def _where(self) -> str:
-        return f"{self.config.model} at {safe_url(self.config.base_url) or 'api.openai.com'}"
+        return f"{self.config.model} at {self.url or 'api.openai.com'}"
 
     # -- reporting ---------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         c = self.config
-        return {"backend": self.name, "model": c.model, "base_url": safe_url(c.base_url), "timeout": c.timeout,
+        return {"backend": self.name, "model": c.model, "base_url": self.url, "timeout": c.timeout,
                 "max_retries": c.max_retries, "max_concurrency": self.max_concurrency, "seed": c.seed,
                 "http_client": self.transport, "cache": str(self.cache.path) if self.cache is not None else None}
 
     def __repr__(self) -> str:
-        return f"OpenAIBackend(model={self.config.model!r}, base_url={safe_url(self.config.base_url)!r})"
+        return f"OpenAIBackend(model={self.config.model!r}, base_url={self.url!r})"
 
     def close(self) -> None:
         self._clients.clear()  # each client is closed as its loop shuts down
