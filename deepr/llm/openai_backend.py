@@ -34,7 +34,7 @@ from deepr.llm.context import prompt_tokens
 from deepr.llm.gbnf import LLAMACPP_EXTRA, regex_to_gbnf, schema_to_gbnf
 from deepr.llm.openai_config import _NO_KEY, OpenAIConfig, resolve_endpoint, safe_url
 from deepr.llm.openai_reply import (_REGEX_STYLES, _STYLES, _BadReply, check_response, read_completion, reason_of,
-                                    refused_connection, refuses_format, sdk_retried, usage_of)
+                                    refused_connection, refuses_format, sdk_retried)
 
 __all__ = ["LLMStatusError", "OpenAIBackend", "OpenAIConfig", "has_aiohttp", "resolve_endpoint", "safe_url"]
 
@@ -181,8 +181,7 @@ class OpenAIBackend(LLM):
             self.usage.failures += 1
             raise LLMStatusError(self._scrub(f"{self.config.model}: {self._down}"), unreachable=True)
         t0 = time.perf_counter()
-        text, finish, body, sent = await self._laddered(request)
-        prompt, completion = usage_of(body)
+        text, finish, (prompt, completion), sent = await self._laddered(request)
         self.usage.add(role=role, prompt_tokens=prompt, completion_tokens=completion, seconds=time.perf_counter() - t0)
         reply = Reply(text, constrained=self._honoured(text, finish, request["fmt"], sent), truncated=finish == "length",
                       tokens=(prompt, completion) if prompt or completion else None)
@@ -210,11 +209,11 @@ class OpenAIBackend(LLM):
                 raise self._failed(e) from None
             self.usage.retries += raw.retries_taken
             try:
-                text, finish, body = read_completion(raw.http_response.text, raw.headers.get("content-type", ""))
+                text, finish, tokens = read_completion(raw.http_response.text, raw.headers.get("content-type", ""))
             except _BadReply as e:
                 self.usage.failures += 1
                 raise LLMStatusError(self._scrub(f"{self._where()} sent an unusable reply ({e})"), 200) from None
-            return text, finish, body, (kind, step) if sent else None
+            return text, finish, tokens, (kind, step) if sent else None
 
     async def _once(self, request: dict[str, Any], style: str | None) -> tuple[Any, bool]:
         kw: dict[str, Any] = {"model": self.config.model, "messages": request["messages"],
