@@ -84,10 +84,12 @@ class OpenAIBackend(LLM):
             with openai.OpenAI(api_key=self._key.get_secret_value(), base_url=url, max_retries=0,
                                timeout=min(self.config.timeout, _PROBE_TIMEOUT)) as client:
                 models = self._ask(client.models.list)
-                props = _dict(self._ask(lambda: client.get(re.sub(r"/v1/?$", "", url) + "/props", cast_to=object)))
+                props = self._ask(lambda: client.get(re.sub(r"/v1/?$", "", url) + "/props", cast_to=object))
             entries = [m.to_dict() for m in getattr(models, "data", None) or []]
             mine = ([m for m in entries if m.get("id") == self.config.model] or entries[:1] or [{}])[0]
-            said = _count(mine.get("max_model_len"), _dict(props.get("default_generation_settings")).get("n_ctx"),
+            props = props if isinstance(props, dict) else {}
+            gen = props.get("default_generation_settings")
+            said = _count(mine.get("max_model_len"), gen.get("n_ctx") if isinstance(gen, dict) else None,
                           props.get("n_ctx"))
             self._context = min(filter(None, (self._context, said)), default=None)
             if (slots := _count(props.get("total_slots"))) and slots < self.max_concurrency:
@@ -330,10 +332,6 @@ def _tls() -> Any:
 def _count(*values: Any) -> int | None:
     """The first positive integer among ``values`` (what a server said), else None."""
     return next((v for v in values if isinstance(v, int) and not isinstance(v, bool) and v > 0), None)
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
 
 
 def _is_json(text: str) -> bool:
