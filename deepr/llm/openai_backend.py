@@ -1,13 +1,8 @@
-"""``openai:<model>``: any OpenAI-compatible chat endpoint (vLLM, SGLang, llama.cpp, Ollama, OpenAI)
-through the official SDK: ``chat.completions.create`` with its own timeout, retries (counted in
-``usage.retries``) and typed errors. The key lives only inside the SDK's client. deepr keeps its
-policy (docs/models.md says it for users):
-
-- the server is asked once about itself (context, slots): :meth:`OpenAIBackend._probe`;
-- a refused connection, or a 404 on a chat call (a base URL without /v1), stops the run at once;
-- a structured-output field the server refuses or ignores moves the call down its own format
-  ladder (:data:`_LADDERS`), from the step earlier calls of the run reached;
-- a prompt is fitted to the context; an unset temperature is greedy on self-hosted servers.
+"""``openai:<model>``: any OpenAI-compatible chat endpoint (vLLM, SGLang, llama.cpp, Ollama, OpenAI) through
+the SDK, with its own timeout, retries and typed errors; the key lives only inside the SDK's clients. deepr
+keeps its policy (docs/models.md): the server is asked once about its context and slots; a refused connection,
+or a 404 on a chat call, stops the run; a format field the server refuses or ignores moves the call down its
+format ladder from the step the run reached; a prompt is fitted to the context.
 """
 
 from __future__ import annotations
@@ -18,7 +13,6 @@ import importlib.util
 import json
 import logging
 import re
-import ssl
 import threading
 import time
 from collections.abc import Sequence
@@ -26,20 +20,22 @@ from typing import Any
 
 import httpx2
 import openai
+from pydantic import SecretStr
 
 from deepr.llm.base import LLM, LLMError, Message, OutputFormat, Reply
 from deepr.llm.cache import LLMCache
 from deepr.llm.context import prompt_tokens
 from deepr.llm.gbnf import LLAMACPP_EXTRA, regex_to_gbnf, schema_to_gbnf
-from deepr.llm.openai_config import _NO_KEY, OpenAIConfig, _Secret, resolve_endpoint, safe_url
+from deepr.llm.openai_config import _NO_KEY, OpenAIConfig, resolve_endpoint, safe_url
 from deepr.llm.openai_reply import (_REGEX_STYLES, _STYLES, _BadReply, check_response, read_completion, reason_of,
-                                    refused_connection, refuses_format, sdk_retried, usage_of)
+                                    refused_connection, refuses_format, sdk_retried)
 
 __all__ = ["LLMStatusError", "OpenAIBackend", "OpenAIConfig", "has_aiohttp", "resolve_endpoint", "safe_url"]
 
 log = logging.getLogger("deepr.llm")
 _PROBE_TIMEOUT = 10.0  # seconds for each question to the server about itself
 _LADDERS = {"json": _STYLES, "regex": _REGEX_STYLES}
+_PARSED = "(replies are parsed and re-asked)"
 
 
 class LLMStatusError(LLMError):
@@ -56,17 +52,14 @@ class OpenAIBackend(LLM):
     def __init__(self, config: OpenAIConfig, *, api_key: str | None = None, cache: LLMCache | None = None):
         super().__init__(max_concurrency=config.max_concurrency)
         base_url, key = resolve_endpoint(config.base_url, api_key)
-        self.config = config.model_copy(update={"base_url": base_url})
-        self.cache = cache
-        self._key = _Secret(key)  # used only to build clients and to scrub messages
-        # One client per event loop: its connection pool belongs to the loop it runs on, and deepr's
-        # callers come from many (each run_sync starts one). Closed as that loop shuts down.
-        self._clients: dict[Any, tuple[Any, Any]] = {}
-        # How far down each format ladder the run has moved: read once per call, only ever grows.
+        self.config, self.cache, self.url = config.model_copy(update={"base_url": base_url}), cache, safe_url(base_url)
+        self._key = SecretStr(key)  # only to build clients and to scrub messages
+        # One client per event loop (each run_sync starts one): its connection pool belongs to that loop.
+        self._clients: dict[Any, tuple[openai.AsyncOpenAI, Any]] = {}
+        # How far down each format ladder the run has moved: only ever grows.
         self._step = {k: 0 if config.structured_outputs else len(v) for k, v in _LADDERS.items()}
         self._warned: set[str] = set()
-        self._probe_lock = threading.Lock()
-        self._probed = base_url is None  # api.openai.com is not asked
+        self._probe_lock, self._probed = threading.Lock(), base_url is None  # api.openai.com is not asked
         self._context, self._down = config.context_length, None
         self.transport = _transport(config.http_client)  # checked now: a missing package fails before any call
 
@@ -82,27 +75,24 @@ class OpenAIBackend(LLM):
         return super()._sem()
 
     def _probe(self) -> None:
-        """Ask the server its context and slots, once. Synchronous, since prompts are fitted to the
-        context in sync code (:func:`deepr.roles.fit_context`); a server without these routes says nothing."""
-        if self._probed:
-            return
+        """Ask the server its context and slots, once; synchronously, as prompts are fitted to the context
+        in sync code (:func:`deepr.roles.fit_context`). A server without these routes says nothing."""
         with self._probe_lock:
             if self._probed:
                 return
-            url, root = self.config.base_url, re.sub(r"/v1/?$", "", self.config.base_url or "")
-            with openai.OpenAI(api_key=self._key.reveal(), base_url=url, max_retries=0,
+            url = self.config.base_url
+            with openai.OpenAI(api_key=self._key.get_secret_value(), base_url=url, max_retries=0,
                                timeout=min(self.config.timeout, _PROBE_TIMEOUT)) as client:
                 models = self._ask(client.models.list)
-                props = self._ask(lambda: client.get(f"{root}/props", cast_to=object))
+                props = self._ask(lambda: client.get(re.sub(r"/v1/?$", "", url) + "/props", cast_to=object))
             entries = [m.to_dict() for m in getattr(models, "data", None) or []]
             mine = ([m for m in entries if m.get("id") == self.config.model] or entries[:1] or [{}])[0]
             props = props if isinstance(props, dict) else {}
             gen = props.get("default_generation_settings")
-            said = _count(mine.get("max_model_len"), (gen if isinstance(gen, dict) else {}).get("n_ctx"),
+            said = _count(mine.get("max_model_len"), gen.get("n_ctx") if isinstance(gen, dict) else None,
                           props.get("n_ctx"))
-            self._context = min(n for n in (self._context, said) if n) if self._context or said else None
-            slots = _count(props.get("total_slots"))
-            if slots and slots < self.max_concurrency:
+            self._context = min(filter(None, (self._context, said)), default=None)
+            if (slots := _count(props.get("total_slots"))) and slots < self.max_concurrency:
                 log.warning("%s: the server has %d slot(s): at most %d call(s) in flight (--concurrency %d would "
                             "queue calls inside it until they time out)", self._where(), slots, slots,
                             self.max_concurrency)
@@ -114,23 +104,22 @@ class OpenAIBackend(LLM):
             return question()
         except openai.APIConnectionError as e:
             if refused_connection(e) and self._down is None:
-                self._down = (f"connection refused: nothing is listening at {safe_url(self.config.base_url)} "
+                self._down = (f"connection refused: nothing is listening at {self.url} "
                               "(is the server running, and is --base-url right?)")
         except (openai.APIError, ValueError):  # no such route here: the server says nothing
             pass
         return None
 
     # -- one call ----------------------------------------------------------------------
-    async def _client(self) -> Any:
+    async def _client(self) -> openai.AsyncOpenAI:
         loop = asyncio.get_running_loop()
         if loop not in self._clients:
-            http = (openai.DefaultAioHttpClient if self.transport == "aiohttp" else openai.DefaultAsyncHttpxClient)
-            client = openai.AsyncOpenAI(api_key=self._key.reveal(), base_url=self.config.base_url,
+            http = openai.DefaultAioHttpClient if self.transport == "aiohttp" else openai.DefaultAsyncHttpxClient
+            client = openai.AsyncOpenAI(api_key=self._key.get_secret_value(), base_url=self.config.base_url,
                                         timeout=self.config.timeout, max_retries=self.config.max_retries,
                                         http_client=http(timeout=self.config.timeout, verify=_tls(),
                                                          event_hooks={"response": [check_response]}))
-            closer = _closes_with_its_loop(client, self._clients, loop)
-            self._clients[loop] = (client, closer)
+            self._clients[loop] = (client, closer := _closes_with_its_loop(client, self._clients, loop))
             await closer.asend(None)
         return self._clients[loop][0]
 
@@ -139,34 +128,30 @@ class OpenAIBackend(LLM):
                  fmt: OutputFormat | None = None) -> dict[str, Any]:
         """Everything that shapes the reply: the body we send and the cache key."""
         if temperature is None and self.config.base_url:
-            # Unset means greedy, as on the hf backend. Self-hosted servers would otherwise sample at
-            # their own default (llama-cpp-python: 0.8, which turned SmolLM2's plans into babble);
-            # api.openai.com keeps its default (some of its models take no other temperature).
+            # Unset means greedy, as on the hf backend: self-hosted servers would sample at their own default
+            # (llama-cpp-python: 0.8, which turned SmolLM2's plans into babble). api.openai.com keeps its own
+            # (some of its models take no other temperature).
             temperature = 0.0
-        return {"backend": self.name, "model": self.config.model, "base_url": safe_url(self.config.base_url),
-                "messages": messages, "temperature": temperature,
-                "max_tokens": max_tokens or self.config.default_max_tokens,
+        shape = fmt and {"name": fmt.name, **({"json_schema": fmt.json_schema} if fmt.json_schema is not None
+                                             else {"regex": fmt.regex})}
+        return {"backend": self.name, "model": self.config.model, "base_url": self.url, "messages": messages,
+                "temperature": temperature, "max_tokens": max_tokens or self.config.default_max_tokens,
                 "stop": list(stop) if stop else None, "top_p": top_p,
-                "seed": seed if seed is not None else self.config.seed,
-                "fmt": None if fmt is None else {"name": fmt.name, **({"json_schema": fmt.json_schema}
-                                                                    if fmt.json_schema is not None else {"regex": fmt.regex})},
+                "seed": seed if seed is not None else self.config.seed, "fmt": shape,
                 "extra_body": self.config.extra_body}
 
     def _fit(self, request: dict[str, Any]) -> None:
-        """Lower a max_tokens that would run past the context; fail a prompt that leaves too little of
-        it (under an eighth) before it is sent. The prompt is estimated as :mod:`deepr.roles` fits it."""
-        limit = self.context_length
-        est = prompt_tokens(self, request["messages"])
-        if limit is None or est + request["max_tokens"] <= limit:
+        """Lower a max_tokens that would run past the context; fail a prompt that leaves under an eighth of it
+        before it is sent. The prompt is estimated as :mod:`deepr.roles` fits it."""
+        limit, est, want = self.context_length, prompt_tokens(self, request["messages"]), request["max_tokens"]
+        if limit is None or est + want <= limit:
             return
-        if limit - est >= limit // 8:
-            self._warn_once("max-tokens", f"max_tokens {request['max_tokens']} lowered to {limit - est} where a prompt "
-                            f"of about {est} tokens leaves no more of the context of {limit} tokens")
-            request["max_tokens"] = limit - est
-            return
-        self.usage.failures += 1
-        raise LLMStatusError(f"{self._where()}: prompt of about {est} tokens + max_tokens {request['max_tokens']} "
-                             f"exceeds the context of {limit} tokens; shorten the prompt or max_tokens")
+        if limit - est < limit // 8:
+            raise self._error(f"{self._where()}: prompt of about {est} tokens + max_tokens {want} "
+                              f"exceeds the context of {limit} tokens; shorten the prompt or max_tokens")
+        self._warn_once("max-tokens", f"max_tokens {want} lowered to {limit - est} where a prompt "
+                        f"of about {est} tokens leaves no more of the context of {limit} tokens")
+        request["max_tokens"] = limit - est
 
     async def _achat(self, messages: list[Message], *, role: str | None, temperature: float | None,
                      max_tokens: int | None, stop: Sequence[str] | None, **extra: Any) -> Reply:
@@ -176,24 +161,23 @@ class OpenAIBackend(LLM):
         if self.cache is not None and (hit := self.cache.get(request)) is not None:
             self.usage.add(role=role, cached=True)
             flags = hit.get("flags") or {}
-            return Reply(hit["reply"], constrained=bool(flags.get("constrained")), truncated=bool(flags.get("truncated")))
+            return Reply(hit["reply"], constrained=bool(flags.get("constrained")),
+                         truncated=bool(flags.get("truncated")))
         if self._down:
-            self.usage.failures += 1
-            raise LLMStatusError(self._scrub(f"{self.config.model}: {self._down}"), unreachable=True)
+            raise self._error(f"{self.config.model}: {self._down}", unreachable=True)
         t0 = time.perf_counter()
-        text, finish, body, sent = await self._laddered(request)
-        prompt, completion = usage_of(body)
+        text, finish, (prompt, completion), sent = await self._laddered(request)
         self.usage.add(role=role, prompt_tokens=prompt, completion_tokens=completion, seconds=time.perf_counter() - t0)
-        reply = Reply(text, constrained=self._honoured(text, finish, request["fmt"], sent), truncated=finish == "length",
-                      tokens=(prompt, completion) if prompt or completion else None)
+        reply = Reply(text, constrained=self._honoured(text, finish, request["fmt"], sent),
+                      truncated=finish == "length", tokens=(prompt, completion) if prompt or completion else None)
         if self.cache is not None:
             self.cache.put(request, text, prompt_tokens=prompt, completion_tokens=completion,
                            flags={"constrained": reply.constrained, "truncated": reply.truncated})
         return reply
 
     async def _laddered(self, request: dict[str, Any]) -> tuple[str, str | None, Any, tuple[str, int] | None]:
-        """Send the request, moving down this call's own format ladder while the server refuses a
-        format; returns the reply and the (ladder, step) it was sent with (None: no format)."""
+        """Send the request, moving down this call's own format ladder while the server refuses a format;
+        returns the reply and the (ladder, step) it was sent with (None: no format)."""
         fmt = request["fmt"]
         kind = "regex" if fmt and fmt.get("regex") else "json"
         step = self._step[kind]  # read once: calls beside this one may move the run's step meanwhile
@@ -201,20 +185,17 @@ class OpenAIBackend(LLM):
             style = _LADDERS[kind][step] if fmt and step < len(_LADDERS[kind]) else None
             try:
                 raw, sent = await self._once(request, style)
-            except openai.APIStatusError as e:
+                break
+            except openai.APIError as e:
                 if style is None or not refuses_format(e):
                     raise self._failed(e) from None
                 step = self._next(kind, step, reason_of(e, self.config.timeout)[0])
-                continue
-            except openai.APIError as e:
-                raise self._failed(e) from None
-            self.usage.retries += raw.retries_taken
-            try:
-                text, finish, body = read_completion(raw.http_response.text, raw.headers.get("content-type", ""))
-            except _BadReply as e:
-                self.usage.failures += 1
-                raise LLMStatusError(self._scrub(f"{self._where()} sent an unusable reply ({e})"), 200) from None
-            return text, finish, body, (kind, step) if sent else None
+        self.usage.retries += raw.retries_taken
+        try:
+            text, finish, tokens = read_completion(raw.http_response.text, raw.headers.get("content-type", ""))
+        except _BadReply as e:
+            raise self._error(f"{self._where()} sent an unusable reply ({e})", 200) from None
+        return text, finish, tokens, (kind, step) if sent else None
 
     async def _once(self, request: dict[str, Any], style: str | None) -> tuple[Any, bool]:
         kw: dict[str, Any] = {"model": self.config.model, "messages": request["messages"],
@@ -233,74 +214,75 @@ class OpenAIBackend(LLM):
             try:
                 extra["grammar"] = regex_to_gbnf(fmt["regex"]) if "regex" in fmt else schema_to_gbnf(fmt["json_schema"])
             except ValueError as e:  # this format only: the call goes unconstrained and says why
-                self._warn_once(f"gbnf-{e}", f"format {fmt['name']!r} has no GBNF form ({e}); such calls are unconstrained")
+                self._warn_once(f"gbnf-{e}", f"format {fmt['name']!r} has no GBNF form ({e}); such calls are "
+                                "unconstrained")
                 sent = False
         client = await self._client()
-        raw = await client.chat.completions.with_raw_response.create(**kw, extra_body=extra or None)
-        return raw, sent
+        return await client.chat.completions.with_raw_response.create(**kw, extra_body=extra or None), sent
 
     def _next(self, kind: str, step: int, reason: str) -> int:
-        """The step after a refused or ignored one, with its one warning; the run learns it too."""
+        """The step after a refused one, with its one warning; the run learns it too."""
         step += 1
         if kind == "json" and step == 1:  # GBNF grammars need llama-cpp-python's converter on this side
             if has_schema_converter():
-                self._warn_once("schema-as-gbnf", "the server refused json_schema response formats; JSON schemas go out "
-                                "as GBNF grammars converted here by llama-cpp-python's converter")
+                self._warn_once("schema-as-gbnf", "the server refused json_schema response formats; JSON schemas go "
+                                "out as GBNF grammars converted here by llama-cpp-python's converter")
             else:
-                self._warn_once("refused-no-converter", f"the server refused json_schema response formats ({reason}); "
-                                f"to send JSON schemas as grammars instead, install the llamacpp extra ({LLAMACPP_EXTRA})"
-                                ". Until then this run sends no JSON formats (replies are parsed and re-asked)")
+                self._warn_once("refused-no-converter", f"the server refused json_schema response formats ({reason});"
+                                " to send JSON schemas as grammars instead, install the llamacpp extra "
+                                f"({LLAMACPP_EXTRA}). Until then this run sends no JSON formats {_PARSED}")
                 step = len(_STYLES)
         if step >= len(_LADDERS[kind]):
             what = "structured outputs" if kind == "json" else "regex formats"
             self._warn_once(f"refused-{kind}", f"the server refused {what} ({reason}); this run sends them no more "
-                            "(replies are parsed and re-asked)")
+                            + _PARSED)
+        return self._move(kind, step)
+
+    def _move(self, kind: str, step: int) -> int:
         self._step[kind] = max(self._step[kind], step)  # steps only move down: concurrent calls commute
         return step
 
-    def _honoured(self, text: str, finish: str | None, fmt: dict[str, Any] | None, sent: tuple[str, int] | None) -> bool:
+    def _honoured(self, text: str, finish: str | None, fmt: dict[str, Any], sent: tuple[str, int] | None) -> bool:
         """Was the reply really constrained? A server may accept a format field and ignore it."""
         if sent is None or not text:  # no text (tool_calls only) says nothing of the format
             return False
-        if finish == "length":
-            return True  # cut mid-JSON by the budget; the flag 'truncated' tells the caller
         kind, step = sent
+        if finish == "length" or (re.fullmatch(fmt["regex"], text.strip()) if kind == "regex" else _is_json(text)):
+            return True  # (cut mid-JSON by the budget: the flag 'truncated' tells the caller)
         if kind == "regex":
-            if re.fullmatch(fmt["regex"], text.strip()):
-                return True
+            then = f"it as {_REGEX_STYLES[step + 1]}" if step + 1 < len(_REGEX_STYLES) else f"none {_PARSED}"
             self._warn_once(f"ignored-{step}", f"the server accepted a regex format as {_REGEX_STYLES[step]} but its "
-                            "reply does not match it; later calls send " + (f"it as {_REGEX_STYLES[step + 1]}" if
-                            step + 1 < len(_REGEX_STYLES) else "none (replies are parsed and re-asked)"))
-            self._step["regex"] = max(self._step["regex"], step + 1)
-            return False
-        try:
-            json.loads(text, strict=False)  # a raw control character inside a string is still JSON
-        except ValueError:
-            if _STYLES[step] == "gbnf":  # the grammar field was ignored: later calls try the next style
-                self._step["json"] = max(self._step["json"], step + 1)
-                self._warn_once("ignored-gbnf", "the server accepted a JSON schema as a GBNF grammar but its reply "
-                                "is not JSON; trying response_format json_object next")
-            else:
-                self._warn_once("ignored", "the server accepted response_format but replied with text that is not "
-                                "JSON; such replies are marked unconstrained")
-            return False
-        return True
+                            f"reply does not match it; later calls send {then}")
+            self._move("regex", step + 1)
+        elif _STYLES[step] == "gbnf":  # the grammar field was ignored: later calls try the next style
+            self._move("json", step + 1)
+            self._warn_once("ignored-gbnf", "the server accepted a JSON schema as a GBNF grammar but its reply "
+                            "is not JSON; trying response_format json_object next")
+        else:
+            self._warn_once("ignored", "the server accepted response_format but replied with text that is not "
+                            "JSON; such replies are marked unconstrained")
+        return False
 
     def _failed(self, e: openai.APIError) -> LLMStatusError:
         """deepr's error for a request the SDK gave up on; a refused connection or a 404 stops the run."""
-        self.usage.failures += 1
         reason, status = reason_of(e, self.config.timeout)
         if refused_connection(e) or status == 404:
-            hint = "" if status != 404 or re.search(r"/v1/?$", self.config.base_url or "/v1") else "; is `/v1` missing?"
-            self._down = (f"connection refused: nothing is listening at {safe_url(self.config.base_url)}"
-                          if status is None else f"{safe_url(self.config.base_url)} answered a chat call with {reason}{hint}")
-            return LLMStatusError(self._scrub(f"{self.config.model}: {self._down}"), status, unreachable=True)
+            v1 = re.search(r"/v1/?$", self.config.base_url or "/v1")
+            hint = "; is `/v1` missing?" if status == 404 and not v1 else ""
+            self._down = (f"connection refused: nothing is listening at {self.url}" if status is None
+                          else f"{self.url} answered a chat call with {reason}{hint}")
+            return self._error(f"{self.config.model}: {self._down}", status, unreachable=True)
         if not sdk_retried(e):
             what = "sent an unusable reply" if status == 200 else "refused the request"
-            return LLMStatusError(self._scrub(f"{self._where()} {what} ({reason})"), status)
+            return self._error(f"{self._where()} {what} ({reason})", status)
         n = self.config.max_retries + 1
         self.usage.retries += n - 1
-        return LLMStatusError(self._scrub(f"{self._where()} failed after {n} attempts: {reason}"), status, attempts=n)
+        return self._error(f"{self._where()} failed after {n} attempts: {reason}", status, attempts=n)
+
+    def _error(self, message: str, status: int | None = None, **kw: Any) -> LLMStatusError:
+        """A failed call: counted, its message scrubbed of the key."""
+        self.usage.failures += 1
+        return LLMStatusError(self._scrub(message), status, **kw)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -308,21 +290,21 @@ class OpenAIBackend(LLM):
             log.warning("%s: %s", self._where(), self._scrub(message))
 
     def _scrub(self, text: str) -> str:
-        key = self._key.reveal()
+        key = self._key.get_secret_value()
         return text.replace(key, "***") if key != _NO_KEY else text
 
     def _where(self) -> str:
-        return f"{self.config.model} at {safe_url(self.config.base_url) or 'api.openai.com'}"
+        return f"{self.config.model} at {self.url or 'api.openai.com'}"
 
     # -- reporting ---------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         c = self.config
-        return {"backend": self.name, "model": c.model, "base_url": safe_url(c.base_url), "timeout": c.timeout,
+        return {"backend": self.name, "model": c.model, "base_url": self.url, "timeout": c.timeout,
                 "max_retries": c.max_retries, "max_concurrency": self.max_concurrency, "seed": c.seed,
                 "http_client": self.transport, "cache": str(self.cache.path) if self.cache is not None else None}
 
     def __repr__(self) -> str:
-        return f"OpenAIBackend(model={self.config.model!r}, base_url={safe_url(self.config.base_url)!r})"
+        return f"OpenAIBackend(model={self.config.model!r}, base_url={self.url!r})"
 
     def close(self) -> None:
         self._clients.clear()  # each client is closed as its loop shuts down
@@ -331,8 +313,8 @@ class OpenAIBackend(LLM):
 
 
 async def _closes_with_its_loop(client: Any, clients: dict[Any, Any], loop: Any) -> Any:
-    """Suspended until ``loop`` shuts down its async generators (``asyncio.run`` does, after the last
-    task), then closes ``client`` on that loop, which its connections belong to."""
+    """Suspended until ``loop`` shuts down its async generators (``asyncio.run`` does, after the last task),
+    then closes ``client`` on that loop, which its connections belong to."""
     try:
         yield
     finally:
@@ -341,9 +323,9 @@ async def _closes_with_its_loop(client: Any, clients: dict[Any, Any], loop: Any)
 
 
 @functools.cache
-def _tls() -> ssl.SSLContext:
-    """One TLS context for every client: loading the CA store took 100-500 ms a client on a busy
-    2-core machine, paid once per event loop (each ``llm.chat``) otherwise."""
+def _tls() -> Any:
+    """One TLS context for every client: loading the CA store took 100-500 ms a client on a busy 2-core
+    machine, paid once per event loop (each ``llm.chat``) otherwise."""
     return httpx2.create_ssl_context()
 
 
@@ -352,13 +334,19 @@ def _count(*values: Any) -> int | None:
     return next((v for v in values if isinstance(v, int) and not isinstance(v, bool) and v > 0), None)
 
 
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text, strict=False)  # a raw control character inside a string is still JSON
+    except ValueError:
+        return False
+    return True
+
+
 def _transport(choice: str) -> str:
-    """'aiohttp' or 'httpx': what ``OpenAIConfig.http_client`` resolves to here."""
-    if choice == "httpx" or (choice == "auto" and not has_aiohttp()):
-        return "httpx"
-    if not has_aiohttp():
+    """What ``OpenAIConfig.http_client`` resolves to here: 'aiohttp' (auto: where installed) or 'httpx'."""
+    if choice == "aiohttp" and not has_aiohttp():
         raise LLMError("http_client='aiohttp' needs the aiohttp package: pip install 'openai[aiohttp]'")
-    return "aiohttp"
+    return "aiohttp" if choice == "aiohttp" or (choice == "auto" and has_aiohttp()) else "httpx"
 
 
 def has_aiohttp() -> bool:

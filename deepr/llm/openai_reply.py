@@ -1,113 +1,99 @@
 """Reading an OpenAI-compatible reply, and deepr's policy on the ways a request fails.
 
-Used by openai_backend.py. A 200 reply can still be unusable (HTML from a proxy, JSON that is not a
-completion, no choices, no text); each case is a :class:`_BadReply` with its reason. Two of them
-may pass on a retry (a body cut short, an upstream error passed on with status 200): the response
-hook :func:`check_response` raises those as a broken protocol, so the SDK's own retries resend them.
+A 200 reply can still be unusable (HTML from a proxy, JSON that is not a completion, no text): a
+:class:`_BadReply` with its reason. The two a retry may fix (a body cut short, an upstream error passed on
+with status 200) are raised from the response hook :func:`check_response`, so the SDK's own retries resend them.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import httpx2
 import openai
 
-# JSON-schema styles, tried in order: OpenAI's response_format (vLLM, SGLang, llama-server,
-# Ollama), a GBNF "grammar" converted on the client (llama-cpp-python's server), then
-# response_format {"type": "json_object", "schema": ...} (Anyscale-style APIs).
+# The format ladders, tried in order. JSON schemas: OpenAI's response_format (vLLM, SGLang, llama-server,
+# Ollama), a GBNF "grammar" converted here (llama-cpp-python's server), then response_format json_object
+# with the schema (Anyscale-style APIs). Regexes: a GBNF "grammar" (llama.cpp's servers), then vLLM's
+# structured_outputs. OpenAI's own API has neither and refuses both with a 400.
 _STYLES = ("json_schema", "gbnf", "json_object")
-# Regex formats: a GBNF "grammar" field (llama-server, llama-cpp-python), then vLLM's
-# structured_outputs {"regex": ...}. OpenAI's own API has neither and refuses both with a 400.
 _REGEX_STYLES = ("gbnf", "vllm")
-
-# Words in a 400/422 body that mean "this server does not do structured outputs".
-_FORMAT_REFUSAL = re.compile(r"response_format|json_schema|structured|grammar|not supported|unsupported",
-                             re.IGNORECASE)
-# llama-cpp-python's server answers an unknown response_format type with a 500 naming it.
+# Words in a 400/422 body that mean "this server does not do structured outputs"; llama-cpp-python's
+# server answers an unknown response_format type with a 500 naming it.
+_FORMAT_REFUSAL = re.compile(r"response_format|json_schema|structured|grammar|not supported|unsupported", re.I)
 _FORMAT_500 = re.compile(r"response_format|json_schema")
+# What each transport raises when the server closes the connection before its reply is whole.
+_HUNG_UP = ("ServerDisconnectedError", "RemoteProtocolError", "ClientPayloadError")
 
 
-class _BadReply(Exception):
-    """A 200 reply that is not a usable chat completion; ``retryable`` per case."""
+class _BadReply(httpx2.RemoteProtocolError):
+    """A 200 reply that is not a usable chat completion; one a retry may fix (``retryable``) is a broken
+    protocol to the SDK, which retries those."""
 
     def __init__(self, reason: str, retryable: bool = False):
         super().__init__(reason)
         self.retryable = retryable
 
 
-class _Unusable(httpx2.RemoteProtocolError):
-    """A 200 whose body a retry may fix: raised from the response hook, so the SDK retries it."""
-
-
-def read_completion(text: str, content_type: str = "application/json") -> tuple[str, str | None, Any]:
-    """(text, finish_reason, decoded body) of a chat completion, or :class:`_BadReply` saying what is
-    wrong. A body that is not JSON is not a completion, unless a JSON body was promised (then it
-    was cut short: retryable). Control characters inside strings are read, not refused."""
+def read_completion(text: str, content_type: str = "application/json") -> tuple[str, str | None, tuple[int, int]]:
+    """(text, finish_reason, (prompt, completion) tokens) of a chat completion, or :class:`_BadReply` saying what
+    is wrong. Tokens a completion does not report as numbers count 0."""
     try:
-        body = json.loads(text, strict=False)
+        body = json.loads(text, strict=False)  # a raw control character inside a string is still read
     except ValueError as e:
-        if "json" in content_type:
+        if "json" in content_type:  # JSON was promised: the body was cut short
             raise _BadReply(f"the reply body is not complete JSON ({e})", retryable=True) from None
-        head = " ".join(text[:80].split())
-        raise _BadReply(f"HTTP 200 with a body that is not JSON ({head!r}); is --base-url the API root "
-                        "(ending in /v1)?") from None
+        raise _BadReply(f"HTTP 200 with a body that is not JSON ({' '.join(text[:80].split())!r}); is --base-url "
+                        "the API root (ending in /v1)?") from None
     body = body if isinstance(body, dict) else {}
-    choices = body.get("choices")
-    if choices is None:
-        err = body.get("error")
-        if isinstance(err, (dict, str)):  # an upstream failure passed on with status 200
+    if (choices := body.get("choices")) is None:
+        if isinstance(err := body.get("error"), (dict, str)):  # an upstream failure passed on with status 200
             msg = err.get("message", err) if isinstance(err, dict) else err
             raise _BadReply(f"HTTP 200 carrying an error: {str(msg)[:200]}", retryable=True)
         raise _BadReply("HTTP 200 with JSON that is not a chat completion (no 'choices')")
     if not isinstance(choices, list) or not choices:
         raise _BadReply("the endpoint returned no choices")
     choice = choices[0] if isinstance(choices[0], dict) else {}
-    finish = choice.get("finish_reason")
-    message = choice.get("message")
+    finish, message = choice.get("finish_reason"), choice.get("message")
     content = message.get("content") if isinstance(message, dict) else None
     if isinstance(message, dict) and content is None and (message.get("tool_calls") or finish == "tool_calls"):
-        # Tool calls instead of text (deepr's protocols are text): an empty reply, which the
-        # role's parse rejects and the executor re-asks within --max-reasks, not a failed turn.
-        return "", finish, body
-    if not isinstance(content, str):
+        # Tool calls instead of text (deepr's protocols are text): an empty reply, which the role's
+        # parse rejects and the executor re-asks within --max-reasks, not a failed turn.
+        content = ""
+    elif not isinstance(content, str):
         why = "no message" if message is None else "no message text"
         raise _BadReply(f"the endpoint returned {why} (finish_reason={finish})")
-    return content, finish, body
-
-
-def usage_of(body: Any) -> tuple[int, int]:
-    """(prompt, completion) tokens a completion reports (0 where it reports none or no number)."""
-    usage = body.get("usage") if isinstance(body, dict) else None
-    usage = usage if isinstance(usage, dict) else {}
-    return tuple(n if isinstance(n := usage.get(k), int) else 0 for k in ("prompt_tokens", "completion_tokens"))
+    usage = body["usage"] if isinstance(body.get("usage"), dict) else {}
+    tokens = tuple(n if isinstance(n := usage.get(k), int) else 0 for k in ("prompt_tokens", "completion_tokens"))
+    return content, finish, tokens
 
 
 async def check_response(response: Any) -> None:
-    """httpx response hook on every chat call. A 200 a retry may fix is raised as a broken
-    protocol (the SDK retries those); a 500 that names response_format is a server refusing the
-    field, which no retry changes: marked ``x-should-retry: false``, the header the SDK obeys."""
+    """Response hook on every chat call. A 200 a retry may fix is raised as a broken protocol; a 500 that
+    names response_format is a refused field, which no retry changes: marked so the SDK does not retry."""
     if response.status_code == 200:
         await response.aread()
         try:
             read_completion(response.text, response.headers.get("content-type", ""))
         except _BadReply as e:
             if e.retryable:
-                raise _Unusable(str(e), request=response.request) from None
+                e.request = response.request
+                raise
     elif response.status_code >= 500:
         await response.aread()
         if _FORMAT_500.search(response.text):
             response.headers["x-should-retry"] = "false"
 
 
-def refuses_format(e: openai.APIStatusError) -> bool:
+def refuses_format(e: openai.APIError) -> bool:
     """Does this error say the server will not take a structured-output field?"""
+    if not isinstance(e, openai.APIStatusError):
+        return False
     text = f"{e.message} {json.dumps(e.body, default=str)}"
-    return (e.status_code in (400, 422) and bool(_FORMAT_REFUSAL.search(text))) or (
-        e.status_code >= 500 and bool(_FORMAT_500.search(text)))
+    return bool(e.status_code in (400, 422) and _FORMAT_REFUSAL.search(text)
+                or e.status_code >= 500 and _FORMAT_500.search(text))
 
 
 def reason_of(e: BaseException, timeout: float) -> tuple[str, int | None]:
@@ -118,8 +104,7 @@ def reason_of(e: BaseException, timeout: float) -> tuple[str, int | None]:
     if isinstance(e, openai.APITimeoutError):
         return f"timed out after {timeout:g}s", None
     if isinstance(e, openai.APIConnectionError):
-        cause = e.__cause__
-        if isinstance(cause, _Unusable):
+        if isinstance(cause := e.__cause__, _BadReply):
             return str(cause), 200
         return f"connection error ({type(e).__name__}: {e}{f'; {cause}' if cause else ''})", None
     if isinstance(e, openai.APIStatusError):
@@ -132,19 +117,13 @@ def reason_of(e: BaseException, timeout: float) -> tuple[str, int | None]:
 
 def sdk_retried(e: BaseException) -> bool:
     """Whether the SDK spent its retries on this error before raising it (its own rule)."""
-    if isinstance(e, openai.APIConnectionError):
-        return True
-    return isinstance(e, openai.APIStatusError) and (e.status_code in (408, 409, 429) or e.status_code >= 500) \
-        and e.response.headers.get("x-should-retry") != "false"
+    return isinstance(e, openai.APIConnectionError) or isinstance(e, openai.APIStatusError) and (e.status_code in (
+        408, 409, 429) or e.status_code >= 500) and e.response.headers.get("x-should-retry") != "false"
 
 
 def refused_connection(e: BaseException) -> bool:
     """Whether a connection error was a refused connection (somewhere down its cause chain)."""
     return any(isinstance(x, ConnectionRefusedError) for x in _causes(e))
-
-
-# what each transport raises when the server closes the connection before its reply is whole
-_HUNG_UP = ("ServerDisconnectedError", "RemoteProtocolError", "ClientPayloadError")
 
 
 def hung_up(e: BaseException) -> bool:
@@ -153,11 +132,10 @@ def hung_up(e: BaseException) -> bool:
                for x in _causes(e))
 
 
-def _causes(e: BaseException) -> Iterator[BaseException]:
+def _causes(e: BaseException | None) -> list[BaseException]:
     """The exception and its causes, each once."""
-    seen: set[int] = set()
-    x: BaseException | None = e
-    while x is not None and id(x) not in seen:
-        yield x
-        seen.add(id(x))
-        x = x.__cause__ or x.__context__
+    chain: list[BaseException] = []
+    while e is not None and all(e is not x for x in chain):
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    return chain
