@@ -116,4 +116,4 @@ def small_format(role, inp):
     are limited to the prompt's), as a small model decodes under it."""
     from deepr.profiles import SMALL
 
-    return SMALL.tables().strict[f"{role.name}.{role.action}"](inp)
+    return SMALL.tables().strict[role](inp)

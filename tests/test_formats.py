@@ -163,6 +163,7 @@ def test_outline_patterns_stay_small_with_many_terms_and_a_long_word_list():
     the run (make demo-llm hung in warp). The term now comes within the first five words, so the
     pattern grows with terms plus words, and a repeated word is the decoder's distinct-word ban."""
     from deepr.profiles.formats import items_schema, label_vocab, term_words
+    from deepr.agent import warp
     from deepr.profiles.small.agent import STRICT
 
     texts = [f"Why did the {w}ian empire trade {w}ite and {w}ium with its neighbours in the {w} valley?"
@@ -176,4 +177,4 @@ def test_outline_patterns_stay_small_with_many_terms_and_a_long_word_list():
     assert re.fullmatch(plan, "How the Dorian empire trade Dorite")
     assert re.fullmatch(title, "Dorite trade") and not re.fullmatch(title, "in the with")  # no term
     assert not re.fullmatch(plan, " ".join(["the"] * 5 + ["Dorian"]))  # the term within the first five words
-    assert STRICT["warp.expand"] and STRICT["warp.initialize"]  # the outline formats (they ask for distinct words)
+    assert STRICT[warp.DEEPEN] and STRICT[warp.INITIALIZE]  # the outline formats (they ask for distinct words)

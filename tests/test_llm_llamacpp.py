@@ -132,14 +132,14 @@ def role_schemas() -> dict[str, dict]:
         for attr, role in vars(mod).items():
             if not isinstance(role, Role) or not isinstance(role.output, JSONReply):
                 continue
-            key, which = f"{mod.__name__}.{attr}", f"{role.name}.{role.action}"
+            key = f"{mod.__name__}.{attr}"
             out[key] = role.output.fmt(role.name, _duck()).json_schema
-            build = tables.strict.get(which) if which != "synthesize.pair" else None
+            build = tables.strict.get(role) if (role.name, role.action) != ("synthesize", "pair") else None
             built = build(_duck()) if build else None
             if built is not None and built.json_schema is not None:
                 out[key + ":constrained"] = built.json_schema
-            if which in tables.schema:
-                out[key + ":small-schema"] = tables.schema[which]().json_schema
+            if role in tables.schema:
+                out[key + ":small-schema"] = tables.schema[role]().json_schema
         for name in re.findall(r"\bschema=([A-Za-z_][\w.]*)", Path(mod.__file__).read_text()):
             obj = mod
             for part in name.split("."):

@@ -252,9 +252,10 @@ def test_answerer_wave_schema_format_wants_non_empty_texts_under_both_local_back
     """`--formats schema` decodes a wave under the role's static schema: an object of texts of 20+
     characters, at least one. It must mean the same under xgrammar (hf) and llama-cpp-python's
     converter: a key pattern (patternProperties) turned into "{}" only under the latter."""
+    from deepr.agent.answerer import WAVE
     from deepr.profiles.small.agent import SCHEMA
 
-    schema = SCHEMA["answerer.wave"]().json_schema
+    schema = SCHEMA[WAVE]().json_schema
     good, empty, short = '{"N5": "Ash clouds ground flights for days [S1-R1]."}', "{}", '{"N5": "ok"}'
     listed = '{"N5": ["Ash clouds ground flights for days"]}'
     xgr = pytest.importorskip("xgrammar")

@@ -183,7 +183,7 @@ def _profile_with(strict_fmt, *, strict=True, reask="correct"):
     @dataclass(frozen=True)
     class One(Profile):
         def tables(self):
-            return Tables(strict={"writer": strict_fmt, "searcher": strict_fmt})
+            return Tables(strict={ANSWER: strict_fmt, SEARCH: strict_fmt})
 
     return One("test", strict=strict, reask=reask)
 
@@ -302,7 +302,8 @@ def test_every_role_a_profile_formats_exists_and_can_be_named_in_the_formats_fla
             if isinstance(value, Role):
                 declared.add(f"{value.name}.{value.action}")
     tables = SMALL.tables()
-    keys = set(tables.strict) | set(tables.schema) | set(tables.messages) | set(tables.precheck)
+    keys = {f"{r.name}.{r.action}" for t in (tables.strict, tables.schema, tables.messages, tables.precheck)
+            for r in t}
     assert keys <= declared, sorted(keys - declared)
     assert {k.split(".")[0] for k in keys} <= set(FORMAT_ROLES)
     assert {"planner.plan", "answerer.final", "warp.write", "agent.step", "synthesize.pair"} <= keys

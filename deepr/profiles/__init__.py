@@ -45,7 +45,7 @@ SMALL_DECODING = {"repetition_penalty": 1.1, "repetition_window": 64, "no_repeat
 
 @dataclass(frozen=True)
 class Tables:
-    """A profile's per-role overrides, keyed ``"role.action"`` or ``"role"`` (every action).
+    """A profile's per-role overrides, keyed by the Role they change (matched by name and action).
 
     ``strict``: a per-call format built from the call's input (None keeps the next choice);
     ``schema``: the format a role decodes under when strict formats are off for it;
@@ -53,14 +53,17 @@ class Tables:
     ``precheck``: a reason not to call at all (no reply could pass), while strict is on.
     """
 
-    strict: Mapping[str, Callable[[Any], OutputFormat | None]] = field(default_factory=dict)
-    schema: Mapping[str, Callable[[], OutputFormat]] = field(default_factory=dict)
-    messages: Mapping[str, Callable[[Any], list[Message]]] = field(default_factory=dict)
-    precheck: Mapping[str, Callable[[Any], str | None]] = field(default_factory=dict)
+    strict: Mapping[Any, Callable[[Any], OutputFormat | None]] = field(default_factory=dict)
+    schema: Mapping[Any, Callable[[], OutputFormat]] = field(default_factory=dict)
+    messages: Mapping[Any, Callable[[Any], list[Message]]] = field(default_factory=dict)
+    precheck: Mapping[Any, Callable[[Any], str | None]] = field(default_factory=dict)
 
 
-def _lookup(table: Mapping[str, Any], role: Any) -> Any:
-    return table.get(f"{role.name}.{role.action}", table.get(role.name))
+def _lookup(table: Mapping[Any, Any], role: Any) -> Any:
+    """The override declared for ``role``. Tables are keyed by the role objects themselves (an
+    import leads to the declaration) and matched by name and action, so a role re-declared with
+    ``dataclasses.replace`` (another prompt, no fallback) keeps its override."""
+    return next((f for r, f in table.items() if (r.name, r.action) == (role.name, role.action)), None)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ The acceptance checks still run on every reply: a format cannot tell a real quer
 repeated one, nor an echo from an answer.
 
     # deepr/profiles/small/agent.py: the final answer's format, from the ids the prompt shows
-    "answerer.final": lambda a: tagged("answer", cited_prose(a.ids, sentences=(3, 5))) if a.ids else None
+    answerer.FINAL: lambda a: tagged("answer", cited_prose(a.ids, sentences=(3, 5))) if a.ids else None
 """
 
 from __future__ import annotations

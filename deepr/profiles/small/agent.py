@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field, RootModel
 
 from deepr.evidence import writer
+from deepr.agent import answerer, decor, search_agent, tools_agent, warp
 from deepr.agent.decor import DecorAsk, memory_ids
 from deepr.agent.tools_agent import StepAsk, ToolSession, searched_queries
 from deepr.agent.warp import WarpAsk
@@ -232,12 +233,11 @@ def _warp_write(a: Any) -> OutputFormat | None:
 
 
 STRICT = {
-    "answerer.wave": _wave, "answerer.final": _final,
-    "decor_planner.plan": _decor_plan, "decor_filter.filter": _filter_format, "condenser.condense": _condense,
-    "decor_answerer.answer": _decor_answer,
-    "searcher.search": _searcher,
-    "agent.step": lambda a: _step_format(a, may_call=True), "agent.answer": lambda a: _step_format(a, may_call=False),
-    "warp.search": _warp_search, "warp.initialize": _init_format, "warp.write": _warp_write,
-    "warp.expand": _deepen_format,
+    answerer.WAVE: _wave, answerer.FINAL: _final,
+    decor.PLAN: _decor_plan, decor.FILTER: _filter_format, decor.CONDENSE: _condense, decor.ANSWER: _decor_answer,
+    search_agent.REFORMULATE: _searcher,
+    tools_agent.STEP: lambda a: _step_format(a, may_call=True),
+    tools_agent.ANSWER: lambda a: _step_format(a, may_call=False),
+    warp.SEARCH: _warp_search, warp.INITIALIZE: _init_format, warp.WRITE: _warp_write, warp.DEEPEN: _deepen_format,
 }
-SCHEMA = {"answerer.wave": lambda: OutputFormat("wave", json_schema=_WaveShape.model_json_schema())}
+SCHEMA = {answerer.WAVE: lambda: OutputFormat("wave", json_schema=_WaveShape.model_json_schema())}

@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from deepr.data import rubrics, tree_roles
 from deepr.data.tree_roles import FACETS, OPENERS, REQUIRED_FACETS, TreeAsk, _root_limit, facet_group
-from deepr.data.verify import AUDIT_TAGS, AuditAsk
+from deepr.data.verify import AUDIT, AUDIT_TAGS, AuditAsk
 from deepr.llm.base import OutputFormat
 from deepr.records import Hit
 from deepr.profiles.formats import (PHRASE, QUERY_WORD, content_words, literal, search_query, text, vocab_size,
@@ -172,10 +173,10 @@ def _synth_precheck(a: Any) -> str | None:
 
 
 STRICT = {
-    "root_query.write": _root_format, "gate.judge": _gate, "decompose.split": _decompose_format,
-    "ground.judge": lambda a: _ground_format(a) if a.ctx.hits else None, "extract.quote": _extract,
-    "verify.audit": _audit_format,
-    "synthesize.pair": lambda a: strict_format(a.compact, a.cfg.n_select, a.cfg.limits),
+    tree_roles.ROOT_QUERY: _root_format, tree_roles.GATE: _gate, tree_roles.DECOMPOSE: _decompose_format,
+    tree_roles.GROUND: lambda a: _ground_format(a) if a.ctx.hits else None, tree_roles.EXTRACT: _extract,
+    AUDIT: _audit_format,
+    rubrics.SYNTHESIZE: lambda a: strict_format(a.compact, a.cfg.n_select, a.cfg.limits),
 }
-MESSAGES = {"synthesize.pair": lambda a: strict_messages(a.compact, a.cfg.n_select, a.cfg.limits)}
-PRECHECK = {"synthesize.pair": _synth_precheck}
+MESSAGES = {rubrics.SYNTHESIZE: lambda a: strict_messages(a.compact, a.cfg.n_select, a.cfg.limits)}
+PRECHECK = {rubrics.SYNTHESIZE: _synth_precheck}

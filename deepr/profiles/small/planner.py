@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from deepr.agent.planner import INITIAL, REVISE
 from deepr.llm.base import OutputFormat
 from deepr.profiles.formats import plan_schema
 from deepr.profiles.plan_guard import PlanGuard, graph_schema
@@ -86,5 +87,5 @@ def revision_format(a: Any) -> OutputFormat:
         texts=[a.query, *_result_titles(a)]), distinct_words=True)
 
 
-STRICT = {"planner.plan": initial_format, "planner.revise": revision_format}
-SCHEMA = {"planner.plan": lambda: graph_format(False), "planner.revise": lambda: graph_format(True)}
+STRICT = {INITIAL: initial_format, REVISE: revision_format}
+SCHEMA = {INITIAL: lambda: graph_format(False), REVISE: lambda: graph_format(True)}
