@@ -154,7 +154,7 @@ def _sft_rows(path: Path, n: int = 2) -> Path:
 
 
 @pytest.fixture(scope="module")
-def quick(request, tmp_path_factory, tiny):
+def quick(request, tmp_path_factory):
     """The other scripts' quick runs, each writing into its own tmp folder (never bench/results/),
     started together and run two at a time: each is one process mostly importing on one core, and
     the machine has two. A test takes its run's JSON (or its failure) with ``quick[name].result()``."""
@@ -163,27 +163,20 @@ def quick(request, tmp_path_factory, tiny):
     from conftest import wiki_rows
 
     d = tmp_path_factory.mktemp("quick")
-    corpus, gpu_in = d / "corpus.jsonl", d / "gpu_in"
+    corpus, sft = d / "corpus.jsonl", _sft_rows(d / "sft.jsonl")
     corpus.write_text("".join(json.dumps(r) + "\n" for r in wiki_rows(2) if r["description"]))
-    gpu_in.mkdir()
-    (gpu_in / "tiny").symlink_to(tiny)
-    _sft_rows(gpu_in / "sft.jsonl")
-    runs = {  # longest first
-        "gpu_check": (["gpu_check.sh"], {"DEVICE": "cpu", "QUICK": "1", "INPUTS": str(gpu_in),
-                                         "PYTHON": sys.executable}),
-        "pages": (["pages.py", "--passes", "1", "--rounds", "1", "--repeats", "1"], None),
-        "index_build": (["index_build.py", "--passages", "16", "--rounds", "1", "--docs", "10"], None),
-        "grpo_overhead": (["grpo_overhead.py", "--render-ab"], None),
-        "cold_start": (["cold_start.py", "--equality-only", "--passages", "8"], None),
-        "sft_memory": (["sft_memory.py", "--model", str(tiny), "--data", str(gpu_in / "sft.jsonl"), "--label",
-                        "quick", "--code", ".", "--steps", "2"], None),
-        "embed_calls": (["embed_calls.py", "--quick", "--compare", str(RESULTS / "embed_calls.json")], None),
-        "rewards": (["rewards.py", "--plans", "4", "--answers", "4", "--rollouts", "2"], None),
-        "serve_index": (["serve_index.py", "--corpus", str(corpus), "--clients", "2", "--per-client", "3",
-                         "--skip-milvus", "--work", str(d / "milvus")], None),
+    runs = {  # longest first; the two that train the tiny model start once it is built
+        "pages": ["pages.py", "--passes", "1", "--rounds", "1", "--repeats", "1"],
+        "index_build": ["index_build.py", "--passages", "16", "--rounds", "1", "--docs", "10"],
+        "cold_start": ["cold_start.py", "--equality-only", "--passages", "8"],
+        "grpo_overhead": ["grpo_overhead.py", "--render-ab"],
+        "embed_calls": ["embed_calls.py", "--quick", "--compare", str(RESULTS / "embed_calls.json")],
+        "rewards": ["rewards.py", "--plans", "4", "--answers", "4", "--rollouts", "2"],
+        "serve_index": ["serve_index.py", "--corpus", str(corpus), "--clients", "2", "--per-client", "3",
+                        "--skip-milvus", "--work", str(d / "milvus")],
     }
 
-    def run(name: str, args: list[str], env: dict | None) -> dict:
+    def run(name: str, args: list[str], env: dict | None = None) -> dict:
         out = d / f"{name}.json"
         if env:  # the shell script takes its output path from OUT
             bench(*args, env={**env, "OUT": str(out)}, timeout=300)
@@ -193,7 +186,16 @@ def quick(request, tmp_path_factory, tiny):
 
     selected = " ".join(item.name for item in request.session.items)  # each test names its script
     with ThreadPoolExecutor(2) as pool:
-        yield {name: pool.submit(run, name, *spec) for name, spec in runs.items() if name in selected}
+        started = {name: pool.submit(run, name, args) for name, args in runs.items() if name in selected}
+        if "gpu_check" in selected or "sft_memory" in selected:
+            tiny = request.getfixturevalue("tiny")
+            (d / "tiny").symlink_to(tiny)  # the GPU check's inputs: INPUTS/tiny and INPUTS/sft.jsonl
+            env = {"DEVICE": "cpu", "QUICK": "1", "INPUTS": str(d), "PYTHON": sys.executable}
+            started["gpu_check"] = pool.submit(run, "gpu_check", ["gpu_check.sh"], env)
+            started["sft_memory"] = pool.submit(run, "sft_memory", ["sft_memory.py", "--model", str(tiny), "--data",
+                                                                    str(sft), "--label", "quick", "--code", ".",
+                                                                    "--steps", "2"])
+        yield started
 
 
 def _ratio(a: float, b: float, got: float, places: int = 3) -> bool:
