@@ -162,7 +162,7 @@ def train_figures(out: Path) -> dict:
     return fig
 
 
-def chain(tag: str, model: str, inp: Path, work: Path, device: str, small: bool, quick: bool = False,
+def chain(tag: str, model: str, inp: Path, work: Path, device: str, small: bool, quick: bool = False, *,
           save: Callable[[list[dict]], None] = lambda rows: None) -> list[dict]:
     """sft -> grpo planner -> grpo prepare -> grpo answerer -> run; ``small``: 2 / 1 / 1 steps, 2 rollouts
     of 96 tokens, one question run (the CPU rehearsal: a loaded 2-core machine samples slowly)."""
@@ -237,10 +237,10 @@ def run(inputs: Path, out: Path, device: str, work: Path, small: bool, quick: bo
     def save(rows: list[dict]) -> None:  # partial results survive a time limit
         out.write_text(json.dumps({**result, "steps": result["steps"] + rows, "status": "partial"}, indent=1) + "\n")
 
-    result["steps"] += chain("tiny", str(inputs / "tiny"), inputs, work, device, small, quick, save)
+    result["steps"] += chain("tiny", str(inputs / "tiny"), inputs, work, device, small, quick, save=save)
     smol = None if quick else os.environ.get("SMOLLM2_DIR")
     if smol:
-        result["steps"] += chain("smollm2", smol, inputs, work, device, small, save)
+        result["steps"] += chain("smollm2", smol, inputs, work, device, small, save=save)
     else:
         result["smollm2"] = ("skipped: no SMOLLM2_DIR; its GGUF (98 MB) does not fit the 64 MiB that travels to "
                              "the lent GPU machine, and that machine has no network to fetch it")
