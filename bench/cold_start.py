@@ -97,7 +97,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--passages", type=int, default=1000, help="passages for the equality check")
     ap.add_argument("--limit", type=int, default=None, help="wiki documents to index (default: all)")
-    ap.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "deepr-bench-cold"))
+    ap.add_argument("--cache-dir", default=str(ROOT / ".bench-work" / "cold-start"))
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "cold_start.json"))
     ap.add_argument("--equality-only", action="store_true",
                     help="only the equality check, written into --out beside its earlier timings")

@@ -1,6 +1,6 @@
 """Speed of the embedder at the call sizes rewards and searches make, through its public API.
 
-    python bench/embed_calls.py [--rounds 3] [--out FILE] [--compare EARLIER.json]
+    python bench/embed_calls.py [--rounds 3] [--out FILE] [--compare EARLIER.json] [--quick]
 
 Calls of 1, 2, 5, 16, 48 and 128 reward texts (the plan node texts of bench/rewards.py) and of
 64 wiki passages, each call uncached (``encode(..., cache=False)``) on the rewards' embedder
@@ -8,7 +8,8 @@ Calls of 1, 2, 5, 16, 48 and 128 reward texts (the plan node texts of bench/rewa
 best of ``--rounds``; CPU and wall milliseconds per call. The script uses only
 ``deepr.corpus.embed.get_embedder`` and ``Embedder.encode``, so the same command times any
 version of deepr: ``--compare`` reads a run of an earlier version and adds the ratios
-now / earlier (CPU time: the machine may be shared). Writes bench/results/embed_calls.json.
+now / earlier (CPU time: the machine may be shared). ``--quick`` (the test suite's run): calls of 1
+and 5 texts and one of 64 passages, one round. Writes bench/results/embed_calls.json.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "embed_calls.json"))
     ap.add_argument("--compare", default=None, help="an earlier run's JSON (e.g. of the former code)")
+    ap.add_argument("--quick", action="store_true", help="sizes 1 and 5, one call of 64 passages, one round")
     args = ap.parse_args()
     from index_build import sample_passages
 
@@ -66,10 +68,10 @@ def main() -> None:
     res: dict = {"embedder": emb.name, "cores": len(os.sched_getaffinity(0)), "load_avg_start": os.getloadavg(),
                  "calls": {}}
     sets = {f"{n} reward texts": [texts[i * n:(i + 1) * n] for i in range(max(1, 24 // n))]
-            for n in (1, 2, 5, 16, 48, 128)}
-    sets["64 wiki passages"] = [wiki[i * 64:(i + 1) * 64] for i in range(2)]
+            for n in ((1, 5) if args.quick else (1, 2, 5, 16, 48, 128))}
+    sets["64 wiki passages"] = [wiki[i * 64:(i + 1) * 64] for i in range(1 if args.quick else 2)]
     for name, chunks in sets.items():
-        res["calls"][name] = per_call(encode, chunks, args.rounds)
+        res["calls"][name] = per_call(encode, chunks, 1 if args.quick else args.rounds)
         print(name, json.dumps(res["calls"][name]), flush=True)
     res["load_avg_end"] = os.getloadavg()
     if args.compare:

@@ -1,7 +1,7 @@
 """The GPU check behind bench/gpu_check.sh: train and serve deepr's models the way a GPU user does.
 
     python bench/gpu_check.py prepare [--inputs .gpu_check]     # here: inputs that travel
-    python bench/gpu_check.py run [--device cuda|cpu] [--out bench/results/gpu_check.json]
+    python bench/gpu_check.py run [--device cuda|cpu] [--out bench/results/gpu_check.json] [--small|--quick]
 
 ``prepare`` (needs the project's full install and the wiki extra) writes everything the GPU
 machine cannot make itself into one folder: a 72-article corpus slice, four questions with
@@ -21,6 +21,9 @@ per episode x episodes, over the summed step_time) and the tail of stderr on fai
 SmolLM2-135M-Instruct is run too when ``SMOLLM2_DIR`` names a converted checkpoint folder on
 the machine (`deepr.llm.smollm2.smollm2_dir`); its GGUF (98 MB) does not fit the 64 MiB that
 travels to the lent GPU machine, so there it is recorded as skipped.
+
+``--quick`` (the test suite's dry run, on CPU with the tiny model): the chain's first step alone,
+one SFT step under ``accelerate launch``, and the same figures and results file.
 """
 
 from __future__ import annotations
@@ -159,12 +162,13 @@ def train_figures(out: Path) -> dict:
     return fig
 
 
-def chain(tag: str, model: str, inp: Path, work: Path, device: str, small: bool,
+def chain(tag: str, model: str, inp: Path, work: Path, device: str, small: bool, quick: bool = False, *,
           save: Callable[[list[dict]], None] = lambda rows: None) -> list[dict]:
     """sft -> grpo planner -> grpo prepare -> grpo answerer -> run; ``small``: 2 / 1 / 1 steps, 2 rollouts
     of 96 tokens, one question run (the CPU rehearsal: a loaded 2-core machine samples slowly)."""
     py = sys.executable
-    sft_steps, rl_steps, gens, room = ("2", "1", "2", "96") if small else ("8", "4", "4", "256")
+    sft_steps, rl_steps, gens, room = ("2", "1", "2", "96") if small or quick else ("8", "4", "4", "256")
+    sft_steps = "1" if quick else sft_steps
     # `grpo prepare` and `run` decode through deepr's hf backend one call at a time; on the H200 the
     # tiny model decoded ~8x slower than on this 2-core CPU (launch-bound: 326 s for 4 queries at 256
     # tokens), so they get 2 queries / 1 question at 128 tokens to keep the check inside 8 minutes.
@@ -193,13 +197,15 @@ def chain(tag: str, model: str, inp: Path, work: Path, device: str, small: bool,
                            ck / "answerer", "--max-steps", rl_steps, *g], ck / "answerer"),
     ]
     rows = []
-    for name, cmd, out in steps:
+    for name, cmd, out in steps[:1] if quick else steps:
         rows.append({"model": tag, **step(name, cmd, work / f"{tag}-{name}.log", env)})
         if rows[-1]["rc"]:
             return rows
         if out is not None:
             rows[-1].update(train_figures(out))
         save(rows)
+    if quick:
+        return rows
     spec = json.loads((ck / "answerer" / "deepr_meta.json").read_text())["llm_spec"]
     rows.append({"model": tag, **step("run-trained", [py, "-m", "deepr", "run", "--queries", inp / "verified.jsonl",
                                                       "--out", ck / "runs", "--llm", spec, *c[:4], "--allow-fallback",
@@ -210,30 +216,31 @@ def chain(tag: str, model: str, inp: Path, work: Path, device: str, small: bool,
 
 
 def device_info(device: str) -> dict:
-    import torch
+    from importlib.metadata import version
 
-    info = {"device": device, "python": platform.python_version(), "torch": torch.__version__}
-    if device == "cuda":
+    info = {"device": device, "python": platform.python_version(),
+            **{m: version(m) for m in ("torch", "transformers", "trl", "peft", "accelerate")}}
+    if device == "cuda":  # the only import of torch here: the steps import it themselves
+        import torch
+
         info.update(gpu=torch.cuda.get_device_name(0), bf16_supported=torch.cuda.is_bf16_supported())
-    for mod in ("transformers", "trl", "peft", "accelerate"):
-        info[mod] = __import__(mod).__version__
     return info
 
 
-def run(inputs: Path, out: Path, device: str, work: Path, small: bool) -> int:
+def run(inputs: Path, out: Path, device: str, work: Path, small: bool, quick: bool = False) -> int:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     t0 = time.perf_counter()
-    result: dict = {"info": {**device_info(device), "small": small}, "steps": []}
+    result: dict = {"info": {**device_info(device), "small": small, "quick": quick}, "steps": []}
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def save(rows: list[dict]) -> None:  # partial results survive a time limit
         out.write_text(json.dumps({**result, "steps": result["steps"] + rows, "status": "partial"}, indent=1) + "\n")
 
-    result["steps"] += chain("tiny", str(inputs / "tiny"), inputs, work, device, small, save)
-    smol = os.environ.get("SMOLLM2_DIR")
+    result["steps"] += chain("tiny", str(inputs / "tiny"), inputs, work, device, small, quick, save=save)
+    smol = None if quick else os.environ.get("SMOLLM2_DIR")
     if smol:
-        result["steps"] += chain("smollm2", smol, inputs, work, device, small, save)
+        result["steps"] += chain("smollm2", smol, inputs, work, device, small, save=save)
     else:
         result["smollm2"] = ("skipped: no SMOLLM2_DIR; its GGUF (98 MB) does not fit the 64 MiB that travels to "
                              "the lent GPU machine, and that machine has no network to fetch it")
@@ -253,11 +260,12 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_check.json")
     ap.add_argument("--work", type=Path, default=ROOT / ".gpu_check" / "work")
     ap.add_argument("--small", action="store_true", help="fewer, shorter steps (the CPU rehearsal)")
+    ap.add_argument("--quick", action="store_true", help="one SFT step of the tiny model (the suite's dry run)")
     a = ap.parse_args()
     if a.what == "prepare":
         prepare(a.inputs.resolve())
         return 0
-    return run(a.inputs.resolve(), a.out, a.device, a.work, a.small)
+    return run(a.inputs.resolve(), a.out, a.device, a.work, a.small, a.quick)
 
 
 if __name__ == "__main__":

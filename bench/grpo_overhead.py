@@ -19,6 +19,7 @@ after warming the retriever and the reward's embedder) therefore reports an uppe
 
     nice -n 10 python bench/grpo_overhead.py --out bench/results/grpo_overhead.json
     nice -n 10 python bench/grpo_overhead.py --only planner-schema --smollm2 --turn-tokens 160
+    python bench/grpo_overhead.py --render-ab [--smollm2]   # the prompt-rendering A/B alone (the suite's run)
 """
 
 from __future__ import annotations
@@ -264,7 +265,8 @@ def main() -> None:
                     "planner-schema, whose constrained sampling trips xgrammar's assertion on the tiny tokenizer).")
     ap.add_argument("--no-tiny", action="store_true", help="Skip the tiny-model stages.")
     ap.add_argument("--steps", type=int, default=4, help="Tiny steps per stage: 1 warm-up, timed, 1 profiled.")
-    ap.add_argument("--smollm2", action="store_true", help="Add one SmolLM2-135M planner step (several minutes).")
+    ap.add_argument("--smollm2", action="store_true", help="Add one SmolLM2-135M planner step (several minutes); "
+                    "with --render-ab, its tokenizer beside the tiny one.")
     ap.add_argument("--turn-tokens", type=int, default=160, help="SmolLM2: most tokens of one planner turn.")
     ap.add_argument("--group", type=int, default=4, help="SmolLM2: rollouts per question (2 questions).")
     ap.add_argument("--formats", default="schema", choices=["schema", "none"],
@@ -330,20 +332,19 @@ def recorded(name: str, run: Any) -> dict[str, Any]:
 
 
 def write_render_ab(args: argparse.Namespace) -> None:
-    """Adds ``render_ab`` (tiny and SmolLM2 tokenizers) to the results file, keeping its stages."""
+    """Adds ``render_ab`` (the tiny tokenizer; SmolLM2's with --smollm2) to the results file, keeping its stages."""
     from transformers import AutoTokenizer
 
+    from deepr.llm.smollm2 import smollm2_dir
     from deepr.train.tiny import build_tiny_model, wiki_texts
 
-    from deepr.llm.smollm2 import smollm2_dir
-
     out = json.loads(args.out.read_text()) if args.out.is_file() else {"stages": {}}
-    smol = smollm2_dir()
     with tempfile.TemporaryDirectory() as tmp:
         tiny = build_tiny_model(Path(tmp) / "tiny", corpus_texts=wiki_texts(300) or None, vocab_size=1500)
+        paths = {"tiny": tiny, **({"SmolLM2-135M": smollm2_dir()} if args.smollm2 else {})}
         out["render_ab"] = {"command": " ".join(sys.argv), "load_average": os.getloadavg(),
                             **{name: render_ab(AutoTokenizer.from_pretrained(str(path)), args.group)
-                               for name, path in (("tiny", tiny), ("SmolLM2-135M", smol))}}
+                               for name, path in paths.items()}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out["render_ab"], indent=1))

@@ -179,7 +179,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "rewards.json"))
     args = ap.parse_args()
     emb = Embedder()
-    emb.model  # noqa: B018  torch model load is not part of any mode (GRPO has it loaded)
+    emb.dim  # noqa: B018  model load is not part of any mode (GRPO has it loaded)
     emb.encode(["warm-up"])
     out: dict = {"load_avg_start": os.getloadavg(), "args": vars(args)}
     plan_groups = build(args.plans, args.rollouts, args.seed)

@@ -3,7 +3,7 @@ throughput under concurrent clients, each against a baseline measured in the sam
 corpus by default; ``--corpus`` another one whose documents carry a description).
 
     python bench/serve_index.py [--clients 32] [--per-client 200] [--skip-milvus]
-    python bench/serve_index.py --corpus small.jsonl --clients 2 --per-client 5 --out /tmp/s.json  # quick
+    python bench/serve_index.py --corpus small.jsonl --clients 2 --per-client 3 --skip-milvus --out .bench-work/quick.json
 
 1. Throughput: ``--clients`` concurrent clients (one asyncio process, aiohttp) each post
    ``--per-client`` single-query ``POST /retrieve`` requests (Search-R1's shape, topk 10, hybrid)

@@ -1,10 +1,11 @@
 """The benchmarks in bench/ run as docs/benchmarks.md documents them: every script answers --help,
-the cheap ones run a quick mode end to end (the heavy ones under ``-m slow``), every results file
+each one runs a quick mode end to end into tmp and its output is checked, every results file
 is named by docs/benchmarks.md, and the README's Results table reads what those files hold."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -21,10 +22,10 @@ SCRIPTS = sorted(p.name for p in BENCH.iterdir()
                  if p.suffix == ".sh" or p.suffix == ".py" and "__main__" in p.read_text(encoding="utf-8"))
 
 
-def bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def bench(*args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
     """One documented command, as a user types it from the repository root."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "HF_DATASETS_OFFLINE": "1"}
+           "HF_DATASETS_OFFLINE": "1", **(env or {})}
     cmd = ["bash" if args[0].endswith(".sh") else sys.executable, str(BENCH / args[0]), *args[1:]]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
     assert proc.returncode == 0, f"{' '.join(args)}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
@@ -144,15 +145,151 @@ def test_readme_retrieval_row_reads_the_kept_results():
     assert round(run["latency"]["hybrid"]["p50_ms"]) == int(p50)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("args", [
-    ("pages.py", "--passes", "2", "--rounds", "1", "--repeats", "1"),
-    ("cold_start.py", "--equality-only", "--passages", "20"),
-    ("rewards.py", "--plans", "8", "--answers", "0", "--rollouts", "2"),
-    ("grpo_overhead.py", "--render-ab"),
-    ("index_build.py", "--passages", "16", "--rounds", "1", "--docs", "10", "--skip-incremental"),
-], ids=lambda a: a[0])
-def test_heavier_benchmarks_quick(tmp_path, args):
-    out = tmp_path / "out.json"
-    bench(*args, "--out", str(out), timeout=600)
-    assert json.loads(out.read_text())
+def _sft_rows(path: Path, n: int = 2) -> Path:
+    plan = json.dumps({"nodes": [{"id": "S1", "type": "search", "query": "river floods"}]})
+    path.write_text("".join(json.dumps({"id": f"e{i}", "role": "planner", "action": "plan", "messages": [
+        {"role": "system", "content": "You plan research."}, {"role": "user", "content": f"Question {i}: why?"},
+        {"role": "assistant", "content": plan}]}) + "\n" for i in range(n)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def quick(request, tmp_path_factory):
+    """The other scripts' quick runs, each writing into its own tmp folder (never bench/results/),
+    started together and run two at a time: each is one process mostly importing on one core, and
+    the machine has two. A test takes its run's JSON (or its failure) with ``quick[name].result()``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conftest import wiki_rows
+
+    d = tmp_path_factory.mktemp("quick")
+    corpus, sft = d / "corpus.jsonl", _sft_rows(d / "sft.jsonl")
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in wiki_rows(2) if r["description"]))
+    runs = {  # longest first; the two that train the tiny model start once it is built
+        "pages": ["pages.py", "--passes", "1", "--rounds", "1", "--repeats", "1"],
+        "index_build": ["index_build.py", "--passages", "16", "--rounds", "1", "--docs", "10"],
+        "cold_start": ["cold_start.py", "--equality-only", "--passages", "8"],
+        "grpo_overhead": ["grpo_overhead.py", "--render-ab"],
+        "embed_calls": ["embed_calls.py", "--quick", "--compare", str(RESULTS / "embed_calls.json")],
+        "rewards": ["rewards.py", "--plans", "4", "--answers", "4", "--rollouts", "2"],
+        "serve_index": ["serve_index.py", "--corpus", str(corpus), "--clients", "2", "--per-client", "3",
+                        "--skip-milvus", "--work", str(d / "milvus")],
+    }
+
+    def run(name: str, args: list[str], env: dict | None = None) -> dict:
+        out = d / f"{name}.json"
+        if env:  # the shell script takes its output path from OUT
+            bench(*args, env={**env, "OUT": str(out)}, timeout=300)
+        else:
+            bench(*args, "--out", str(out), timeout=300)
+        return json.loads(out.read_text())
+
+    selected = " ".join(item.name for item in request.session.items)  # each test names its script
+    with ThreadPoolExecutor(2) as pool:
+        started = {name: pool.submit(run, name, args) for name, args in runs.items() if name in selected}
+        if "gpu_check" in selected or "sft_memory" in selected:
+            tiny = request.getfixturevalue("tiny")
+            (d / "tiny").symlink_to(tiny)  # the GPU check's inputs: INPUTS/tiny and INPUTS/sft.jsonl
+            env = {"DEVICE": "cpu", "QUICK": "1", "INPUTS": str(d), "PYTHON": sys.executable}
+            started["gpu_check"] = pool.submit(run, "gpu_check", ["gpu_check.sh"], env)
+            started["sft_memory"] = pool.submit(run, "sft_memory", ["sft_memory.py", "--model", str(tiny), "--data",
+                                                                    str(sft), "--label", "quick", "--code", ".",
+                                                                    "--steps", "2"])
+        yield started
+
+
+def _ratio(a: float, b: float, got: float, places: int = 3) -> bool:
+    return math.isfinite(got) and abs(got - a / b) <= 10 ** -places
+
+
+def test_rewards_quick(quick):
+    """Every mode scored the same items (the script exits if caching changed a score), and each
+    speed-up is against the uncached mode timed in the same run."""
+    res = quick["rewards"].result()
+    for part, modes in (("R_plan", {"uncached", "cached", "grouped", "eval"}), ("R_ans", {"uncached", "cached"})):
+        rows = res[part]
+        assert set(rows) == modes and rows["uncached"]["speedup_vs_uncached"] == 1
+        for row in rows.values():
+            assert row["items_per_s"] > 0 and _ratio(rows["uncached"]["seconds"], row["seconds"],
+                                                     row["speedup_vs_uncached"], 9)
+            assert 0 < row["texts_encoded"] <= rows["uncached"]["texts_encoded"]  # the cache only saves calls
+
+
+def test_embed_calls_quick_compares_with_the_kept_run(quick):
+    earlier = json.loads((RESULTS / "embed_calls.json").read_text())
+    res = quick["embed_calls"].result()
+    assert set(res["calls"]) == {"1 reward texts", "5 reward texts", "64 wiki passages"}
+    for name, row in res["calls"].items():
+        assert row["calls"] >= 1 and 0 < row["cpu_ms"] and math.isfinite(row["wall_ms"]) and row["wall_ms"] > 0
+        assert _ratio(row["cpu_ms"], earlier["calls"][name]["cpu_ms"], row["cpu_ratio_to_earlier"], 9)
+
+
+def test_serve_index_quick(quick):
+    """Two clients against `deepr serve-index` on a 24-article corpus: no errors, the server's
+    recall@10 is the local index's, and the throughput ratio is to the one-process baseline."""
+    res = quick["serve_index"].result()
+    assert res["server"]["requests"] == 6 and res["server"]["errors"] == 0
+    assert res["server"]["p50_ms"] <= res["server"]["p99_ms"]
+    assert _ratio(res["server"]["qps"], res["baseline_one_process"]["qps"], res["throughput_ratio"], 9)
+    rec = res["recall@10"]
+    assert rec["queries"] > 0 and 0 < rec["local_hybrid"] == rec["server_hybrid"] <= 1
+    assert res["targets"]["server_recall_equals_local"] and res["targets"]["zero_errors"]
+
+
+def test_sft_memory_quick(quick):
+    res = quick["sft_memory"].result()
+    row = res["full"]["runs"]["quick"]
+    assert row["steps"] == 2 == len(row["step_seconds"]) == len(row["losses"]) and row["rejected"] == 0
+    assert 100 < row["peak_rss_mb"] < 16_000 and row["cpu_seconds_per_step"] > 0
+    assert all(math.isfinite(x) for x in row["losses"])
+
+
+def test_gpu_check_dry_run_on_cpu(quick):
+    """bench/gpu_check.sh's code path without a GPU: the tiny model's SFT step under accelerate
+    launch, figures read back from the trainer's files."""
+    res = quick["gpu_check"].result()
+    assert res["status"] == "complete" and res["failed"] == [] and res["info"]["quick"]
+    (sft,) = res["steps"]
+    assert sft["step"] == "sft" and sft["rc"] == 0 and "accelerate.commands.launch" in sft["command"]
+    assert (sft.get("steps_per_s") or sft["steps_per_s_incl_loading"]) > 0 and sft["peak_rss_mib_any_child"] > 0
+
+
+def test_pages_quick(quick):
+    res = quick["pages"].result()
+    assert set(res["quality"]) == {"favor_precision", "default", "favor_recall"}
+    assert sum(m["chosen"] for m in res["quality"].values()) == 1
+    assert all(0 <= m["recall"] <= 1 and 0 <= m["leakage"] <= 1 for m in res["quality"].values())
+    cost = res["cost"]
+    assert cost["ratio_to_lock"]["threads_with_lock"] == 1
+    for k, v in cost["median_seconds"].items():
+        assert v > 0 and abs(cost["ratio_to_lock"][k] - v / cost["median_seconds"]["threads_with_lock"]) < 0.01
+    locked = res["crashes_with_lock"]
+    assert locked["native_crashes"] == locked["other_failures"] == 0 and locked["pages_read"] == cost["pages"]
+
+
+def test_cold_start_equality_quick(quick):
+    eq = quick["cold_start"].result()["equality"]
+    assert eq["passages"] == 8
+    fp32 = eq["fp32 (queries, rewards)"]
+    assert fp32["ok"] and 0.999 <= fp32["cos_min"] <= fp32["cos_mean"] <= 1.0001
+    (int8,) = [v for k, v in eq.items() if "not gated" in k]
+    assert 0.9 < int8["cos_min"] <= int8["cos_mean"] <= 1.0001
+
+
+def test_grpo_overhead_render_ab_quick(quick):
+    ab = quick["grpo_overhead"].result()["render_ab"]
+    assert set(ab) == {"command", "load_average", "tiny"}
+    tiny = ab["tiny"]
+    assert tiny["renders_before"] == 16 and tiny["renders_after"] == 2 and tiny["prompt_tokens"] > 0
+    assert _ratio(tiny["after_s"], tiny["before_s"], tiny["ratio"], 2) and tiny["ratio"] < 1
+
+
+def test_index_build_quick(quick):
+    res = quick["index_build"].result()
+    assert res["passages"] == 16 and set(res["encoders"]) == {"index default", "fp32"}
+    assert res["encoders"]["fp32"]["cos_min"] >= 0.999
+    for enc in res["encoders"].values():
+        assert enc["passages_per_s"] > 0 and 0.9 < enc["cos_min"] <= enc["cos_mean"] <= 1.0001
+    inc = res["incremental"]
+    assert 0 < inc["rebuild_after_edit"]["embedded"] < inc["full"]["embedded"]
+    assert _ratio(inc["rebuild_after_edit"]["embedded"], inc["full"]["embedded"], inc["ratio_embedded"], 9)
