@@ -18,8 +18,8 @@ corpus by default; ``--corpus`` another one whose documents carry a description)
 Writes bench/results/serve_index.json. The machine may be shared: the load average is recorded.
 
 ``--shared-clients`` measures instead what a training cluster's processes hold when they share
-one server (bench/results/serve_index_clients.json; tests/test_serve_clients.py runs it on a small
-corpus):
+one server (under "shared_clients" in the same results file, the rest of it kept; each mode
+keeps the other's part; tests/test_serve_clients.py runs it on a small corpus):
 
 3. Clients: a two-process ``deepr grpo --stage planner`` (torchrun, tiny random model, rollouts
    schema-constrained so G0 plans reach the corpus) and ``deepr run --queries --parallel 8``
@@ -303,6 +303,18 @@ def shared_clients(args: argparse.Namespace) -> dict:
     return res
 
 
+def write_results(out: Path, res: dict, *, shared: bool = False) -> None:
+    """One results file for both modes: the serving run's results at the top, the shared-clients
+    run's under "shared_clients"; each run replaces its own part and keeps the other's."""
+    old = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else {}
+    if shared:
+        whole = {**old, "shared_clients": res}
+    else:
+        whole = {**res, **({"shared_clients": old["shared_clients"]} if "shared_clients" in old else {})}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(whole, indent=2) + "\n", encoding="utf-8")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--clients", type=int, default=32)
@@ -314,19 +326,15 @@ def main() -> None:
     ap.add_argument("--shared-clients", action="store_true", help="measure clients sharing one server instead (3.)")
     ap.add_argument("--grpo-steps", type=int, default=2, help="--shared-clients: GRPO steps")
     ap.add_argument("--skip-local", action="store_true", help="--shared-clients: no local-corpus baseline run")
-    ap.add_argument("--out", default=None, help="default: bench/results/serve_index.json, or "
-                                                "serve_index_clients.json with --shared-clients")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve_index.json"))
     args = ap.parse_args()
     if args.shared_clients:
-        out = Path(args.out or ROOT / "bench" / "results" / "serve_index_clients.json")
         res = {"load_avg_start": os.getloadavg(), "cores": len(os.sched_getaffinity(0)), **shared_clients(args),
                "load_avg_end": os.getloadavg()}
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
+        write_results(Path(args.out), res, shared=True)
         print(json.dumps({k: res[k] for k in ("index_on_disk_mb", "server_peak_rss_mb", "client_peak_rss_mb",
                                               "searches", "targets")}, indent=2))
         return
-    args.out = args.out or str(ROOT / "bench" / "results" / "serve_index.json")
 
     from deepr.corpus import open_retriever
     from deepr.corpus.remote import RemoteRetriever
@@ -375,8 +383,7 @@ def main() -> None:
         "p99_le_3x_p50": res["server"]["p99_over_p50"] <= 3,
         "throughput_ge_0.7x": res["throughput_ratio"] >= 0.7}
     res["load_avg_end"] = os.getloadavg()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
+    write_results(Path(args.out), res)
     print(json.dumps({k: res[k] for k in ("server", "baseline_one_process", "throughput_ratio", "recall@10",
                                           "targets")}, indent=2))
 

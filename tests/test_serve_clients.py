@@ -8,7 +8,7 @@ run's traces. No client may build or load the index: their deepr cache stays wit
 
 This is bench/serve_index.py --shared-clients at its cheapest (the mini corpus, one GRPO step,
 no local-corpus baseline run; ~50 s on two cores); the bench on the wiki corpus adds the peak RSS
-comparison with a client that opens the index itself (bench/results/serve_index_clients.json).
+comparison with a client that opens the index itself (bench/results/serve_index.json, "shared_clients").
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def test_grpo_ranks_and_a_parallel_run_share_one_server_and_it_counts_every_sear
                        capture_output=True, text=True, timeout=900, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(out.read_text())
+    res = json.loads(out.read_text())["shared_clients"]
     logged, served = res["searches"]["clients_logged"], res["searches"]["server_counted"]
     # schema-constrained rollouts make the random tiny model's G0 a plan, so both clients searched
     assert logged["grpo"] > 0 and logged["run"] > 0
