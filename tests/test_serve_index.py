@@ -305,6 +305,37 @@ def test_build_trees_stops_when_the_server_goes_away_and_resumes(retriever, tmp_
     assert ids(resumed) == ids((tmp_path / "clean.jsonl").read_text().splitlines())
 
 
+def test_run_queries_stops_when_the_server_goes_away_and_resumes(retriever, tmp_path):
+    """`deepr run --queries`: the server dies once a report is written; the batch stops with one
+    line and exit 3, keeps that report, rejects no question for the outage, and the same command
+    against the server back on its port answers the rest."""
+    from deepr.corpus.server import make_app
+
+    port = free_port()
+    qfile, out = tmp_path / "q.jsonl", tmp_path / "runs"
+    qfile.write_text("".join(json.dumps({"id": f"q{i}", "question": q}) + "\n" for i, q in enumerate(QUERIES)))
+    index = out / "reports.jsonl"
+    run = lambda: CliRunner().invoke(app, ["run", "--queries", str(qfile), "--out", str(out),  # noqa: E731
+                                           "--corpus", f"http://127.0.0.1:{port}"])
+    lost, box = going_away(make_app(retriever), when=lambda: index.exists() and index.read_text().strip())
+    with served_in_thread(lost, port) as srv:
+        box["server"] = srv
+        r = run()
+    kept = index.read_text().splitlines()
+    assert r.exit_code == 3 and 0 < len(kept) < len(QUERIES), r.output
+    errors = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "/v1/search failed" in errors[0] and "Traceback" not in r.output
+    assert f"the {len(kept)} finished this run are saved" in r.output.replace("\n", " ")
+    rejects = out / "reports.rejects.jsonl"
+    assert not rejects.exists() or not rejects.read_text().strip()
+    with served_in_thread(make_app(retriever), port):
+        again = run()
+    assert again.exit_code == 0, again.output
+    done = index.read_text().splitlines()
+    assert done[:len(kept)] == kept  # the finished report was kept, not run again
+    assert sorted(json.loads(x)["id"] for x in done) == [f"q{i}" for i in range(len(QUERIES))]
+
+
 def test_build_trees_against_a_closed_port_runs_nothing(tmp_path):
     port = free_port()  # nothing listens there
     r = CliRunner().invoke(app, ["build-trees", "--n-trees", "2", "--out", str(tmp_path / "t.jsonl"),
