@@ -16,6 +16,19 @@ corpus by default; ``--corpus`` another one whose documents carry a description)
    through Milvus Lite (`deepr index --to milvus:...` then hybrid search), all hybrid.
 
 Writes bench/results/serve_index.json. The machine may be shared: the load average is recorded.
+
+``--shared-clients`` measures instead what a training cluster's processes hold when they share
+one server (under "shared_clients" in the same results file, the rest of it kept; each mode
+keeps the other's part; tests/test_serve_clients.py runs it on a small corpus):
+
+3. Clients: a two-process ``deepr grpo --stage planner`` (torchrun, tiny random model, rollouts
+   schema-constrained so G0 plans reach the corpus) and ``deepr run --queries --parallel 8``
+   (offline engine) run at the same time against one ``serve-index``. The server's own query
+   counter must equal the searches the clients logged (GRPO's rollouts.jsonl, the run's
+   traces). Each client process's peak RSS (the kernel's VmHWM, read every 0.1 s until it
+   exits) is compared with the index's size on disk (the folder the server loaded) and the
+   server's peak RSS; the same two clients with the corpus opened locally (each loads the
+   index and the embedder) are the baseline, run after the served ones.
 """
 
 from __future__ import annotations
@@ -126,6 +139,182 @@ def milvus_recall(corpus: str, test, cache_dir: str | None, db: Path) -> dict:
     return {"load_s": load_s, "counts": counts, "recall@10": recall_at_10(m, test)}
 
 
+# --- --shared-clients: training processes and a parallel run sharing one server -------------------
+
+QUESTIONS = ["What causes earthquakes?", "How do volcanoes affect the climate?",
+             "Who was Adam Smith and what did he write?", "How does an abacus work?",
+             "What is the history of the aircraft carrier?", "What causes acid rain?",
+             "How did ancient Greek architecture influence later buildings?", "What is abiogenesis?"]
+GRPO_CONFIG = {"lora_r": 4, "lora_alpha": 8, "zero_advantage": "off", "save_steps": 100, "mini_batch_prompts": 2,
+               "max_completion_length": 400, "rollout_formats": "schema"}  # schema: a random model's G0 is a plan
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    """The kernel's high-water mark of one process's resident set (VmHWM), or None once it is gone."""
+    try:
+        line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return None
+    return int(line.split()[1]) / 1024
+
+
+def label_of(proc) -> str:
+    """'grpo rank N' for a torchrun worker (its LOCAL_RANK), the launcher, or the deepr command."""
+    try:
+        rank, cmd = proc.environ().get("LOCAL_RANK"), proc.cmdline()
+    except Exception:  # noqa: BLE001  already gone
+        return "?"
+    if "torch.distributed.run" in cmd:
+        return "torchrun launcher"
+    if rank is not None:
+        return f"grpo rank {rank}"
+    return "deepr " + next((c for c in cmd if c in ("run", "grpo", "serve-index")), "?")
+
+
+def run_clients(cmds: dict[str, list[str]], env: dict) -> dict[str, float]:
+    """Start every command at once and wait; each process's peak RSS (MB) by label, polled every 0.1 s."""
+    import threading
+
+    import psutil
+
+    procs = [subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for cmd in cmds.values()]
+    roots, labels, peaks, stop = [psutil.Process(p.pid) for p in procs], {}, {}, threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            for root in roots:
+                try:
+                    tree = [root, *root.children(recursive=True)]
+                except psutil.Error:  # the command has exited
+                    continue
+                for p in tree:
+                    mb = peak_rss_mb(p.pid)
+                    if mb is not None:
+                        labels.setdefault(p.pid, label_of(p))
+                        peaks[p.pid] = max(peaks.get(p.pid, 0.0), mb)
+            stop.wait(0.1)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    errs = [p.communicate(timeout=1800)[1] for p in procs]
+    stop.set()
+    watcher.join()
+    for name, p, err in zip(cmds, procs, errs):
+        if p.returncode != 0:
+            raise SystemExit(f"{name} exited {p.returncode}: {err[-3000:]}")
+    return {labels[pid]: round(mb, 1) for pid, mb in sorted(peaks.items())}
+
+
+def client_inputs(work: Path) -> dict[str, Path]:
+    """The tiny random model, two verified pairs for the planner stage, the questions for `deepr run`."""
+    from deepr.records import QRPair, RubricItem
+    from deepr.train.tiny import build_tiny_model, wiki_texts
+
+    work.mkdir(parents=True, exist_ok=True)
+    model = work / "tiny"
+    if not (model / "config.json").is_file():
+        build_tiny_model(model, corpus_texts=wiki_texts(300) or None, vocab_size=1500)
+    rub = RubricItem(id="R1", type="factual", description="Plate boundaries cause earthquakes", weight=1.0,
+                     source_leaf_ids=["L1"], evidence=["Most earthquakes occur at plate boundaries."])
+    pairs, queries, config = work / "verified.jsonl", work / "queries.jsonl", work / "grpo.json"
+    pairs.write_text("".join(QRPair(id=f"p{i}", tree_id="t", question=q, selected_leaf_ids=[], rubrics=[rub],
+                                    decision="KEEP").model_dump_json() + "\n" for i, q in enumerate(QUESTIONS[:2])))
+    queries.write_text("".join(json.dumps({"id": f"q{i}", "question": q}) + "\n" for i, q in enumerate(QUESTIONS)))
+    config.write_text(json.dumps(GRPO_CONFIG))
+    return {"model": model, "pairs": pairs, "queries": queries, "config": config}
+
+
+def logged_searches(grpo_out: Path, runs_out: Path) -> dict[str, int]:
+    """The searches each client recorded: GRPO's rollouts.jsonl (every rank's rollouts), the run's traces."""
+    grpo = sum(json.loads(x).get("searches", 0) for x in (grpo_out / "rollouts.jsonl").read_text().splitlines())
+    run = 0
+    for path in runs_out.rglob("*.json"):
+        trace = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(trace, dict) and "tools" in trace:  # a blank query is never sent
+            run += sum(1 for t in trace["tools"] if t["tool"] == "search" and str(t.get("query") or "").strip())
+    return {"grpo": grpo, "run": run}
+
+
+def client_commands(corpus: list[str], inputs: dict[str, Path], out: Path, grpo_steps: int) -> dict[str, list[str]]:
+    """A two-process GRPO planner run and an 8-wide `deepr run --queries`, both searching ``corpus``."""
+    py = [sys.executable, "-m"]
+    grpo = [*py, "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "deepr", "grpo",
+            "--stage", "planner", "--model", str(inputs["model"]), "--data", str(inputs["pairs"]),
+            "--out", str(out / "grpo"), "--config", str(inputs["config"]), "--max-steps", str(grpo_steps),
+            "--num-generations", "2", "--prompts-per-step", "2", "--lr", "1e-3", "--k", "2", *corpus]
+    run = [*py, "deepr", "run", "--queries", str(inputs["queries"]), "--parallel", "8", "--out", str(out / "runs"),
+           *corpus]
+    return {"grpo": grpo, "run": run}
+
+
+def shared_clients(args: argparse.Namespace) -> dict:
+    """Both clients against one server: its query count against their logs, their peak RSS against the index."""
+    import httpx
+
+    from deepr.corpus.embcache import cache_root
+
+    work = Path(args.work) / "clients"
+    shutil.rmtree(work / "out", ignore_errors=True)
+    cache = str(cache_root(args.cache_dir))
+    inputs = client_inputs(work)
+    # the clients' own cache: an index built or loaded there would show; it holds the exported embedders, as a
+    # user's does (GRPO's reward embeds on each rank; that model is not the index, and exporting it is a one-off)
+    client_cache = work / "out" / "client-cache"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1",
+           "DEEPR_CACHE": str(client_cache)}
+    if (cache_root(None) / "embedders").is_dir():
+        shutil.copytree(cache_root(None) / "embedders", client_cache / "embedders")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = start_server(args.corpus, port, cache)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        stats = httpx.get(url + "/v1/stats").json()
+        before, index = stats["served"]["queries"], Path(stats["index"])  # the folder the server loaded
+        index_mb = sum(f.stat().st_size for f in index.rglob("*") if f.is_file()) / 2 ** 20
+        print("two-process grpo + run --parallel 8 against the server ...", file=sys.stderr)
+        clients = run_clients(client_commands(["--corpus", url], inputs, work / "out", args.grpo_steps), env)
+        served = httpx.get(url + "/v1/stats").json()["served"]["queries"] - before
+        server_peak = peak_rss_mb(proc.pid)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        log, _ = proc.communicate(timeout=60)
+    logged = logged_searches(work / "out" / "grpo", work / "out" / "runs")
+    res = {"corpus": args.corpus, "index_dir": str(index), "index_on_disk_mb": round(index_mb, 1),
+           "server_peak_rss_mb": server_peak, "client_peak_rss_mb": clients,
+           "client_over_index": {k: round(v / index_mb, 2) for k, v in clients.items()},
+           "searches": {"server_counted": served, "clients_logged": logged},
+           "client_cache_has_index": (client_cache / "index").exists(),
+           "server_log_summary": next((ln for ln in log.splitlines() if ln.startswith("served ")), None)}
+    if not args.skip_local:
+        print("baseline: the same two clients with the corpus opened locally ...", file=sys.stderr)
+        # both find the server's index through DEEPR_CACHE (grpo has no --cache-dir)
+        local = client_commands(["--corpus", args.corpus], inputs, work / "out" / "local", args.grpo_steps)
+        res["local_peak_rss_mb"] = run_clients(local, {**env, "DEEPR_CACHE": cache})
+        res["served_over_local"] = {k: round(v / res["local_peak_rss_mb"][k], 3) for k, v in clients.items()
+                                    if res["local_peak_rss_mb"].get(k)}
+    res["client_over_server"] = {k: round(v / server_peak, 2) for k, v in clients.items()}
+    res["targets"] = {"server_counts_every_search": served == sum(logged.values()) and logged["grpo"] > 0
+                      and logged["run"] > 0,
+                      "no_client_loads_the_index": not res["client_cache_has_index"],
+                      "each_client_rss_below_index_size": all(v < index_mb for v in clients.values())}
+    return res
+
+
+def write_results(out: Path, res: dict, *, shared: bool = False) -> None:
+    """One results file for both modes: the serving run's results at the top, the shared-clients
+    run's under "shared_clients"; each run replaces its own part and keeps the other's."""
+    old = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else {}
+    if shared:
+        whole = {**old, "shared_clients": res}
+    else:
+        whole = {**res, **({"shared_clients": old["shared_clients"]} if "shared_clients" in old else {})}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(whole, indent=2) + "\n", encoding="utf-8")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--clients", type=int, default=32)
@@ -134,8 +323,18 @@ def main() -> None:
     ap.add_argument("--cache-dir", default=None, help="deepr cache with the corpus's index (default: $DEEPR_CACHE)")
     ap.add_argument("--work", default=str(ROOT / ".bench-work" / "serve-index"), help="folder for the Milvus Lite file")
     ap.add_argument("--skip-milvus", action="store_true")
+    ap.add_argument("--shared-clients", action="store_true", help="measure clients sharing one server instead (3.)")
+    ap.add_argument("--grpo-steps", type=int, default=2, help="--shared-clients: GRPO steps")
+    ap.add_argument("--skip-local", action="store_true", help="--shared-clients: no local-corpus baseline run")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve_index.json"))
     args = ap.parse_args()
+    if args.shared_clients:
+        res = {"load_avg_start": os.getloadavg(), "cores": len(os.sched_getaffinity(0)), **shared_clients(args),
+               "load_avg_end": os.getloadavg()}
+        write_results(Path(args.out), res, shared=True)
+        print(json.dumps({k: res[k] for k in ("index_on_disk_mb", "server_peak_rss_mb", "client_peak_rss_mb",
+                                              "searches", "targets")}, indent=2))
+        return
 
     from deepr.corpus import open_retriever
     from deepr.corpus.remote import RemoteRetriever
@@ -184,8 +383,7 @@ def main() -> None:
         "p99_le_3x_p50": res["server"]["p99_over_p50"] <= 3,
         "throughput_ge_0.7x": res["throughput_ratio"] >= 0.7}
     res["load_avg_end"] = os.getloadavg()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
+    write_results(Path(args.out), res)
     print(json.dumps({k: res[k] for k in ("server", "baseline_one_process", "throughput_ratio", "recall@10",
                                           "targets")}, indent=2))
 

@@ -7,6 +7,7 @@ The server runs as a real `deepr serve-index` process on 127.0.0.1, started here
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -225,6 +226,122 @@ def test_a_server_lost_mid_run_stops_the_command_with_exit_4():
     finally:
         srv.should_exit = True
         thread.join(timeout=10)
+
+
+@contextlib.contextmanager
+def served_in_thread(app, port: int):
+    """``app`` served by uvicorn on 127.0.0.1:``port`` in a thread of this process; yields the server."""
+    import threading
+
+    import uvicorn
+
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not srv.started and time.time() < deadline:
+        time.sleep(0.05)
+    try:
+        yield srv
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=30)
+
+
+def going_away(app, when):
+    """``app``, except that the first search once ``when()`` is true stops the whole server (it
+    closes its port), as a retrieval server that crashes mid-stage does. Returns (app, a dict
+    where the caller puts the uvicorn server under "server")."""
+    from starlette.responses import Response
+
+    box: dict = {}
+
+    async def wrapped(scope, receive, send):
+        if scope["type"] == "http" and scope["path"] == "/v1/search" and when():
+            box["server"].should_exit = True
+            return await Response(status_code=503)(scope, receive, send)
+        await app(scope, receive, send)
+    return wrapped, box
+
+
+def test_build_trees_stops_when_the_server_goes_away_and_resumes(retriever, tmp_path):
+    """The server dies once a tree is written: build-trees stops with one line (no traceback), exit 3
+    (some trees finished: the README's 'some records failed'), keeps its finished trees, rejects
+    nothing for the outage and writes its sidecar; the same command against the server back on
+    the same port finishes the job, and the result is what an uninterrupted run writes."""
+    from deepr.corpus.server import make_app
+    from deepr.data.topics import sample_topics
+    from deepr.io import meta_path
+
+    def seeder(documents, n, seed, min_words):
+        return [t.model_dump() for t in sample_topics(documents, n, seed=seed, min_words=min_words)]
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    run = lambda out: CliRunner().invoke(app, ["build-trees", "--n-trees", "8", "--max-depth", "2",  # noqa: E731
+                                               "--out", str(out), "--corpus", url])
+    with served_in_thread(make_app(retriever, seeder=seeder), port):
+        clean = run(tmp_path / "clean.jsonl")
+    assert clean.exit_code in (0, 3), clean.output
+    out = tmp_path / "trees.jsonl"
+    lost, box = going_away(make_app(retriever, seeder=seeder), when=lambda: out.exists() and out.read_text().strip())
+    with served_in_thread(lost, port) as srv:
+        box["server"] = srv
+        r = run(out)
+    errors = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
+    kept = (tmp_path / "trees.jsonl").read_text().splitlines()
+    assert r.exit_code == 3 and 0 < len(kept) < 8, r.output
+    assert len(errors) == 1 and "Traceback" not in r.output and "/v1/search failed" in errors[0]
+    assert f"the {len(kept)} finished this run are saved, re-run the same command" in r.output.replace("\n", " ")
+    rejects = tmp_path / "trees.rejects.jsonl"
+    assert not rejects.exists() or "retrieval server" not in rejects.read_text()
+    assert json.loads(meta_path(tmp_path / "trees.jsonl").read_text())["counts"]["trees in output"] == len(kept)
+    with served_in_thread(make_app(retriever, seeder=seeder), port):
+        again = run(tmp_path / "trees.jsonl")
+    assert again.exit_code == clean.exit_code, again.output
+    resumed = (tmp_path / "trees.jsonl").read_text().splitlines()
+    assert resumed[:len(kept)] == kept  # the finished trees were kept, not built again
+    ids = lambda lines: sorted(json.loads(x)["id"] for x in lines)  # noqa: E731
+    assert ids(resumed) == ids((tmp_path / "clean.jsonl").read_text().splitlines())
+
+
+def test_run_queries_stops_when_the_server_goes_away_and_resumes(retriever, tmp_path):
+    """`deepr run --queries`: the server dies once a report is written; the batch stops with one
+    line and exit 3, keeps that report, rejects no question for the outage, and the same command
+    against the server back on its port answers the rest."""
+    from deepr.corpus.server import make_app
+
+    port = free_port()
+    qfile, out = tmp_path / "q.jsonl", tmp_path / "runs"
+    qfile.write_text("".join(json.dumps({"id": f"q{i}", "question": q}) + "\n" for i, q in enumerate(QUERIES)))
+    index = out / "reports.jsonl"
+    run = lambda: CliRunner().invoke(app, ["run", "--queries", str(qfile), "--out", str(out),  # noqa: E731
+                                           "--corpus", f"http://127.0.0.1:{port}"])
+    lost, box = going_away(make_app(retriever), when=lambda: index.exists() and index.read_text().strip())
+    with served_in_thread(lost, port) as srv:
+        box["server"] = srv
+        r = run()
+    kept = index.read_text().splitlines()
+    assert r.exit_code == 3 and 0 < len(kept) < len(QUERIES), r.output
+    errors = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "/v1/search failed" in errors[0] and "Traceback" not in r.output
+    assert f"the {len(kept)} finished this run are saved" in r.output.replace("\n", " ")
+    rejects = out / "reports.rejects.jsonl"
+    assert not rejects.exists() or not rejects.read_text().strip()
+    with served_in_thread(make_app(retriever), port):
+        again = run()
+    assert again.exit_code == 0, again.output
+    done = index.read_text().splitlines()
+    assert done[:len(kept)] == kept  # the finished report was kept, not run again
+    assert sorted(json.loads(x)["id"] for x in done) == [f"q{i}" for i in range(len(QUERIES))]
+
+
+def test_build_trees_against_a_closed_port_runs_nothing(tmp_path):
+    port = free_port()  # nothing listens there
+    r = CliRunner().invoke(app, ["build-trees", "--n-trees", "2", "--out", str(tmp_path / "t.jsonl"),
+                                 "--corpus", f"http://127.0.0.1:{port}"])
+    assert r.exit_code == 2 and "Traceback" not in r.output and f"127.0.0.1:{port}" in r.output
+    assert not (tmp_path / "t.jsonl").exists()
 
 
 def test_parallel_run_every_search_reaches_the_server_once(server, tmp_path):

@@ -59,7 +59,7 @@ def user_errors(flags: Mapping[str, str] | None = None, interrupted: str = INTER
     except ValidationError as e:
         raise fail(flag_error(e, dict(flags or {}))) from None
     except CorpusUnavailable as e:  # a served corpus went away mid-run: nothing more can be searched
-        raise fail(f"{e}; finished records are saved, re-run the same command once it is back", 4) from None
+        raise fail(*corpus_lost(e)) from None
     except (RecordError, FileNotFoundError, ValueError) as e:
         raise fail(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
     except (IsADirectoryError, NotADirectoryError, PermissionError, FileExistsError) as e:
@@ -67,6 +67,18 @@ def user_errors(flags: Mapping[str, str] | None = None, interrupted: str = INTER
     except KeyboardInterrupt:
         console.print(f"[yellow]{escape(interrupted)}[/]", highlight=False, soft_wrap=True)
         raise typer.Exit(130) from None
+
+
+def corpus_lost(e: Exception) -> tuple[str, int]:
+    """The one line and exit status for a retrieval server or Milvus that stopped answering mid-run.
+    The command stops there; what it finished is kept and the rest is not rejected, so the same
+    command resumes it. Status as the README's table counts units: ``e.kept`` (set by a stage,
+    the units it finished this run) and the rest failed, so 3 when some were finished, else 4."""
+    from deepr.cli.exit_codes import exit_code
+
+    kept = int(getattr(e, "kept", 0) or 0)
+    saved = f"the {kept} finished this run are saved" if kept else "finished records are saved"
+    return f"{e}; {saved}, re-run the same command to resume once it answers again", exit_code(kept, failed=1)
 
 
 def finish(code: int) -> None:

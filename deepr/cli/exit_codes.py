@@ -7,6 +7,8 @@
          (``--allow-fallback`` turns this into 0)
     4    nothing succeeded: every record failed (none was written, even degraded), or every
          model turn of a single run failed
+    3/4  also when a served corpus stops answering mid-run (deepr.cli.app.corpus_lost): the
+         command stops, the units it finished count as ok and the rest as failed, unrejected
     5    the endpoint refused the credentials (HTTP 401/403); the command stopped at once
     130  interrupted; finished records are saved, re-run the same command to resume
 

@@ -225,10 +225,15 @@ def _batch(items: list[dict[str, Any]], out: Path, tools: Any, llm: Any, config:
     batch = _Batch(out, tools, llm, config, html, record, counts, done_ids(record) if record else set())
     batch.profile = profile
     from deepr.cli.live import LiveView
+    from deepr.corpus.remote import CorpusUnavailable
 
-    with JsonlAppender(index) as batch.sink, JsonlAppender(rejects_path(index)) as batch.rejects, \
-            LiveView(f"run {config.mode}", total=len(todo), unit="questions", deadline=deadline) as batch.status:
-        run_sync(batch.run_all(todo, parallel))
+    try:
+        with JsonlAppender(index) as batch.sink, JsonlAppender(rejects_path(index)) as batch.rejects, \
+                LiveView(f"run {config.mode}", total=len(todo), unit="questions", deadline=deadline) as batch.status:
+            run_sync(batch.run_all(todo, parallel))
+    except CorpusUnavailable as e:  # the served corpus went away: say what this run finished (app.corpus_lost)
+        e.kept = counts["run now"]  # type: ignore[attr-defined]
+        raise
     return counts, batch.tally.reason_rows(3)
 
 

@@ -174,6 +174,7 @@ def _run_trees(todo: list[Any], retriever: Any, model: Any, judge: Any, cfg: Any
     from deepr.records import Reject, Tree
     from deepr.data.outcomes import StageTally
     from deepr.api import build_trees
+    from deepr.corpus.remote import CorpusUnavailable
     from deepr.data.trees import tree_summary
 
     from deepr.io import done_ids
@@ -189,13 +190,17 @@ def _run_trees(todo: list[Any], retriever: Any, model: Any, judge: Any, cfg: Any
                     built.add(r.id)
                 tally.add(r)
 
-            batch = todo
+            # a resumed run whose own topics are all done may still owe spare topics for their rejects
+            batch = todo or spare.next(built)
             while batch:  # then spare topics for the rejected ones, while trees are missing
                 D.drive(lambda cb, b=batch: build_trees(corpus=retriever, topics=b, llm=model, judge=judge,
                                                        config=cfg, on_result=cb, profile=profiles[0],
                                                        judge_profile=profiles[1]),
                        len(batch), "build-trees", write, unit="trees", deadline=deadline)
                 batch = spare.next(built)
+    except CorpusUnavailable as e:  # the served corpus went away: say what this run finished (app.corpus_lost)
+        e.kept = counts["built"]  # type: ignore[attr-defined]
+        raise
     finally:
         trees = list(read_jsonl(out, Tree, tolerate_torn_tail=True)) if out.exists() else []
         stats = tree_summary(trees)

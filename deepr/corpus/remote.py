@@ -8,7 +8,8 @@ the corpus opened locally; the embedder is the server's too (``/v1/embed``).
 
 A server that cannot be reached when the corpus is opened is a one-line error (exit 2);
 a request that fails later is retried (connection errors and 5xx, with back-off), then raises
-:class:`CorpusUnavailable`.
+:class:`CorpusUnavailable`, and so does every later request at once: the command stops (its
+finished records kept, see deepr/cli/app.py) instead of waiting out retries per search.
 
 Example::
 
@@ -85,6 +86,7 @@ class RemoteRetriever:
 
         self.url = url.strip().rstrip("/")
         self._client = httpx.Client(base_url=self.url, timeout=timeout, trust_env=False)
+        self._down: str | None = None  # why the server stopped answering, once it has
         info = self._call("GET", "/v1/stats", retries=1)
         self.info = info
         self.corpus_name = f"{info.get('corpus')}@{self.url}"
@@ -101,6 +103,8 @@ class RemoteRetriever:
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None, *, retries: int = RETRIES) -> Any:
         import httpx
 
+        if self._down:
+            raise CorpusUnavailable(self._down)
         last = ""
         for attempt in range(retries):
             try:
@@ -113,8 +117,9 @@ class RemoteRetriever:
                 last = f"HTTP {r.status_code}"
             if attempt + 1 < retries:
                 time.sleep(0.5 * 2 ** attempt)
-        raise CorpusUnavailable(f"retrieval server {self.url}: {path} failed ({last}); is `deepr serve-index` "
-                                "running there?")
+        self._down = (f"retrieval server {self.url}: {path} failed ({last}); is `deepr serve-index` "
+                      "running there?")
+        raise CorpusUnavailable(self._down)
 
     def _answer(self, r: Any, path: str) -> Any:
         try:
@@ -161,7 +166,9 @@ class RemoteRetriever:
         return Passage(**self._call("GET", "/v1/passage/" + quote(pid, safe="")))
 
     def describe(self) -> dict[str, Any]:
-        info = {k: v for k, v in self._call("GET", "/v1/stats").items() if k not in ("fusion", "served")}
+        """What the server said of its corpus when it was opened: a stage's sidecar is written even
+        after the server went away (asking again there would replace the stage's error with its own)."""
+        info = {k: v for k, v in self.info.items() if k not in ("fusion", "served")}
         return {**info, "mode": self.mode, "server": self.url}
 
     def close(self) -> None:

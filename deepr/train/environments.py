@@ -73,7 +73,9 @@ class PlannerEnvironment:
         ctx = self.context(query)
         results = {n.id: ctx.search(n.id, n.query or "") for n in plan.nodes if n.type == "search"}
         ask = PlanAsk(ctx, query, plan, results)
-        return REVISE.messages(ask), {"valid0": 1.0, "searches": float(len(results)), "ask": ask}
+        # the searches that reached the corpus (a blank query is not sent): a served corpus counts the same
+        sent = sum(1 for t in ctx.tracer.tools if t["tool"] == "search" and str(t.get("query") or "").strip())
+        return REVISE.messages(ask), {"valid0": 1.0, "searches": sent, "ask": ask}
 
     def scored_plan(self, query: str, ep: Played, info: dict[str, Any] | None) -> tuple[Any, str, str | None]:
         """(plan, where it came from, why it was refused): G1 when it is valid ("revised"), else a

@@ -266,7 +266,8 @@ def planner_rollouts(prompts: Sequence[Any], queries: dict[str, str], env: Plann
     extra = {"plan": [p for p, _, _ in scored], "plan_source": [src for _, src, _ in scored],
              "refused": [why for _, _, why in scored],
              "initial_valid": [infos.get(i, {}).get("valid0", 0.0) for i in range(len(eps))],
-             "turns": [len(e.texts) for e in eps]}
+             "turns": [len(e.texts) for e in eps],
+             "searches": [infos.get(i, {}).get("searches", 0) for i in range(len(eps))]}
     return eps, extra
 
 
@@ -307,8 +308,9 @@ def answerer_rollouts(prompts: Sequence[Any], records: dict[str, dict[str, Any]]
 def log_planner_rollouts(trainer: Any, prompts: Sequence[Any], queries: dict[str, str], episodes: Sequence[Episode],
                          extra: dict[str, Any]) -> None:
     """One line per planner rollout in ``<output_dir>/rollouts.jsonl``: the step, the question, each
-    turn's text, which plan R_plan scored and, for a refused one, the executor's reason. A run
-    whose rewards are all 0 then says why its plans were refused."""
+    turn's text, which plan R_plan scored and, for a refused one, the executor's reason, and how many
+    searches G0 sent to the corpus. A run whose rewards are all 0 then says why its plans were
+    refused; a shared retrieval server's count can be checked against the searches logged."""
     from pathlib import Path
 
     from deepr.io import JsonlAppender
@@ -322,7 +324,7 @@ def log_planner_rollouts(trainer: Any, prompts: Sequence[Any], queries: dict[str
         for i, ep in enumerate(episodes):
             log.write({"step": step, "query": queries.get(_user_text(prompts[i])), "turns": list(ep.texts),
                        "truncated": ep.truncated, "plan_source": extra["plan_source"][i],
-                       "refused": extra["refused"][i]})
+                       "refused": extra["refused"][i], "searches": extra["searches"][i]})
 
 
 def placeholders(trainer: Any, prompts: Sequence[Any], episodes: Sequence[Episode],
