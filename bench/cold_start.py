@@ -3,18 +3,12 @@
     python bench/cold_start.py [--repeats 3] [--passages 1000] [--limit N]
     python bench/cold_start.py --equality-only --passages 1000   # the vectors check alone
 
-Every command runs in a fresh Python process against an index built beforehand (the wiki by
-default, cached in ``--cache-dir``), so the timings are imports + corpus load + index load +
-one query. Reported as medians and as ratios to cold ``deepr search --retriever bm25`` measured
-in the same run (the machine may be shared; the load average is recorded):
-
-- `deepr --help` (start-up alone), bm25 search (the baseline), hybrid search, a cold offline
-  ``deepr run`` (extractive, no LLM), and ``import sentence_transformers``;
-- which heavy modules each process imported (``-X importtime`` of the hybrid search);
-- equality: cosine of the embedder's fp32 vectors (queries, rewards: ``Embedder.encode``)
-  against sentence-transformers' on ``--passages`` passages spread over the whole wiki
-  (goal >= 0.999); the index's default passage vectors (``encode_passages``, int8) are
-  reported beside, not gated.
+Each command runs in a fresh process against an index built beforehand (``--cache-dir``): imports
++ corpus and index load + one query; medians and ratios to cold ``deepr search --retriever bm25``
+in the same run: `deepr --help`, bm25 and hybrid search, an offline ``deepr run`` (extractive),
+``import sentence_transformers``; the heavy modules each imported (``-X importtime``); equality:
+cosine of the fp32 vectors (``Embedder.encode``) to sentence-transformers' on ``--passages`` wiki
+passages (goal >= 0.999), the index's int8 passage vectors beside, not gated.
 
 Writes bench/results/cold_start.json.
 """
@@ -31,34 +25,27 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from _common import RESULTS, ROOT, child_env, read_json, write_json
+
 QUERY = "who designed the Eiffel Tower"
 HEAVY = ("torch", "sentence_transformers", "transformers", "faiss", "bm25s", "tokenizers")
-
-
-def env(extra: dict | None = None) -> dict:
-    e = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-             HF_DATASETS_OFFLINE="1")
-    e.update(extra or {})
-    return e
 
 
 def deepr_cmd(*args: str) -> list[str]:
     return [sys.executable, "-c", "from deepr.cli import main; main()", *args]
 
 
-def timed_run(cmd: list[str], extra_env: dict | None = None) -> float:
+def timed_run(cmd: list[str]) -> float:
     t = time.perf_counter()
-    out = subprocess.run(cmd, env=env(extra_env), capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, cwd=ROOT)
     if out.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stderr[-2000:]}")
     return time.perf_counter() - t
 
 
-def imported(cmd: list[str], extra_env: dict | None = None) -> dict:
+def imported(cmd: list[str]) -> dict:
     """Heavy top-level modules the command imported, with their cumulative import seconds."""
-    out = subprocess.run([cmd[0], "-X", "importtime", *cmd[1:]], env=env(extra_env), capture_output=True,
+    out = subprocess.run([cmd[0], "-X", "importtime", *cmd[1:]], env=child_env(), capture_output=True,
                          text=True, cwd=ROOT)
     found = {}
     for line in out.stderr.splitlines():
@@ -98,15 +85,14 @@ def main() -> None:
     ap.add_argument("--passages", type=int, default=1000, help="passages for the equality check")
     ap.add_argument("--limit", type=int, default=None, help="wiki documents to index (default: all)")
     ap.add_argument("--cache-dir", default=str(ROOT / ".bench-work" / "cold-start"))
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "cold_start.json"))
+    ap.add_argument("--out", default=str(RESULTS / "cold_start.json"))
     ap.add_argument("--equality-only", action="store_true",
                     help="only the equality check, written into --out beside its earlier timings")
     args = ap.parse_args()
     if args.equality_only:
-        path = Path(args.out)
-        res = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+        res = read_json(args.out)
         res["equality"] = {"load_avg_start": os.getloadavg(), **equality(args.passages)}
-        path.write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
+        write_json(args.out, res)
         print("equality:", json.dumps(res["equality"], indent=1))
         return
 
@@ -117,30 +103,28 @@ def main() -> None:
     res["index_s"] = timed_run(deepr_cmd("index", *common))
     report_dir = Path(tempfile.mkdtemp(prefix="deepr-cold-"))
     cases = {
-        "help": (deepr_cmd("--help"), None),  # what every command pays before it starts
-        "search bm25": (deepr_cmd("search", QUERY, "--retriever", "bm25", *common), None),
-        "search hybrid": (deepr_cmd("search", QUERY, "--retriever", "hybrid", *common), None),
-        "run offline (extractive)": (deepr_cmd("run", QUERY, "--llm", "extractive", "--out",
-                                               str(report_dir / "r.md"), *common), None),
-        "import sentence_transformers": ([sys.executable, "-c", "import sentence_transformers"], None),
+        "help": deepr_cmd("--help"),  # what every command pays before it starts
+        "search bm25": deepr_cmd("search", QUERY, "--retriever", "bm25", *common),
+        "search hybrid": deepr_cmd("search", QUERY, "--retriever", "hybrid", *common),
+        "run offline (extractive)": deepr_cmd("run", QUERY, "--llm", "extractive", "--out", str(report_dir / "r.md"),
+                                              *common),
+        "import sentence_transformers": [sys.executable, "-c", "import sentence_transformers"],
     }
     times: dict[str, list[float]] = {k: [] for k in cases}
     for r in range(args.repeats):  # interleaved, so a burst of load hits every case alike
-        for name, (cmd, extra) in cases.items():
-            times[name].append(timed_run(cmd, extra))
+        for name, cmd in cases.items():
+            times[name].append(timed_run(cmd))
             print(f"  {name} #{r + 1}: {times[name][-1]:.2f} s", file=sys.stderr)
     base = statistics.median(times["search bm25"])
     res["cold_s"] = {k: {"median": statistics.median(v), "runs": v, "ratio_to_bm25": statistics.median(v) / base}
                      for k, v in times.items()}
     res["goals"] = {"hybrid / bm25 <= 2": res["cold_s"]["search hybrid"]["ratio_to_bm25"],
                     "run / bm25 <= 4": res["cold_s"]["run offline (extractive)"]["ratio_to_bm25"]}
-    res["imports"] = {k: imported(cases[k][0], cases[k][1]) for k in
-                      ("search bm25", "search hybrid", "run offline (extractive)")}
+    res["imports"] = {k: imported(cases[k]) for k in ("search bm25", "search hybrid", "run offline (extractive)")}
     print("equality check ...", file=sys.stderr)
     res["equality"] = equality(args.passages)
     res["load_avg_end"] = os.getloadavg()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
+    write_json(args.out, res)
     for k, v in res["cold_s"].items():
         print(f"{k:36s} {v['median']:6.2f} s  x{v['ratio_to_bm25']:.2f}")
     print("imports:", json.dumps(res["imports"]))

