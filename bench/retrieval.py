@@ -2,25 +2,20 @@
 
     python bench/retrieval.py [--limit N] [--queries 1000] [--baseline-docs 1000]
 
-1. Encoder speed on a subset: a naive baseline (a plain SentenceTransformer with default
-   settings, float32) against deepr's Embedder in fp32 and in int8 (the index
-   default), all embedding the same passages; reported as speed-up ratios.
+1. Encoder speed on a subset: a plain SentenceTransformer (fp32) against deepr's Embedder in fp32
+   and int8 (the index default) on the same passages, as speed-up ratios.
 2. Full index build time (fresh cache) for each of ``--precisions``.
-3. Quality: query = an article's ``description`` (e.g. "1968 film by Stanley Kubrick"), target =
-   that article; recall@1/5/10 and MRR@10 for dense, bm25, hybrid. Fusion weights and the RRF
-   constant are tuned on one half of the queries (dev) and every number is reported on the
-   other half (test).
+3. Quality: query = an article's ``description``, target = that article; recall@1/5/10 and MRR@10
+   for dense, bm25, hybrid; fusion tuned on one half of the queries (dev), reported on the other.
 4. Latency p50/p95 of single searches over ``--queries`` test queries, embedder cache cleared.
 
-Prints a table and writes bench/results/retrieval.json. The machine may be shared: the
-load average is recorded, and CPU seconds are reported beside wall seconds.
+Writes bench/results/retrieval.json (load average and CPU seconds recorded).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import statistics
 import sys
@@ -28,9 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+from _common import RESULTS, timed, write_json
 
 from deepr.corpus import ChunkConfig, Embedder, FusionConfig, chunk_documents, load_documents  # noqa: E402
 from deepr.corpus import open_retriever, rrf_fuse  # noqa: E402
@@ -41,12 +34,6 @@ from deepr.corpus.sources import spread_over_topics  # noqa: E402
 MODES = ("dense", "bm25", "hybrid")
 GRID_K = (2, 3, 5, 10, 20, 60)
 GRID_W = (0.5, 0.75, 1.0, 1.5, 2.0)
-
-
-def timed(fn):
-    w, c = time.perf_counter(), time.process_time()
-    out = fn()
-    return out, time.perf_counter() - w, time.process_time() - c
 
 
 def encoder_speed(docs, n: int) -> dict:
@@ -141,7 +128,7 @@ def main() -> None:
                     help="full index builds, in order; build ratios are against the first (fp32)")
     ap.add_argument("--cache-dir", default=None,
                     help="keep indexes here (default: a fresh temp dir, so build times are measured)")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "retrieval.json"))
+    ap.add_argument("--out", default=str(RESULTS / "retrieval.json"))
     args = ap.parse_args()
 
     res: dict = {"load_avg_start": os.getloadavg(), "cores": len(os.sched_getaffinity(0))}
@@ -173,47 +160,25 @@ def main() -> None:
             info["build_ratio_to_first"] = info["build_s"] / first["build_s"] if first["build_s"] else None  # reused index
             info["first"] = first["embedder"]
     res["load_avg_end"] = os.getloadavg()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(res, indent=2, default=float) + "\n", encoding="utf-8")
+    write_json(args.out, res)
     report(res)
 
 
 def report(res: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    sp = res.get("encoder_speed", {"passages": 0, "docs": 0, "baseline": {"wall_s": 0.0, "cpu_s": 0.0}})
-    t = Table(title=f"encoder speed, {sp['passages']} passages of {sp['docs']} docs")
-    for c in ("encoder", "wall s", "cpu s", "speed-up (wall)", "speed-up (cpu)"):
-        t.add_column(c)
-    base = sp["baseline"]
-    t.add_row("naive baseline", f"{base['wall_s']:.1f}", f"{base['cpu_s']:.1f}", "1.00", "1.00")
-    for name, v in sp.items():
-        if isinstance(v, dict) and "speedup_wall" in v:
-            t.add_row(name, f"{v['wall_s']:.1f}", f"{v['cpu_s']:.1f}", f"{v['speedup_wall']:.2f}",
-                      f"{v['speedup_cpu']:.2f}")
-    q = Table(title=f"full corpus ({res['corpus']['documents']} docs), {res['queries']['test']} test queries")
-    for c in ("embedder", "mode", "R@1", "R@5", "R@10", "MRR@10", "p50 ms", "p95 ms"):
-        q.add_column(c)
-    notes = []
+    if sp := res.get("encoder_speed"):
+        print(f"encoder speed, {sp['passages']} passages: naive {sp['baseline']['wall_s']:.1f} s; " + "; ".join(
+            f"{k} {v['wall_s']:.1f} s (x{v['speedup_wall']:.2f} wall, x{v['speedup_cpu']:.2f} cpu)"
+            for k, v in sp.items() if isinstance(v, dict) and "speedup_wall" in v))
+    print(f"{res['corpus']['documents']} docs, {res['queries']['test']} test queries: R@1 R@5 R@10 MRR@10, p50/p95 ms")
     for name, v in res.items():
         if isinstance(v, dict) and "quality_test" in v:
-            lat = v.get("latency", {})
             for mode, m in v["quality_test"].items():
-                lm = lat.get(mode, {})
-                q.add_row(name, mode, *(f"{m[x]:.3f}" for x in ("recall@1", "recall@5", "recall@10", "mrr@10")),
-                          f"{lm['p50_ms']:.1f}" if lm else "", f"{lm['p95_ms']:.1f}" if lm else "")
-            f, d = v["fusion_tuned"], v["fusion_default"]
-            notes.append(f"{name}: build {v['build']['build_s']:.1f} s (wall {v['build']['wall_s']:.1f} s, "
-                         f"cpu {v['build']['cpu_s']:.1f} s); hybrid default rrf_k={d['rrf_k']} "
-                         f"weights {d['dense_weight']}/{d['bm25_weight']}; tuned on dev rrf_k={f['rrf_k']} "
-                         f"weights {f['dense_weight']}/{f['bm25_weight']}")
-    console = Console(width=120)
-    console.print(t)
-    console.print(q)
-    for line in notes:
-        console.print(line, highlight=False)
-    console.print(f"load average start {res['load_avg_start']}, end {res['load_avg_end']}")
+                lat = v.get("latency", {}).get(mode)
+                print(f"{name:28} {mode:26}", *(f"{m[x]:.3f}" for x in ("recall@1", "recall@5", "recall@10", "mrr@10")),
+                      f"{lat['p50_ms']:6.1f} {lat['p95_ms']:6.1f}" if lat else "")
+            print(f"{name}: build {v['build']['build_s']:.1f} s (cpu {v['build']['cpu_s']:.1f} s); fusion default "
+                  f"{v['fusion_default']}, tuned on dev {v['fusion_tuned']}")
+    print(f"load average start {res['load_avg_start']}, end {res['load_avg_end']}")
 
 
 if __name__ == "__main__":
