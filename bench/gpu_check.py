@@ -20,6 +20,7 @@ runs too where ``SMOLLM2_DIR`` names a converted checkpoint (its GGUF does not t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -85,41 +86,38 @@ def _embedder_shim(site: Path) -> None:
         '    return Path(__file__).parent / "model"\n', encoding="utf-8")
 
 
-class Peak:
-    """Largest GPU memory in use (nvidia-smi) while a step runs; None where there is no nvidia-smi."""
+@contextlib.contextmanager
+def gpu_peak():
+    """[most GPU memory in use (MiB) while the block runs], polled by nvidia-smi; [None] without it."""
+    peak, stop = [None], threading.Event()
 
-    def __init__(self) -> None:
-        self.mib: float | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True) if shutil.which("nvidia-smi") else None
-
-    def _poll(self) -> None:
-        while not self._stop.is_set():
+    def poll() -> None:
+        while not stop.is_set():
             out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
                                  capture_output=True, text=True, check=False).stdout.split()
             if out:
-                self.mib = max(self.mib or 0.0, float(out[0]))
-            self._stop.wait(0.2)
+                peak[0] = max(peak[0] or 0.0, float(out[0]))
+            stop.wait(0.2)
 
-    def __enter__(self) -> Peak:  # noqa: PYI034
-        if self._thread:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join()
+    thread = threading.Thread(target=poll, daemon=True)
+    if shutil.which("nvidia-smi"):
+        thread.start()
+    try:
+        yield peak
+    finally:
+        stop.set()
+        if thread.is_alive():
+            thread.join()
 
 
 def step(name: str, cmd: list, log: Path, env: dict) -> dict:
     print(f"== {name}: {' '.join(map(str, cmd))}", flush=True)
     t0 = time.perf_counter()
-    with Peak() as peak, open(log, "w") as err:
+    with gpu_peak() as peak, open(log, "w") as err:
         rc = subprocess.run([str(c) for c in cmd], env=env, cwd=ROOT, stdout=err, stderr=subprocess.STDOUT,
                             check=False).returncode
     row = {"step": name, "command": " ".join(map(str, cmd)), "rc": rc, "wall_s": round(time.perf_counter() - t0, 1),
-           "peak_gpu_mib": peak.mib,
+           "peak_gpu_mib": peak[0],
            "peak_rss_mib_any_child": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)}
     if rc:
         row["error"] = log.read_text(errors="replace")[-2000:]
