@@ -1,7 +1,6 @@
 """Index build speed: the embedder's passage path on a wiki subset, and incremental rebuilds.
 
-    python bench/index_build.py [--passages 512] [--rounds 2] [--docs 300] [--skip-incremental]
-                                [--compare EARLIER.json]
+    python bench/index_build.py [--passages 512] [--rounds 2] [--docs 300] [--compare EARLIER.json]
     python bench/index_build.py --full [--full-precisions auto,fp32]   # real from-scratch wiki builds
 
 1. ``Embedder.encode_passages`` (an index build's call) on ``--passages`` passages spread over the
@@ -146,7 +145,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--passages", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--skip-incremental", action="store_true")
     ap.add_argument("--docs", type=int, default=300)
     ap.add_argument("--out", default=str(RESULTS / "index_build.json"))
     ap.add_argument("--compare", default=None, help="an earlier run's JSON (e.g. of the former code)")
@@ -163,10 +161,7 @@ def main() -> None:
     res["passages"] = len(texts)
     res["rounds"] = args.rounds
     res["encoders"] = encoders(texts, args.rounds)
-    if not args.skip_incremental:
-        res["incremental"] = incremental(args.docs)
-    elif earlier := read_json(args.out).get("incremental"):  # the earlier run's figures, marked as such
-        res["incremental"] = {**earlier, "note": "from an earlier run (--skip-incremental)"}
+    res["incremental"] = incremental(args.docs)
     res["load_avg_end"] = os.getloadavg()
     if args.compare:
         compare(res, read_json(args.compare), args.compare)
