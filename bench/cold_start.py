@@ -125,11 +125,7 @@ def main() -> None:
     res["equality"] = equality(args.passages)
     res["load_avg_end"] = os.getloadavg()
     write_json(args.out, res)
-    for k, v in res["cold_s"].items():
-        print(f"{k:36s} {v['median']:6.2f} s  x{v['ratio_to_bm25']:.2f}")
-    print("imports:", json.dumps(res["imports"]))
-    print("equality:", res["equality"])
-    print("load average", res["load_avg_start"], "->", res["load_avg_end"])
+    print(json.dumps({k: res[k] for k in ("cold_s", "imports", "equality", "load_avg_start", "load_avg_end")}, indent=1))
 
 
 if __name__ == "__main__":

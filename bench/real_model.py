@@ -63,12 +63,8 @@ def _flat(text: str) -> str:
 def _strings(value):
     if isinstance(value, str):
         yield value
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _strings(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _strings(v)
+    for v in value.values() if isinstance(value, dict) else value if isinstance(value, list) else ():
+        yield from _strings(v)
 
 
 def _bodies(completion: str) -> list[str]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
 import json
 import os
 import signal
@@ -37,10 +36,10 @@ from _common import RESULTS, ROOT, child_env, free_port, peak_rss_mb, read_json,
 
 
 def query_sets(docs) -> tuple[list[tuple[str, str]], list[str]]:
-    """(test half of bench/retrieval.py's (description, doc id) set, every description in corpus order)."""
-    test = [(d.description, d.id) for d in docs if d.description and d.text.strip()
-            and int(hashlib.sha1(d.id.encode()).hexdigest(), 16) % 2 == 1]
-    return test, list(dict.fromkeys(d.description for d in docs if d.description))
+    """(bench/retrieval.py's test queries: (description, doc id), every description in corpus order)."""
+    from retrieval import split_queries
+
+    return split_queries(docs)[1], list(dict.fromkeys(d.description for d in docs if d.description))
 
 
 def recall_at_10(r, test: list[tuple[str, str]], batch: int = 64) -> float:

@@ -239,24 +239,23 @@ def main() -> None:
         args.data = synthetic_data(Path(data_tmp.name) / "sft.jsonl")
     for label, code, extra in zip(args.label, args.code, overrides):
         with tempfile.TemporaryDirectory() as tmp:
+            opts = {"model": args.model, "data": str(args.data), "out": str(Path(tmp) / "o"), "max_steps": args.steps,
+                    "save_steps": 10_000}
             if args.grpo_scripted:
-                opts = {"stage": "planner", "model": args.model, "data": str(args.data), "out": str(Path(tmp) / "o"),
-                        "max_steps": args.steps, "num_generations": args.generations,
-                        "prompts_per_step": args.prompts, "max_turn_tokens": args.turn_tokens,
-                        "max_completion_length": 2 * args.turn_tokens, "k": 3, "zero_advantage": "off",
-                        "save_steps": 10_000, "lora_r": 16, "lora_alpha": 32, **extra,
+                opts = {**opts, "stage": "planner", "num_generations": args.generations, "prompts_per_step": args.prompts,
+                        "max_turn_tokens": args.turn_tokens, "max_completion_length": 2 * args.turn_tokens, "k": 3,
+                        "zero_advantage": "off", "lora_r": 16, "lora_alpha": 32, **extra,
                         "scripted": {"plan": scripted_plan(args.plan_from), "turn_tokens": args.turn_tokens}}
-                rows[label] = {"code": str(code), "overrides": extra, **measure(code, opts, GRPO_SCRIPTED_CHILD, args.rss_cap_mb)}
+                row = {"overrides": extra, **measure(code, opts, GRPO_SCRIPTED_CHILD, args.rss_cap_mb)}
             elif args.grpo:  # examples/demo.sh grpo-planner; "warn" keeps a zero-reward group from ending the run
-                opts = {"stage": "planner", "model": args.model, "data": str(args.data), "out": str(Path(tmp) / "o"),
-                        "max_steps": args.steps, "num_generations": 2, "prompts_per_step": 1,
-                        "max_completion_length": 256, "k": 2, "zero_advantage": "warn", "save_steps": 10_000}
-                rows[label] = {"code": str(code), **measure(code, opts, GRPO_CHILD)}
+                opts.update(stage="planner", num_generations=2, prompts_per_step=1, max_completion_length=256, k=2,
+                            zero_advantage="warn")
+                row = measure(code, opts, GRPO_CHILD)
             else:
-                opts = {"model": args.model, "data": str(args.data), "out": str(Path(tmp) / "out"),
-                        "role": "planner", "full": not args.lora, "learning_rate": 1e-3, "max_steps": args.steps,
-                        "grad_accum": 1, "max_length": 4096, "logging_steps": 1, "save_steps": 10_000, **extra}
-                rows[label] = {"code": str(code), **({"overrides": extra} if extra else {}), **measure(code, opts)}
+                opts = {**opts, "role": "planner", "full": not args.lora, "learning_rate": 1e-3, "grad_accum": 1,
+                        "max_length": 4096, "logging_steps": 1, **extra}
+                row = {**({"overrides": extra} if extra else {}), **measure(code, opts)}
+        rows[label] = {"code": str(code), **row}
         print(label, json.dumps(rows[label]), flush=True)
     result = {"model": args.model, "data": "synthetic (see docstring)" if args.data.is_relative_to(data_tmp.name)
               else str(args.data), "steps": args.steps,

@@ -25,7 +25,9 @@ Writes bench/results/throughput.json (load average recorded).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -92,19 +94,13 @@ class Log:
 
 def rss_mb(pid: int) -> float:
     """RSS of a process and its children (MB), from /proc."""
-    total = 0
-    pids = [pid]
-    try:
+    total, pids = 0, [pid]
+    with contextlib.suppress(OSError):
         pids += [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        pass
     for p in pids:
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):
+            total += sum(int(x.split()[1]) for x in Path(f"/proc/{p}/status").read_text().splitlines()
+                         if x.startswith("VmRSS:"))
     return total / 1024
 
 
@@ -143,12 +139,8 @@ def watch(proc: subprocess.Popen, reports: Path, done_event: threading.Event) ->
 
 
 def in_flight(calls: list) -> int:
-    events = sorted([(s, 1) for s, _, _ in calls] + [(e, -1) for _, e, _ in calls], key=lambda x: (x[0], x[1]))
-    cur = best = 0
-    for _, d in events:
-        cur += d
-        best = max(best, cur)
-    return best
+    events = sorted([(s, 1) for s, _, _ in calls] + [(e, -1) for _, e, _ in calls])
+    return max(itertools.accumulate(d for _, d in events), default=0)
 
 
 def chains(calls: list) -> dict[str, int]:
