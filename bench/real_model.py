@@ -2,15 +2,12 @@
 with an audit of every accepted turn. Each (backend, mode, question) is one `deepr run --record`
 subprocess; the figures come from its trace and trajectory, not from deepr's acceptance flags:
 
-- calls: model calls in the trace; format failures: calls whose reply was not the accepted one
-  of its turn (parse, format or acceptance check failed, or the call errored), as % of calls;
-- accepted placeholders/echoes: accepted model turns whose completion, checked by the rules
-  below (written for this bench, independent of deepr.roles.acceptance), is dots, template text, a
-  copy of the instructions, a one-word search query, or cites an id the run never showed;
+- format failures: calls whose reply was not its turn's accepted one, as % of calls;
+- accepted placeholders/echoes: accepted turns that this bench's own rules (independent of
+  deepr.roles.acceptance) find to be dots, template text, a copy of the instructions, a one-word
+  search query, or citing an id the run never showed;
 - turns ok: accepted model turns / model turns (fallback and extractive turns excluded);
-- the answer: words (citations removed), whether the model wrote it (the final turn is ok),
-  and whether every cited id is one the run's searches or fetches returned;
-- tokens/s: completion tokens / seconds summed over the backend's calls.
+- the answer: words, whether the model wrote it, whether every cited id was shown; tokens/s.
 
     python bench/real_model.py --backends hf,llamacpp --modes dag,warp,decor,tools --questions 2
     python bench/real_model.py --trees   # adds build-trees --llm smollm2 --n-trees 1 (small budgets)
@@ -51,9 +48,6 @@ _TEMPLATE = re.compile(r"\b(the query|the paragraph|the answer|your reasoning|wh
                        r"a focused search query|the final deliverable|some words|a few words)\b", re.I)
 _STOP = {"the", "a", "an", "of", "in", "on", "and", "or", "to", "for", "is", "are", "how", "what", "why", "do",
          "does", "with", "by", "at", "from", "as", "it", "its", "be", "that", "this", "which", "who", "when"}
-
-
-# --- the independent audit ---------------------------------------------------------------
 
 
 def _flat(text: str) -> str:
@@ -220,9 +214,6 @@ def audit_run(folder: Path, mode: str) -> dict:
             "tokens_per_s": round(tokens / seconds, 2) if seconds else None}
 
 
-# --- running ---------------------------------------------------------------------------
-
-
 def deepr(*args: str, timeout: float) -> tuple[int, float, str]:
     t0 = time.perf_counter()
     try:
@@ -338,7 +329,7 @@ def build_trees(a: argparse.Namespace) -> dict:
         old.unlink(missing_ok=True)
     args = ["build-trees", "--corpus", a.corpus, "--n-trees", "1", "--llm", "smollm2", "--out", str(out),
             *(["--profile", a.profile] if a.profile else []),
-            "--seed", "0", "--allow-fallback", *a.tree_flags.split()]
+            "--seed", "0", "--allow-fallback", "--max-depth", "1", "--branching", "2,2,2"]
     rc, secs, err = deepr(*args, timeout=3600)
     trees = [json.loads(x) for x in out.read_text().splitlines() if x.strip()] if out.is_file() else []
     reasons = [json.loads(x).get("reason", "")[:300] for x in rejects.read_text().splitlines()[:5]] \
@@ -382,7 +373,6 @@ def main() -> None:
                     "questions' words plus 200 others (quick to index)")
     ap.add_argument("--deadline", type=float, default=None, help="seconds of model calls per run")
     ap.add_argument("--trees", action="store_true", help="also run build-trees --n-trees 1")
-    ap.add_argument("--tree-flags", default="--max-depth 1 --branching 2,2,2")
     ap.add_argument("--work", default=str(ROOT / ".bench-work" / "real-model"))
     ap.add_argument("--out", default=str(RESULTS / "real_model.json"))
     ap.add_argument("--merge", nargs="+", help="combine earlier result files (e.g. one per backend) into --out")
