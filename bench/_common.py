@@ -20,13 +20,11 @@ for _k, _v in OFFLINE.items():
     os.environ.setdefault(_k, _v)
 
 
-def child_env(**extra: str) -> dict:
-    """A child process's environment: this one, offline, importing this checkout's deepr."""
+def child_env(**extra: str) -> dict:  # offline, importing this checkout's deepr
     return {**os.environ, "PYTHONPATH": str(ROOT), **OFFLINE, **extra}
 
 
-def timed(fn):
-    """(fn(), wall seconds, CPU seconds of this process)."""
+def timed(fn):  # (fn(), wall seconds, CPU seconds of this process)
     w, c = time.perf_counter(), time.process_time()
     out = fn()
     return out, time.perf_counter() - w, time.process_time() - c
@@ -38,8 +36,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def read_json(path: Path | str) -> dict:
-    """A results file, or {} where there is none yet."""
+def read_json(path: Path | str) -> dict:  # {} where there is none yet
     return json.loads(Path(path).read_text(encoding="utf-8")) if Path(path).is_file() else {}
 
 

@@ -125,7 +125,7 @@ def main() -> None:
     res["equality"] = equality(args.passages)
     res["load_avg_end"] = os.getloadavg()
     write_json(args.out, res)
-    print(json.dumps({k: res[k] for k in ("cold_s", "imports", "equality", "load_avg_start", "load_avg_end")}, indent=1))
+    print(json.dumps({k: res[k] for k in ("cold_s", "imports", "equality", "load_avg_end")}, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,13 +1,12 @@
 """The GRPO step's own overhead: the share of a step outside model compute, per stage, and a
 profile of that share's top costs.
 
-Every stage runs through ``deepr.train.stages.run_from_settings`` (what ``deepr grpo`` calls) on
-the tiny random model; ``--smollm2`` adds ONE planner step on SmolLM2-135M-Instruct. Phases come
-from the ``time/*`` columns of metrics.jsonl: model compute is sampling + log-prob forwards +
-backward + optimiser; the rest (environment, rewards, TRL's bookkeeping, the loop) is overhead.
-Step 1 warms up, steps 2..N-1 are timed, step N is profiled (cProfile only while no model phase is
-open); cProfile slows Python code, so the profiled share is an upper bound, and
-``profiler_inflation`` says by how much. The SmolLM2 step (profiled) is such an upper bound.
+Every stage runs through ``run_from_settings`` (what ``deepr grpo`` calls) on the tiny random
+model; ``--smollm2`` adds ONE planner step on SmolLM2-135M-Instruct. Phases come from metrics.jsonl's
+``time/*`` columns: model compute is sampling + log-prob forwards + backward + optimiser; the rest
+(environment, rewards, TRL's bookkeeping, the loop) is overhead. Step 1 warms up, steps 2..N-1 are
+timed, step N is profiled (cProfile only while no model phase is open; it slows Python code, so
+that share is an upper bound, ``profiler_inflation`` says by how much; so is the SmolLM2 step's).
 
     nice -n 10 python bench/grpo_overhead.py --out bench/results/grpo_overhead.json
     nice -n 10 python bench/grpo_overhead.py --only planner-schema --smollm2 --turn-tokens 160
@@ -50,8 +49,6 @@ STAGES = {  # name: (data key, settings): the sizes tests/test_multiprocess.py r
 }
 
 
-# --- profiling only outside model compute ---------------------------------------------------------
-
 CLOCKS: list[Any] = []
 LOOPS: list[Any] = []
 PROFILE_FROM = {"step": 1}  # the step (1-based) of each run from which non-model phases are profiled
@@ -66,9 +63,8 @@ def install_profiling() -> None:
     class ProfilingClock(step_timing.PhaseClock):
         def __init__(self) -> None:
             super().__init__()
-            self.steps, self.on, self.loop_on = 0, False, False
+            self.steps, self.on, self.loop_on, self.in_step = 0, False, False, False
             self.prof, self.loop_prof = cProfile.Profile(), cProfile.Profile()
-            self.in_step = False
             CLOCKS.append(self)
 
         def begin_step(self) -> None:
@@ -141,8 +137,6 @@ def top_costs(clock: Any, n: int = 12) -> dict[str, list[dict[str, Any]]]:
     return {"by_own_time": listing(2), "by_cumulative_time": listing(3)}
 
 
-# --- inputs -----------------------------------------------------------------------------------------
-
 def make_inputs(d: Path, corpus: str, retriever: Any, retriever_name: str) -> dict[str, Path]:
     """Every stage's input from extractive runs, as tests/test_multiprocess.py builds them."""
     from typer.testing import CliRunner
@@ -175,8 +169,6 @@ def make_inputs(d: Path, corpus: str, retriever: Any, retriever_name: str) -> di
         raise RuntimeError(f"grpo prepare failed: {r.output[-2000:]}")
     return paths
 
-
-# --- one stage ----------------------------------------------------------------------------------------
 
 def summarize(rows: list[dict[str, Any]], idx: list[int]) -> dict[str, float]:
     keys = [f"time/{p}" for p in (*PARTS, "step")]
@@ -270,12 +262,11 @@ def main() -> None:
     if args.steps < 2:
         ap.error("--steps must be at least 2 (a warm-up step, then the profiled one)")
 
-    from deepr.corpus import open_retriever
-    from deepr.train.tiny import build_tiny_model, wiki_texts
-
     if args.render_ab:
         return write_render_ab(args)
+    from deepr.corpus import open_retriever
     from deepr.corpus.embed import get_embedder
+    from deepr.train.tiny import build_tiny_model, wiki_texts
 
     install_profiling()
     PROFILE_FROM["step"] = args.steps

@@ -141,11 +141,9 @@ def summary(n: int, res: Result) -> dict:
 
 
 def report(title: str, unit: str, n: int, res: Result) -> None:
-    base = res["uncached"][0]
-    ref = res["uncached"][1]
-    print(f"\n{title} ({n} {unit})")
-    print(f"{'mode':24} {'seconds':>8} {unit + '/s':>10} {'speed-up':>9} {'texts encoded':>14} "
-          f"{'max |Δ|':>9}")
+    base, ref = res["uncached"][:2]
+    print(f"\n{title} ({n} {unit})\n{'mode':24} {'seconds':>8} {unit + '/s':>10} {'speed-up':>9} "
+          f"{'texts encoded':>14} {'max |Δ|':>9}")
     for mode, (secs, scores, encoded) in res.items():
         delta = max(abs(a - b) for a, b in zip(scores, ref))
         print(f"{mode:24} {secs:8.2f} {n / secs:10.2f} {base / secs:8.2f}x {encoded:14d} {delta:9.1e}")

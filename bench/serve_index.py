@@ -1,6 +1,6 @@
 """Retrieval server benchmark: `deepr serve-index` under concurrent clients, and recall kept through
-the server and Milvus Lite, each against a baseline measured in the same run (the wiki corpus by
-default; ``--corpus`` another one whose documents carry a description).
+the server and Milvus Lite, each against a baseline measured in the same run (``--corpus``: the
+wiki by default, or one whose documents carry a description).
 
     python bench/serve_index.py [--clients 32] [--per-client 200] [--skip-milvus]
     python bench/serve_index.py --shared-clients     # clients sharing one server ("shared_clients")
@@ -10,11 +10,10 @@ default; ``--corpus`` another one whose documents carry a description).
    baseline is one process running ``search_many`` on the same queries in batches of ``--clients``.
 2. Quality: recall@10 on bench/retrieval.py's test queries (an article's description -> that
    article), hybrid, locally, through the server and through Milvus Lite.
-3. ``--shared-clients``: a two-process ``deepr grpo --stage planner`` (torchrun, tiny random model,
-   schema-constrained rollouts) and ``deepr run --queries --parallel 8`` against one server: its
-   query counter against the searches the clients logged; each client's peak RSS (VmHWM, polled
-   every 0.1 s) against the index on disk and the server; baseline: the same clients opening the
-   corpus locally. Each mode keeps the other's part of bench/results/serve_index.json.
+3. ``--shared-clients``: a two-process ``deepr grpo --stage planner`` (tiny model) and ``deepr run
+   --queries --parallel 8`` against one server: its query count against the clients' logged
+   searches; each client's peak RSS (VmHWM) against the index on disk, the server, and the same
+   clients opening the corpus locally. Each mode keeps the other's part of serve_index.json.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import RESULTS, ROOT, child_env, free_port, peak_rss_mb, read_json, write_json
+from _common import RESULTS, ROOT, child_env, free_port, peak_rss_mb, read_json, timed, write_json
 
 
 def query_sets(docs) -> tuple[list[tuple[str, str]], list[str]]:
@@ -112,10 +111,8 @@ async def clients(url: str, queries: list[str], n_clients: int, per_client: int)
 
 def baseline(r, queries: list[str], batch: int) -> dict:
     r.embedder.clear_cache()
-    t0 = time.perf_counter()
-    for s in range(0, len(queries), batch):
-        r.search_many(queries[s:s + batch], k=10, mode="hybrid")
-    wall = time.perf_counter() - t0
+    _, wall, _ = timed(lambda: [r.search_many(queries[s:s + batch], k=10, mode="hybrid")
+                                for s in range(0, len(queries), batch)])
     return {"queries": len(queries), "batch": batch, "wall_s": wall, "qps": len(queries) / wall}
 
 
@@ -124,11 +121,9 @@ def milvus_recall(corpus: str, test, cache_dir: str | None, db: Path) -> dict:
     from deepr.corpus.milvus import load_to_milvus
 
     spec = f"milvus:{db}"
-    t0 = time.perf_counter()
-    counts = load_to_milvus(corpus, spec, embedder=get_embedder(None, use="index"), cache_dir=cache_dir)
-    load_s = time.perf_counter() - t0
-    m = open_retriever(spec)
-    return {"load_s": load_s, "counts": counts, "recall@10": recall_at_10(m, test)}
+    counts, load_s, _ = timed(lambda: load_to_milvus(corpus, spec, embedder=get_embedder(None, use="index"),
+                                                     cache_dir=cache_dir))
+    return {"load_s": load_s, "counts": counts, "recall@10": recall_at_10(open_retriever(spec), test)}
 
 
 # --- --shared-clients: training processes and a parallel run sharing one server -------------------

@@ -1,13 +1,8 @@
 """Peak memory and speed of ``deepr sft`` (or one GRPO step) on a real small model, one row per
-``--label`` / ``--code`` (a deepr source root, e.g. ``git archive <commit> deepr | tar -x -C
-.bench-work/before``: the "before" row of the same script).
-
-Each row is one run in a fresh child process: its peak RSS from the kernel (``ru_maxrss`` of the
-reaped child, cross-checked with ``VmHWM`` sampled while it runs); wall and CPU seconds (all
-threads: comparable on shared cores) per optimiser step from a callback, the first step apart.
-Default data: 8 planner-shaped examples from the offline wiki corpus (12 or ~30 evidence
-snippets, ~1.1k-3.7k tokens with SmolLM2's tokenizer, the demo's real planner lengths). Settings:
-the demo's sft (examples/demo.sh: role planner, full fine-tune, lr 1e-3, max-length 4096).
+``--label`` / ``--code`` (a deepr source root: another copy gives the "before" row), each in a
+fresh child process: peak RSS (``ru_maxrss`` of the reaped child, cross-checked with ``VmHWM``),
+wall and CPU seconds per optimiser step, the first step apart. Default data: 8 planner-shaped
+wiki examples (~1.1k-3.7k tokens, the demo's planner lengths); settings: examples/demo.sh's sft.
 
     python bench/sft_memory.py --model "$(python -m deepr.llm.smollm2)" \
         --label before --code .bench-work/before --label after --code . --out bench/results/sft_memory.json
@@ -242,10 +237,11 @@ def main() -> None:
             opts = {"model": args.model, "data": str(args.data), "out": str(Path(tmp) / "o"), "max_steps": args.steps,
                     "save_steps": 10_000}
             if args.grpo_scripted:
-                opts = {**opts, "stage": "planner", "num_generations": args.generations, "prompts_per_step": args.prompts,
-                        "max_turn_tokens": args.turn_tokens, "max_completion_length": 2 * args.turn_tokens, "k": 3,
-                        "zero_advantage": "off", "lora_r": 16, "lora_alpha": 32, **extra,
-                        "scripted": {"plan": scripted_plan(args.plan_from), "turn_tokens": args.turn_tokens}}
+                n = args.turn_tokens
+                opts = {**opts, "stage": "planner", "num_generations": args.generations,
+                        "prompts_per_step": args.prompts, "max_turn_tokens": n, "max_completion_length": 2 * n,
+                        "k": 3, "zero_advantage": "off", "lora_r": 16, "lora_alpha": 32, **extra,
+                        "scripted": {"plan": scripted_plan(args.plan_from), "turn_tokens": n}}
                 row = {"overrides": extra, **measure(code, opts, GRPO_SCRIPTED_CHILD, args.rss_cap_mb)}
             elif args.grpo:  # examples/demo.sh grpo-planner; "warn" keeps a zero-reward group from ending the run
                 opts.update(stage="planner", num_generations=2, prompts_per_step=1, max_completion_length=256, k=2,

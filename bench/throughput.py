@@ -5,8 +5,7 @@ call after a fixed latency (default 200 ms) with the reply the extractive backen
 same prompt (the questions are first run with ``--llm extractive --record``), so the run over the
 stub takes the extractive run's path; a prompt the recording never saw is counted as a miss.
 
-For each mode and ``--parallel``, `deepr run` runs as a subprocess (`--llm openai:stub --no-cache
---concurrency 256`) and the bench records:
+For each mode and ``--parallel``, `deepr run --llm openai:stub --no-cache --concurrency 256` records:
 
 - wall seconds, and the batch's seconds (first call's arrival to last call's answer), against the
   critical-path bound: per question, its chain of dependent calls (from the ``--parallel 1`` run:
@@ -18,8 +17,7 @@ For each mode and ``--parallel``, `deepr run` runs as a subprocess (`--llm opena
 
     python bench/throughput.py                          # 32 questions, dag and warp, --parallel 1,8,32
     python bench/throughput.py --questions 32 --modes dag --parallel 32 --latency 0.2
-
-Writes bench/results/throughput.json (load average recorded).
+Writes bench/results/throughput.json.
 """
 
 from __future__ import annotations
@@ -123,7 +121,7 @@ def cpu_between(samples: list[tuple[float, float]], start: float, end: float) ->
 
 def watch(proc: subprocess.Popen, reports: Path, done_event: threading.Event) -> dict:
     """Peak RSS, RSS when the 8th and 32nd reports were written, and CPU samples every 50 ms
-    (never reaps the child: :func:`cpu_of` must, to read its CPU time)."""
+    (never reaps the child: :func:`measure` must, to read its CPU time)."""
     peak, at, cpu = 0.0, {}, []
     while not done_event.is_set():
         r = rss_mb(proc.pid)
@@ -161,29 +159,19 @@ def chains(calls: list) -> dict[str, int]:
     return out
 
 
-def cpu_of(proc: subprocess.Popen) -> float:
-    _, status, ru = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return ru.ru_utime + ru.ru_stime
-
-
 def measure(proc: subprocess.Popen, watched: Path, t0: float) -> tuple[dict, float, float, str]:
-    """Waits for ``proc`` while :func:`watch` samples its RSS against ``watched``'s progress:
-    (the RSS fields, its CPU seconds, wall seconds since ``t0``, the tail of its output)."""
+    """Reaps ``proc`` (os.wait4: its CPU time) while :func:`watch` samples it against ``watched``'s
+    progress: (the RSS fields, its CPU seconds, wall seconds since ``t0``, the tail of its output)."""
     res: dict = {}
     finished = threading.Event()
     mem = threading.Thread(target=lambda: res.update(watch(proc, watched, finished)))
     mem.start()
-    cpu = cpu_of(proc)
+    _, status, ru = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
     finished.set()
     wall = time.perf_counter() - t0
     mem.join()
-    return res, cpu, wall, proc.stdout.read()[-2000:]
-
-
-def batch_seconds(calls: list) -> float:
-    """First call's arrival to the last call's answer (start-up is outside it)."""
-    return max(e for _, e, _ in calls) - min(s for s, _, _ in calls) if calls else 0.0
+    return res, ru.ru_utime + ru.ru_stime, wall, proc.stdout.read()[-2000:]
 
 
 def one_run(mode: str, parallel: int, qfile: Path, corpus: Path, table: dict, a, tmp: Path, env: dict,
@@ -202,21 +190,19 @@ def one_run(mode: str, parallel: int, qfile: Path, corpus: Path, table: dict, a,
         res, cpu, wall, tail = measure(proc, out / "reports.jsonl", t0)
     if proc.returncode not in (0, 3):
         raise SystemExit(f"deepr run {mode} --parallel {parallel} failed ({proc.returncode}):\n{tail}")
-    batch = batch_seconds(log.calls)
+    # the batch: first call's arrival to the last call's answer (start-up is outside it)
+    start, end = (min(s for s, _, _ in log.calls), max(e for _, e, _ in log.calls)) if log.calls else (0.0, 0.0)
     samples = res.pop("_cpu_samples")
-    if log.calls and samples:  # CPU from the first call's arrival to the last answer: no start-up in it
-        in_batch = cpu_between(samples, min(s for s, _, _ in log.calls), max(e for _, e, _ in log.calls))
-        res["deepr_cpu_ms_per_call_in_batch"] = round(1000 * in_batch / len(log.calls), 2)
-    return {"wall_s": round(wall, 2), "batch_s": round(batch, 2), "cpu_s": round(cpu, 2), "calls": len(log.calls),
-            "misses": log.misses,
-            "max_in_flight": in_flight(log.calls), **res, "_calls": log.calls}
+    if log.calls and samples:
+        res["deepr_cpu_ms_per_call_in_batch"] = round(1000 * cpu_between(samples, start, end) / len(log.calls), 2)
+    return {"wall_s": round(wall, 2), "batch_s": round(end - start, 2), "cpu_s": round(cpu, 2), "calls": len(log.calls),
+            "misses": log.misses, "max_in_flight": in_flight(log.calls), **res, "_calls": log.calls}
 
 
 def bench_mode(mode: str, qfile: Path, corpus: Path, a, tmp: Path, env: dict) -> dict:
     traj = tmp / f"{mode}-traj.jsonl"
-    p = deepr(["run", "--queries", qfile, "--out", tmp / f"{mode}-rec", "--mode", mode, "--corpus", corpus,
-               "--retriever", "bm25", "--record", traj, "--parallel", "8"], env)
-    p.wait()
+    deepr(["run", "--queries", qfile, "--out", tmp / f"{mode}-rec", "--mode", mode, "--corpus", corpus,
+           "--retriever", "bm25", "--record", traj, "--parallel", "8"], env).wait()
     table = replies_from(traj)
     base = one_run(mode, 1, qfile, corpus, table, a, tmp, env, limit=1)  # start-up + one question
     rows, chain = {}, None
@@ -225,8 +211,7 @@ def bench_mode(mode: str, qfile: Path, corpus: Path, a, tmp: Path, env: dict) ->
         calls = r.pop("_calls")
         if chain is None:  # the first (sequential) run gives each question's chain
             chain = chains(calls)
-        longest, total = max(chain.values()), sum(chain.values())
-        bound = max(longest, total / par) * a.latency
+        bound = max(max(chain.values()), sum(chain.values()) / par) * a.latency
         extra_calls = max(r["calls"] - base["calls"], 1)
         r.update(bound_s=round(bound, 2), batch_over_bound=round(r["batch_s"] / bound, 3),
                  deepr_cpu_ms_per_call=round(1000 * max(r["cpu_s"] - base["cpu_s"], 0) / extra_calls, 2))
