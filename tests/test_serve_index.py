@@ -407,3 +407,33 @@ def test_serving_bench_quick(retriever, mini_corpus, tmp_path):
     assert res["recall@10"]["server_hybrid"] == res["recall@10"]["local_hybrid"] > 0
     assert abs(res["recall@10"]["milvus_lite_hybrid"] - res["recall@10"]["local_hybrid"]) <= 0.1
     assert res["server_log_summary"].startswith("served ")
+
+
+def test_grpo_stops_when_the_server_goes_away_with_one_line_and_the_readme_s_status(retriever, tiny, tmp_path):
+    """A GRPO planner run whose retrieval server dies at its first rollout search: one error line
+    naming the server, no traceback, exit 4 (the README's 'a served corpus stopped answering before
+    anything was finished'); nothing half-written is left as a finished model."""
+    from deepr.corpus.server import make_app
+    from deepr.records import QRPair, RubricItem
+
+    rub = RubricItem(id="R1", type="factual", description="Plate boundaries cause earthquakes", weight=1.0,
+                     source_leaf_ids=["L1"], evidence=["Most earthquakes occur at plate boundaries."])
+    pairs, config = tmp_path / "verified.jsonl", tmp_path / "grpo.json"
+    pairs.write_text("".join(QRPair(id=f"p{i}", tree_id="t", question=q, selected_leaf_ids=[], rubrics=[rub],
+                                    decision="KEEP").model_dump_json() + "\n" for i, q in enumerate(QUERIES[:2])))
+    config.write_text(json.dumps({"lora_r": 4, "lora_alpha": 8, "zero_advantage": "off", "save_steps": 100,
+                                  "mini_batch_prompts": 2, "max_completion_length": 400, "rollout_formats": "schema"}))
+    port = free_port()
+    lost, box = going_away(make_app(retriever), when=lambda: True)
+    out = tmp_path / "grpo"
+    with served_in_thread(lost, port) as srv:
+        box["server"] = srv
+        r = CliRunner().invoke(app, ["grpo", "--stage", "planner", "--model", str(tiny), "--data", str(pairs),
+                                     "--out", str(out), "--config", str(config), "--max-steps", "2",
+                                     "--num-generations", "2", "--prompts-per-step", "2", "--k", "2",
+                                     "--corpus", f"http://127.0.0.1:{port}"])
+    errors = r.output.split("error: ")[1:]  # the line may follow a progress bar's carriage return
+    assert r.exit_code == 4, r.output[-3000:]
+    assert len(errors) == 1 and f"retrieval server http://127.0.0.1:{port}: /v1/search failed" in errors[0]
+    assert "Traceback" not in r.output and isinstance(r.exception, SystemExit)
+    assert not (out / "adapter_config.json").exists()  # no adapter is passed off as a finished run
