@@ -146,6 +146,12 @@ def dense_index(n: int, kind: str = "auto") -> dict[str, Any]:
 _PUNCT = "，。！？；：、…—·～（）《》〈〉「」『』【】“”‘’,.!?;:()[]{}\"'-/"
 
 
+def _analyzer_name(language: str) -> str:
+    from deepr.text.lang import UNSPACED
+
+    return "jieba" if language == "zh" else "deepr" if language in UNSPACED else "standard"
+
+
 def analyzer(language: str) -> tuple[str, dict[str, Any]]:
     """(name, Milvus ``analyzer_params``) of the BM25 field of a corpus in ``language``.
 
@@ -155,14 +161,15 @@ def analyzer(language: str) -> tuple[str, dict[str, Any]]:
     without spaces: Milvus Lite has no analyzer for them, so :func:`bm25_body` hands Milvus
     deepr's own bigrams as ASCII words that the standard analyzer keeps whole."""
     from deepr.corpus.index import _bm25s
-    from deepr.text.lang import UNSPACED, ZH_STOP
+    from deepr.text.lang import ZH_STOP
 
     english = _bm25s().stopwords.STOPWORDS_EN
-    if language == "zh":
+    kind = _analyzer_name(language)
+    if kind == "jieba":
         stop = sorted(set(english) | ZH_STOP | set(_PUNCT))
         return "jieba", {"tokenizer": {"type": "jieba", "mode": "search", "hmm": True},
                          "filter": ["lowercase", {"type": "stop", "stop_words": stop}]}
-    if language in UNSPACED:
+    if kind == "deepr":
         return "deepr", {"tokenizer": "standard"}
     return "standard", {"tokenizer": "standard",
                         "filter": ["lowercase", {"type": "stop", "stop_words": sorted(english)}]}
@@ -174,7 +181,7 @@ def bm25_body(text: str, language: str) -> str:
     ``\\w+`` and to a server's Unicode word breaks, which would cut a bigram of Han into two."""
     from deepr.corpus.tokens import tokenize
 
-    if analyzer(language)[0] != "deepr":
+    if _analyzer_name(language) != "deepr":  # per passage: the name only, not the stop-word lists
         return text
     return " ".join("".join(f"x{ord(c):x}" for c in w) for w in tokenize([text], language)[0])
 
@@ -298,7 +305,7 @@ def _check_sizes(docs: Sequence[Document], passages: Sequence[Passage], language
 
     for p in passages:
         fields = [("title", p.title), ("text", embed_text(p)), ("url", p.url or "")]
-        if analyzer(language)[0] == "deepr":  # its spelled-out bigrams are longer than the text
+        if _analyzer_name(language) == "deepr":  # its spelled-out bigrams are longer than the text
             fields.append(("BM25 words", bm25_body(embed_text(p), language)))
         for field, value in fields:
             if len(value.encode("utf-8")) > MAX_TEXT:
@@ -321,11 +328,11 @@ def _load(spec: str, cname: str, docs: Sequence[Document], passages: Sequence[Pa
     meta = {"format": FORMAT, "corpus": cname, "embedder": embedder.name, "dim": embedder.dim,
             "chunking": chunking.model_dump(), "dense_index": dense_index(len(passages), dense)}
     if language != "en":  # English collections' meta as before, so collections loaded earlier still match
-        meta.update(language=language, analyzer=analyzer(language)[0])
+        meta.update(language=language, analyzer=_analyzer_name(language))
     _ensure(client, name, meta, embedder.dim)
     mine = [(i, p) for i, p in enumerate(passages) if in_shard(p.id, shard)]
     counts = {"passages": len(mine), "passages_written": 0, "documents": 0, "documents_written": 0,
-              "stale_deleted": 0, "language": language, "analyzer": analyzer(language)[0]}
+              "stale_deleted": 0, "language": language, "analyzer": _analyzer_name(language)}
     cache = EmbeddingCache(cache_root(cache_dir), embedder.name)
     try:
         for s in range(0, len(mine), BLOCK):
@@ -400,7 +407,7 @@ def open_milvus(spec: str, mode: str, *, embedder: Any = None, fusion: Any = Non
     have = collection_language(meta)
     if (language or "auto").strip().lower() != "auto" and resolve(language) != have:
         raise ValueError(f"--corpus {spec}: collection {name!r} was loaded as {language_name(have)} ({have}, BM25 "
-                         f"analyzer {analyzer(have)[0]}); it cannot be searched as {language_name(resolve(language))}: "
+                         f"analyzer {_analyzer_name(have)}); it cannot be searched as {language_name(resolve(language))}: "
                          f"pass --language {have} (or auto), or load the corpus again with "
                          f"--language {resolve(language)}")
     emb = embedder if isinstance(embedder, Embedder) else get_embedder(embedder, use="index")

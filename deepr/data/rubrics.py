@@ -18,6 +18,7 @@ list of violations (bounded), then rejected. The role's non-LLM implementation i
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -153,7 +154,7 @@ class SynthAsk:
     leaves: dict[str, list[str]]
     compact: dict[str, Any]
 
-    @property
+    @functools.cached_property  # read by every attempt's prompt and the extractive engine
     def language(self) -> str:
         """The tree's language: the one most of its topic and evidence statements are written in."""
         return corpus_language([self.tree.topic, *(s for st in self.leaves.values() for s in st)])

@@ -19,6 +19,7 @@ fixable ones → REVISE by dropping or reweighting the criteria they name, any f
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -159,7 +160,7 @@ class AuditAsk:
     found: list[Finding]
     cfg: VerifyConfig
 
-    @property
+    @functools.cached_property  # read by every attempt's prompt and the extractive engine
     def language(self) -> str:
         """The pair's language: the one most of its question and evidence are written in."""
         return corpus_language([self.pair.question, *(s for st in self.leaves.values() for s in st)])
