@@ -144,12 +144,11 @@ def make_inputs(d: Path, corpus: str, retriever: Any, retriever_name: str) -> di
     from deepr.agent import RunConfig, run_agent
     from deepr.cli import app
     from deepr.corpus.tools import ResearchTools
-    from deepr.llm.extractive import ExtractiveLLM
     from deepr.records import QRPair, RubricItem
     from deepr.train.trajectories import turn_examples
 
     tools = ResearchTools(retriever, k=2)
-    warp = turn_examples(run_agent(QUESTIONS[1], tools=tools, llm=ExtractiveLLM(),
+    warp = turn_examples(run_agent(QUESTIONS[1], tools=tools, llm=None,
                                    config=RunConfig(mode="warp", k=2, max_expansions=1)).trajectory)
     warp = [e for e in warp if e.action in ("search", "initialize")][:2]
     rub = RubricItem(id="R1", type="factual", description="Plate boundaries cause earthquakes", weight=1.0,

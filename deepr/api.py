@@ -37,7 +37,8 @@ def _profile(profile: str | Profile | None, llm: str | LLM | None) -> Profile:
     return get_profile(profile, spec=llm if isinstance(llm, str) else None)
 
 
-def _llm(llm: str | LLM, profile: Profile | None = None, **kw: Any) -> LLM:
+def _llm(llm: str | LLM | None, profile: Profile | None = None, **kw: Any) -> LLM | None:
+    """The backend ``llm`` names (None for ``extractive``: no model); a backend passes through."""
     if isinstance(llm, str):
         from deepr.llm import get_llm
 
@@ -60,7 +61,7 @@ def _retriever(corpus: str | Any, search: str, cache_dir: str | Path | None) -> 
     return open_source(search_config(search, cache_dir=Path(cache_dir) if cache_dir else None), local)
 
 
-def run(question: str, *, llm: str | LLM = "extractive", corpus: str | Any = "wiki", search: str = "corpus",
+def run(question: str, *, llm: str | LLM | None = "extractive", corpus: str | Any = "wiki", search: str = "corpus",
         mode: str = "dag", out: str | Path | None = None, html: bool = False, k: int = 5,
         cache_dir: str | Path | None = None, tools: Any = None, config: Any = None,
         query_id: str | None = None, rubrics: Sequence[Any] = (), profile: str | Profile | None = None,
@@ -80,7 +81,7 @@ def run(question: str, *, llm: str | LLM = "extractive", corpus: str | Any = "wi
                          profile=profile, on_phase=on_phase, **options))
 
 
-async def arun(question: str, *, llm: str | LLM = "extractive", corpus: str | Any = "wiki", search: str = "corpus",
+async def arun(question: str, *, llm: str | LLM | None = "extractive", corpus: str | Any = "wiki", search: str = "corpus",
                mode: str = "dag", out: str | Path | None = None, html: bool = False, k: int = 5,
                cache_dir: str | Path | None = None, tools: Any = None, config: Any = None,
                query_id: str | None = None, rubrics: Sequence[Any] = (), profile: str | Profile | None = None,
@@ -104,14 +105,16 @@ async def arun(question: str, *, llm: str | LLM = "extractive", corpus: str | An
 
 
 def build_trees(*, corpus: str | Any = "wiki", n_trees: int = 20, topics: Iterable[Any] | None = None,
-                llm: str | LLM = "extractive", judge: str | LLM | None = None, seed: int = 0,
+                llm: str | LLM | None = "extractive", judge: str | LLM | None = "writer", seed: int = 0,
                 cache_dir: str | Path | None = None, config: Any = None,
                 on_result: Callable[[Any], None] | None = None, profile: str | Profile | None = None,
                 judge_profile: str | Profile | None = None, **options: Any) -> list[Tree | Reject]:
     """Evidence trees (DeepRubric Alg. 1), one per topic: ``topics`` (titles or SeedTopics),
     else ``n_trees`` topics sampled from the corpus. A topic that yields no usable tree comes back
     as a Reject with its reason. ``options``: TreeConfig fields (``max_depth=2``), or ``config``.
-    ``profile`` / ``judge_profile``: each model's profile (None: the one its spec selects)."""
+    ``judge``: the gate and ground roles' model, a spec or a backend (``"writer"``: ``llm``; None
+    or ``"extractive"``: no model). ``profile`` / ``judge_profile``: each model's profile (None:
+    the one its spec selects)."""
     from deepr.data.topics import SeedTopic, sample_topics, tree_id
     from deepr.data.trees import TreeConfig, abuild_trees
     from deepr.llm.base import run_sync
@@ -122,9 +125,10 @@ def build_trees(*, corpus: str | Any = "wiki", n_trees: int = 20, topics: Iterab
     else:
         seeds = [SeedTopic(id=tree_id(t, seed), title=t) if isinstance(t, str) else t for t in topics]
     prof = _profile(profile, llm)
-    judge_prof = _profile(judge_profile, judge) if judge is not None else prof
+    writer = judge == "writer"
+    judge_prof = prof if writer else _profile(judge_profile, judge)
     return run_sync(abuild_trees(seeds, retriever, _llm(llm, prof), config or TreeConfig(seed=seed, **options),
-                                 judge=_llm(judge, judge_prof) if judge is not None else None, on_result=on_result,
+                                 judge="writer" if writer else _llm(judge, judge_prof), on_result=on_result,
                                  profile=prof, judge_profile=judge_prof))
 
 

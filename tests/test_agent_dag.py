@@ -7,7 +7,6 @@ import json
 import pytest
 
 from deepr.agent import RunConfig, cited_ids, replay_waves, run_agent
-from deepr.llm.extractive import ExtractiveLLM
 from deepr.llm.replay import ReplayLLM
 from deepr.evidence.plan import validate_plan, waves
 
@@ -35,7 +34,7 @@ def resolves_to_trace(result) -> None:
 
 @pytest.fixture(scope="module")
 def extractive_run(tools):
-    return run_agent(QUERY, tools=tools, llm=ExtractiveLLM(), config=RunConfig(), html=True)
+    return run_agent(QUERY, tools=tools, llm=None, config=RunConfig(), html=True)
 
 
 def test_extractive_dag_report_is_cited_and_says_no_llm(extractive_run):
@@ -192,7 +191,7 @@ def test_replay_exhausted_planner_falls_back_to_extractive_plan(tools):
 
 def test_scaffold_and_search_rounds_extractive(tools):
     cfg = RunConfig(search_rounds=2, rubric_scaffold=True, max_cycles=2)
-    result = run_agent(QUERY, tools=tools, llm=ExtractiveLLM(), config=cfg)
+    result = run_agent(QUERY, tools=tools, llm=None, config=cfg)
     extra = result.trace.model_extra
     kinds = [r["kind"] for r in extra["rubrics"]]
     assert kinds[0] == "persistent" and "ephemeral" in kinds
@@ -218,7 +217,7 @@ Please cover:
 
 
 def test_long_multi_part_question_gets_a_node_and_a_paragraph_per_part(tools):
-    result = run_agent(LONG_QUESTION, tools=tools, llm=ExtractiveLLM(), config=RunConfig())
+    result = run_agent(LONG_QUESTION, tools=tools, llm=None, config=RunConfig())
     resolves_to_trace(result)
     plan = result.trace.plans[0]["plan"]
     queries = [n["query"] for n in plan["nodes"] if n["type"] == "search"]
@@ -230,7 +229,7 @@ def test_long_multi_part_question_gets_a_node_and_a_paragraph_per_part(tools):
 
 def test_non_english_question_runs(tools):
     result = run_agent("Wie funktionieren Flugzeugtriebwerke, und welche Rolle spielen Flughäfen im Luftverkehr?",
-                       tools=tools, llm=ExtractiveLLM(), config=RunConfig())
+                       tools=tools, llm=None, config=RunConfig())
     resolves_to_trace(result)
     assert validate_plan(result.trace.plans[-1]["plan"])[0] is not None
 
@@ -281,7 +280,7 @@ def test_evidence_of_a_dropped_search_node_stays_citable_in_the_final_answer(too
     from deepr.evidence.trace import Tracer
     from deepr.llm.base import run_sync
 
-    ctx = Ctx(ExtractiveLLM(), tools, RunConfig(), Tracer(QUERY, "dag"))
+    ctx = Ctx(None, tools, RunConfig(), Tracer(QUERY, "dag"))
     old = validate_plan({k: v for k, v in PLAN_G0.items()})[0]
     new = validate_plan({"nodes": [PLAN_G0["nodes"][0],
                                    {**PLAN_G0["nodes"][2], "inputs": ["N1"]}, PLAN_G0["nodes"][3]]})[0]
@@ -321,7 +320,7 @@ def test_a_revision_that_renumbers_search_nodes_reuses_their_results(tools):
                                     "inputs": ["N1", "N2", "N3"]},
                                    {"id": "N5", "type": "answer", "need": "how", "inputs": ["N4"]}]})[0]
     assert changed_search_nodes(old, new) == (["N3"], {"N1": "N1", "N2": "N3"})
-    ctx = Ctx(ExtractiveLLM(), tools, RunConfig(), Tracer(QUERY, "dag"))
+    ctx = Ctx(None, tools, RunConfig(), Tracer(QUERY, "dag"))
     results: dict = {}
     run_sync(execute_searches(ctx, old, results, only=None))
     before = {k: list(v) for k, v in results.items()}
@@ -359,6 +358,6 @@ def test_extractive_dag_with_no_search_results_plans_and_finishes(tools, monkeyp
     """A source that returns nothing (a dead web provider, an empty corpus) must not crash the
     planner: the run ends with a valid plan and a report that says it found no evidence."""
     monkeypatch.setattr(tools.retriever, "search", lambda *a, **kw: [])
-    r = run_agent(QUERY, tools=tools, llm=ExtractiveLLM(), config=RunConfig())
+    r = run_agent(QUERY, tools=tools, llm=None, config=RunConfig())
     assert validate_plan(r.trace.plans[0]["plan"])[0] is not None
     assert r.trace.citations == {}

@@ -9,7 +9,6 @@ import pytest
 from conftest import small_format
 
 from deepr.agent import RunConfig, cited_ids, run_agent
-from deepr.llm.extractive import ExtractiveLLM
 from deepr.llm.replay import ReplayLLM
 
 QUERY = "Who was Adam Smith and which books is he known for?"
@@ -24,7 +23,7 @@ def tools(retriever):
 
 
 def test_extractive_decor_answers_from_memory_and_stops(tools):
-    result = run_agent(QUERY, tools=tools, llm=ExtractiveLLM(), config=RunConfig(mode="decor"))
+    result = run_agent(QUERY, tools=tools, llm=None, config=RunConfig(mode="decor"))
     extra = result.trace.model_extra
     assert extra["queries"][0] == QUERY and 1 <= len(extra["queries"]) <= 4
     assert "Adam Smith" in result.answer and cited_ids(result.answer)
@@ -41,7 +40,7 @@ def test_extractive_condense_keeps_cited_facts_within_budget(tools):
     from deepr.evidence.extract import approx_tokens
     from deepr.llm.base import run_sync
 
-    ctx = Ctx(llm=ExtractiveLLM(), tools=tools, config=RunConfig(mode="decor", memory_limit=64),
+    ctx = Ctx(llm=None, tools=tools, config=RunConfig(mode="decor", memory_limit=64),
               tracer=Tracer(QUERY, "decor"))
     memory = []
     for t, q in enumerate(["Adam Smith", "Adam Smith economics", "Abraham Lincoln"], 1):
@@ -118,7 +117,7 @@ def test_replay_decor_answer_citing_outside_memory_is_recorded(tools):
 def test_non_english_and_multi_part_questions_run(tools):
     for question in ("明石海峡大桥在哪里？它连接哪些岛屿？",
                      "Zwei Fragen:\n1. Was ist ein Erdferkel (aardvark)?\n2. Wo liegt die Akashi-Kaikyo-Brücke?"):
-        result = run_agent(question, tools=tools, llm=ExtractiveLLM(), config=RunConfig(mode="decor"))
+        result = run_agent(question, tools=tools, llm=None, config=RunConfig(mode="decor"))
         assert result.answer and set(cited_ids(result.markdown)) == set(result.trace.citations)
         assert 1 <= len(result.trace.model_extra["queries"]) <= 4
 
@@ -135,7 +134,7 @@ def test_the_filter_keeps_statements_of_the_results_not_prose_about_anything(too
     from deepr.agent.decor import FILTER, DecorAsk, MemoryItem
     from deepr.profiles.small.agent import kept_statements
 
-    ctx = Ctx(llm=ExtractiveLLM(), tools=tools, config=RunConfig(mode="decor"), tracer=Tracer(QUERY, "decor"))
+    ctx = Ctx(llm=None, tools=tools, config=RunConfig(mode="decor"), tracer=Tracer(QUERY, "decor"))
     ids = ctx.search("S1", "Adam Smith economist")
     ask = DecorAsk(ctx, "The question about Adam Smith", [], ids=ids, question=QUERY)
     rx = small_format(FILTER, ask).regex
@@ -167,7 +166,7 @@ def test_the_planners_query_names_a_word_of_the_question(tools):
     from deepr.agent import Ctx, Tracer
     from deepr.agent.decor import PLAN, DecorAsk
 
-    ctx = Ctx(llm=ExtractiveLLM(), tools=tools, config=RunConfig(mode="decor"), tracer=Tracer(QUERY, "decor"))
+    ctx = Ctx(llm=None, tools=tools, config=RunConfig(mode="decor"), tracer=Tracer(QUERY, "decor"))
     rx = small_format(PLAN, DecorAsk(ctx, QUERY)).regex
     assert not re.fullmatch(rx, "<search>The question has nofetched facts sofar</search>")
     assert re.fullmatch(rx, "<search>Adam Smith economist</search>")

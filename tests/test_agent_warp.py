@@ -7,7 +7,6 @@ import json
 import pytest
 
 from deepr.agent import RunConfig, cited_ids, run_agent
-from deepr.llm.extractive import ExtractiveLLM
 from deepr.llm.replay import ReplayLLM
 
 QUERY = "How does commercial air travel work, from aircraft and engines to airports and air traffic control?"
@@ -103,7 +102,7 @@ def test_replay_warp_forced_step_rejects_terminate(tools):
 
 
 def test_extractive_warp_force_expand_records_every_draft(tools):
-    result = run_agent(QUERY, tools=tools, llm=ExtractiveLLM(), config=RunConfig(mode="warp", force_expand=2))
+    result = run_agent(QUERY, tools=tools, llm=None, config=RunConfig(mode="warp", force_expand=2))
     traj = result.trajectory
     expands = [t for t in traj.turns if t.action == "expand"]
     assert len(expands) == result.trace.model_extra["expansions"] == 2
@@ -120,7 +119,7 @@ def test_long_multi_part_question_makes_a_section_per_part(tools):
                 "It should explain the machines, the infrastructure and the history.\n\n"
                 "- How do airplanes and airships stay in the air?\n- What does an aircraft engine do?\n"
                 "- How do airports and air traffic control keep flights safe?")
-    result = run_agent(question, tools=tools, llm=ExtractiveLLM(), config=RunConfig(mode="warp", max_expansions=1))
+    result = run_agent(question, tools=tools, llm=None, config=RunConfig(mode="warp", max_expansions=1))
     outline = result.trace.model_extra["outline"]
     assert [s["plan"] for s in outline[:3]] == ["How do airplanes and airships stay in the air?",
                                                 "What does an aircraft engine do?",
@@ -149,7 +148,7 @@ def test_deepen_asks_for_two_to_seven_subsections_and_accepts_them(tools):
     from deepr.evidence.trace import Tracer
     from deepr.agent.warp import DEEPEN, DeepenAction, Item, WarpAsk, WarpRun
 
-    run = WarpRun(Ctx(ExtractiveLLM(), tools, RunConfig(mode="warp"), Tracer(QUERY, "warp")), QUERY)
+    run = WarpRun(Ctx(None, tools, RunConfig(mode="warp"), Tracer(QUERY, "warp")), QUERY)
     run.outline.add_sections([{"title": "Aircraft", "plan": "a"}, {"title": "Airports", "plan": "b"}])
     assert "into 2 to 7 subsections" in DEEPEN.messages(WarpAsk(run))[-1]["content"]
 

@@ -14,7 +14,6 @@ from deepr.roles import Role
 
 ROOT = Path(deepr.__file__).parent
 ROLE_PACKAGES = ("deepr.agent", "deepr.data", "deepr.rewards")
-ENGINE_PLACES = (ROOT / "llm", ROOT / "extractive", ROOT / "roles")
 
 
 def _modules(package: str) -> list[str]:
@@ -28,14 +27,6 @@ def _roles() -> list[tuple[str, str, Role]]:
         module = importlib.import_module(name)
         found += [(name, attr, v) for attr, v in vars(module).items() if isinstance(v, Role)]
     return found
-
-
-def test_no_engine_branch_outside_llm_and_the_extractive_package():
-    outside = [f"{path.relative_to(ROOT.parent)}:{n}"
-               for path in sorted(ROOT.rglob("*.py")) if not any(path.is_relative_to(p) for p in ENGINE_PLACES)
-               for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
-               if "is_extractive" in line]
-    assert outside == []
 
 
 def test_every_role_names_its_implementation_in_the_extractive_package():
@@ -65,24 +56,24 @@ def test_the_extractive_package_imports_no_role_module():
     assert {k: v for k, v in imports.items() if v} == {}
 
 
-def test_the_engine_is_the_backend_s_answer():
-    from deepr.extractive import adds_judgement, can_rescue, needs_embedder, offload_cpu
-    from deepr.llm.extractive import ExtractiveLLM
+def test_the_engine_is_chosen_by_the_spec_and_is_no_backend():
+    """``--llm extractive`` builds no model: stages pass ``llm=None`` down to the executor."""
+    import deepr.extractive
+    import deepr.llm
+    from deepr.llm import get_llm
     from deepr.llm.replay import ReplayLLM
-    from deepr.roles import Recorder, engine_label
+    from deepr.roles import engine_info, engine_label
 
-    ex, model = ExtractiveLLM(), ReplayLLM([])
-    assert ex.is_extractive and not model.is_extractive
-    assert Recorder().llm(ex, "r", "a").is_extractive  # the recording wrapper keeps the engine
-    assert engine_label(ex) == "extractive" and engine_label(model).startswith("llm:replay")
-    assert (can_rescue(model, "extractive"), can_rescue(ex, "extractive"), can_rescue(model, None)) == (
-        True, False, False)
-    assert (offload_cpu(model), offload_cpu(ex), needs_embedder(ex), needs_embedder(model)) == (True, False, True, False)
-    assert (adds_judgement(model), adds_judgement(ex), adds_judgement(None)) == (True, False, False)
+    assert get_llm("extractive") is None and get_llm(" extractive ") is None
+    assert not hasattr(deepr.llm, "ExtractiveLLM")
+    model = ReplayLLM([])
+    assert engine_label(None) == "extractive" and engine_label(model).startswith("llm:replay")
+    assert engine_info(None)["backend"] == "extractive" and engine_info(None)["model"] is None
+    # nothing for callers to branch on: the package holds the role implementations only
+    assert [n for n, v in vars(deepr.extractive).items() if callable(v) and not n.startswith("_")] == []
 
 
-def test_perform_on_the_extractive_backend_records_the_implementation_s_reply():
-    from deepr.llm.extractive import ExtractiveLLM
+def test_perform_without_a_model_records_the_implementation_s_reply():
     from deepr.roles import JSONReply, Recorder, RoleFailed, perform
 
     def reply(a: dict) -> dict:
@@ -93,10 +84,10 @@ def test_perform_on_the_extractive_backend_records_the_implementation_s_reply():
     role = Role(name="probe", action="say", messages=lambda a: [{"role": "user", "content": "say"}],
                 output=JSONReply(), extractive=reply, result=lambda a, v: v["x"] * 2)
     rec = Recorder()
-    out = asyncio.run(perform(role, {"ok": True, "x": 21}, llm=ExtractiveLLM(), rec=rec))
+    out = asyncio.run(perform(role, {"ok": True, "x": 21}, llm=None, rec=rec))
     assert (out.value, out.by, rec.engines["extractive"]) == (42, "extractive", 1)
     assert rec.turns[-1].completion == '{"x": 21}' and rec.turns[-1].model_extra["extractive"] is True
-    out = asyncio.run(perform(role, {"ok": False}, llm=ExtractiveLLM(), rec=rec))
+    out = asyncio.run(perform(role, {"ok": False}, llm=None, rec=rec))
     assert (out.value, out.by, out.error) == (None, "failed", "nothing to say")
     assert rec.failures[-1]["reason"] == "nothing to say" and rec.engines["failed"] == 1
 

@@ -276,10 +276,9 @@ def test_planner_turn2_has_the_same_token_ids_in_run_sft_and_rl(tok, retriever):
 @pytest.fixture(scope="module")
 def prepared(retriever) -> list:
     """Prepared records from the extractive planner (the `grpo prepare` path without a model)."""
-    from deepr.llm.extractive import ExtractiveLLM
     from deepr.train.prepare import PrepareConfig, Prepared, prepare_records
 
-    recs = list(prepare_records(_pairs(1), ExtractiveLLM(), retriever, PrepareConfig(k=2, fetch_limit=1)))
+    recs = list(prepare_records(_pairs(1), None, retriever, PrepareConfig(k=2, fetch_limit=1)))
     assert all(isinstance(r, Prepared) for r in recs)
     return recs
 

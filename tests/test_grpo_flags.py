@@ -84,13 +84,12 @@ def test_judges_built_in_training_get_the_generation_settings(tmp_path: Path, mo
     from deepr.train.grpo import GrpoConfig, default_reward, gen_settings
     from deepr.rewards.judges import make_judge
 
-    from deepr.llm.extractive import ExtractiveLLM
 
     built: list = []
 
     def fake_get_llm(spec, **kw):
         built.append((spec, kw.get("gen")))
-        return ExtractiveLLM()
+        return None
 
     class Embedder:
         def encode(self, texts, **kw):

@@ -15,10 +15,9 @@ def examples(retriever):
     """Action-level examples of an extractive warp run, as prune-trajectories writes them."""
     from deepr.agent import RunConfig, run_agent
     from deepr.corpus.tools import ResearchTools
-    from deepr.llm.extractive import ExtractiveLLM
     from deepr.train.trajectories import turn_examples
 
-    res = run_agent(QUERY, tools=ResearchTools(retriever, k=3), llm=ExtractiveLLM(),
+    res = run_agent(QUERY, tools=ResearchTools(retriever, k=3), llm=None,
                     config=RunConfig(mode="warp", k=3, max_expansions=1))
     return turn_examples(res.trajectory)
 

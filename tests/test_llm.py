@@ -1,5 +1,5 @@
 """LLM backends: OpenAI-compatible client against the local stub server, disk cache,
-secrets hygiene, replay and extractive backends, and the --llm spec parser."""
+secrets hygiene, the replay backend, and the --llm spec parser."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import pytest
 from deepr.io import RecordError, write_meta
 from deepr.llm import LLMError, get_llm, hf_options, llm_from_flags, parse_hf_spec
 from deepr.llm.cache import LLMCache, request_key
-from deepr.llm.extractive import ExtractiveLLM, select_sentences
 from deepr.llm.openai_backend import LLMStatusError
 from deepr.llm.replay import ReplayLLM
 from deepr.llm.stub_server import StubServer
@@ -283,35 +282,6 @@ def test_ask_json_over_http_records_a_refused_call():
         assert asyncio.run(ask_json(llm, USER)).value == {"answer": 42}
 
 
-# -- extractive -------------------------------------------------------------------------
-
-MATERIAL = ("Paris is the capital of France. The Seine flows through Paris. "
-            "Berlin is the capital of Germany. London lies on the Thames. "
-            "The Thames is the longest river entirely in England.")
-
-
-def test_extractive_picks_relevant_sentences_in_order():
-    llm = ExtractiveLLM(k=2)
-    msgs = [{"role": "system", "content": MATERIAL},
-            {"role": "user", "content": "What is the longest river in England, and which city lie on it?"}]
-    out = llm.chat(msgs)
-    assert out == "London lies on the Thames. The Thames is the longest river entirely in England."
-    assert llm.chat(msgs) == out  # deterministic
-    assert llm.is_extractive and "no language model" in llm.describe()["note"]
-
-
-def test_extractive_single_message_uses_last_sentence_as_question():
-    llm = ExtractiveLLM(k=1)
-    msg = [{"role": "user", "content": MATERIAL + "\nWhich country has Berlin as its capital?"}]
-    assert llm.chat(msg) == "Berlin is the capital of Germany."
-    assert llm.chat(msg, max_tokens=3) == "Berlin is the"
-    assert llm.chat(msg, stop=[" capital"]) == "Berlin is the"
-
-
-def test_extractive_without_overlap_falls_back_to_lead():
-    assert select_sentences(["Alpha one.", "Beta two.", "Gamma three."], "zzz", k=2) == ["Alpha one.", "Beta two."]
-
-
 # -- spec parsing -----------------------------------------------------------------------
 
 def test_spec_errors_name_the_accepted_forms():
@@ -331,8 +301,7 @@ def test_hf_spec_parsing_and_flag_helper():
                      ("smollm2,top_k=4,top_k=5", "option 'top_k' is given twice")):
         with pytest.raises(ValueError, match=why):
             get_llm(bad)
-    llm = llm_from_flags("extractive", None, None, no_cache=True, timeout=5.0, concurrency=2)
-    assert llm.is_extractive and llm.max_concurrency == 2
+    assert llm_from_flags("extractive", None, None, no_cache=True, timeout=5.0, concurrency=2) is None  # no model
 
 
 def test_model_names_with_colons_are_kept():

@@ -49,17 +49,16 @@ def inputs(tmp_path_factory: pytest.TempPathFactory, mini_corpus: Path) -> dict[
     from deepr.cli import app
     from deepr.corpus import open_retriever
     from deepr.corpus.tools import ResearchTools
-    from deepr.llm.extractive import ExtractiveLLM
     from deepr.records import QRPair, RubricItem
     from deepr.train.trajectories import turn_examples
 
     d = tmp_path_factory.mktemp("mp-inputs")
     retriever = open_retriever(str(mini_corpus), retriever="bm25", progress=False)
     tools = ResearchTools(retriever, k=2)
-    planner = [e for q in QUESTIONS for e in turn_examples(run_agent(q, tools=tools, llm=ExtractiveLLM(),
+    planner = [e for q in QUESTIONS for e in turn_examples(run_agent(q, tools=tools, llm=None,
                                                                         config=RunConfig(mode="dag", k=2)).trajectory)
                if e.role == "planner"]
-    warp = turn_examples(run_agent(QUESTIONS[1], tools=tools, llm=ExtractiveLLM(),
+    warp = turn_examples(run_agent(QUESTIONS[1], tools=tools, llm=None,
                                    config=RunConfig(mode="warp", k=2, max_expansions=1)).trajectory)
     warp = [e for e in warp if e.action in ("search", "initialize")][:2]
     assert len(planner) >= 4 and len(warp) == 2

@@ -156,9 +156,8 @@ def test_set_aside_text_reaches_no_query_plan_title_or_prompt(lighthouse, mode, 
     """The injected sentence is listed under set_aside and nowhere else: not in a search query,
     a plan node, a section title, a prompt a model was sent, a turn or the report."""
     from deepr.agent import RunConfig, run_agent
-    from deepr.llm import ExtractiveLLM
 
-    llm = ExtractiveLLM() if llm_kind == "extractive" else in_process(CompetentModel())
+    llm = None if llm_kind == "extractive" else in_process(CompetentModel())
     res = run_agent("Who built the lighthouse?", tools=lighthouse.fresh(), llm=llm,
                     config=RunConfig(mode=mode, rubric_scaffold=True))
     trace = res.trace.model_dump(mode="json")
@@ -248,9 +247,8 @@ def test_offline_reports_quote_self_contained_sentences_once(printing, mode, que
     """A sentence opening with a pronoun follows a sentence of its own source; no sentence of
     the report's prose appears twice (across sections and subsections)."""
     from deepr.agent import RunConfig, run_agent
-    from deepr.llm import ExtractiveLLM
 
-    res = run_agent(question, tools=printing.fresh(), llm=ExtractiveLLM(),
+    res = run_agent(question, tools=printing.fresh(), llm=None,
                     config=RunConfig(mode=mode, force_expand=2 if mode == "warp" else 0))
     assert _prose_paragraphs(res.markdown), res.markdown
     assert _problems(res.markdown) == [], res.markdown
@@ -260,9 +258,8 @@ def test_the_writer_carries_the_lead_of_a_pronoun_sentence(printing):
     from deepr.evidence.env import Ctx, RunConfig
     from deepr.evidence.trace import Tracer
     from deepr.evidence.writer import write
-    from deepr.llm import ExtractiveLLM
 
-    ctx = Ctx(llm=ExtractiveLLM(), tools=printing.fresh(), config=RunConfig(), tracer=Tracer("q", "dag"))
+    ctx = Ctx(llm=None, tools=printing.fresh(), config=RunConfig(), tracer=Tracer("q", "dag"))
     ids = ctx.search("N1", "printing press Gutenberg Revolution")
     text = write(ctx, ["What marked the start of the Gutenberg Revolution?"], ids, 3)
     assert "It marked the start" in text

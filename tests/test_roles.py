@@ -8,7 +8,6 @@ import pytest
 from pydantic import BaseModel, Field
 
 from deepr.llm.base import LLM, GenDefaults, LLMError, Reply, run_sync
-from deepr.llm.extractive import ExtractiveLLM
 from deepr.llm.schema import strict_schema
 from deepr.roles import JSONReply, Recorder, Role, RoleFailed, TaggedReply, body_of, perform
 
@@ -117,7 +116,7 @@ def test_no_fallback_means_a_recorded_failure_with_the_last_reply():
 
 
 def test_the_extractive_backend_runs_the_roles_own_implementation_and_records_it():
-    out, rec = go(ANSWER, ExtractiveLLM())
+    out, rec = go(ANSWER, None)
     assert out.by == "extractive" and out.value == "lava is a topic."
     turn = rec.turns[0]
     assert turn.model_extra["extractive"] and body_of(turn.completion, "answer") == "lava is a topic."
@@ -130,7 +129,7 @@ def test_an_extractive_implementation_that_cannot_answer_is_a_recorded_failure()
 
     role = Role(name="synth", action="pair", output=JSONReply(), messages=lambda a: [],
                 extractive=refuse, fallback=None)
-    out, rec = go(role, ExtractiveLLM())
+    out, rec = go(role, None)
     assert out.by == "failed" and out.error == "only 1 leaf; need 2"
     assert rec.failures == [{"where": "synth/pair", "reason": "only 1 leaf; need 2", "role": "synth",
                              "attempts": 0}]

@@ -8,7 +8,6 @@ import json
 
 import pytest
 
-from deepr.llm.extractive import ExtractiveLLM
 from deepr.llm.replay import ReplayLLM
 from deepr.records import QRPair, Reject, Tree
 from deepr.roles.rubric_checks import RubricLimits, evidence_supported, leaf_statements, pair_problems
@@ -139,10 +138,10 @@ def test_persistent_violations_are_rejected_with_reason():
 
 def test_extractive_pairs_pass_every_check(embedder):
     topics = [SeedTopic(id=tree_id(t), title=t) for t in ("Volcano", "Plate tectonics", "Mount Vesuvius")]
-    results = build_trees(topics, LexicalRetriever(volcano_docs()), ExtractiveLLM(), TreeConfig(max_depth=2),
+    results = build_trees(topics, LexicalRetriever(volcano_docs()), None, TreeConfig(max_depth=2),
                           embed=embedder.encode)
     trees = [t for t in results if isinstance(t, Tree)] + [small_tree()]
-    out = synthesize_rubrics(trees, ExtractiveLLM(), SynthConfig(), embed=embedder.encode)
+    out = synthesize_rubrics(trees, None, SynthConfig(), embed=embedder.encode)
     pairs = [p for p in out if isinstance(p, QRPair)]
     assert len(pairs) >= 2, [getattr(p, "reason", "") for p in out]
     by_tree = {t.id: t for t in trees}

@@ -30,7 +30,6 @@ def atlas_ctx(web, tmp_path, embedder):
     from deepr.evidence.env import Ctx, RunConfig
     from deepr.evidence.trace import Tracer
     from deepr.corpus.tools import ResearchTools
-    from deepr.llm.extractive import ExtractiveLLM
     from deepr.search import SearchConfig
     from deepr.search.source import SourceRetriever
 
@@ -39,7 +38,7 @@ def atlas_ctx(web, tmp_path, embedder):
         {"url": url, "title": "Earth atlas", "content": "An atlas of landforms."}]}})
     src = SourceRetriever(SearchConfig(spec=f"searxng:{prov.url}/searxng", cache_dir=tmp_path,
                                        allow_hosts=[f"127.0.0.1:{web['site'].port}"]), embedder=embedder)
-    ctx = Ctx(llm=ExtractiveLLM(), tools=ResearchTools(src, k=3), config=RunConfig(), tracer=Tracer("q", "dag"))
+    ctx = Ctx(llm=None, tools=ResearchTools(src, k=3), config=RunConfig(), tracer=Tracer("q", "dag"))
     try:
         yield ctx, url
     finally:
@@ -175,7 +174,6 @@ def _norm(text: str) -> str:
 def test_tree_nodes_rest_on_read_page_passages(web, tmp_path, embedder) -> None:
     from deepr.data.topics import SeedTopic
     from deepr.data.trees import TreeConfig, build_trees
-    from deepr.llm.extractive import ExtractiveLLM
     from deepr.search import SearchConfig
     from deepr.search.passages import page_chunks
     from deepr.search.reading import PageReadingRetriever
@@ -192,7 +190,7 @@ def test_tree_nodes_rest_on_read_page_passages(web, tmp_path, embedder) -> None:
         reading = PageReadingRetriever(src)
         [read] = reading.search("Earth atlas", 3)
         [[caves], [reefs]] = reading.search_many(needs, 3)
-        [tree] = build_trees([SeedTopic(id="t1", title="Earth atlas")], reading, ExtractiveLLM(),
+        [tree] = build_trees([SeedTopic(id="t1", title="Earth atlas")], reading, None,
                              TreeConfig(max_depth=1, min_leaves=1))
         page = src.pages[url]
     finally:

@@ -87,10 +87,9 @@ def tools(tmp_path_factory):
 @pytest.mark.parametrize("mode", ["dag", "warp", "decor", "tools"])
 def test_an_injected_sentence_never_becomes_a_finding(tools, mode: str) -> None:
     from deepr.agent import RunConfig, run_agent
-    from deepr.llm import ExtractiveLLM
 
     res = run_agent("Why do volcanoes erupt, and when did Mount St. Helens erupt?", tools=tools,
-                    llm=ExtractiveLLM(), config=RunConfig(mode=mode))
+                    llm=None, config=RunConfig(mode=mode))
     assert "dragons" not in res.markdown and "IGNORE ALL" not in res.markdown
     assert all("dragons" not in c.text for c in res.trace.citations.values())
     aside = res.trace.model_extra.get("set_aside")

@@ -92,10 +92,9 @@ def test_deepr_eval_support_metric_offline_and_with_a_judge(tmp_path):
 def test_a_run_trace_reports_citation_support(retriever, tmp_path):
     from deepr.agent import RunConfig, run_agent, write_report
     from deepr.corpus import ResearchTools
-    from deepr.llm.extractive import ExtractiveLLM
 
     result = run_agent("How did ancient Greek architecture influence later buildings?",
-                       tools=ResearchTools(retriever, k=5), llm=ExtractiveLLM(), config=RunConfig())
+                       tools=ResearchTools(retriever, k=5), llm=None, config=RunConfig())
     paths = write_report(result, tmp_path / "report.md")
     support = json.loads(Path(paths["trace"]).read_text())["support"]
     assert support["checked_by"] == "overlap" and support["claims"] >= 3

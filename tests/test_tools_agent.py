@@ -40,9 +40,8 @@ def test_parse_step_reads_calls_answers_and_says_why_not():
 
 
 def test_session_ids_are_issued_by_code_and_browse_needs_a_search(retriever):
-    from deepr.llm.extractive import ExtractiveLLM
 
-    ctx = _ctx(retriever, ExtractiveLLM())
+    ctx = _ctx(retriever, None)
     s = ToolSession(ctx)
     refused = s.execute("browse", {"doc_id": "anything"})
     assert "refused" in refused and s.valid == 0
@@ -87,9 +86,8 @@ def test_llm_run_turn_limit_forces_an_answer(retriever):
 
 def test_extractive_run_cites_only_shown_snippets(retriever):
     from deepr.llm.base import run_sync
-    from deepr.llm.extractive import ExtractiveLLM
 
-    ctx = _ctx(retriever, ExtractiveLLM())
+    ctx = _ctx(retriever, None)
     out = run_sync(run_tools(ctx, "What causes earthquakes? How are they measured?"))
     assert 2 <= out.tool_calls <= 4
     ids = answer_ids(out.raw_answer)
@@ -101,13 +99,12 @@ def test_extractive_run_cites_only_shown_snippets(retriever):
 def test_run_agent_tools_mode_writes_a_cited_report(retriever, tmp_path, llm_kind):
     from deepr.agent import RunConfig, run_agent, write_report
     from deepr.corpus.tools import ResearchTools
-    from deepr.llm.extractive import ExtractiveLLM
     from deepr.llm.replay import ReplayLLM
 
     if "tools" not in RunConfig.model_fields["mode"].annotation.__args__:
         pytest.skip("deepr run --mode tools is not registered in RunConfig yet")
     hit = retriever.search("earthquake plates", k=1)[0]
-    llm = ExtractiveLLM() if llm_kind == "extractive" else ReplayLLM(
+    llm = None if llm_kind == "extractive" else ReplayLLM(
         [_call("search", query="earthquake plates"),
          f'<think>ok</think><answer><cite id="S1-R1">{hit.text.split(".")[0]}.</cite></answer>'])
     res = run_agent("What causes earthquakes?", tools=ResearchTools(retriever, k=3), llm=llm,
@@ -167,7 +164,6 @@ def test_system_prompt_carries_the_long_form_requirements_and_is_shared_by_run_a
 
     from deepr.agent.tools_agent import STEP_REGEX, system_prompt
     from deepr.llm.base import run_sync
-    from deepr.llm.extractive import ExtractiveLLM
     from deepr.records import QRPair, RubricItem
     from deepr.train.rubric_stage import rubric_dataset
 
@@ -190,7 +186,7 @@ def test_system_prompt_carries_the_long_form_requirements_and_is_shared_by_run_a
     # the workflow the prompt asks for is the one the decoder constrains and the parser reads
     step = '<think>need more</think>\n<tool_call>{"name": "search", "arguments": {"query": "quake faults"}}</tool_call>'
     assert re.fullmatch(STEP_REGEX, step) and parse_step(step).kind == "tool"
-    ctx = _ctx(retriever, ExtractiveLLM())
+    ctx = _ctx(retriever, None)
     out = run_sync(run_tools(ctx, "What causes earthquakes?"))
     run_prompt = out.transcript[0]
     pair = QRPair(id="q", tree_id="t", question="What causes earthquakes?", selected_leaf_ids=[],

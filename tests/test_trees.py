@@ -12,7 +12,6 @@ import pytest
 from conftest import small_format
 
 from deepr.io import RecordError
-from deepr.llm.extractive import ExtractiveLLM
 from deepr.llm.replay import ReplayLLM
 from deepr.records import Document, Hit, Reject, Tree
 from deepr.text import coverage
@@ -99,7 +98,7 @@ def test_key_phrases_drop_openers_dates_and_demonyms():
 
 def test_extractive_trees_respect_limits_and_are_reproducible(volc, embedder):
     cfg = TreeConfig(max_depth=2, branching=[3, 2])
-    results = build_trees(TOPICS[:2], volc, ExtractiveLLM(), cfg, embed=embedder.encode)
+    results = build_trees(TOPICS[:2], volc, None, cfg, embed=embedder.encode)
     trees = [r for r in results if isinstance(r, Tree)]
     assert len(trees) == 2, [getattr(r, "reason", None) for r in results]
     for t in trees:
@@ -109,13 +108,13 @@ def test_extractive_trees_respect_limits_and_are_reproducible(volc, embedder):
             for d in n.supporting_docs:
                 text = volc.documents[[x.id for x in volc.documents].index(d.doc_id)].text
                 assert all(coverage(s, text) >= 0.8 for s in d.statements)
-    again = build_trees(TOPICS[:2], volc, ExtractiveLLM(), cfg, embed=embedder.encode)
+    again = build_trees(TOPICS[:2], volc, None, cfg, embed=embedder.encode)
     strip = lambda r: r.model_dump(exclude={"stats"}) if isinstance(r, Tree) else r.model_dump()  # noqa: E731
     assert sorted(map(json.dumps, map(strip, again))) == sorted(map(json.dumps, map(strip, results)))
 
 
 def test_tree_without_grounded_root_is_rejected_with_reason(volc, embedder):
-    res = build_trees([SeedTopic(id="t-x", title="Quantum chromodynamics lattice")], volc, ExtractiveLLM(),
+    res = build_trees([SeedTopic(id="t-x", title="Quantum chromodynamics lattice")], volc, None,
                       TreeConfig(), embed=embedder.encode)
     assert isinstance(res[0], Reject) and "supports the root query" in res[0].reason
 
@@ -125,6 +124,19 @@ def test_tree_without_grounded_root_is_rejected_with_reason(volc, embedder):
 
 def _roles(llm, embedder, **kw):
     return make_roles(llm, embedder.encode, TreeConfig(**kw))
+
+
+def test_the_judging_roles_run_on_the_engine_the_stage_was_given(embedder):
+    """Unset, the writing model judges; ``--judge-llm extractive`` (judge=None) keeps gate and
+    ground on the extractive engine while the model writes."""
+    writer = ReplayLLM([])
+    assert make_roles(writer, embedder.encode, TreeConfig()).judge is writer
+    split = make_roles(writer, embedder.encode, TreeConfig(), judge=None)
+    assert split.llm is writer and split.judge is None
+    rec = Recorder()
+    out = asyncio.run(split.ground(_ctx(), rec))  # the writer holds no reply: a model call would fail
+    assert out.by == "extractive" and rec.turns[-1].model_extra.get("extractive") is True
+    assert rec.engines == {"extractive": 1}
 
 
 def _ctx() -> NodeCtx:
@@ -258,7 +270,7 @@ def _accepts(schema: dict, value) -> bool:
 def test_strict_root_query_keeps_the_seed_title(embedder):
     from deepr.data.tree_roles import ROOT_QUERY, TreeAsk
 
-    roles = _roles(ExtractiveLLM(), embedder)
+    roles = _roles(None, embedder)
     fmt = small_format(ROOT_QUERY, TreeAsk(roles, seed=SeedTopic(id="t", title="Mercury (planet)"))).json_schema
     assert _accepts(fmt, {"query": "Mercury (planet) history and science"})
     # without a description the added words are broad aspects: no invented or stray word
@@ -274,7 +286,7 @@ def test_strict_root_query_keeps_the_seed_title(embedder):
 def test_strict_child_queries_take_their_words_from_the_evidence_shown(embedder):
     from deepr.data.tree_roles import _decompose_check, TreeAsk
 
-    roles = _roles(ExtractiveLLM(), embedder)
+    roles = _roles(None, embedder)
     root = _decompose_fmt(roles, _ctx(), 3)
     # the shown words but the topic's and the parent query's (Lava molten rock expelled), dealt
     # out to the children
@@ -296,7 +308,7 @@ def test_strict_child_queries_take_their_words_from_the_evidence_shown(embedder)
 def test_strict_ground_needs_a_document_and_prefers_ones_the_branch_has_not_used(embedder):
     from deepr.data.tree_roles import GROUND, TreeAsk
 
-    roles = _roles(ExtractiveLLM(), embedder)
+    roles = _roles(None, embedder)
     hits = [Hit(id=f"{d}#0", doc_id=d, title=d, text=f"{d} text.") for d in ("Lava", "Basalt", "Magma")]
     ctx = NodeCtx(query="Lava types", depth=1, phrase="Lava", root_topic="Volcano", hits=hits, seen_docs={"Lava"})
     arr = small_format(GROUND, TreeAsk(roles, ctx)).json_schema["properties"]["supporting"]
@@ -308,7 +320,7 @@ def test_strict_ground_needs_a_document_and_prefers_ones_the_branch_has_not_used
 def test_strict_decompose_format_splits_the_root_and_fixes_the_required_facets(embedder):
     from deepr.data.tree_roles import FACETS, _decompose_check, TreeAsk
 
-    roles = _roles(ExtractiveLLM(), embedder)
+    roles = _roles(None, embedder)
     root = _decompose_fmt(roles, _ctx(), 3)
     assert root["minItems"] == 3 and root["maxItems"] == 3
     firsts = [{alt["properties"]["facet"]["const"] for alt in p["anyOf"]} for p in root["prefixItems"]]
@@ -331,7 +343,7 @@ def test_strict_decompose_format_splits_the_root_and_fixes_the_required_facets(e
     assert _accepts(child, pair) and _accepts(child, pair[:1])
     # SmolLM2's two-child split: the same facet twice, hence the same query twice
     assert not _accepts(child, [pair[0], pair[0]])
-    assert _decompose_fmt(_roles(ExtractiveLLM(), embedder, min_leaves=1), _ctx(), 3)["minItems"] == 1
+    assert _decompose_fmt(_roles(None, embedder, min_leaves=1), _ctx(), 3)["minItems"] == 1
 
 
 def test_cli_shards_partition_the_topics(tmp_path: Path):
@@ -427,7 +439,7 @@ def test_a_failed_batched_search_reaches_every_waiting_node():
 def test_strict_children_past_the_required_three_each_get_their_own_facets(embedder):
     from deepr.data.tree_roles import _decompose_check, TreeAsk
 
-    roles = _roles(ExtractiveLLM(), embedder)
+    roles = _roles(None, embedder)
     root = _decompose_fmt(roles, _ctx(), 5)
     assert len(root["prefixItems"]) == 5 and root["items"] is False
     facets = [{alt["properties"]["facet"]["const"] for alt in p.get("anyOf", [p])} for p in root["prefixItems"]]

@@ -12,7 +12,6 @@ from typer.testing import CliRunner
 
 from deepr.cli import app
 from deepr.io import read_jsonl
-from deepr.llm.extractive import ExtractiveLLM
 from deepr.llm.replay import ReplayLLM
 from deepr.records import QRPair
 from deepr.roles.rubric_checks import RubricLimits, rubric_problems
@@ -58,7 +57,7 @@ def _use_embedder(embedder):
 
 
 def test_clean_pair_is_kept():
-    v = _one(_pair(), ExtractiveLLM())
+    v = _one(_pair(), None)
     assert v.kind == "verified" and v.record.decision == "KEEP" and v.record.error_tags == []
 
 
@@ -67,7 +66,7 @@ def test_fixable_problems_are_revised_and_revision_stays_grounded():
         d["rubrics"][1]["weight"] = -0.4  # negative without justification
         d["rubrics"][3]["evidence"] = ["Pinatubo erupted on the Moon in 1850."]  # not in its leaf
 
-    v = _one(_pair(break_two, extra=True), ExtractiveLLM())
+    v = _one(_pair(break_two, extra=True), None)
     assert v.kind == "verified" and v.record.decision == "REVISE"
     assert {"negative_weight", "evidence_unsupported"} <= set(v.record.error_tags)
     assert [r.id for r in v.record.rubrics] == [f"R{i}" for i in range(1, 7)]
@@ -82,7 +81,7 @@ def test_logical_weights_that_dominate_are_damped():
         for r in d["rubrics"]:
             r["weight"] = 1.0 if r["type"] == "logical" else 0.2
 
-    v = _one(_pair(heavy_logic), ExtractiveLLM())
+    v = _one(_pair(heavy_logic), None)
     assert v.record.decision == "REVISE" and "logical_dominates" in v.record.error_tags
     f = sum(r.weight for r in v.record.rubrics if r.type == "factual")
     assert sum(r.weight for r in v.record.rubrics if r.type == "logical") <= f + 1e-6
@@ -92,7 +91,7 @@ def test_structural_failures_are_dropped_with_reason():
     def bad_merge(d):
         d["merge_trace"][-1]["output"] = "A different question about volcanoes and people?"
 
-    v = _one(_pair(bad_merge), ExtractiveLLM())
+    v = _one(_pair(bad_merge), None)
     assert v.kind == "dropped" and v.record.decision == "DROP" and "structure" in v.record.error_tags
     assert "word for word" in v.record.drop_reason
 
@@ -102,7 +101,7 @@ def test_repair_that_leaves_too_few_criteria_is_dropped():
         d["rubrics"][0]["evidence"] = ["Made up claim about glaciers."]
         d["rubrics"][1]["source_leaf_ids"] = ["n0.1"]
 
-    v = _one(_pair(break_two), ExtractiveLLM())  # 6 criteria - 2 = 4 < 5
+    v = _one(_pair(break_two), None)  # 6 criteria - 2 = 4 < 5
     assert v.kind == "dropped" and v.record.drop_reason.startswith("repair not possible")
 
 
@@ -165,7 +164,7 @@ def test_judge_keep_does_not_override_failed_checks():
 
 def test_summary_rates_and_tag_histogram():
     verdicts = verify([_pair(), _pair(lambda d: d["merge_trace"][-1].update(output="Other question here?"))],
-                      ExtractiveLLM(), VerifyConfig(), embed=_embed)
+                      None, VerifyConfig(), embed=_embed)
     rates, tags = verify_summary(verdicts)
     assert rates["audited"] == 2 and rates["keep rate"] == 0.5 and rates["drop rate"] == 0.5
     assert tags == {"structure": 1}

@@ -21,6 +21,7 @@ from typing import Any
 from deepr.io import write_json, write_meta, write_text
 from deepr.llm.base import LLM, run_sync
 from deepr.records import RubricItem, RunTrace, Trajectory
+from deepr.roles import engine_info
 from deepr.text import join_sentences, strip_citations
 
 from deepr.agent.decor import DecorOutcome, run_decor
@@ -146,11 +147,12 @@ def _decor_doc(out: DecorOutcome, query: str) -> tuple[str, list[Section], Graph
     return out.answer, [Section(words["answer"], out.answer), Section(words["evidence_gathered"], mem)], g
 
 
-async def arun_agent(query: str, *, tools: Any, llm: LLM, config: RunConfig, query_id: str | None = None,
+async def arun_agent(query: str, *, tools: Any, llm: LLM | None, config: RunConfig, query_id: str | None = None,
                      rubrics: Sequence[RubricItem] = (), on_phase: Callable[[str], None] | None = None,
                      html: bool = False, profile: Any = None) -> RunResult:
     """Run one query in ``config.mode``; see the module docstring. ``profile``: the model's
-    profile (:mod:`deepr.profiles`; None: the default one)."""
+    profile (:mod:`deepr.profiles`; None: the default one). ``llm=None``: no model, every role
+    run by the extractive engine."""
     if not query or not query.strip():
         raise ValueError("the query is empty: pass the research question as text")
     tracer = Tracer(query, config.mode, on_phase=on_phase)
@@ -187,12 +189,13 @@ async def arun_agent(query: str, *, tools: Any, llm: LLM, config: RunConfig, que
     if support.count("unsupported"):
         tracer.decide(f"citation support: {support.count('unsupported')} of {len(support.rows)} cited claims "
                       "are not backed by the text they cite (listed under support in report.json)")
-    trace = tracer.run_trace(md, citations, query_id=query_id, answer=answer, backend=llm.describe(),
+    backend = engine_info(llm)
+    trace = tracer.run_trace(md, citations, query_id=query_id, answer=answer, backend=backend,
                              config={**config.model_dump(), "profile": _profile_info(profile)},
                              catalog_size=len(ctx.catalog), support=support.as_dict(), rejected_replies=tracer.rejected,
                              **({"set_aside": ctx.catalog.set_aside} if ctx.catalog.set_aside else {}))
     traj = tracer.trajectory(trajectory_id(query, config.mode, query_id), md, rubrics, query_id=query_id,
-                             backend=llm.describe().get("backend"))
+                             backend=backend.get("backend"))
     return RunResult(query, config.mode, md, page, answer, trace, traj, tracer.seconds())
 
 

@@ -129,7 +129,7 @@ SUPPORT = Role(
     result=_verdict, fallback=None)
 
 
-def role_judge(llm: LLM, rec: Recorder | None = None, *, max_reasks: int = 2) -> JudgeFn:
+def role_judge(llm: LLM | None, rec: Recorder | None = None, *, max_reasks: int = 2) -> JudgeFn:
     """A judge that performs :data:`SUPPORT` with ``llm`` (a failed judgement is None + reason)."""
 
     async def judge(question: str, claim: str, sources: str) -> tuple[Verdict | None, str | None]:

@@ -73,8 +73,16 @@ def models(llm: str, judge: str | None, base_url: str | None, api_key: str | Non
     other = (llm_from_flags(judge, base_url, api_key, no_cache, timeout, concurrency, gen=gen,
                             decoding=dict(other_p.decoding)) if judge and judge != llm else main)
     for m in {id(main): main, id(other): other}.values():
-        m.set_deadline(deadline)
+        if m is not None:  # None: the extractive engine, no model to stop
+            m.set_deadline(deadline)
     return main, other, main_p, other_p
+
+
+def usage(model: Any) -> dict[str, Any]:
+    """A model's calls and tokens for a stage's provenance sidecar (none for the extractive engine)."""
+    from deepr.llm.base import Usage
+
+    return (model.usage if model is not None else Usage()).as_dict()
 
 
 def outcome(tally: Any, models: Sequence[Any], allow_fallback: bool) -> int:
@@ -87,7 +95,7 @@ def outcome(tally: Any, models: Sequence[Any], allow_fallback: bool) -> int:
     if message:
         console.print(f"[red]{escape(message)}[/red]")
     return exit_code(tally.ok, tally.fallback, tally.failed, allow_fallback=allow_fallback,
-                     auth=any(m.auth_failed for m in models))
+                     auth=any(m is not None and m.auth_failed for m in models))
 
 
 def guard(flag_in: Sequence[tuple[str, Path | None]], out: Path, *others: tuple[str, Path]) -> None:

@@ -31,11 +31,10 @@ def _judge_factory(judge_llm: str, base_url: str | None, api_key: str | None, ti
         from deepr.corpus.embed import get_embedder
         from deepr.rewards.judges import Judge
 
-        llm = None
-        if judge_llm != "extractive":
-            from deepr.llm import llm_from_flags
+        from deepr.llm import llm_from_flags
 
-            llm = llm_from_flags(judge_llm, base_url, api_key, False, timeout, 8, gen=gen)
+        llm = llm_from_flags(judge_llm, base_url, api_key, False, timeout, 8, gen=gen)
+        if llm is not None:  # None: the extractive judge
             llm.set_deadline(deadline)
         return Judge(llm, get_embedder().encode)
 

@@ -68,9 +68,9 @@ def _run_synth(todo: list[Any], model: Any, cfg: Any, trees: Path, out: Path, re
     from deepr.records import QRPair, Reject
     from deepr.data.outcomes import StageTally
     from deepr.data.rubrics import asynthesize_rubrics, pair_summary
-    from deepr.extractive import needs_embedder
+    from deepr.roles import engine_info
 
-    embed = D.embed_fn() if needs_embedder(model) else None
+    embed = D.embed_fn() if model is None else None  # the extractive synthesiser selects leaves by embedding
     counts, tally = Counter(), StageTally("synthesize-rubrics")
     try:
         with JsonlAppender(out) as sink, JsonlAppender(rejects) as rej:
@@ -87,7 +87,7 @@ def _run_synth(todo: list[Any], model: Any, cfg: Any, trees: Path, out: Path, re
         write_meta(out, stage="synthesize-rubrics", config=cfg, inputs=[trees],
                    counts={**plan, **counts, "pairs in output": len(pairs), **tally.counts()},
                    timings={"seconds": round(time.perf_counter() - t0, 2)},
-                   extra={"llm": model.describe(), "profile": D.described(profile), "usage": model.usage.as_dict(),
+                   extra={"llm": engine_info(model), "profile": D.described(profile), "usage": D.usage(model),
                           "summary": stats})
     summary_table(f"synthesize-rubrics → {out}", [*plan.items(), *counts.items(), *stats.items(), *tally.rows(),
                                                  ("rejects file", str(rejects) if counts["rejected"] else "-")])

@@ -80,9 +80,7 @@ def _rubrics_of(rec: dict[str, Any], path: Path, n: int) -> None:
 
 def _turn_counts(res: Any, llm: Any) -> tuple[int, int]:
     """(model turns that worked, turns that failed or fell back to the extractive engine)."""
-    from deepr.extractive import turns_ok
-
-    if turns_ok(llm):
+    if llm is None:  # no model: every turn is the extractive engine's, by design
         return 1, 0
     turns = res.trajectory.turns
     ok = sum(1 for t in turns if t.ok and not (t.model_extra or {}).get("extractive"))
@@ -277,7 +275,7 @@ class _Batch:
                              query_id=it["id"], rubrics=rubrics, html=self.html, profile=self.profile,
                              on_phase=lambda p: self.status.phase(f"{label}{p}"))
             attach(res, self.tools.retriever, before)
-            if self.llm.unreachable:  # every turn fell back without reaching the model: not a report
+            if self.llm is not None and self.llm.unreachable:  # every turn fell back without reaching it
                 raise LLMError(f"{self.llm.unreachable}; no report written")
         except (ValueError, LLMError, RuntimeError) as e:
             self.rejects.write(Reject(id=it["id"], stage="run", reason=str(e), record={"query": it["query"]}))
@@ -407,7 +405,8 @@ def run_command(
         tools = ResearchTools(source, k=k)
         model = llm_from_flags(llm, base_url, api_key, no_cache, timeout, concurrency, gen=gen,
                                decoding=dict(prof.decoding))
-        model.set_deadline(deadline)
+        if model is not None:  # None: --llm extractive, no model
+            model.set_deadline(deadline)
         if prof.name != "default":
             console.print(f"profile {prof.name}: " + ", ".join(f"{k} {v}" for k, v in prof.describe().items()
                                                            if k in ("formats", "reask")))
@@ -419,7 +418,7 @@ def run_command(
             _finish_batch(out, queries, {**config.model_dump(), "profile": prof.describe()}, counts,
                           time.perf_counter() - t0, reasons)
             finish(exit_code(counts["run now"] - counts["degraded"], counts["degraded"], counts["rejected"],
-                             allow_fallback=allow_fallback, auth=model.auth_failed))
+                             allow_fallback=allow_fallback, auth=model is not None and model.auth_failed))
             return
         from deepr.agent import write_report
 
@@ -443,12 +442,12 @@ def run_command(
     ok, bad = _turn_counts(res, model)
     # one run's units are its turns: with none working, nothing succeeded (unless fallback is accepted)
     finish(exit_code(ok, bad if ok or allow_fallback else 0, 0 if ok or allow_fallback else bad,
-                     allow_fallback=allow_fallback, auth=model.auth_failed))
+                     allow_fallback=allow_fallback, auth=model is not None and model.auth_failed))
 
 
 def _check_reached(model: Any) -> None:
     """A model that could not be reached wrote nothing: stop with its reason, write no report."""
-    if model.unreachable:
+    if model is not None and model.unreachable:
         from deepr.cli.exit_codes import NOTHING
 
         console.print(f"[red]error[/]: {escape(model.unreachable)}; no report written", highlight=False,

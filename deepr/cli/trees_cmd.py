@@ -156,7 +156,7 @@ class _Spares:
         are missing, 4 when none could be built (as without spares)."""
         from deepr.cli.exit_codes import PARTIAL, exit_code
 
-        if tally.every_failed or any(m.auth_failed for m in models):
+        if tally.every_failed or any(m is not None and m.auth_failed for m in models):
             return D.outcome(tally, models, accept)
         if self.missing:
             console.print(f"[red]build-trees: {self.missing} of {self.target} trees could not be built; "
@@ -176,6 +176,7 @@ def _run_trees(todo: list[Any], retriever: Any, model: Any, judge: Any, cfg: Any
     from deepr.api import build_trees
     from deepr.corpus.remote import CorpusUnavailable
     from deepr.data.trees import tree_summary
+    from deepr.roles import engine_info
 
     from deepr.io import done_ids
 
@@ -207,9 +208,9 @@ def _run_trees(todo: list[Any], retriever: Any, model: Any, judge: Any, cfg: Any
         write_meta(out, stage="build-trees", config=cfg, inputs=inputs,
                    counts={**plan, **dict(spare.rows()), **counts, "trees in output": len(trees), **tally.counts()},
                    timings={"seconds": round(time.perf_counter() - t0, 2)},
-                   extra={"corpus": corpus, "llm": model.describe(), "judge": judge.describe(),
+                   extra={"corpus": corpus, "llm": engine_info(model), "judge": engine_info(judge),
                           "profile": D.described(profiles[0]), "judge_profile": D.described(profiles[1]),
-                          "usage": model.usage.as_dict(), "retriever": _describe(retriever), "summary": stats,
+                          "usage": D.usage(model), "retriever": _describe(retriever), "summary": stats,
                           **({"search": retriever.summary()} if hasattr(retriever, "summary") else {})})
     summary_table(f"build-trees → {out}", [*plan.items(), *spare.rows(), *counts.items(), *stats.items(), *tally.rows(),
                                           ("rejects file", str(rejects) if counts["rejected"] else "-")])

@@ -79,6 +79,7 @@ def _run_verify(todo: list[Any], judge: Any, cfg: Any, tree_map: Any, pairs: Pat
     from deepr.records import QRPair, Reject
     from deepr.data.outcomes import StageTally
     from deepr.data.verify import Verdict, averify, verify_summary
+    from deepr.roles import engine_info
 
     counts, tally = Counter(), StageTally("verify")
     try:
@@ -101,7 +102,7 @@ def _run_verify(todo: list[Any], judge: Any, cfg: Any, tree_map: Any, pairs: Pat
         rates, tags = verify_summary(seen)
         write_meta(out, stage="verify", config=cfg, inputs=[pairs],
                    counts={**plan, **counts, **rates, **tally.counts()}, timings={"seconds": round(time.perf_counter() - t0, 2)},
-                   extra={"judge": judge.describe(), "profile": D.described(profile), "usage": judge.usage.as_dict(),
+                   extra={"judge": engine_info(judge), "profile": D.described(profile), "usage": D.usage(judge),
                           "dropped_file": str(drop_to),
                           "error_tags": tags})
     # this run's counts, then the rates over every pair in the output files (earlier runs too)

@@ -29,10 +29,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from deepr.llm.base import LLM, run_sync
 from deepr.records import MergeStep, QRPair, Reject, RubricItem, Tree
 from deepr.roles.acceptance import FREE_TEXT
-from deepr.roles import CallPolicy, JSONReply, Recorder, Role, perform
+from deepr.roles import NO_MODEL, CallPolicy, JSONReply, Recorder, Role, perform
 from deepr.data.outcomes import Fallback, mark_fallback
 from deepr.roles.rubric_checks import RubricLimits, leaf_statements, pair_problems
-from deepr.extractive import can_rescue, prechecks, rubrics as ex
+from deepr.extractive import rubrics as ex
 from deepr.text.lang import ask_in_language, corpus_language
 
 SYSTEM = (
@@ -188,13 +188,15 @@ SYNTHESIZE = Role(
     fallback=None, max_tokens=4096, accept=FREE_TEXT, shrink=_synth_shrink)
 
 
-async def synthesize_one(tree: Tree, llm: LLM, cfg: SynthConfig, embed: Callable[[list[str]], Any] | None,
+async def synthesize_one(tree: Tree, llm: LLM | None, cfg: SynthConfig, embed: Callable[[list[str]], Any] | None,
                          profile: CallPolicy | None = None) -> QRPair | Reject:
-    """One tree → one pair, or a Reject with the reason (never raises on a bad reply)."""
+    """One tree → one pair, or a Reject with the reason (never raises on a bad reply). ``llm=None``:
+    the extractive synthesiser (it selects leaves by embedding, so ``embed`` is needed)."""
     leaves = leaf_statements(tree)
     compact = serialize_tree(tree, cfg.statements_per_leaf)
-    if prechecks(llm) and len(leaves) < cfg.limits.min_selected:
-        # No reply could pass the selection check: say so instead of spending a long generation.
+    if llm is not None and len(leaves) < cfg.limits.min_selected:
+        # No reply could pass the selection check: say so instead of spending a long generation
+        # (the extractive synthesiser checks its own selection).
         return Reject(id=pair_id(tree.id), stage="synthesize-rubrics", record={"tree_id": tree.id, "attempts": 0},
                       reason=f"the tree has {len(leaves)} leaf/leaves with statements; a pair selects at "
                              f"least {cfg.limits.min_selected} (limits.min_selected)")
@@ -203,7 +205,7 @@ async def synthesize_one(tree: Tree, llm: LLM, cfg: SynthConfig, embed: Callable
     if out.value is None:
         return Reject(id=pair_id(tree.id), stage="synthesize-rubrics", reason=out.error or "no reply",
                       record={"tree_id": tree.id, "attempts": out.attempts})
-    return _to_pair(tree, out.value, compact, leaves, llm.name, out.attempts)
+    return _to_pair(tree, out.value, compact, leaves, NO_MODEL if llm is None else llm.name, out.attempts)
 
 
 def _to_pair(tree: Tree, reply: SynthReply, compact: dict[str, Any], leaves: dict[str, list[str]],
@@ -220,14 +222,14 @@ def _to_pair(tree: Tree, reply: SynthReply, compact: dict[str, Any], leaves: dic
         selected_leaves=[by_id[lid] for lid in reply.selected_leaf_ids])
 
 
-async def asynthesize_rubrics(trees: Sequence[Tree], llm: LLM, config: SynthConfig, *,
+async def asynthesize_rubrics(trees: Sequence[Tree], llm: LLM | None, config: SynthConfig, *,
                               embed: Callable[[list[str]], Any] | None = None, profile: CallPolicy | None = None,
                               on_result: Callable[[QRPair | Reject], None] | None = None
                               ) -> list[QRPair | Reject]:
     """All trees, ``config.concurrency`` at once; ``on_result`` sees each result as it ends."""
     sem = asyncio.Semaphore(config.concurrency)
     results: list[QRPair | Reject] = []
-    rescue = can_rescue(llm, config.fallback)
+    rescue = llm is not None and config.fallback == "extractive"  # what the engine failed, it would fail again
 
     async def one(tree: Tree) -> None:
         nonlocal embed
@@ -250,16 +252,14 @@ async def asynthesize_rubrics(trees: Sequence[Tree], llm: LLM, config: SynthConf
 async def _rescue(tree: Tree, failed: Reject, cfg: SynthConfig, embed: Callable[[list[str]], Any]
                   ) -> QRPair | Reject:
     """``--fallback extractive``: the extractive synthesiser makes the pair the model could not."""
-    from deepr.llm.extractive import ExtractiveLLM
-
-    again = await synthesize_one(tree, ExtractiveLLM(), cfg, embed)
+    again = await synthesize_one(tree, None, cfg, embed)
     if isinstance(again, Reject):
         return failed.model_copy(update={"reason": f"{failed.reason}; the extractive fallback failed too: "
                                                    f"{again.reason}"})
     return mark_fallback(again, f"model path: {failed.reason}")
 
 
-def synthesize_rubrics(trees: Sequence[Tree], llm: LLM, config: SynthConfig, **kw: Any) -> list[QRPair | Reject]:
+def synthesize_rubrics(trees: Sequence[Tree], llm: LLM | None, config: SynthConfig, **kw: Any) -> list[QRPair | Reject]:
     """Sync wrapper of :func:`asynthesize_rubrics` (records in, records out)."""
     return run_sync(asynthesize_rubrics(trees, llm, config, **kw))
 

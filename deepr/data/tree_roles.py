@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -24,7 +24,7 @@ from deepr.extractive import trees as ex
 from deepr.llm.base import LLM
 from deepr.records import Hit
 from deepr.roles.acceptance import FREE_TEXT, query_words
-from deepr.roles import CallPolicy, JSONReply, Outcome, Recorder, Role, perform
+from deepr.roles import NO_MODEL, CallPolicy, JSONReply, Outcome, Recorder, Role, perform
 from deepr.text import coverage
 from deepr.text.lang import detect_language, in_question_language
 from deepr.data.topics import SeedTopic
@@ -298,19 +298,19 @@ EXTRACT = Role(
 class TreeRoles:
     """The roles, bound to their models, embedder and limits.
 
-    ``judge`` (default: ``llm``) answers the judging roles, gate and ground; ``llm`` the
-    writing ones. With ``min_leaves`` ≥ 2 the root is always expanded (its gate is not asked).
+    ``judge`` answers the judging roles, gate and ground (``"writer"``: ``llm``); ``llm`` the
+    writing ones. ``None`` for either is the extractive engine. With ``min_leaves`` ≥ 2 the root is always expanded (its gate is not asked).
     ``language`` is the corpus's, which every prompt asks for (None: detected per role). ``embed`` maps texts to L2-normalised rows. Each method performs one
     role declared above and records it on ``rec``.
     """
 
-    def __init__(self, llm: LLM, embed: ex.Embed, *, judge: LLM | None = None, max_words: int = 11,
+    def __init__(self, llm: LLM | None, embed: ex.Embed, *, judge: LLM | None | Literal["writer"] = "writer", max_words: int = 11,
                  max_statements: int = 3, max_docs: int = 3, min_overlap: float = 0.5,
                  ground_threshold: float = 0.5, statement_support: float = 0.5, root_overlap: float = 0.66,
                  redundancy: float = 0.85, max_reasks: int = 2, snippet_chars: int = 700, min_leaves: int = 2,
                  profile: CallPolicy | None = None, judge_profile: CallPolicy | None = None,
                  language: str | None = None):
-        self.llm, self.judge, self.embed = llm, judge or llm, embed
+        self.llm, self.judge, self.embed = llm, llm if judge == "writer" else judge, embed
         # each model with its own profile (deepr.profiles): a small writer may sit beside a capable judge
         self.profile, self.judge_profile = profile, judge_profile if judge is not None else profile
         self.max_words, self.max_statements, self.max_docs = max_words, max_statements, max_docs
@@ -321,9 +321,9 @@ class TreeRoles:
 
     @property
     def backend(self) -> str:
-        return self.llm.name
+        return NO_MODEL if self.llm is None else self.llm.name
 
-    async def _do(self, role: Role, llm: LLM, rec: Recorder, ask: TreeAsk, **extra: Any) -> Outcome:
+    async def _do(self, role: Role, llm: LLM | None, rec: Recorder, ask: TreeAsk, **extra: Any) -> Outcome:
         profile = self.judge_profile if llm is self.judge and llm is not self.llm else self.profile
         return await perform(role, ask, llm=llm, rec=rec, max_reasks=self.max_reasks, profile=profile, **extra)
 

@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -36,7 +36,6 @@ from deepr.data.outcomes import Fallback, mark_fallback
 from deepr.data.topics import SeedTopic
 from deepr.extractive.trees import NodeCtx, Proposal, dedup
 from deepr.data.tree_roles import TreeRoles
-from deepr.extractive import can_rescue, offload_cpu
 from deepr.roles import Recorder
 
 
@@ -329,8 +328,8 @@ def _ancestry(node: _Node | None) -> list[_Node]:
     return out
 
 
-def make_roles(llm: LLM, embed: Callable[[list[str]], Any], config: TreeConfig,
-               judge: LLM | None = None, profile: Any = None, judge_profile: Any = None,
+def make_roles(llm: LLM | None, embed: Callable[[list[str]], Any], config: TreeConfig,
+               judge: LLM | None | Literal["writer"] = "writer", profile: Any = None, judge_profile: Any = None,
                language: str | None = None) -> TreeRoles:
     c = config
     return TreeRoles(llm, embed, judge=judge, max_words=c.max_query_words, max_statements=c.max_statements,
@@ -347,18 +346,20 @@ def _tally(counts: dict[str, int]) -> str:
     return ", ".join(parts) or "none"
 
 
-async def abuild_trees(topics: Sequence[SeedTopic], retriever: Any, llm: LLM, config: TreeConfig, *,
-                       embed: Callable[[list[str]], Any] | None = None, judge: LLM | None = None,
+async def abuild_trees(topics: Sequence[SeedTopic], retriever: Any, llm: LLM | None, config: TreeConfig, *,
+                       embed: Callable[[list[str]], Any] | None = None,
+                       judge: LLM | None | Literal["writer"] = "writer",
                        on_result: Callable[[Tree | Reject], None] | None = None, profile: Any = None,
                        judge_profile: Any = None) -> list[Tree | Reject]:
     """Build trees concurrently (``config.concurrency`` at once); ``on_result`` sees each as it ends.
-    ``profile`` / ``judge_profile``: each model's profile (:mod:`deepr.profiles`)."""
+    ``profile`` / ``judge_profile``: each model's profile (:mod:`deepr.profiles`). ``judge``: the
+    gate and ground roles' model (``"writer"``: ``llm``). ``None`` for either: the extractive engine."""
     embed = embed or _embedder_of(retriever).encode
     language = corpus_language_of(retriever)
     roles = make_roles(llm, embed, config, judge, profile, judge_profile, language)
     # With a model, CPU work moves to one worker thread so round-trips overlap it; the
-    # extractive backend is all CPU, so a thread would only add hand-offs.
-    pool = None if not offload_cpu(llm) else ThreadPoolExecutor(max_workers=1, thread_name_prefix="deepr-cpu")
+    # extractive engine is all CPU, so a thread would only add hand-offs.
+    pool = None if llm is None else ThreadPoolExecutor(max_workers=1, thread_name_prefix="deepr-cpu")
 
     async def cpu(fn: Callable[..., Any], *args: Any) -> Any:
         if pool is None:
@@ -370,10 +371,8 @@ async def abuild_trees(topics: Sequence[SeedTopic], retriever: Any, llm: LLM, co
     sem = asyncio.Semaphore(config.concurrency)
     results: list[Tree | Reject] = []
     backup = None
-    if can_rescue(llm, config.fallback):
-        from deepr.llm.extractive import ExtractiveLLM
-
-        backup = make_roles(ExtractiveLLM(), embed, config, language=language)
+    if llm is not None and config.fallback == "extractive":  # what the engine failed, it would fail again
+        backup = make_roles(None, embed, config, language=language)
 
     async def one(seed: SeedTopic) -> None:
         async with sem:
@@ -413,7 +412,7 @@ async def _rebuild(seed: SeedTopic, failed: Reject, retriever: Any, roles: TreeR
     return mark_fallback(again, f"model path: {failed.reason}", model_failures)
 
 
-def build_trees(topics: Sequence[SeedTopic], retriever: Any, llm: LLM, config: TreeConfig, **kw: Any
+def build_trees(topics: Sequence[SeedTopic], retriever: Any, llm: LLM | None, config: TreeConfig, **kw: Any
                 ) -> list[Tree | Reject]:
     """Sync wrapper of :func:`abuild_trees` (records in, records out)."""
     return run_sync(abuild_trees(topics, retriever, llm, config, **kw))

@@ -32,12 +32,11 @@ from deepr.llm.base import LLM, run_sync
 from deepr.llm.parse import parse_reply
 from deepr.records import QRPair, Reject, RubricItem
 from deepr.roles.acceptance import FREE_TEXT
-from deepr.roles import JSONReply, Recorder, Role, perform
+from deepr.roles import NO_MODEL, JSONReply, Recorder, Role, perform
 from deepr.text.lang import ask_in_language, corpus_language
 from deepr.data.outcomes import Fallback, mark_fallback
 from deepr.roles.rubric_checks import RubricLimits, question_problems, rubric_problems
 from deepr.roles.verify_checks import Embed, Finding, Prefetched, embedding_texts, findings, leaves_of
-from deepr.extractive import can_rescue
 from deepr.extractive.verify import audit_reply
 
 SYSTEM = (
@@ -206,7 +205,7 @@ def _decide(pair: QRPair, found: list[Finding], r: AuditReply, audit: dict[str, 
     return Verdict("verified", _verified(pair, "REVISE", tags, audit, r.revised_question, r.revised_rubrics))
 
 
-async def verify_one(pair: QRPair, judge: LLM, cfg: VerifyConfig, embed: Embed,
+async def verify_one(pair: QRPair, judge: LLM | None, cfg: VerifyConfig, embed: Embed,
                      trees: Mapping[str, Any] | None = None, profile: Any = None) -> Verdict:
     leaves = leaves_of(pair, trees)
     if leaves is None:
@@ -217,7 +216,7 @@ async def verify_one(pair: QRPair, judge: LLM, cfg: VerifyConfig, embed: Embed,
                      min_alignment=cfg.min_alignment, max_rubrics=cfg.revise_max)
     out = await perform(AUDIT, AuditAsk(pair, leaves, found, cfg), llm=judge, rec=Recorder(),
                         max_reasks=cfg.max_reasks, max_tokens=cfg.max_tokens, profile=profile)
-    audit: dict[str, Any] = {"backend": judge.name, "attempts": out.attempts,
+    audit: dict[str, Any] = {"backend": NO_MODEL if judge is None else judge.name, "attempts": out.attempts,
                              "findings": [f"{f.tag}: {f.detail}" for f in found]}
     if out.value is not None:
         return _decide(pair, found, out.value, audit)
@@ -227,15 +226,15 @@ async def verify_one(pair: QRPair, judge: LLM, cfg: VerifyConfig, embed: Embed,
     return Verdict("reject", Reject(id=pair.id, stage="verify", reason=f"audit failed: {out.error}"))
 
 
-async def averify(pairs: Sequence[QRPair], judge: LLM, config: VerifyConfig, *, embed: Embed,
+async def averify(pairs: Sequence[QRPair], judge: LLM | None, config: VerifyConfig, *, embed: Embed,
                   trees: Mapping[str, Any] | None = None,
                   on_result: Callable[[Verdict], None] | None = None, profile: Any = None) -> list[Verdict]:
     """Audit all pairs, ``config.concurrency`` at once; ``on_result`` sees each verdict as it ends.
-    ``profile``: the judge's profile (:mod:`deepr.profiles`)."""
+    ``profile``: the judge's profile (:mod:`deepr.profiles`). ``judge=None``: the extractive audit."""
     sem = asyncio.Semaphore(config.concurrency)
     out: list[Verdict] = []
 
-    rescue = can_rescue(judge, config.fallback)
+    rescue = judge is not None and config.fallback == "extractive"  # what the engine failed, it would fail again
 
     async def one(pair: QRPair, vectors: Embed) -> None:
         async with sem:
@@ -266,16 +265,14 @@ async def averify(pairs: Sequence[QRPair], judge: LLM, config: VerifyConfig, *, 
 async def _rescue(pair: QRPair, failed: Verdict, cfg: VerifyConfig, embed: Embed,
                   trees: Mapping[str, Any] | None) -> Verdict:
     """``--fallback extractive``: the extractive audit decides a pair whose model audit failed."""
-    from deepr.llm.extractive import ExtractiveLLM
-
-    again = await verify_one(pair, ExtractiveLLM(), cfg, embed, trees)
+    again = await verify_one(pair, None, cfg, embed, trees)
     if again.kind == "reject":
         return Verdict("reject", failed.record.model_copy(update={
             "reason": f"{failed.record.reason}; the extractive fallback failed too: {again.record.reason}"}))
     return Verdict(again.kind, mark_fallback(again.record, f"model path: {failed.record.reason}"))
 
 
-def verify(pairs: Sequence[QRPair], judge: LLM, config: VerifyConfig, **kw: Any) -> list[Verdict]:
+def verify(pairs: Sequence[QRPair], judge: LLM | None, config: VerifyConfig, **kw: Any) -> list[Verdict]:
     """Sync wrapper of :func:`averify` (records in, verdicts out)."""
     return run_sync(averify(pairs, judge, config, **kw))
 

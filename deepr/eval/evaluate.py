@@ -390,10 +390,9 @@ async def _fact(item: EvalItem, ctx: EvalContext) -> dict[str, Any]:
 def _support_judge(judge: Judge) -> Any:
     """Entailment by the judge model through the judge's cache; None: the overlap check."""
     from deepr.agent import support as sp
-    from deepr.extractive import adds_judgement
     from deepr.extractive.support import overlap_verdict
 
-    if not adds_judgement(judge.llm):
+    if judge.llm is None:  # the extractive judge would only repeat the overlap check
         return None
 
     async def ask(question: str, claim: str, sources: str) -> tuple[dict | None, str | None]:

@@ -102,7 +102,7 @@ class Ctx:
     so a page still opens only if one of this run's searches returned it.
     """
 
-    llm: LLM
+    llm: LLM | None  # None: the extractive engine (``--llm extractive``), every role's own implementation
     tools: Any  # deepr.corpus.tools.ResearchTools
     config: RunConfig
     tracer: Tracer

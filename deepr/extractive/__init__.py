@@ -14,53 +14,9 @@ returns the reply a model should have given. One module per role family:
 The functions take the role's input object (duck-typed: ``a.ctx``, ``a.query``, ...) or plain
 arguments, and never import a role module.
 
-Where the engine is chosen. The executor (:func:`deepr.roles.perform`) reads
-``llm.is_extractive`` and then records the role's own ``extractive(inp)``. Everything else deepr
-needs to know about the engine is a decision named below, so no code outside :mod:`deepr.llm`,
-:mod:`deepr.roles` and this package tests for the extractive backend.
+Where the engine is chosen. ``--llm extractive`` (``get_llm("extractive")``) builds no model: a
+run, a data stage or a trainer then holds ``llm=None`` and passes it down, and the executor
+(:func:`deepr.roles.perform`) runs the role's own ``extractive(inp)`` for it. A stage that treats
+the engine differently (a ``--fallback extractive`` rescue, a CPU worker thread, the extractive
+judge adding nothing to the overlap check) says so where it holds the model.
 """
-
-from __future__ import annotations
-
-from typing import Any
-
-
-def _engine(llm: Any) -> bool:
-    return bool(getattr(llm, "is_extractive", False))
-
-
-def can_rescue(llm: Any, fallback: str | None) -> bool:
-    """Whether an item ``llm`` failed is redone by this engine (``--fallback extractive``): only
-    for a model; what the engine itself failed it would fail again."""
-    return fallback == "extractive" and not _engine(llm)
-
-
-def offload_cpu(llm: Any) -> bool:
-    """Whether a stage should move its CPU work (retrieval, embedding) to a worker thread: only
-    while model round-trips can overlap it. This engine is all CPU on the event loop, and it
-    embeds there too, so a second thread would only add hand-offs and share the embedder."""
-    return not _engine(llm)
-
-
-def needs_embedder(llm: Any) -> bool:
-    """Whether query-rubric synthesis with ``llm`` needs an embedder (this engine selects leaves
-    by embedding; a model reads the tree)."""
-    return _engine(llm)
-
-
-def adds_judgement(llm: Any) -> bool:
-    """Whether ``llm`` as a judge adds a judgement of its own: this engine would only grade with
-    the heuristics the code already applies (the overlap check, the reward's own terms). Something
-    that is not a backend (None) judges nothing."""
-    return not getattr(llm, "is_extractive", True)
-
-
-def prechecks(llm: Any) -> bool:
-    """Whether a role's input is checked before the call for a reply no model could give (a
-    tree with fewer leaves than a pair selects): this engine checks its own output instead."""
-    return not _engine(llm)
-
-
-def turns_ok(llm: Any) -> bool:
-    """Whether a run's turns all count as done by design (this engine never falls back)."""
-    return _engine(llm)

@@ -1,6 +1,7 @@
 """LLM access: pick a backend by a spec string, the same one ``--llm`` takes.
 
-    extractive                              no language model, the offline default
+    extractive                              no language model, the offline default: get_llm returns
+                                            None, and every role runs its own implementation
     openai:<model>[,context_length=<n>]     any OpenAI-compatible endpoint (vLLM, Ollama, OpenAI...);
                                             context_length where the server does not report it
     hf:<path>[,adapter=<role>:<path>...]    a local transformers model, one LoRA adapter per role;
@@ -34,7 +35,7 @@ from deepr.llm.base import LLM, GenDefaults, LLMError, Message, OutputFormat, Re
 
 __all__ = ["LLM", "GenDefaults", "OutputFormat", "Reply", "LLMError", "LLMStatusError", "Message", "Usage", "run_sync", "get_llm",
            "llm_from_flags", "parse_hf_spec", "hf_options", "HF_OPTIONS",
-           "ExtractiveLLM", "ReplayLLM", "OpenAIBackend", "HFLLM", "LLMCache", "StubServer", "SPEC_FORMS"]
+           "ReplayLLM", "OpenAIBackend", "HFLLM", "LLMCache", "StubServer", "SPEC_FORMS"]
 
 SPEC_FORMS = ("extractive", "openai:<model>[,context_length=<n>]", "hf:<path>[,adapter=<role>:<path>...][,<option>=<value>...]",
               "smollm2[,<option>=<value>...]", "gguf:<file.gguf>[,<option>=<value>...]", "replay:<file.jsonl>")
@@ -42,7 +43,6 @@ SPEC_FORMS = ("extractive", "openai:<model>[,context_length=<n>]", "hf:<path>[,a
 HF_OPTIONS = ("repetition_penalty", "repetition_window", "no_repeat_ngram", "no_repeat_word", "top_k", "min_p",
               "dtype")
 _LAZY = {
-    "ExtractiveLLM": "deepr.llm.extractive",
     "ReplayLLM": "deepr.llm.replay",
     "OpenAIBackend": "deepr.llm.openai_backend",
     "LLMStatusError": "deepr.llm.openai_backend",
@@ -103,11 +103,15 @@ def hf_options(spec: str) -> tuple[str, dict[str, str | None]]:
 def get_llm(spec: str = "extractive", *, base_url: str | None = None, api_key: str | None = None,
             cache: bool = True, cache_dir: str | Path | None = None, timeout: float = 60.0,
             max_retries: int = 3, max_concurrency: int = 8, gen: GenDefaults | None = None,
-            decoding: dict[str, Any] | None = None, **kw: Any) -> LLM:
-    """Build the backend named by ``spec`` with the user's generation settings ``gen``.
+            decoding: dict[str, Any] | None = None, **kw: Any) -> LLM | None:
+    """Build the backend named by ``spec`` with the user's generation settings ``gen``; None for
+    ``extractive``, which names no model (:func:`deepr.roles.perform` then runs each role's own
+    implementation).
 
     ``decoding``: hf decoding options a profile brings (``Profile.decoding``), applied to the hf
     forms only and overridden by the spec's own options."""
+    if (spec or "").strip() == "extractive":
+        return None
     base, options = hf_options(spec)
     if decoding and (base == "smollm2" or base.startswith(("hf:", "gguf:"))):
         options = {**decoding, **options}
@@ -132,10 +136,6 @@ def _build(spec: str, *, base_url: str | None, api_key: str | None, cache: bool,
     """
     spec = (spec or "").strip()
     kind, sep, rest = spec.partition(":")
-    if spec == "extractive":
-        from deepr.llm.extractive import ExtractiveLLM
-
-        return ExtractiveLLM(max_concurrency=max_concurrency, **kw)
     if kind == "openai" and sep:
         rest, _, option = rest.partition(",context_length=")  # model names may hold ':' but no ','
         if not rest or "," in rest or "," in option:
@@ -183,7 +183,7 @@ def local_model_path(name: str) -> str:
 
 def llm_from_flags(llm: str, base_url: str | None, api_key: str | None, no_cache: bool,
                    timeout: float, concurrency: int, gen: GenDefaults | None = None,
-                   decoding: dict[str, Any] | None = None) -> LLM:
+                   decoding: dict[str, Any] | None = None) -> LLM | None:
     """What the CLI commands call with their --llm / --base-url / --api-key / --no-cache /
     --timeout / --concurrency flags (and --max-tokens / --temperature / --top-p / --seed as ``gen``;
     the profile's hf decoding options as ``decoding``)."""

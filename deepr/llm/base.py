@@ -2,8 +2,9 @@
 
 Roles never import an SDK. They receive an :class:`LLM` and call ``await llm.achat(...)``
 (or ``abatch`` for many independent prompts); backends bound concurrency themselves, so
-gathering hundreds of calls is safe. ``llm.is_extractive`` marks the engine without a model:
-the role executor (:func:`deepr.roles.perform`) then runs each role's own implementation.
+gathering hundreds of calls is safe. The engine without a model is no backend at all: a stage
+configured with ``--llm extractive`` passes ``llm=None``, and the role executor
+(:func:`deepr.roles.perform`) then runs each role's own implementation.
 """
 
 from __future__ import annotations
@@ -130,7 +131,6 @@ class LLM(ABC):
     """Base class of every backend. Subclasses implement :meth:`_achat`."""
 
     name: str = "llm"
-    is_extractive: bool = False
     # Set once, then every later call fails at once: the --deadline passed, or the endpoint
     # refused the credentials (retrying with the same key cannot help).
     stopped: str | None = None

@@ -178,9 +178,7 @@ class Judge:
 
     def __init__(self, llm: LLM | None = None, embed: Embed | None = None, *,
                  cache: JudgeCache | None = None, max_reasks: int = 2, max_tokens: int = 512):
-        from deepr.llm.extractive import ExtractiveLLM
-
-        self.llm = llm or ExtractiveLLM()
+        self.llm = llm  # None: the extractive engine (each judgement's ``local()``)
         self.embed = embed
         self.cache = cache or JudgeCache()
         self.max_reasks, self.max_tokens = max_reasks, max_tokens
@@ -280,9 +278,6 @@ def make_judge(spec: str, gen: Any = None) -> Any:
     ``gen`` (the command's GenDefaults: --max-tokens, --temperature, --top-p, --seed)."""
     from deepr.corpus.embed import get_embedder
 
-    embed = get_embedder().encode
-    if spec == "extractive":
-        return Judge(None, embed)
     from deepr.llm import get_llm
 
-    return Judge(get_llm(spec, gen=gen), embed)
+    return Judge(get_llm(spec, gen=gen), get_embedder().encode)  # extractive: no model, Judge(None)

@@ -8,8 +8,8 @@ or :class:`TaggedReply` for ``<tag>text</tag>`` replies; both give the backend a
 checks, its default generation limits, and its non-LLM implementation (``extractive(inp)``,
 which returns the reply a model should have given, already parsed).
 
-:func:`perform` runs a role. On the extractive engine (``llm.is_extractive``) it records the
-role's own ``extractive(inp)`` as the turn; otherwise model call → parse → checks → bounded
+:func:`perform` runs a role. With no model (``llm=None``: the stage was configured with
+``--llm extractive``) it records the role's own ``extractive(inp)`` as the turn; otherwise model call → parse → checks → bounded
 re-asks (sampled, so a greedy model does not repeat itself) → recorded fallback. A :class:`CallPolicy` (a profile, :mod:`deepr.profiles`) may
 replace a call's decoding format or prompt and chooses how a refused reply is asked again; it
 travels with the call, so role modules never see it. Every outcome is written to a :class:`Recorder` as one
@@ -33,7 +33,7 @@ from deepr.llm.base import LLM, LLMError, Message, OutputFormat
 from deepr.llm.context import CHARS_PER_TOKEN, context_length, prompt_tokens, trim_evidence  # noqa: F401
 from deepr.llm.parse import parse_reply, strip_thinking
 from deepr.llm.schema import strict_schema
-from deepr.roles.recorder import Recorder, engine_label, prompt_hash  # noqa: F401 - the seam's names
+from deepr.roles.recorder import NO_MODEL, Recorder, engine_info, engine_label, prompt_hash  # noqa: F401 - the seam's names
 
 I = TypeVar("I")  # noqa: E741 - the role's input
 T = TypeVar("T")
@@ -345,7 +345,7 @@ async def _ask(role: Role, inp: Any, messages: list[Message], llm: LLM, rec: Rec
     return out
 
 
-async def perform(role: Role[I, T], inp: I, *, llm: LLM, rec: Recorder, max_reasks: int = 2,
+async def perform(role: Role[I, T], inp: I, *, llm: LLM | None, rec: Recorder, max_reasks: int = 2,
                   temperature: float | None = None, max_tokens: int | None = None, earlier: int = 0,
                   profile: CallPolicy | None = None, **extra: Any) -> Outcome[T]:
     """Perform ``role`` on ``inp``; see the module docstring. ``extra`` goes into the turn record.
@@ -353,9 +353,10 @@ async def perform(role: Role[I, T], inp: I, *, llm: LLM, rec: Recorder, max_reas
     ``temperature`` / ``max_tokens`` override the role's defaults (the user's settings).
     ``earlier``: attempts the caller's own loop already made at this turn (tools mode re-asks in
     its conversation), so a resampled attempt draws a seed none of them used. ``profile``: the
-    model's profile (None: the role's own formats, refused replies corrected).
+    model's profile (None: the role's own formats, refused replies corrected). ``llm=None``: the
+    extractive engine, chosen where the stage is configured and passed down to here.
     """
-    if llm.is_extractive:  # the engine is chosen here, in the open: no model, the role's own implementation
+    if llm is None:  # no model: the role's own implementation
         return _perform_extractive(role, inp, rec, extra)
     fit = fit_context(role, inp, llm, max_tokens or role.max_tokens, rec, profile)
     messages = fit.messages

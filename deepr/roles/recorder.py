@@ -34,7 +34,7 @@ class _RecordedLLM(LLM):
     def __init__(self, inner: LLM, rec: Recorder, role: str, action: str):
         super().__init__(max_concurrency=1 << 16)  # the inner backend bounds concurrency
         self.inner, self.rec, self.role, self.action = inner, rec, role, action
-        self.name, self.usage, self.is_extractive = inner.name, inner.usage, inner.is_extractive
+        self.name, self.usage = inner.name, inner.usage
 
     def label(self) -> str:
         return self.inner.label()
@@ -110,6 +110,15 @@ class Recorder:
         return t
 
 
-def engine_label(llm: LLM) -> str:
+NO_MODEL = "extractive"  # how records name the engine without a model (``llm=None``)
+NO_MODEL_NOTE = "no language model is used: every role runs a deterministic extractive algorithm"
+
+
+def engine_label(llm: LLM | None) -> str:
     """How records name who answered: "extractive" for the non-LLM engine, else "llm:<backend>[:model]"."""
-    return llm.label()
+    return NO_MODEL if llm is None else llm.label()
+
+
+def engine_info(llm: LLM | None) -> dict[str, Any]:
+    """The engine as a stage's provenance sidecar and a run's trace describe it."""
+    return {"backend": NO_MODEL, "model": None, "note": NO_MODEL_NOTE} if llm is None else llm.describe()

@@ -346,9 +346,8 @@ def context_factory(retriever: Any, k: int = 5) -> Callable[[str], Any]:
     from deepr.evidence.env import Ctx, RunConfig
     from deepr.evidence.trace import Tracer
     from deepr.corpus.tools import ResearchTools
-    from deepr.llm.extractive import ExtractiveLLM
 
-    return lambda q: Ctx(ExtractiveLLM(), ResearchTools(retriever, k=k), RunConfig(mode="decor", k=k),
+    return lambda q: Ctx(None, ResearchTools(retriever, k=k), RunConfig(mode="decor", k=k),
                          Tracer(q, "decor"))
 
 

@@ -52,9 +52,8 @@ class PlannerEnvironment:
 
     def context(self, query: str) -> Ctx:
         from deepr.corpus.tools import ResearchTools
-        from deepr.llm.extractive import ExtractiveLLM
 
-        return Ctx(ExtractiveLLM(), ResearchTools(self.retriever, k=self.config.k), self.config,
+        return Ctx(None, ResearchTools(self.retriever, k=self.config.k), self.config,
                    Tracer(query, "dag"))
 
     def judge(self, role: Any, ask: Any, text: str, messages: list[dict[str, str]]) -> tuple[Any, str | None]:

@@ -70,11 +70,10 @@ def session_factory(retriever: Any, *, k: int = 5, scholar: Any = None) -> Calla
     from deepr.agent.tools_agent import ToolSession
     from deepr.evidence.trace import Tracer
     from deepr.corpus.tools import ResearchTools
-    from deepr.llm.extractive import ExtractiveLLM
 
     def make(question: str) -> ToolSession:
         tools = ResearchTools(retriever, k=k, scholar=scholar)
-        return ToolSession(Ctx(ExtractiveLLM(), tools, RunConfig(mode="tools", k=k), Tracer(question, "tools")))
+        return ToolSession(Ctx(None, tools, RunConfig(mode="tools", k=k), Tracer(question, "tools")))
 
     return make
 

@@ -37,7 +37,6 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from deepr.extractive import adds_judgement
 from deepr.records import ChatExample
 from deepr.rewards.agentcpm import cited_ids, outline_reward, paragraph_reward, terminate_reward
 from deepr.rewards.report_quality import QUALITY
@@ -107,8 +106,8 @@ class WarpAtomicRewardFn:
 
     def __init__(self, retriever: Any = None, *, k: int = 5, judge: Any = None):
         self.retriever, self.k = retriever, k
-        # Only an LLM judge adds the judged terms; the extractive stand-in would grade its own heuristics.
-        self.judge = judge if judge is not None and adds_judgement(getattr(judge, "llm", None)) else None
+        # Only a model judge adds the judged terms; the extractive engine would grade its own heuristics.
+        self.judge = judge if getattr(judge, "llm", None) is not None else None
 
     def _docs(self, keywords: Sequence[str]) -> set[str]:
         return {h.doc_id for kw in keywords for h in self.retriever.search(kw, k=self.k)}
