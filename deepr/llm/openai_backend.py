@@ -36,6 +36,7 @@ log = logging.getLogger("deepr.llm")
 _PROBE_TIMEOUT = 10.0  # seconds for each question to the server about itself
 _LADDERS = {"json": _STYLES, "regex": _REGEX_STYLES}
 _PARSED = "(replies are parsed and re-asked)"
+_REFUSED = "connection refused: nothing is listening at {} (is the server running, and is --base-url right?)"
 
 
 class LLMStatusError(LLMError):
@@ -103,7 +104,7 @@ class OpenAIBackend(LLM):
             return question()
         except openai.APIConnectionError as e:
             if caused_by(e, ConnectionRefusedError):
-                self._down = self._refused()
+                self._down = _REFUSED.format(self.url)
         except (openai.APIError, ValueError):  # no such route here: the server says nothing
             pass
         return None
@@ -230,9 +231,6 @@ class OpenAIBackend(LLM):
             what = "structured outputs" if kind == "json" else "regex formats"
             self._warn_once(f"refused-{kind}", f"the server refused {what} ({reason}); this run sends them no more "
                             + _PARSED)
-        return self._move(kind, step)
-
-    def _move(self, kind: str, step: int) -> int:
         self._step[kind] = max(self._step[kind], step)  # steps only move down: concurrent calls commute
         return step
 
@@ -249,7 +247,7 @@ class OpenAIBackend(LLM):
             what = "a regex format" if kind == "regex" else "a JSON schema"
             self._warn_once(f"ignored-{kind}-{step}", f"the server accepted {what} as {ladder[step]} but its reply "
                             f"{'does not match it' if kind == 'regex' else 'is not JSON'}; later calls send {then}")
-            self._move(kind, step + 1)
+            self._step[kind] = max(self._step[kind], step + 1)
         else:
             self._warn_once("ignored", "the server accepted response_format but replied with text that is not "
                             "JSON; such replies are marked unconstrained")
@@ -262,16 +260,13 @@ class OpenAIBackend(LLM):
         if caused_by(e, ConnectionRefusedError) or status == 404:
             v1 = re.search(r"/v1/?$", self.config.base_url or "/v1")
             hint = "; is `/v1` missing?" if status == 404 and not v1 else ""
-            self._down = self._refused() if status is None else f"{self.url} answered a chat call with {reason}{hint}"
+            answered = f"{self.url} answered a chat call with {reason}{hint}"
+            self._down = _REFUSED.format(self.url) if status is None else answered
             return self._error(f"{self.config.model}: {self._down}", status, unreachable=True)
         if n > 1:
             return self._error(f"{self._where()} failed after {n} attempts: {reason}", status, attempts=n)
         what = {200: "sent an unusable reply", None: "failed"}.get(status, "refused the request")
         return self._error(f"{self._where()} {what} ({reason})", status)
-
-    def _refused(self) -> str:
-        return (f"connection refused: nothing is listening at {self.url} "
-                "(is the server running, and is --base-url right?)")
 
     def _error(self, message: str, status: int | None = None, **kw: Any) -> LLMStatusError:
         """A failed call: counted, its message scrubbed of the key."""
