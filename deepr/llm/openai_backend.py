@@ -27,15 +27,16 @@ from deepr.llm.cache import LLMCache
 from deepr.llm.context import prompt_tokens
 from deepr.llm.gbnf import LLAMACPP_EXTRA, regex_to_gbnf, schema_to_gbnf
 from deepr.llm.openai_config import _NO_KEY, OpenAIConfig, resolve_endpoint, safe_url
-from deepr.llm.openai_reply import (_REGEX_STYLES, _STYLES, _BadReply, check_response, read_completion, reason_of,
-                                    refused_connection, refuses_format, sdk_retried)
+from deepr.llm.openai_reply import (_REGEX_STYLES, _STYLES, attempts, caused_by, check_response,
+                                    read_completion, reason_of, refuses_format)
 
-__all__ = ["LLMStatusError", "OpenAIBackend", "OpenAIConfig", "has_aiohttp", "resolve_endpoint", "safe_url"]
+__all__ = ["LLMStatusError", "OpenAIBackend", "OpenAIConfig", "resolve_endpoint", "safe_url"]
 
 log = logging.getLogger("deepr.llm")
 _PROBE_TIMEOUT = 10.0  # seconds for each question to the server about itself
 _LADDERS = {"json": _STYLES, "regex": _REGEX_STYLES}
 _PARSED = "(replies are parsed and re-asked)"
+_REFUSED = "connection refused: nothing is listening at {} (is the server running, and is --base-url right?)"
 
 
 class LLMStatusError(LLMError):
@@ -61,7 +62,6 @@ class OpenAIBackend(LLM):
         self._warned: set[str] = set()
         self._probe_lock, self._probed = threading.Lock(), base_url is None  # api.openai.com is not asked
         self._context, self._down = config.context_length, None
-        self.transport = _transport(config.http_client)  # checked now: a missing package fails before any call
 
     # -- the server, asked once --------------------------------------------------------
     @property
@@ -103,9 +103,8 @@ class OpenAIBackend(LLM):
         try:
             return question()
         except openai.APIConnectionError as e:
-            if refused_connection(e) and self._down is None:
-                self._down = (f"connection refused: nothing is listening at {self.url} "
-                              "(is the server running, and is --base-url right?)")
+            if caused_by(e, ConnectionRefusedError):
+                self._down = _REFUSED.format(self.url)
         except (openai.APIError, ValueError):  # no such route here: the server says nothing
             pass
         return None
@@ -114,11 +113,10 @@ class OpenAIBackend(LLM):
     async def _client(self) -> openai.AsyncOpenAI:
         loop = asyncio.get_running_loop()
         if loop not in self._clients:
-            http = openai.DefaultAioHttpClient if self.transport == "aiohttp" else openai.DefaultAsyncHttpxClient
+            http = openai.DefaultAsyncHttpxClient(verify=_tls(), event_hooks={"response": [check_response]})
             client = openai.AsyncOpenAI(api_key=self._key.get_secret_value(), base_url=self.config.base_url,
                                         timeout=self.config.timeout, max_retries=self.config.max_retries,
-                                        http_client=http(timeout=self.config.timeout, verify=_tls(),
-                                                         event_hooks={"response": [check_response]}))
+                                        http_client=http)
             self._clients[loop] = (client, closer := _closes_with_its_loop(client, self._clients, loop))
             await closer.asend(None)
         return self._clients[loop][0]
@@ -191,10 +189,7 @@ class OpenAIBackend(LLM):
                     raise self._failed(e) from None
                 step = self._next(kind, step, reason_of(e, self.config.timeout)[0])
         self.usage.retries += raw.retries_taken
-        try:
-            text, finish, tokens = read_completion(raw.http_response.text, raw.headers.get("content-type", ""))
-        except _BadReply as e:
-            raise self._error(f"{self._where()} sent an unusable reply ({e})", 200) from None
+        text, finish, tokens = read_completion(raw.http_response.text, raw.headers.get("content-type", ""))  # checked
         return text, finish, tokens, (kind, step) if sent else None
 
     async def _once(self, request: dict[str, Any], style: str | None) -> tuple[Any, bool]:
@@ -236,9 +231,6 @@ class OpenAIBackend(LLM):
             what = "structured outputs" if kind == "json" else "regex formats"
             self._warn_once(f"refused-{kind}", f"the server refused {what} ({reason}); this run sends them no more "
                             + _PARSED)
-        return self._move(kind, step)
-
-    def _move(self, kind: str, step: int) -> int:
         self._step[kind] = max(self._step[kind], step)  # steps only move down: concurrent calls commute
         return step
 
@@ -249,15 +241,13 @@ class OpenAIBackend(LLM):
         kind, step = sent
         if finish == "length" or (re.fullmatch(fmt["regex"], text.strip()) if kind == "regex" else _is_json(text)):
             return True  # (cut mid-JSON by the budget: the flag 'truncated' tells the caller)
-        if kind == "regex":
-            then = f"it as {_REGEX_STYLES[step + 1]}" if step + 1 < len(_REGEX_STYLES) else f"none {_PARSED}"
-            self._warn_once(f"ignored-{step}", f"the server accepted a regex format as {_REGEX_STYLES[step]} but its "
-                            f"reply does not match it; later calls send {then}")
-            self._move("regex", step + 1)
-        elif _STYLES[step] == "gbnf":  # the grammar field was ignored: later calls try the next style
-            self._move("json", step + 1)
-            self._warn_once("ignored-gbnf", "the server accepted a JSON schema as a GBNF grammar but its reply "
-                            "is not JSON; trying response_format json_object next")
+        ladder = _LADDERS[kind]
+        if kind == "regex" or ladder[step] == "gbnf":  # a field the server ignored: later calls try the next
+            then = f"it as {ladder[step + 1]}" if step + 1 < len(ladder) else f"none {_PARSED}"
+            what = "a regex format" if kind == "regex" else "a JSON schema"
+            self._warn_once(f"ignored-{kind}-{step}", f"the server accepted {what} as {ladder[step]} but its reply "
+                            f"{'does not match it' if kind == 'regex' else 'is not JSON'}; later calls send {then}")
+            self._step[kind] = max(self._step[kind], step + 1)
         else:
             self._warn_once("ignored", "the server accepted response_format but replied with text that is not "
                             "JSON; such replies are marked unconstrained")
@@ -265,19 +255,18 @@ class OpenAIBackend(LLM):
 
     def _failed(self, e: openai.APIError) -> LLMStatusError:
         """deepr's error for a request the SDK gave up on; a refused connection or a 404 stops the run."""
-        reason, status = reason_of(e, self.config.timeout)
-        if refused_connection(e) or status == 404:
+        reason, status, n = *reason_of(e, self.config.timeout), attempts(e)
+        self.usage.retries += n - 1
+        if caused_by(e, ConnectionRefusedError) or status == 404:
             v1 = re.search(r"/v1/?$", self.config.base_url or "/v1")
             hint = "; is `/v1` missing?" if status == 404 and not v1 else ""
-            self._down = (f"connection refused: nothing is listening at {self.url}" if status is None
-                          else f"{self.url} answered a chat call with {reason}{hint}")
+            answered = f"{self.url} answered a chat call with {reason}{hint}"
+            self._down = _REFUSED.format(self.url) if status is None else answered
             return self._error(f"{self.config.model}: {self._down}", status, unreachable=True)
-        if not sdk_retried(e):
-            what = "sent an unusable reply" if status == 200 else "refused the request"
-            return self._error(f"{self._where()} {what} ({reason})", status)
-        n = self.config.max_retries + 1
-        self.usage.retries += n - 1
-        return self._error(f"{self._where()} failed after {n} attempts: {reason}", status, attempts=n)
+        if n > 1:
+            return self._error(f"{self._where()} failed after {n} attempts: {reason}", status, attempts=n)
+        what = {200: "sent an unusable reply", None: "failed"}.get(status, "refused the request")
+        return self._error(f"{self._where()} {what} ({reason})", status)
 
     def _error(self, message: str, status: int | None = None, **kw: Any) -> LLMStatusError:
         """A failed call: counted, its message scrubbed of the key."""
@@ -301,7 +290,7 @@ class OpenAIBackend(LLM):
         c = self.config
         return {"backend": self.name, "model": c.model, "base_url": self.url, "timeout": c.timeout,
                 "max_retries": c.max_retries, "max_concurrency": self.max_concurrency, "seed": c.seed,
-                "http_client": self.transport, "cache": str(self.cache.path) if self.cache is not None else None}
+                "cache": str(self.cache.path) if self.cache is not None else None}
 
     def __repr__(self) -> str:
         return f"OpenAIBackend(model={self.config.model!r}, base_url={self.url!r})"
@@ -340,18 +329,6 @@ def _is_json(text: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _transport(choice: str) -> str:
-    """What ``OpenAIConfig.http_client`` resolves to here: 'aiohttp' (auto: where installed) or 'httpx'."""
-    if choice == "aiohttp" and not has_aiohttp():
-        raise LLMError("http_client='aiohttp' needs the aiohttp package: pip install 'openai[aiohttp]'")
-    return "aiohttp" if choice == "aiohttp" or (choice == "auto" and has_aiohttp()) else "httpx"
-
-
-def has_aiohttp() -> bool:
-    """Whether the SDK's aiohttp transport can be used (the ``aiohttp`` extra of openai)."""
-    return importlib.util.find_spec("aiohttp") is not None and hasattr(openai, "DefaultAioHttpClient")
 
 
 def has_schema_converter() -> bool:

@@ -31,8 +31,6 @@ class OpenAIConfig(BaseModel):
     context_length: int | None = Field(None, ge=1)
     structured_outputs: bool = True  # send format fields (a run stops sending those the server refuses)
     strict_schema: bool = True  # the 'strict' flag of a json_schema response_format
-    # the SDK's transport: aiohttp takes about half the client CPU per call (docs/experiments.md); auto: where installed
-    http_client: Literal["auto", "aiohttp", "httpx"] = "auto"
 
 
 def safe_url(url: str | None) -> str | None:

@@ -1,8 +1,8 @@
 """Reading an OpenAI-compatible reply, and deepr's policy on the ways a request fails.
 
-A 200 reply can still be unusable (HTML from a proxy, JSON that is not a completion, no text): a
-:class:`_BadReply` with its reason. The two a retry may fix (a body cut short, an upstream error passed on
-with status 200) are raised from the response hook :func:`check_response`, so the SDK's own retries resend them.
+A 200 reply can still be unusable (HTML from a proxy, JSON that is not a completion, no text): the response
+hook :func:`check_response` raises it with its reason, as a broken protocol the SDK retries where a retry may
+fix it (a body cut short, an upstream error passed on with status 200), else as an error the SDK passes on.
 """
 
 from __future__ import annotations
@@ -24,13 +24,10 @@ _REGEX_STYLES = ("gbnf", "vllm")
 # server answers an unknown response_format type with a 500 naming it.
 _FORMAT_REFUSAL = re.compile(r"response_format|json_schema|structured|grammar|not supported|unsupported", re.I)
 _FORMAT_500 = re.compile(r"response_format|json_schema")
-# What each transport raises when the server closes the connection before its reply is whole.
-_HUNG_UP = ("ServerDisconnectedError", "RemoteProtocolError", "ClientPayloadError")
 
 
 class _BadReply(httpx2.RemoteProtocolError):
-    """A 200 reply that is not a usable chat completion; one a retry may fix (``retryable``) is a broken
-    protocol to the SDK, which retries those."""
+    """A 200 reply that is not a usable chat completion, and whether a retry may fix it."""
 
     def __init__(self, reason: str, retryable: bool = False):
         super().__init__(reason)
@@ -71,16 +68,17 @@ def read_completion(text: str, content_type: str = "application/json") -> tuple[
 
 
 async def check_response(response: Any) -> None:
-    """Response hook on every chat call. A 200 a retry may fix is raised as a broken protocol; a 500 that
-    names response_format is a refused field, which no retry changes: marked so the SDK does not retry."""
+    """Response hook on every chat call: an unusable 200 is raised (see above); a 500 that names
+    response_format is a refused field, which no retry changes: marked so the SDK does not retry."""
     if response.status_code == 200:
         await response.aread()
         try:
             read_completion(response.text, response.headers.get("content-type", ""))
         except _BadReply as e:
+            e.request = response.request
             if e.retryable:
-                e.request = response.request
                 raise
+            raise openai.APIError(str(e), response.request, body=None) from e  # the SDK's own: not retried
     elif response.status_code >= 500:
         await response.aread()
         if _FORMAT_500.search(response.text):
@@ -96,46 +94,31 @@ def refuses_format(e: openai.APIError) -> bool:
                 or e.status_code >= 500 and _FORMAT_500.search(text))
 
 
-def reason_of(e: BaseException, timeout: float) -> tuple[str, int | None]:
+def reason_of(e: openai.APIError, timeout: float) -> tuple[str, int | None]:
     """One line on why a request failed, and the HTTP status (None: no response)."""
-    if isinstance(e, openai.APIConnectionError) and hung_up(e):
-        # the SDK's aiohttp transport reports a dropped connection as a connect *timeout*: name it
-        return "connection error: the server closed the connection without a reply (did it crash or restart?)", None
-    if isinstance(e, openai.APITimeoutError):
-        return f"timed out after {timeout:g}s", None
-    if isinstance(e, openai.APIConnectionError):
-        if isinstance(cause := e.__cause__, _BadReply):
-            return str(cause), 200
-        return f"connection error ({type(e).__name__}: {e}{f'; {cause}' if cause else ''})", None
     if isinstance(e, openai.APIStatusError):
         message = str(e.message)
         if e.body is not None and str(e.body) not in message:  # e.g. FastAPI's 422 {"detail": [...]}
             message = f"{message} {json.dumps(e.body, default=str)[:300]}"
         return f"HTTP {e.status_code}: {message}", e.status_code
-    return f"unreadable reply ({type(e).__name__}: {e})", None
+    if isinstance(e, openai.APITimeoutError):
+        return f"timed out after {timeout:g}s", None
+    if isinstance(cause := e.__cause__, _BadReply):
+        return str(cause), 200
+    if caused_by(e, ConnectionResetError, BrokenPipeError, httpx2.RemoteProtocolError):
+        return "connection error: the server closed the connection without a reply (did it crash or restart?)", None
+    return f"connection error ({type(e).__name__}: {e}{f'; {cause}' if cause else ''})", None
 
 
-def sdk_retried(e: BaseException) -> bool:
-    """Whether the SDK spent its retries on this error before raising it (its own rule)."""
-    return isinstance(e, openai.APIConnectionError) or isinstance(e, openai.APIStatusError) and (e.status_code in (
-        408, 409, 429) or e.status_code >= 500) and e.response.headers.get("x-should-retry") != "false"
+def attempts(e: openai.APIError) -> int:
+    """The requests the SDK sent before raising ``e``: it numbers its retries in a header of each request."""
+    return 1 + int(e.request.headers.get("x-stainless-retry-count", 0))
 
 
-def refused_connection(e: BaseException) -> bool:
-    """Whether a connection error was a refused connection (somewhere down its cause chain)."""
-    return any(isinstance(x, ConnectionRefusedError) for x in _causes(e))
-
-
-def hung_up(e: BaseException) -> bool:
-    """Whether the server closed the connection before replying (somewhere down the cause chain)."""
-    return any(isinstance(x, (ConnectionResetError, BrokenPipeError)) or type(x).__name__ in _HUNG_UP
-               for x in _causes(e))
-
-
-def _causes(e: BaseException | None) -> list[BaseException]:
-    """The exception and its causes, each once."""
-    chain: list[BaseException] = []
-    while e is not None and all(e is not x for x in chain):
-        chain.append(e)
+def caused_by(e: BaseException | None, *types: type[BaseException]) -> bool:
+    """Whether ``e`` or an exception down its chain of causes is one of ``types``."""
+    for _ in range(32):  # a chain may loop back through __context__
+        if e is None or isinstance(e, types):
+            return e is not None
         e = e.__cause__ or e.__context__
-    return chain
+    return False
