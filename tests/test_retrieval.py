@@ -535,7 +535,7 @@ def test_int8_index_build_runs_without_torch(tiny_corpus: Path, tmp_path: Path, 
                          cwd=Path(__file__).resolve().parents[1])
     assert out.returncode == 0, out.stderr
     name, doc, rows, torch_loaded = out.stdout.split()
-    assert name == "all-MiniLM-L6-v2+int8-ort" and doc == "saturn" and rows == "40" and torch_loaded == "False"
+    assert name == "all-MiniLM-L6-v2+int8-ort2" and doc == "saturn" and rows == "40" and torch_loaded == "False"
 
 
 def test_precision_auto_per_use() -> None:
@@ -550,7 +550,7 @@ def test_precision_auto_per_use() -> None:
         embed.resolve_precision("auto", "train")
     with pytest.raises(ValueError, match="precision 'bf16'"):
         embed.Embedder(precision="bf16")  # type: ignore[arg-type]
-    assert embed.Embedder(precision="int8").name == "all-MiniLM-L6-v2+int8-ort"
+    assert embed.Embedder(precision="int8").name == "all-MiniLM-L6-v2+int8-ort2"
     assert embed.Embedder(max_seq_length=128).name == "all-MiniLM-L6-v2+seq128"
 
 
@@ -563,7 +563,7 @@ def test_index_default_is_int8_and_fp32_indexes_stay_valid(tiny_corpus: Path, tm
     old = open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False,
                          embedder=get_embedder(precision="fp32", use="index"))
     r = open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False)
-    assert r.embedder.name == "all-MiniLM-L6-v2+int8-ort" and r.embedder is get_embedder(use="index")
+    assert r.embedder.name == "all-MiniLM-L6-v2+int8-ort2" and r.embedder is get_embedder(use="index")
     assert r.built and r.path != old.path
     again = open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False,
                            embedder=get_embedder(precision="fp32"))

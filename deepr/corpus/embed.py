@@ -21,14 +21,14 @@ over threads waited for whichever thread was descheduled).
 Precision (``get_embedder(..., use=...)``):
 
 - ``use="index"`` (``open_retriever``, ``deepr index``): ``auto`` is ``int8`` for the index's
-  passages (``encode_passages``): about half the CPU of fp32, vectors within cosine ~0.99 of
+  passages (``encode_passages``): under half the CPU of fp32, vectors within cosine ~0.99 of
   fp32, hybrid recall measured in docs/benchmarks.md. Queries, and every other text this
   embedder encodes, get fp32 vectors, so a search's hits do not depend on its batch-mates.
 - ``use="rewards"`` (the default: R_plan, J_rub, dedup, eval metrics): always ``fp32``, so reward
   numbers are the same on every machine and do not move with the index default.
 
 The index key and the embedding cache are keyed by ``Embedder.name``, which names the precision
-(``all-MiniLM-L6-v2+int8-ort``; fp32 has no suffix). The one place a model-specific text prefix
+(``all-MiniLM-L6-v2+int8-ort2``; fp32 has no suffix). The one place a model-specific text prefix
 (a query or passage prompt, ``model_prompts``) is added is ``Embedder._encode_model``.
 
 Example::
@@ -116,7 +116,9 @@ class Embedder:
         base = self.model_ref if self.model_ref == DEFAULT_MODEL else _short_ref(self.model_ref)
         parts = [base]
         if self.precision == "int8":
-            parts.append("int8-ort")  # onnxruntime's quantiser: other vectors than any earlier int8
+            # onnxruntime's quantiser on the unfused graph (embed_export.py, export format 4): other
+            # vectors than any earlier int8, "int8-ort" (quantised after fusion) included
+            parts.append("int8-ort2")
         if self._max_seq:
             parts.append(f"seq{self._max_seq}")
         if self.prompts:  # other prompts, other vectors

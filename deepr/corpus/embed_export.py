@@ -6,9 +6,10 @@ output: a folder holding ``model.onnx`` (fp32), ``model_int8.onnx``, ``tokenizer
 
 sentence-transformers loads the model and says what its modules do (tokenizer, longest input,
 pooling); ``torch.onnx.export`` writes its transformer as a graph; onnxruntime's transformer
-optimiser fuses its attention and normalisation ops; onnxruntime's dynamic quantiser writes the
-int8 copy (per-channel weight scales). Nothing here builds a graph or runs
-a layer by hand: deepr/corpus/embed.py runs the files on onnxruntime and pools.
+optimiser fuses its attention and normalisation ops in the fp32 file; onnxruntime's dynamic
+quantiser writes the int8 copy from the exported graph before that fusion (per-channel weight
+scales). Nothing here builds a graph or runs a layer by hand: deepr/corpus/embed.py runs the
+files on onnxruntime and pools.
 
 The folder lives under ``$DEEPR_EMBEDDER_CACHE`` (default ``<DEEPR_CACHE>/embedders``), named by
 the model's files (names, sizes, modification times), the longest input, and the versions of
@@ -29,7 +30,7 @@ import warnings
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-EXPORT_FORMAT = 3  # bump when the files' layout or the export's settings change
+EXPORT_FORMAT = 4  # bump when the files' layout or the export's settings change
 POOLINGS = ("mean", "cls")  # what embed.py pools; another mode is refused at export
 FUSABLE = ("bert",)  # the optimiser also has a "bert" path for RoBERTa, with other position ids: not checked
 
@@ -125,10 +126,15 @@ def _export(model_ref: str, max_seq: int | None, out: Path) -> None:
     quiet = logging.getLogger().level
     logging.getLogger().setLevel(logging.ERROR)  # the optimiser's and quantiser's notes, on the root logger
     try:
-        _fuse(out / "model.onnx", transformer.auto_model.config)
-        # per-channel scales: the int8 vectors' cosine to fp32 is ~0.99 (one scale per tensor: lower)
+        # The int8 copy is quantised from the exported graph, before the fusion below: against
+        # quantising the fused graph (QAttention, QEmbedLayerNormalization) its passages cost
+        # 0.85-0.88x the CPU and its vectors' lowest cosine to sentence-transformers' fp32 rose from
+        # 0.988-0.990 to 0.990-0.992 (mean 0.995 both; 256 and 512 wiki passages, interleaved runs).
+        # Per-channel scales (one scale per tensor: lower). No setting of onnxruntime's quantisers
+        # reached cosine 0.999 at int8's cost: see docs/benchmarks.md.
         quantize_dynamic(out / "model.onnx", out / "model_int8.onnx", weight_type=QuantType.QInt8, per_channel=True,
-                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})  # for the fused ops
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+        _fuse(out / "model.onnx", transformer.auto_model.config)
     finally:
         logging.getLogger().setLevel(quiet)
     for name in ("model.onnx", "model_int8.onnx"):
@@ -141,8 +147,9 @@ def _export(model_ref: str, max_seq: int | None, out: Path) -> None:
 
 def _fuse(path: Path, config) -> None:
     """onnxruntime's transformer optimiser fuses attention, layer norms and GELU in BERT-family
-    graphs, in place: 0.8x the CPU of the plain graph in int8, 0.92x in fp32 (128 wiki passages,
-    one thread). Other architectures keep the plain graph."""
+    graphs, in place: 0.92x the CPU of the plain graph in fp32 (128 wiki passages, one thread).
+    The fp32 file only: the int8 copy is quantised from the plain graph (``_export``). Other
+    architectures keep the plain graph."""
     if config.model_type not in FUSABLE:
         return
     from onnxruntime.transformers.optimizer import optimize_model
