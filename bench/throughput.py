@@ -1,7 +1,7 @@
 """Benchmark: does `deepr run --queries` keep a served model busy?
 
 A loopback OpenAI-compatible stub (deepr/llm/stub_server.py, no concurrency limit) answers every
-call after a fixed latency (default 200 ms) with the reply the extractive backend gave for the
+call after a fixed latency (default 200 ms) with the reply the extractive engine gave for the
 same prompt (the questions are first run with ``--llm extractive --record``), so the run over the
 stub takes the extractive run's path; a prompt the recording never saw is counted as a miss.
 

@@ -1,4 +1,4 @@
-"""dag mode end to end: extractive backend offline, and recorded LLM replies with bad turns."""
+"""dag mode end to end: the extractive engine offline, and recorded LLM replies with bad turns."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Stage ``build-trees``: seed topics → evidence trees (DeepRubric §3.1, Alg. 1).
 
-Input: seed topics (:mod:`deepr.data.topics`), a retriever (``deepr.corpus``), an LLM (or the
-extractive backend). Output: one :class:`deepr.records.Tree` per topic, or a
+Input: seed topics (:mod:`deepr.data.topics`), a retriever (``deepr.corpus``), an LLM (or None,
+the extractive engine). Output: one :class:`deepr.records.Tree` per topic, or a
 :class:`deepr.records.Reject` with the reason the tree could not be built.
 
     deepr build-trees --corpus wiki --n-trees 20 --max-depth 3 --branching 6,4,3 --out trees.jsonl

@@ -1,6 +1,6 @@
 """Judges: the LLM-scored parts of the rewards, each with a no-LLM twin.
 
-A :class:`Judge` wraps one LLM (None: the extractive backend). Every judgement is a role
+A :class:`Judge` wraps one LLM (None: the extractive engine, no model). Every judgement is a role
 (:mod:`deepr.roles`) whose non-LLM implementation is embedding + lexical coverage mapped onto
 the same scale (the result then says ``judge="extractive"``) and whose model path sends our
 own prompt, parses the JSON reply and re-asks on failure (bounded). The rubric
