@@ -347,8 +347,9 @@ def context_factory(retriever: Any, k: int = 5) -> Callable[[str], Any]:
     from deepr.evidence.trace import Tracer
     from deepr.corpus.tools import ResearchTools
 
-    return lambda q: Ctx(None, ResearchTools(retriever, k=k), RunConfig(mode="decor", k=k),
-                         Tracer(q, "decor"))
+    # llm=None: the policy's turns come from the trainer; every other role runs extractive
+    return lambda q: Ctx(llm=None, tools=ResearchTools(retriever, k=k), config=RunConfig(mode="decor", k=k),
+                         tracer=Tracer(q, "decor"))
 
 
 def train_decor(config: DecorStageConfig, records: Sequence[QARecord], retriever: Any, *, reward_fn: Any = None,

@@ -53,8 +53,9 @@ class PlannerEnvironment:
     def context(self, query: str) -> Ctx:
         from deepr.corpus.tools import ResearchTools
 
-        return Ctx(None, ResearchTools(self.retriever, k=self.config.k), self.config,
-                   Tracer(query, "dag"))
+        # llm=None: the policy's turns come from the trainer; every other role runs extractive
+        return Ctx(llm=None, tools=ResearchTools(self.retriever, k=self.config.k), config=self.config,
+                   tracer=Tracer(query, "dag"))
 
     def judge(self, role: Any, ask: Any, text: str, messages: list[dict[str, str]]) -> tuple[Any, str | None]:
         """(the plan's value, None) when ``text`` is a valid plan under ``validity``, else (None, why)."""

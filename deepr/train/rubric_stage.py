@@ -73,7 +73,9 @@ def session_factory(retriever: Any, *, k: int = 5, scholar: Any = None) -> Calla
 
     def make(question: str) -> ToolSession:
         tools = ResearchTools(retriever, k=k, scholar=scholar)
-        return ToolSession(Ctx(None, tools, RunConfig(mode="tools", k=k), Tracer(question, "tools")))
+        # llm=None: the policy's turns come from the trainer; every other role runs extractive
+        return ToolSession(Ctx(llm=None, tools=tools, config=RunConfig(mode="tools", k=k),
+                               tracer=Tracer(question, "tools")))
 
     return make
 
