@@ -38,6 +38,6 @@ def open_backend(spec: str, mode: str, *, embedder: Any = None, fusion: Any = No
             return RemoteRetriever(spec, mode=mode)
         except CorpusUnavailable as e:
             raise ValueError(f"--corpus {spec}: {e}") from None
-    from deepr.corpus.milvus import open_milvus
+    from deepr.corpus.milvus_search import open_milvus
 
     return open_milvus(spec, mode, embedder=embedder, fusion=fusion, language=language)

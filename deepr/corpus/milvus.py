@@ -12,12 +12,12 @@ whose rows are already there with the same text is skipped, so a re-run is a no-
 interrupted load resumes, and N ``--shard K/N`` workers load disjoint parts in parallel.
 Vectors come from deepr's embedding cache, so a corpus indexed locally is not embedded again.
 
-Searching (``--corpus SPEC``): dense and BM25 rankings both come from Milvus, each query batch
-in one call per ranking, and ``hybrid`` fuses them with deepr's weighted reciprocal-rank
-fusion (:func:`deepr.corpus.index.rrf_fuse`, the same k, weights and depth as the local index)
-rather than Milvus's ``RRFRanker``, which has no per-ranking weights. BM25 tokens differ from
-deepr's own (Milvus's standard analyzer with deepr's English stop words, k1 1.5, b 0.75), so
-rankings are close to, not identical with, the local index's.
+Searching (``--corpus SPEC``, :mod:`deepr.corpus.milvus_search`): dense and BM25 rankings both
+come from Milvus, each query batch in one call per ranking, and ``hybrid`` fuses them with
+deepr's weighted reciprocal-rank fusion (:func:`deepr.corpus.index.rrf_fuse`, the same k, weights
+and depth as the local index) rather than Milvus's ``RRFRanker``, which has no per-ranking
+weights. BM25 tokens differ from deepr's own (Milvus's standard analyzer with deepr's English
+stop words, k1 1.5, b 0.75), so rankings are close to, not identical with, the local index's.
 
 The BM25 analyzer follows the corpus's language (``--language``, detected by default;
 :func:`analyzer`): standard for languages written with spaces, Milvus's jieba for Chinese. Milvus
@@ -40,7 +40,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from deepr.records import Document, Hit, Passage
+from deepr.records import Document, Passage
 
 FORMAT = 1
 BLOCK = 512
@@ -146,7 +146,7 @@ def dense_index(n: int, kind: str = "auto") -> dict[str, Any]:
 _PUNCT = "，。！？；：、…—·～（）《》〈〉「」『』【】“”‘’,.!?;:()[]{}\"'-/"
 
 
-def _analyzer_name(language: str) -> str:
+def analyzer_name(language: str) -> str:
     from deepr.text.lang import UNSPACED
 
     return "jieba" if language == "zh" else "deepr" if language in UNSPACED else "standard"
@@ -164,7 +164,7 @@ def analyzer(language: str) -> tuple[str, dict[str, Any]]:
     from deepr.text.lang import ZH_STOP
 
     english = _bm25s().stopwords.STOPWORDS_EN
-    kind = _analyzer_name(language)
+    kind = analyzer_name(language)
     if kind == "jieba":
         stop = sorted(set(english) | ZH_STOP | set(_PUNCT))
         return "jieba", {"tokenizer": {"type": "jieba", "mode": "search", "hmm": True},
@@ -181,7 +181,7 @@ def bm25_body(text: str, language: str) -> str:
     ``\\w+`` and to a server's Unicode word breaks, which would cut a bigram of Han into two."""
     from deepr.corpus.tokens import tokenize
 
-    if _analyzer_name(language) != "deepr":  # per passage: the name only, not the stop-word lists
+    if analyzer_name(language) != "deepr":  # per passage: the name only, not the stop-word lists
         return text
     return " ".join("".join(f"x{ord(c):x}" for c in w) for w in tokenize([text], language)[0])
 
@@ -230,7 +230,7 @@ def collection_meta(client: Any, name: str) -> dict[str, Any] | None:
     meta = None
     if client.has_collection(f"{name}_meta"):
         client.load_collection(f"{name}_meta")
-        rows = _by_ids(client, f"{name}_meta", "id", ["meta"], ["json"])
+        rows = rows_by_ids(client, f"{name}_meta", "id", ["meta"], ["json"])
         meta = json.loads(rows[0]["json"]) if rows else None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ValueError(f"Milvus collection {name!r} was not written by `deepr index --to` (format {FORMAT}); "
@@ -269,10 +269,10 @@ def _hash(text: str) -> str:
 
 def _present(client: Any, collection: str, key: str, ids: Sequence[str]) -> dict[str, str]:
     """id -> stored hash of the rows already in ``collection``."""
-    return {r[key]: r["hash"] for r in _by_ids(client, collection, key, ids, [key, "hash"])}
+    return {r[key]: r["hash"] for r in rows_by_ids(client, collection, key, ids, [key, "hash"])}
 
 
-def _by_ids(client: Any, collection: str, key: str, ids: Sequence[str], fields: list[str]) -> list[dict[str, Any]]:
+def rows_by_ids(client: Any, collection: str, key: str, ids: Sequence[str], fields: list[str]) -> list[dict[str, Any]]:
     """Rows by primary key. Ids hold quotes (``A_Doll's_House``), which ``client.get`` pastes into
     its filter unescaped: they go in as JSON strings (Milvus's escapes, minus ``\\u``)."""
     return client.query(collection, filter=f"{key} in {json.dumps(list(ids), ensure_ascii=False)}",
@@ -305,7 +305,7 @@ def _check_sizes(docs: Sequence[Document], passages: Sequence[Passage], language
 
     for p in passages:
         fields = [("title", p.title), ("text", embed_text(p)), ("url", p.url or "")]
-        if _analyzer_name(language) == "deepr":  # its spelled-out bigrams are longer than the text
+        if analyzer_name(language) == "deepr":  # its spelled-out bigrams are longer than the text
             fields.append(("BM25 words", bm25_body(embed_text(p), language)))
         for field, value in fields:
             if len(value.encode("utf-8")) > MAX_TEXT:
@@ -328,11 +328,11 @@ def _load(spec: str, cname: str, docs: Sequence[Document], passages: Sequence[Pa
     meta = {"format": FORMAT, "corpus": cname, "embedder": embedder.name, "dim": embedder.dim,
             "chunking": chunking.model_dump(), "dense_index": dense_index(len(passages), dense)}
     if language != "en":  # English collections' meta as before, so collections loaded earlier still match
-        meta.update(language=language, analyzer=_analyzer_name(language))
+        meta.update(language=language, analyzer=analyzer_name(language))
     _ensure(client, name, meta, embedder.dim)
     mine = [(i, p) for i, p in enumerate(passages) if in_shard(p.id, shard)]
     counts = {"passages": len(mine), "passages_written": 0, "documents": 0, "documents_written": 0,
-              "stale_deleted": 0, "language": language, "analyzer": _analyzer_name(language)}
+              "stale_deleted": 0, "language": language, "analyzer": analyzer_name(language)}
     cache = EmbeddingCache(cache_root(cache_dir), embedder.name)
     try:
         for s in range(0, len(mine), BLOCK):
@@ -386,152 +386,3 @@ def _delete_stale(client: Any, name: str, keep: set[str], shard: tuple[int, int]
     for s in range(0, len(stale), 4096):
         client.delete(name, ids=stale[s:s + 4096])
     return len(stale)
-
-
-# --- searching -------------------------------------------------------------------------------
-
-
-def open_milvus(spec: str, mode: str, *, embedder: Any = None, fusion: Any = None,
-                language: str | None = None) -> MilvusRetriever:
-    """The retriever over collection ``spec``; ``language`` (None or ``auto``: the collection's own)
-    must be the one it was loaded as, since its BM25 analyzer cut the passages that way."""
-    from deepr.corpus.embed import Embedder, get_embedder
-    from deepr.corpus.index import FusionConfig
-    from deepr.text.lang import name as language_name, resolve
-
-    client, name = connect(spec)
-    with unavailable(spec):
-        meta = collection_meta(client, name)
-    if meta is None:
-        raise ValueError(f"--corpus {spec}: no collection {name!r}; load it with `deepr index --corpus X --to {spec}`")
-    have = collection_language(meta)
-    if (language or "auto").strip().lower() != "auto" and resolve(language) != have:
-        raise ValueError(f"--corpus {spec}: collection {name!r} was loaded as {language_name(have)} ({have}, BM25 "
-                         f"analyzer {_analyzer_name(have)}); it cannot be searched as {language_name(resolve(language))}: "
-                         f"pass --language {have} (or auto), or load the corpus again with "
-                         f"--language {resolve(language)}")
-    emb = embedder if isinstance(embedder, Embedder) else get_embedder(embedder, use="index")
-    if mode != "bm25" and emb.name != meta["embedder"]:
-        raise ValueError(f"--corpus {spec}: loaded with embedder {meta['embedder']!r}, this search uses {emb.name!r}; "
-                         "pass the same --embedder/--precision")
-    with unavailable(spec):
-        client.load_collection(name)
-        client.load_collection(f"{name}_docs")
-    return MilvusRetriever(client, name, spec=spec, meta=meta, embedder=emb, mode=mode,
-                           fusion=fusion or FusionConfig())
-
-
-class MilvusRetriever:
-    """The local Retriever's interface over a Milvus collection loaded by :func:`load_to_milvus`."""
-
-    def __init__(self, client: Any, name: str, *, spec: str, meta: dict[str, Any], embedder: Any,
-                 mode: str = "hybrid", fusion: Any = None):
-        self._client, self.collection, self.spec, self.meta = client, name, spec, meta
-        self.corpus_name, self.embedder, self.mode, self.fusion = meta.get("corpus") or name, embedder, mode, fusion
-        self.path, self.built, self.build_seconds = None, False, 0.0
-        self.language = collection_language(meta)  # the analyzer's language, so queries are cut the same way
-        self._documents: list[Document] | None = None
-
-    def search(self, query: str, k: int = 5, mode: str | None = None) -> list[Hit]:
-        return self.search_many([query], k, mode)[0]
-
-    def search_many(self, queries: Sequence[str], k: int = 5, mode: str | None = None) -> list[list[Hit]]:
-        from deepr.corpus.index import mode_ranking, tokenize
-
-        mode = mode or self.mode
-        if mode not in ("dense", "bm25", "hybrid"):
-            raise ValueError(f"retriever mode {mode!r}: expected one of dense, bm25, hybrid")
-        if k < 1:
-            raise ValueError(f"k={k}: ask for at least one result")
-        live = [i for i, q in enumerate(queries) if isinstance(q, str) and q.strip()]
-        out: list[list[Hit]] = [[] for _ in queries]
-        if not live:
-            return out
-        texts = [queries[i].strip() for i in live]
-        depth = max(k, self.fusion.depth) if mode == "hybrid" else k
-        rows: dict[int, dict[str, Any]] = {}
-        dense = self._ranks(texts, "dense", depth, rows) if mode != "bm25" else None
-        # a query of stop words matches nothing, as in the local index
-        words = [j for j, t in enumerate(tokenize(texts, self.language)) if t]
-        sparse = [[] for _ in texts] if mode != "dense" else None
-        if mode != "dense" and words:
-            for j, ranked in zip(words, self._ranks([texts[j] for j in words], "sparse", depth, rows)):
-                sparse[j] = ranked
-        for j, i in enumerate(live):
-            ranked = mode_ranking(mode, dense and dense[j], sparse and sparse[j], self.fusion)
-            out[i] = [self._hit(rows[p], s, r) for r, (p, s) in enumerate(ranked[:k], start=1)]
-        return out
-
-    def _ranks(self, texts: list[str], field: str, depth: int, rows: dict[int, dict[str, Any]]) -> list[list[tuple[int, float]]]:
-        """(corpus position, score) per query, best first; BM25 distances come negated from Milvus."""
-        data = self.embedder.encode(texts).tolist() if field == "dense" else \
-            [bm25_body(t, self.language) for t in texts]
-        params = {"metric_type": "IP", "params": self.meta.get("dense_index", {}).get("search", {})} \
-            if field == "dense" else {"metric_type": "BM25"}
-        with unavailable(self.spec):
-            found = self._client.search(self.collection, data=data, anns_field=field, limit=depth,
-                                        search_params=params, output_fields=PASSAGE_FIELDS)
-        out = []
-        for hits in found:
-            ranked = []
-            for h in hits:
-                ent = h["entity"]
-                rows[ent["pos"]] = ent
-                score = float(h["distance"])
-                ranked.append((ent["pos"], -score if field == "sparse" and score < 0 else score))
-            if field == "sparse":
-                ranked = [(p, s) for p, s in ranked if s > 0]
-            out.append(ranked)
-        return out
-
-    @staticmethod
-    def _hit(ent: dict[str, Any], score: float, rank: int) -> Hit:
-        return Hit.model_construct(id=ent["pk"], doc_id=ent["doc_id"], title=ent["title"], text=ent["text"],
-                                   url=ent["url"] or None, score=score, rank=rank)
-
-    def get_passage(self, pid: str) -> Passage:
-        from deepr.corpus.index import UnknownIdError
-
-        with unavailable(self.spec):
-            rows = _by_ids(self._client, self.collection, "pk", [pid], PASSAGE_FIELDS)
-        if not rows:
-            raise UnknownIdError(f"no passage {pid!r} in corpus {self.corpus_name!r}")
-        r = rows[0]
-        return Passage(id=r["pk"], doc_id=r["doc_id"], title=r["title"], text=r["text"], url=r["url"] or None)
-
-    def get_document(self, doc_id: str) -> Document:
-        from deepr.corpus.index import UnknownIdError
-
-        with unavailable(self.spec):
-            rows = _by_ids(self._client, f"{self.collection}_docs", "id", [doc_id], ["doc"])
-        if not rows:
-            raise UnknownIdError(f"no document {doc_id!r} in corpus {self.corpus_name!r}")
-        return Document.model_validate_json(rows[0]["doc"])
-
-    @property
-    def documents(self) -> list[Document]:
-        """Every document (read once, for seed sampling); in id order."""
-        if self._documents is None:
-            it = self._client.query_iterator(f"{self.collection}_docs", batch_size=4096, filter="",
-                                             output_fields=["doc"])
-            docs: list[Document] = []
-            while rows := it.next():
-                docs += [Document.model_validate_json(r["doc"]) for r in rows]
-            it.close()
-            self._documents = sorted(docs, key=lambda d: d.id)
-        return self._documents
-
-    def _count(self, collection: str) -> int:
-        return int(self._client.get_collection_stats(collection).get("row_count", 0))
-
-    def describe(self) -> dict[str, Any]:
-        docs = self._count(f"{self.collection}_docs")
-        return {"corpus": self.corpus_name, "mode": self.mode, "embedder": self.meta.get("embedder"),
-                "language": self.language,
-                "documents": docs, "passages": self._count(self.collection), "documents_without_text": None,
-                "index": self.spec, "built_now": False,
-                "dense_index": {"kind": f"milvus {self.meta.get('dense_index', {}).get('index_type', 'FLAT')}/IP"},
-                "build_seconds": 0.0}
-
-    def close(self) -> None:
-        self._client.close()
