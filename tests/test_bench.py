@@ -289,8 +289,14 @@ def test_grpo_overhead_render_ab_quick(quick):
 
 def test_index_build_quick(quick):
     res = quick["index_build"].result()
-    assert res["passages"] == 16 and set(res["encoders"]) == {"index default", "fp32"}
+    from deepr.corpus.embed import Embedder
+
+    # int8 side by side where the index default is not int8 (bf16 on a CPU with native bf16)
+    int8_default = Embedder(use="index").precision == "int8"
+    assert res["passages"] == 16
+    assert set(res["encoders"]) == {"index default", "fp32"} | (set() if int8_default else {"int8"})
     assert res["encoders"]["fp32"]["cos_min"] >= 0.999
+    assert res["encoders"]["int8" if not int8_default else "index default"]["cpu_ratio_to_int8"] == 1
     for enc in res["encoders"].values():
         assert enc["passages_per_s"] > 0 and 0.9 < enc["cos_min"] <= enc["cos_mean"] <= 1.0001
     inc = res["incremental"]
