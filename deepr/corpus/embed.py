@@ -13,7 +13,8 @@ search or a reward call never imports torch or sentence-transformers (~7 s cold)
 vector does not depend on its call's size or on what else the process loaded. fp32 vectors are
 within cosine 0.9999 of sentence-transformers' own (tests/test_retrieval.py). The one exception
 is an index's bf16 passages (below), which sentence-transformers encodes on torch: only an index
-build imports torch, and only at that precision.
+build imports torch, only at that precision, and those vectors move slightly with their
+batch-mates (within cosine 0.999).
 
 A call's texts are sorted by length and cut into batches of at most ``batch_size`` (16) texts and
 at least one batch per usable core, so a batch pads to its own longest text; each batch runs on
@@ -27,7 +28,7 @@ Precision (``get_embedder(..., use=...)``):
   ``amx_bf16`` or ``avx512_bf16`` flag in /proc/cpuinfo, read without importing torch;
   ``DEEPR_NATIVE_BF16=1`` or ``0`` overrides it), else ``int8``. bf16: sentence-transformers with
   the model's weights in bf16, each vector cast to float32 and normalised there; on 256 wiki
-  passages 0.75x int8's CPU, cosine >= 0.9999 to fp32 (docs/benchmarks.md). int8: onnxruntime's
+  passages 0.74x int8's CPU, cosine >= 0.9999 to fp32 (docs/benchmarks.md). int8: onnxruntime's
   dynamic int8 copy, under half the CPU of fp32 ONNX, cosine ~0.99 to fp32. An explicit ``bf16``
   runs anywhere, but is slow on a CPU without native bf16. Queries, and every other text this
   embedder encodes, get fp32 onnxruntime vectors, so a search's hits do not depend on its
@@ -37,8 +38,9 @@ Precision (``get_embedder(..., use=...)``):
 
 The index key and the embedding cache are keyed by ``Embedder.name``, which names the precision
 (``all-MiniLM-L6-v2+int8-ort2``, ``all-MiniLM-L6-v2+bf16``; fp32 has no suffix). ``auto`` for an
-index depends on the CPU, so shard workers on mixed machines pass an explicit precision. The one place a model-specific text prefix
-(a query or passage prompt, ``model_prompts``) is added is ``Embedder._encode_model``.
+index depends on the CPU, so shard workers on mixed machines pass an explicit precision. The one
+place a model-specific text prefix (a query or passage prompt, ``model_prompts``) is added is
+``Embedder._encode_model``, on both paths.
 
 Example::
 
