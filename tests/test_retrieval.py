@@ -597,6 +597,11 @@ def test_bf16_passages_are_sentence_transformers_vectors_in_float32() -> None:
     assert float(np.abs(norms - 1).max()) < 1e-5, norms
     queries = bf16.encode(texts, cache=False)
     assert np.array_equal(queries, Embedder(precision="fp32").encode(texts, cache=False))
+    # a model's passage prompt goes on bf16 passages as on fp32 ones (e5's "passage: ")
+    e5_bf16, e5_fp32 = Embedder(precision="bf16"), Embedder(precision="fp32")
+    e5_bf16.prompts = e5_fp32.prompts = {"query": "query: ", "passage": "passage: "}
+    cos = (e5_bf16.encode_passages(texts[:4]) * e5_fp32.encode_passages(texts[:4])).sum(1)
+    assert float(cos.min()) >= 0.999 and float((e5_bf16.encode_passages(["a cat"]) * vecs[0]).sum()) < 0.99
 
 
 def test_index_default_follows_the_cpu_and_fp32_indexes_stay_valid(tiny_corpus: Path, tmp_path: Path) -> None:

@@ -274,7 +274,8 @@ class Embedder:
         up to ~4e-3 and cosine to fp32 falls to ~0.996)."""
         model = self._bf16_model()
         with self._run_lock:
-            vecs = model.encode(texts, batch_size=self.batch_size, convert_to_tensor=True,
+            # prompt="": the prompt is already on the texts (_encode_model), not the config's default
+            vecs = model.encode(texts, prompt="", batch_size=self.batch_size, convert_to_tensor=True,
                                 normalize_embeddings=False, show_progress_bar=False)
             self.encoded += len(texts)
         return normalise(vecs.float().cpu().numpy())
