@@ -1,11 +1,12 @@
 """Index build speed: the embedder's passage path on a wiki subset, and incremental rebuilds.
 
     python bench/index_build.py [--passages 512] [--rounds 2] [--docs 300] [--compare EARLIER.json]
-    python bench/index_build.py --full [--full-precisions auto,fp32]   # real from-scratch wiki builds
+    python bench/index_build.py --full [--full-precisions auto,int8]   # real from-scratch wiki builds
 
 1. ``Embedder.encode_passages`` (an index build's call) on ``--passages`` passages spread over the
-   wiki, for the index default and fp32, interleaved over ``--rounds`` (fastest kept), with each
-   one's cosine to sentence-transformers' fp32 vectors. Public names only, so ``--compare`` can
+   wiki, for the index default, fp32 and (where the default is bf16) int8, interleaved over
+   ``--rounds`` (fastest kept), with each one's cosine to sentence-transformers' fp32 vectors and
+   CPU ratio to int8. Public names only, so ``--compare`` can
    add ratios now / earlier to a run of an earlier version.
 2. Incremental rebuild: index ``--docs`` wiki documents, edit 2 %, rebuild: passages embedded and
    seconds against the full build.
@@ -40,6 +41,8 @@ def encoders(texts: list[str], rounds: int) -> dict:
     from deepr.corpus.embed import get_embedder
 
     opts = {"index default": get_embedder(use="index"), "fp32": Embedder(precision="fp32")}
+    if opts["index default"].precision != "int8":  # bf16 where the CPU has it: int8 side by side
+        opts = {"int8": Embedder(precision="int8", use="index"), **opts}
     runs = {name: (lambda e=e: e.encode_passages(texts)) for name, e in opts.items()}
     for fn in runs.values():  # model loads and first-call costs stay out
         fn()
@@ -55,6 +58,9 @@ def encoders(texts: list[str], rounds: int) -> dict:
         cos = (vecs[name] * ref).sum(1)
         v.update({"embedder": opts[name].name, "passages_per_s": len(texts) / v["wall_s"],
                   "cos_min": float(cos.min()), "cos_mean": float(cos.mean())})
+    int8 = best.get("int8", best["index default"])  # the default is int8 where no int8 entry
+    for v in best.values():
+        v["cpu_ratio_to_int8"] = v["cpu_s"] / int8["cpu_s"]
     return best
 
 

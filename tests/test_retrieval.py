@@ -409,20 +409,25 @@ def test_bm25_keeps_an_installed_jax_off_the_gpu(tiny_corpus: Path, tmp_path: Pa
     assert out.stdout.split() == ["saturn", "['cpu']"]
 
 
-def test_search_process_never_imports_torch(tiny_corpus: Path, tmp_path: Path) -> None:
+def test_search_process_never_imports_torch(tiny_corpus: Path, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Even when the index's passages are bf16 (encoded on torch), a process that opens the built
+    index and searches it embeds its queries on onnxruntime and never imports torch."""
     import subprocess
     import sys
 
-    open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False)  # build here (uses torch)
+    monkeypatch.setenv("DEEPR_NATIVE_BF16", "1")  # auto -> bf16 here and in the child, on any CPU
+    built = open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False)  # build here (uses torch)
+    assert built.embedder.name == "all-MiniLM-L6-v2+bf16"
     code = ("import sys; from deepr.corpus import open_retriever; "
             f"r = open_retriever({str(tiny_corpus)!r}, cache_dir={str(tmp_path)!r}, progress=False); "
             "assert not r.built; h = r.search('planet with rings', k=1, mode='dense'); "
             "heavy = [m for m in ('torch', 'sentence_transformers', 'transformers') if m in sys.modules]; "
-            "print(h[0].doc_id, heavy)")
+            "print(r.embedder.name, h[0].doc_id, heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["saturn", "[]"]
+    assert out.stdout.split() == ["all-MiniLM-L6-v2+bf16", "saturn", "[]"]
 
 
 # --- incremental rebuilds, shards, approximate index ---------------------------------------
@@ -445,7 +450,7 @@ def _vectors(r) -> "np.ndarray":  # noqa: F821
     return r._dense.reconstruct_n(0, r._dense.ntotal)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "int8"])
+@pytest.mark.parametrize("precision", ["fp32", "int8", "bf16"])
 def test_shards_then_merge_equal_a_single_build(tiny_corpus: Path, tmp_path: Path, precision: str) -> None:
     import numpy as np
 
@@ -464,9 +469,10 @@ def test_shards_then_merge_equal_a_single_build(tiny_corpus: Path, tmp_path: Pat
     a, b = _vectors(merged), _vectors(single)
     if precision == "fp32":
         assert np.abs(a - b).max() < 1e-3
-    else:  # int8 activations are scaled per batch, so other batch-mates move a vector slightly
-        assert float((a * b).sum(1).min()) > 0.99
-    k = 3 if precision == "fp32" else 1  # int8: the unrelated tail of 6 passages may swap
+    else:  # int8 activations are scaled per batch, and bf16 rounds differently in another padded
+        # batch, so other batch-mates move a vector slightly
+        assert float((a * b).sum(1).min()) > (0.999 if precision == "bf16" else 0.99)
+    k = 3 if precision == "fp32" else 1  # int8/bf16: the unrelated tail of 6 passages may swap
     for q in ("bow and strings", "baked dough", "lava"):
         assert [h.id for h in merged.search(q, k=k)] == [h.id for h in single.search(q, k=k)]
 
@@ -538,32 +544,79 @@ def test_int8_index_build_runs_without_torch(tiny_corpus: Path, tmp_path: Path, 
     assert name == "all-MiniLM-L6-v2+int8-ort2" and doc == "saturn" and rows == "40" and torch_loaded == "False"
 
 
-def test_precision_auto_per_use() -> None:
+def test_precision_auto_per_use(monkeypatch: pytest.MonkeyPatch) -> None:
     """``auto``: rewards are fp32 (their numbers must not follow the index default); an index's
-    passages are int8. An explicit choice wins; anything else is a clear error."""
+    passages are bf16 on a CPU with native bf16, else int8. An explicit choice wins; anything
+    else is a clear error."""
     from deepr.corpus import embed
 
-    assert embed.resolve_precision("auto") == "fp32" and embed.get_embedder().name == "all-MiniLM-L6-v2"
+    monkeypatch.delenv("DEEPR_NATIVE_BF16", raising=False)
+    assert embed.native_bf16("fpu vme sse2 avx512f avx512_bf16 avx512_fp16")
+    assert embed.native_bf16("fpu sse2 amx_bf16 amx_tile amx_int8")
+    assert not embed.native_bf16("fpu sse2 avx2 avx512f avx512_vnni amx_tile")
+    for flags, index_default in (("fpu avx2 amx_bf16 amx_tile", "bf16"), ("fpu sse2 avx2 fma", "int8")):
+        monkeypatch.setattr(embed, "_cpu_flags", lambda flags=flags: flags)
+        assert embed.resolve_precision("auto", "index") == index_default
+        assert embed.Embedder(use="index").precision == index_default
+        assert embed.resolve_precision("auto") == "fp32" and embed.get_embedder().name == "all-MiniLM-L6-v2"
+        assert embed.Embedder(use="rewards").name == "all-MiniLM-L6-v2"
+    monkeypatch.setenv("DEEPR_NATIVE_BF16", "1")  # the override wins over the flags (int8 CPU above)
+    assert embed.resolve_precision("auto", "index") == "bf16"
+    monkeypatch.setenv("DEEPR_NATIVE_BF16", "0")
     assert embed.resolve_precision("auto", "index") == "int8"
     assert embed.resolve_precision("fp32", "index") == "fp32"
+    assert embed.resolve_precision("bf16") == "bf16"  # explicit bf16 runs on any CPU
     with pytest.raises(ValueError, match="use 'train'"):
         embed.resolve_precision("auto", "train")
-    with pytest.raises(ValueError, match="precision 'bf16'"):
-        embed.Embedder(precision="bf16")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="precision 'fp16'"):
+        embed.Embedder(precision="fp16")  # type: ignore[arg-type]
     assert embed.Embedder(precision="int8").name == "all-MiniLM-L6-v2+int8-ort2"
+    assert embed.Embedder(precision="bf16").name == "all-MiniLM-L6-v2+bf16"
     assert embed.Embedder(max_seq_length=128).name == "all-MiniLM-L6-v2+seq128"
 
 
-def test_index_default_is_int8_and_fp32_indexes_stay_valid(tiny_corpus: Path, tmp_path: Path) -> None:
-    """An index is built from int8 passage vectors by default, under a key of its own: an fp32
-    index is still found when asked for. Queries stay fp32 at any batch size, so a search does
-    not depend on which searches shared its batch."""
+def test_bf16_passages_are_sentence_transformers_vectors_in_float32() -> None:
+    """bf16 passage vectors are within cosine 0.999 of sentence-transformers' own fp32 vectors
+    and unit-length in float32; the same embedder's queries are the fp32 onnxruntime vectors."""
     import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    from deepr.corpus.embed import Embedder, default_model_path
+
+    texts = ["a cat", "Who designed the Eiffel Tower?", "  leading spaces", "ÜNÏCÖDÉ and UPPER case",
+             "Saturn is the sixth planet from the Sun and the second largest in the Solar System, after "
+             "Jupiter. It is a gas giant with an average radius about nine times that of Earth. " * 3,
+             "volcano " * 300]  # the last is past the 256-token limit
+    ref = SentenceTransformer(default_model_path(), device="cpu").encode(texts, normalize_embeddings=True)
+    bf16 = Embedder(precision="bf16")
+    vecs = bf16.encode_passages(texts)
+    assert vecs.dtype == np.float32 and vecs.shape == ref.shape
+    cos = (vecs * ref.astype(np.float32)).sum(1)
+    assert float(cos.min()) >= 0.999, f"lowest cosine {cos.min():.5f} at text {int(cos.argmin())}"
+    norms = np.linalg.norm(vecs.astype(np.float64), axis=1)
+    assert float(np.abs(norms - 1).max()) < 1e-5, norms
+    queries = bf16.encode(texts, cache=False)
+    assert np.array_equal(queries, Embedder(precision="fp32").encode(texts, cache=False))
+    # a model's passage prompt goes on bf16 passages as on fp32 ones (e5's "passage: ")
+    e5_bf16, e5_fp32 = Embedder(precision="bf16"), Embedder(precision="fp32")
+    e5_bf16.prompts = e5_fp32.prompts = {"query": "query: ", "passage": "passage: "}
+    cos = (e5_bf16.encode_passages(texts[:4]) * e5_fp32.encode_passages(texts[:4])).sum(1)
+    assert float(cos.min()) >= 0.999 and float((e5_bf16.encode_passages(["a cat"]) * vecs[0]).sum()) < 0.99
+
+
+def test_index_default_follows_the_cpu_and_fp32_indexes_stay_valid(tiny_corpus: Path, tmp_path: Path) -> None:
+    """An index is built from bf16 (CPU with native bf16) or int8 passage vectors by default,
+    under a key of its own: an fp32 index is still found when asked for. Queries stay fp32 at
+    any batch size, so a search does not depend on which searches shared its batch."""
+    import numpy as np
+
+    from deepr.corpus.embed import native_bf16
 
     old = open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False,
                          embedder=get_embedder(precision="fp32", use="index"))
     r = open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False)
-    assert r.embedder.name == "all-MiniLM-L6-v2+int8-ort2" and r.embedder is get_embedder(use="index")
+    default = "all-MiniLM-L6-v2+bf16" if native_bf16() else "all-MiniLM-L6-v2+int8-ort2"
+    assert r.embedder.name == default and r.embedder is get_embedder(use="index")
     assert r.built and r.path != old.path
     again = open_retriever(str(tiny_corpus), cache_dir=tmp_path, progress=False,
                            embedder=get_embedder(precision="fp32"))
@@ -574,5 +627,5 @@ def test_index_default_is_int8_and_fp32_indexes_stay_valid(tiny_corpus: Path, tm
     assert rewards.name == "all-MiniLM-L6-v2"
     ref = rewards.encode(queries[:3], cache=False)
     assert np.abs(r.embedder.encode(queries, cache=False)[:3] - ref).max() < 1e-4
-    passages = r.embedder.encode_passages(queries[:3])  # int8 weights: close to fp32, not equal
+    passages = r.embedder.encode_passages(queries[:3])  # int8 or bf16: close to fp32, not equal
     assert float((passages * ref).sum(1).min()) > 0.98 and np.abs(passages - ref).max() > 1e-4

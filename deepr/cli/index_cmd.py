@@ -40,8 +40,9 @@ MERGE_HELP = "Build the index from the shard files of `--shard` runs, embedding 
 SHARD_DIR_HELP = "Folder of shard files (default: <cache>/shards/<index key>/)."
 LANGUAGE_HELP = ("How BM25 cuts the corpus and queries into words: auto (detected from the text), en (words "
                  "separated by spaces), zh (jieba), ja, th, lo, km, my (character bigrams). Part of the index key.")
-PRECISION_HELP = ("Passage vectors: auto (int8), fp32 or int8; queries are fp32. Each precision has its own "
-                  "index, so --precision fp32 finds an fp32 index again.")
+PRECISION_HELP = ("Passage vectors: auto (bf16 on CPUs with native bf16, else int8), fp32, int8, or bf16 "
+                  "(for CPUs with native bf16; slow elsewhere); queries are fp32. Each precision has its "
+                  "own index, so --precision fp32 finds an fp32 index again.")
 
 
 def _open(corpus: str, retriever: str, cache_dir: Path | None, limit: int | None, embedder: str | None,

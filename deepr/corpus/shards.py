@@ -4,16 +4,18 @@ Inputs: a corpus spec, ``K/N`` (this worker's shard, 1 <= K <= N); outputs: one
 ``shard-K-of-N.npz`` per worker (passage ids, text hashes, vectors, the embedder's name)
 in ``<cache>/shards/<index key>/`` or ``--shard-dir``; ``merge`` then loads every shard into
 the embedding cache and builds the ordinary index from it without embedding anything, so a
-merged index equals a single-machine build (tests/test_retrieval.py checks it; with int8, the
-index default, within cosine 0.99: onnxruntime scales int8 activations per
-batch, so a passage's batch-mates move its vector slightly).
+merged index equals a single-machine build (tests/test_retrieval.py checks it; with int8 within
+cosine 0.99, with bf16 within 0.999: onnxruntime scales int8 activations per batch, and bf16
+rounds differently in another padded batch, so a passage's batch-mates move its vector slightly).
 
 A passage belongs to shard ``sha1(passage id) mod N`` (deepr.io.in_shard, the split that
 build-trees and the other stages use): stable across runs and machines, and balanced
 whatever the corpus order. Every worker reads the whole corpus (to chunk it and to
 agree on the index key) but embeds only its part; all workers must use the same embedder
 name, so pass the same ``--embedder`` and ``--precision`` to every worker (see
-deepr/corpus/embed.py).
+deepr/corpus/embed.py). ``--precision auto`` depends on the CPU (bf16 where it is native, else
+int8), so workers on mixed machines must pass an explicit ``--precision``; a merge refuses a
+shard of another embedder name.
 
 Example (4 workers, e.g. a SLURM array ``--array=1-4``, then one merge)::
 
