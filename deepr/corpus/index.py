@@ -95,6 +95,17 @@ def index_key(name: str, passages: Sequence[Passage], embedder_name: str, chunki
     return f"{slugify(name)[:40] or 'corpus'}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
 
 
+def live_queries(queries: Sequence[str], k: int, mode: str) -> tuple[list[int], list[str]]:
+    """The positions and stripped texts of a search batch's non-blank queries, after checking
+    ``mode`` and ``k``; every retriever answers a blank query with no hits."""
+    if mode not in MODES:
+        raise ValueError(f"retriever mode {mode!r}: expected one of {', '.join(MODES)}")
+    if k < 1:
+        raise ValueError(f"k={k}: ask for at least one result")
+    live = [i for i, q in enumerate(queries) if isinstance(q, str) and q.strip()]
+    return live, [queries[i].strip() for i in live]
+
+
 def mode_ranking(mode: str, dense: Any, sparse: Any, fusion: FusionConfig) -> list:
     """What a retriever mode ranks by: the dense ranking, the BM25 one, or both fused (weighted RRF)."""
     if mode == "dense":
@@ -410,16 +421,11 @@ class Retriever:
     def search_many(self, queries: Sequence[str], k: int = 5, mode: Mode | None = None) -> list[list[Hit]]:
         """Ranked hits per query; blank queries get an empty list. Query embeddings are batched."""
         mode = mode or self.mode
-        if mode not in MODES:
-            raise ValueError(f"retriever mode {mode!r}: expected one of {', '.join(MODES)}")
-        if k < 1:
-            raise ValueError(f"k={k}: ask for at least one result")
-        live = [i for i, q in enumerate(queries) if isinstance(q, str) and q.strip()]
+        live, texts = live_queries(queries, k, mode)
         out: list[list[Hit]] = [[] for _ in queries]
         if not live:
             return out
         note("search", len(live))
-        texts = [queries[i].strip() for i in live]
         depth = max(k, self.fusion.depth) if mode == "hybrid" else k
         dense = self._dense_ranks(texts, depth) if mode != "bm25" else None
         sparse = self._bm25_ranks(texts, depth) if mode != "dense" else None

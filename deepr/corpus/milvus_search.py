@@ -57,18 +57,13 @@ class MilvusRetriever:
         return self.search_many([query], k, mode)[0]
 
     def search_many(self, queries: Sequence[str], k: int = 5, mode: str | None = None) -> list[list[Hit]]:
-        from deepr.corpus.index import mode_ranking, tokenize
+        from deepr.corpus.index import live_queries, mode_ranking, tokenize
 
         mode = mode or self.mode
-        if mode not in ("dense", "bm25", "hybrid"):
-            raise ValueError(f"retriever mode {mode!r}: expected one of dense, bm25, hybrid")
-        if k < 1:
-            raise ValueError(f"k={k}: ask for at least one result")
-        live = [i for i, q in enumerate(queries) if isinstance(q, str) and q.strip()]
+        live, texts = live_queries(queries, k, mode)
         out: list[list[Hit]] = [[] for _ in queries]
         if not live:
             return out
-        texts = [queries[i].strip() for i in live]
         depth = max(k, self.fusion.depth) if mode == "hybrid" else k
         rows: dict[int, dict[str, Any]] = {}
         dense = self._ranks(texts, "dense", depth, rows) if mode != "bm25" else None
